@@ -1,0 +1,3 @@
+module github.com/mcpexec/mcpexec
+
+go 1.26.0

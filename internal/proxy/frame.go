@@ -1,0 +1,152 @@
+package proxy
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// DefaultMaxFrame is the largest frame accepted by default: 16 MiB.
+const DefaultMaxFrame = 16 << 20
+
+// ErrFrameTooLarge is returned when a frame's declared length exceeds the limit.
+var ErrFrameTooLarge = errors.New("frame exceeds size limit")
+
+// ErrBadFrame is returned when a frame's body is not a JSON object with a type.
+var ErrBadFrame = errors.New("malformed frame")
+
+// Frame is one message between the runner and its host. Which fields are set depends
+// on Type; see the runner protocol in package sandbox.
+type Frame struct {
+	Type string `json:"type"`
+
+	// hello (runner → host)
+	Version int `json:"version,omitempty"`
+
+	// out (runner → host)
+	Stream string `json:"stream,omitempty"`
+	Data   string `json:"data,omitempty"`
+
+	// call (runner → host), reply (host → runner)
+	ID     uint64          `json:"id,omitempty"`
+	Method string          `json:"method,omitempty"`
+	Params json.RawMessage `json:"params,omitempty"`
+	Result json.RawMessage `json:"result,omitempty"`
+	Error  string          `json:"error,omitempty"`
+
+	// exec (host → runner)
+	Job       string   `json:"job,omitempty"`
+	Code      string   `json:"code,omitempty"`
+	Servers   []string `json:"servers,omitempty"`
+	TimeoutMS int64    `json:"timeout_ms,omitempty"`
+	OutputCap int      `json:"output_cap,omitempty"`
+
+	// done (runner → host)
+	ExitCode int    `json:"exit_code,omitempty"`
+	Status   string `json:"status,omitempty"`
+}
+
+// Frame types.
+const (
+	TypeHello = "hello"
+	TypeOut   = "out"
+	TypeCall  = "call"
+	TypeReply = "reply"
+	TypeExec  = "exec"
+	TypeDone  = "done"
+)
+
+// Writer encodes frames onto a stream. It is not safe for concurrent use.
+type Writer struct {
+	w   io.Writer
+	max int
+	buf []byte
+}
+
+// NewWriter returns a Writer that refuses frames larger than max bytes.
+func NewWriter(w io.Writer, max int) *Writer {
+	if max <= 0 {
+		max = DefaultMaxFrame
+	}
+	return &Writer{w: w, max: max}
+}
+
+// Write encodes one frame.
+func (fw *Writer) Write(f *Frame) error {
+	body, err := json.Marshal(f)
+	if err != nil {
+		return fmt.Errorf("encode %s frame: %w", f.Type, err)
+	}
+	if len(body) > fw.max {
+		return fmt.Errorf("%s frame of %d bytes: %w (limit %d)", f.Type, len(body), ErrFrameTooLarge, fw.max)
+	}
+	fw.buf = fw.buf[:0]
+	fw.buf = binary.BigEndian.AppendUint32(fw.buf, uint32(len(body)))
+	fw.buf = append(fw.buf, body...)
+	_, err = fw.w.Write(fw.buf)
+	return err
+}
+
+// Reader decodes frames from a stream. It is not safe for concurrent use.
+type Reader struct {
+	r   io.Reader
+	max int
+	hdr [4]byte
+}
+
+// NewReader returns a Reader that refuses frames larger than max bytes.
+func NewReader(r io.Reader, max int) *Reader {
+	if max <= 0 {
+		max = DefaultMaxFrame
+	}
+	return &Reader{r: r, max: max}
+}
+
+// Read decodes the next frame. It returns io.EOF at a clean end of stream,
+// ErrFrameTooLarge when the declared length is over the limit (without reading the
+// body), and ErrBadFrame when the body is not a valid frame.
+func (fr *Reader) Read() (*Frame, error) {
+	if _, err := io.ReadFull(fr.r, fr.hdr[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(fr.hdr[:])
+	if int64(n) > int64(fr.max) {
+		return nil, fmt.Errorf("declared %d bytes: %w (limit %d)", n, ErrFrameTooLarge, fr.max)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(fr.r, body); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, fmt.Errorf("read frame body: %w", err)
+	}
+	return DecodeFrame(body)
+}
+
+// DecodeFrame validates and decodes one frame body.
+func DecodeFrame(body []byte) (*Frame, error) {
+	var f Frame
+	if err := json.Unmarshal(body, &f); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadFrame, err)
+	}
+	switch f.Type {
+	case TypeHello, TypeExec, TypeDone:
+	case TypeOut:
+		if f.Stream != "stdout" && f.Stream != "stderr" {
+			return nil, fmt.Errorf("%w: out frame with stream %q", ErrBadFrame, f.Stream)
+		}
+	case TypeCall:
+		if f.ID == 0 || f.Method == "" {
+			return nil, fmt.Errorf("%w: call frame needs id and method", ErrBadFrame)
+		}
+	case TypeReply:
+		if f.ID == 0 {
+			return nil, fmt.Errorf("%w: reply frame needs id", ErrBadFrame)
+		}
+	default:
+		return nil, fmt.Errorf("%w: unknown type %q", ErrBadFrame, f.Type)
+	}
+	return &f, nil
+}

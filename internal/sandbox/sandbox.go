@@ -1,0 +1,96 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// Status is the outcome class of one run, as seen by the sandbox.
+type Status string
+
+// Outcomes of a run.
+const (
+	StatusSuccess Status = "success"
+	StatusError   Status = "error"
+	StatusTimeout Status = "timeout"
+)
+
+// Limits bound what one sandbox may use.
+type Limits struct {
+	Memory    int64   // bytes of memory (and swap); 0 means no limit
+	Pids      int64   // processes and threads; 0 means no limit
+	CPUs      float64 // CPUs; 0 means no limit
+	TmpfsSize int64   // bytes of each tmpfs (/tmp, /workspace)
+	User      string  // "uid:gid" the code runs as
+	NoFile    uint64  // RLIMIT_NOFILE
+	NProc     uint64  // RLIMIT_NPROC
+}
+
+// DefaultLimits returns the limits of DESIGN.md §7.
+func DefaultLimits() Limits {
+	return Limits{
+		Memory:    512 << 20,
+		Pids:      128,
+		TmpfsSize: 64 << 20,
+		User:      "65534:65534",
+		NoFile:    1024,
+		NProc:     1024,
+	}
+}
+
+// DefaultOutputCap is the default number of bytes kept of each of stdout and stderr.
+const DefaultOutputCap = 1 << 20
+
+// Job is what a Runtime runs.
+type Job struct {
+	ID        string
+	Code      string
+	Servers   []string      // server names the code may call through the host
+	Timeout   time.Duration // wall-clock limit of the run
+	OutputCap int           // bytes kept of each stream; 0 means DefaultOutputCap
+}
+
+// Host answers the sandbox's proxy calls and receives its live output.
+// Call returns the JSON result, or an error whose text reaches the code as MCPError.
+type Host interface {
+	Call(ctx context.Context, method string, params json.RawMessage) (json.RawMessage, error)
+	Output(stream, data string)
+}
+
+// Result is the outcome of one run. A failure of the user's code is a Result, not
+// an error.
+type Result struct {
+	Status          Status
+	ExitCode        int
+	Stdout          string
+	Stderr          string
+	StdoutTruncated bool
+	StderrTruncated bool
+	Error           string
+	Duration        time.Duration
+}
+
+// Runtime runs jobs in sandboxes. Run returns an error only when the sandbox itself
+// failed (could not start, lost its runner for a reason other than the code); the
+// caller may retry such a job elsewhere.
+type Runtime interface {
+	Run(ctx context.Context, job Job, host Host) (Result, error)
+	Close() error
+}
+
+// ErrRunnerLost is returned by Drive when the runner's connection ends before it
+// reported the job done: the sandbox died (OOM kill, killed process, crash).
+var ErrRunnerLost = errors.New("sandbox runner exited before the job finished")
+
+// NopHost answers every call with an error and drops output.
+type NopHost struct{}
+
+// Call implements Host.
+func (NopHost) Call(context.Context, string, json.RawMessage) (json.RawMessage, error) {
+	return nil, errors.New("no proxy host is attached to this sandbox")
+}
+
+// Output implements Host.
+func (NopHost) Output(string, string) {}
