@@ -1,0 +1,153 @@
+// Package broker runs the embedded NATS server with JetStream, creates the
+// streams, and hosts the state service on its bbolt file.
+package broker
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/state"
+)
+
+// MaxPayload is the largest NATS message the broker accepts: results carry up to
+// 1 MiB of each output stream, proxy results up to the 16 MiB frame limit.
+const MaxPayload = 24 << 20
+
+// Config configures a Broker.
+type Config struct {
+	DataDir string // JetStream store and state file live here
+	Listen  string // host:port for NATS clients; "" means no TCP listener
+	Queue   queue.Config
+	Logger  *slog.Logger
+}
+
+// Broker is a running NATS server with the mcpexec streams and state service.
+type Broker struct {
+	cfg   Config
+	ns    *server.Server
+	nc    *nats.Conn
+	store *state.Store
+	svc   *state.Service
+
+	once sync.Once
+}
+
+// Start starts the server, creates the streams and starts the state service.
+func Start(ctx context.Context, cfg Config) (*Broker, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
+	}
+	opts := &server.Options{
+		ServerName:             "mcpexec",
+		JetStream:              true,
+		StoreDir:               filepath.Join(cfg.DataDir, "jetstream"),
+		MaxPayload:             MaxPayload,
+		NoSigs:                 true,
+		DisableJetStreamBanner: true,
+	}
+	if cfg.Listen == "" {
+		opts.DontListen = true
+	} else {
+		host, portStr, err := net.SplitHostPort(cfg.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("listen address %q: %w (want HOST:PORT)", cfg.Listen, err)
+		}
+		port, err := strconv.Atoi(portStr)
+		if err != nil {
+			return nil, fmt.Errorf("listen port %q: %w", portStr, err)
+		}
+		opts.Host, opts.Port = host, port
+	}
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("configure NATS server: %w", err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		return nil, fmt.Errorf("NATS server did not start listening on %s within 10s (port in use?)", cfg.Listen)
+	}
+	b := &Broker{cfg: cfg, ns: ns}
+	if err := b.init(ctx); err != nil {
+		b.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *Broker) init(ctx context.Context) error {
+	nc, err := nats.Connect("", nats.InProcessServer(b.ns), nats.Name("mcpexec-broker"), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("connect to embedded server: %w", err)
+	}
+	b.nc = nc
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	if err := queue.Setup(ctx, js, b.cfg.Queue); err != nil {
+		return err
+	}
+	b.store, err = state.Open(filepath.Join(b.cfg.DataDir, "state.db"))
+	if err != nil {
+		return err
+	}
+	b.svc, err = state.NewService(nc, b.store, b.cfg.Queue.Subjects, b.cfg.Logger)
+	if err != nil {
+		return err
+	}
+	return b.svc.Start(ctx)
+}
+
+// ClientURL is the URL NATS clients connect to ("" without a listener).
+func (b *Broker) ClientURL() string {
+	if b.cfg.Listen == "" {
+		return ""
+	}
+	return b.ns.ClientURL()
+}
+
+// Connect opens a new in-process client connection to the broker.
+func (b *Broker) Connect(name string) (*nats.Conn, error) {
+	return nats.Connect("", nats.InProcessServer(b.ns), nats.Name(name), nats.MaxReconnects(-1))
+}
+
+// Server returns the embedded NATS server.
+func (b *Broker) Server() *server.Server { return b.ns }
+
+// Store returns the state store.
+func (b *Broker) Store() *state.Store { return b.store }
+
+// Close stops the state service and the server. It is idempotent.
+func (b *Broker) Close() error {
+	b.once.Do(func() {
+		if b.svc != nil {
+			b.svc.Stop()
+		}
+		if b.nc != nil {
+			b.nc.Drain()
+			b.nc.Close()
+		}
+		if b.store != nil {
+			b.store.Close()
+		}
+		b.ns.Shutdown()
+		b.ns.WaitForShutdown()
+	})
+	return nil
+}

@@ -1,0 +1,86 @@
+// Package cli holds what the three mains share: flags that also read environment
+// variables, exit codes, and logger construction.
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+)
+
+// Exit codes of every binary.
+const (
+	ExitOK      = 0
+	ExitFailure = 1
+	ExitUsage   = 2
+)
+
+// UsageError marks a bad flag or config: the process exits with ExitUsage.
+type UsageError struct{ Err error }
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// Usagef returns a *UsageError.
+func Usagef(format string, args ...any) error {
+	return &UsageError{Err: fmt.Errorf(format, args...)}
+}
+
+// EnvName is the environment variable read for a flag: MCPEXEC_ and the flag name
+// upper-cased with '-' as '_'.
+func EnvName(flagName string) string {
+	return "MCPEXEC_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// Parse sets each flag of fs from its environment variable (or one of its aliases,
+// such as the seed's MCP_BRIDGE_* names), then parses args, so flags win.
+func Parse(fs *flag.FlagSet, args []string, aliases map[string][]string) error {
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		names := append([]string{EnvName(f.Name)}, aliases[f.Name]...)
+		for _, n := range names {
+			if v, ok := os.LookupEnv(n); ok {
+				if serr := fs.Set(f.Name, v); serr != nil && err == nil {
+					err = &UsageError{Err: fmt.Errorf("environment %s=%q: %v", n, v, serr)}
+				}
+				return
+			}
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if perr := fs.Parse(args); perr != nil {
+		if errors.Is(perr, flag.ErrHelp) {
+			return perr
+		}
+		return &UsageError{Err: perr}
+	}
+	return nil
+}
+
+// ExitCode maps an error from Run to the process exit code.
+func ExitCode(err error) int {
+	var ue *UsageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return ExitOK
+	case errors.As(err, &ue):
+		return ExitUsage
+	default:
+		return ExitFailure
+	}
+}
+
+// Logger returns a JSON logger writing to w at the named level.
+func Logger(w io.Writer, level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, Usagef("log level %q: want debug, info, warn or error", level)
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
+}

@@ -1,0 +1,106 @@
+package jobs
+
+import (
+	"time"
+)
+
+// EventKind names a lifecycle event.
+type EventKind string
+
+// Lifecycle events, recorded in the events stream (the log) and folded into job
+// records by the state service (the materialised view).
+const (
+	EventSubmitted EventKind = "submitted"
+	EventStarted   EventKind = "started"
+	EventFinished  EventKind = "finished"
+	EventCancelled EventKind = "cancelled"
+)
+
+// Event is one record of the events stream.
+type Event struct {
+	Job     string    `json:"job"`
+	Kind    EventKind `json:"kind"`
+	Attempt int       `json:"attempt,omitempty"`
+	Worker  string    `json:"worker,omitempty"`
+	At      time.Time `json:"at"`
+	Spec    *Job      `json:"spec,omitempty"`   // submitted
+	Result  *Result   `json:"result,omitempty"` // finished
+	Reason  string    `json:"reason,omitempty"` // cancelled
+}
+
+// Record is the state service's view of one job.
+type Record struct {
+	Job        Job        `json:"job"`
+	Status     Status     `json:"status"`
+	Attempt    int        `json:"attempt"`
+	Worker     string     `json:"worker,omitempty"`
+	CreatedAt  time.Time  `json:"created_at"`
+	StartedAt  *time.Time `json:"started_at,omitempty"`
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	Result     *Result    `json:"result,omitempty"`
+}
+
+// Apply folds ev into rec and reports whether rec changed. rec is nil when no
+// record exists yet; Apply then returns a new record for a submitted event (or a
+// bare one for any other, so that no terminal event is lost even when the
+// submission record is missing). The rules:
+//   - a terminal record never changes again (exactly one terminal status);
+//   - started and finished events of an attempt older than the record's are
+//     stale and ignored (fencing by attempt number);
+//   - a second submission of an existing id changes nothing (dedupe).
+func Apply(rec *Record, ev Event) (*Record, bool) {
+	if rec == nil {
+		rec = &Record{Job: Job{ID: ev.Job}, Status: StatusQueued, CreatedAt: ev.At}
+		if ev.Spec != nil {
+			rec.Job = *ev.Spec
+		}
+		if ev.Kind == EventSubmitted {
+			return rec, true
+		}
+		r, _ := Apply(rec, ev)
+		return r, true
+	}
+	if rec.Status.Terminal() {
+		return rec, false
+	}
+	at := ev.At
+	switch ev.Kind {
+	case EventSubmitted:
+		return rec, false
+	case EventStarted:
+		if ev.Attempt < rec.Attempt || (ev.Attempt == rec.Attempt && rec.Status == StatusRunning) {
+			return rec, false
+		}
+		rec.Status = StatusRunning
+		rec.Attempt = ev.Attempt
+		rec.Worker = ev.Worker
+		rec.StartedAt = &at
+		return rec, true
+	case EventFinished:
+		if ev.Result == nil || !ev.Result.Status.Terminal() || ev.Attempt < rec.Attempt {
+			return rec, false
+		}
+		res := *ev.Result
+		rec.Status = res.Status
+		rec.Attempt = ev.Attempt
+		if ev.Worker != "" {
+			rec.Worker = ev.Worker
+		}
+		rec.Result = &res
+		rec.FinishedAt = &at
+		return rec, true
+	case EventCancelled:
+		rec.Status = StatusCancelled
+		rec.Result = &Result{Status: StatusCancelled, Error: cancelText(ev.Reason), Attempt: rec.Attempt, Worker: rec.Worker}
+		rec.FinishedAt = &at
+		return rec, true
+	}
+	return rec, false
+}
+
+func cancelText(reason string) string {
+	if reason == "" {
+		return "cancelled"
+	}
+	return "cancelled: " + reason
+}

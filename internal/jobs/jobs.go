@@ -1,0 +1,179 @@
+package jobs
+
+import (
+	"crypto/rand"
+	"fmt"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+)
+
+// Status is where a job is in its life.
+type Status string
+
+// Job statuses. Every accepted job ends in exactly one terminal status.
+const (
+	StatusQueued     Status = "queued"
+	StatusRunning    Status = "running"
+	StatusSuccess    Status = "success"
+	StatusError      Status = "error"
+	StatusTimeout    Status = "timeout"
+	StatusCancelled  Status = "cancelled"
+	StatusWorkerLost Status = "worker_lost"
+	StatusRejected   Status = "rejected"
+)
+
+// Terminal reports whether s is a final status.
+func (s Status) Terminal() bool {
+	switch s {
+	case StatusSuccess, StatusError, StatusTimeout, StatusCancelled, StatusWorkerLost, StatusRejected:
+		return true
+	}
+	return false
+}
+
+// Valid reports whether s is a known status.
+func (s Status) Valid() bool { return s == StatusQueued || s == StatusRunning || s.Terminal() }
+
+// Job is one unit of work: code to run in a sandbox, and where it may reach.
+type Job struct {
+	ID          string            `json:"id"`
+	Code        string            `json:"code"`
+	Servers     []string          `json:"servers,omitempty"`
+	Timeout     int               `json:"timeout"` // seconds
+	Session     string            `json:"session,omitempty"`
+	Namespace   string            `json:"namespace,omitempty"`
+	Frontend    string            `json:"frontend,omitempty"`
+	Pool        string            `json:"pool,omitempty"`
+	MaxAttempts int               `json:"max_attempts"`
+	SubmittedAt time.Time         `json:"submitted_at"`
+	Labels      map[string]string `json:"labels,omitempty"`
+}
+
+// TimeoutDuration returns the job's time limit.
+func (j *Job) TimeoutDuration() time.Duration { return time.Duration(j.Timeout) * time.Second }
+
+// Result is the outcome of a job.
+type Result struct {
+	Status          Status `json:"status"`
+	ExitCode        int    `json:"exit_code"`
+	Stdout          string `json:"stdout"`
+	Stderr          string `json:"stderr"`
+	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
+	Error           string `json:"error,omitempty"`
+	DurationMS      int64  `json:"duration_ms"`
+	Worker          string `json:"worker,omitempty"`
+	Attempt         int    `json:"attempt,omitempty"`
+}
+
+var (
+	entropyMu sync.Mutex
+	entropy   = ulid.Monotonic(rand.Reader, 0)
+)
+
+// NewID returns a new sortable job id (a ULID).
+func NewID() string {
+	entropyMu.Lock()
+	defer entropyMu.Unlock()
+	return ulid.MustNew(ulid.Timestamp(time.Now()), entropy).String()
+}
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+
+// ValidID reports whether id may be used as a job id: 1–128 letters, digits, '-'
+// or '_' (it becomes a subject token and a Nats-Msg-Id).
+func ValidID(id string) bool { return idPattern.MatchString(id) }
+
+// Limits bound what a submission may ask for.
+type Limits struct {
+	MaxCodeBytes   int // largest accepted code
+	DefaultTimeout int // seconds, when the job gives none
+	MaxTimeout     int // seconds
+	MaxAttempts    int // upper bound of max_attempts
+	MaxServers     int
+	MaxLabels      int
+}
+
+// DefaultLimits are the limits of DESIGN.md §7: code up to 256 KiB, timeout 30 s
+// by default and 120 s at most, at most 4 attempts.
+func DefaultLimits() Limits {
+	return Limits{
+		MaxCodeBytes:   256 << 10,
+		DefaultTimeout: 30,
+		MaxTimeout:     120,
+		MaxAttempts:    4,
+		MaxServers:     64,
+		MaxLabels:      32,
+	}
+}
+
+// InvalidError says what was wrong with a submission and what to do.
+type InvalidError struct {
+	Field   string
+	Message string
+}
+
+func (e *InvalidError) Error() string { return fmt.Sprintf("invalid %s: %s", e.Field, e.Message) }
+
+func invalid(field, format string, args ...any) error {
+	return &InvalidError{Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// Normalize fills defaults (id, timeout, attempts, submission time) and validates
+// j against l. The error is an *InvalidError naming the field.
+func (j *Job) Normalize(l Limits, now time.Time) error {
+	if j.ID == "" {
+		j.ID = NewID()
+	} else if !ValidID(j.ID) {
+		return invalid("id", "%q must be 1-128 characters of letters, digits, '-' or '_'", truncate(j.ID, 40))
+	}
+	if j.Code == "" {
+		return invalid("code", "code is required: pass the Python source to run")
+	}
+	if len(j.Code) > l.MaxCodeBytes {
+		return invalid("code", "code is %d bytes, over the limit of %d bytes: send less code, or load data through a tool instead of inlining it", len(j.Code), l.MaxCodeBytes)
+	}
+	if j.Timeout == 0 {
+		j.Timeout = l.DefaultTimeout
+	}
+	if j.Timeout < 1 || j.Timeout > l.MaxTimeout {
+		return invalid("timeout", "%d seconds is outside 1..%d", j.Timeout, l.MaxTimeout)
+	}
+	if j.MaxAttempts == 0 {
+		j.MaxAttempts = 1
+	}
+	if j.MaxAttempts < 1 || j.MaxAttempts > l.MaxAttempts {
+		return invalid("max_attempts", "%d is outside 1..%d", j.MaxAttempts, l.MaxAttempts)
+	}
+	if len(j.Servers) > l.MaxServers {
+		return invalid("servers", "%d servers named, at most %d allowed", len(j.Servers), l.MaxServers)
+	}
+	if len(j.Labels) > l.MaxLabels {
+		return invalid("labels", "%d labels, at most %d allowed", len(j.Labels), l.MaxLabels)
+	}
+	if j.Session != "" && !ValidID(j.Session) {
+		return invalid("session", "%q must be 1-128 characters of letters, digits, '-' or '_'", truncate(j.Session, 40))
+	}
+	if j.Pool == "" {
+		j.Pool = DefaultPool
+	} else if !ValidID(j.Pool) {
+		return invalid("pool", "%q must be letters, digits, '-' or '_'", truncate(j.Pool, 40))
+	}
+	if j.SubmittedAt.IsZero() {
+		j.SubmittedAt = now.UTC()
+	}
+	return nil
+}
+
+// DefaultPool is the worker pool jobs go to unless they name another.
+const DefaultPool = "default"
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

@@ -1,0 +1,64 @@
+package jobs
+
+import "strings"
+
+// DefaultPrefix is the subject prefix unless configured.
+const DefaultPrefix = "mcpexec"
+
+// Subjects builds every wire name from one prefix. The zero value uses
+// DefaultPrefix.
+type Subjects struct {
+	Prefix string
+}
+
+func (s Subjects) p() string {
+	if s.Prefix == "" {
+		return DefaultPrefix
+	}
+	return s.Prefix
+}
+
+// JobsStream is the work-queue stream of pending jobs.
+func (s Subjects) JobsStream() string { return strings.ToUpper(s.p()) + "_JOBS" }
+
+// EventsStream is the limits stream of lifecycle events.
+func (s Subjects) EventsStream() string { return strings.ToUpper(s.p()) + "_EVENTS" }
+
+// Job is the subject jobs of pool are published on.
+func (s Subjects) Job(pool string) string { return s.p() + ".jobs." + pool }
+
+// AllJobs matches every pool's job subject.
+func (s Subjects) AllJobs() string { return s.p() + ".jobs.>" }
+
+// Event is the subject of one event of job.
+func (s Subjects) Event(job string, kind EventKind) string {
+	return s.p() + ".events." + job + "." + string(kind)
+}
+
+// JobEvents matches every event of job.
+func (s Subjects) JobEvents(job string) string { return s.p() + ".events." + job + ".*" }
+
+// AllEvents matches every event.
+func (s Subjects) AllEvents() string { return s.p() + ".events.>" }
+
+// Output is the core subject of a job's live output chunks.
+func (s Subjects) Output(job string) string { return s.p() + ".output." + job }
+
+// Cancel is the core subject a job's cancellation is announced on.
+func (s Subjects) Cancel(job string) string { return s.p() + ".cancel." + job }
+
+// Proxy is the request subject of a front-end's proxy responder.
+func (s Subjects) Proxy(frontend string) string { return s.p() + ".proxy." + frontend }
+
+// State is the request subject of a state-service operation such as "job.get".
+func (s Subjects) State(op string) string { return s.p() + ".state." + op }
+
+// StateService is the NATS micro service name of the state service.
+func (s Subjects) StateService() string { return s.p() + "-state" }
+
+// Consumer is the durable consumer name of pool's workers.
+func (s Subjects) Consumer(pool string) string { return "workers-" + pool }
+
+// WorkerService is the NATS micro service name every worker registers, so that
+// front-ends can see workers are alive ($SRV.PING.<name>).
+func (s Subjects) WorkerService() string { return s.p() + "-worker" }

@@ -1,0 +1,329 @@
+package podman
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containers/podman/v5/pkg/bindings/containers"
+
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/sandboxtest"
+)
+
+// unavailable skips the test, or fails it when MCPEXEC_REQUIRE_PODMAN=1 (CI).
+func unavailable(tb testing.TB, format string, args ...any) {
+	tb.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if os.Getenv("MCPEXEC_REQUIRE_PODMAN") == "1" {
+		tb.Fatalf("Podman sandbox required (MCPEXEC_REQUIRE_PODMAN=1) but unavailable: %s", msg)
+	}
+	tb.Skipf("Podman sandbox unavailable: %s (set MCPEXEC_REQUIRE_PODMAN=1 to fail instead)", msg)
+}
+
+func workerID(tb testing.TB) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := strings.NewReplacer("/", "-", " ", "-").Replace(tb.Name())
+	return "test-" + name + "-" + hex.EncodeToString(b)
+}
+
+// newRuntime starts a Runtime for one test with its own worker ID.
+func newRuntime(tb testing.TB, cfg Config) *Runtime {
+	tb.Helper()
+	if _, err := exec.LookPath("podman"); err != nil {
+		unavailable(tb, "podman is not installed")
+	}
+	if os.Getenv("MCPEXEC_IMAGE") != "" && cfg.Image == "" {
+		cfg.Image = os.Getenv("MCPEXEC_IMAGE")
+	}
+	if cfg.WorkerID == "" {
+		cfg.WorkerID = workerID(tb)
+	}
+	if cfg.URI == "" {
+		cfg.URI = os.Getenv("MCPEXEC_PODMAN")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rt, err := New(ctx, cfg)
+	if err != nil {
+		unavailable(tb, "%v", err)
+	}
+	tb.Cleanup(func() {
+		if err := rt.Close(); err != nil {
+			tb.Errorf("Close: %v", err)
+		}
+	})
+	return rt
+}
+
+// waitWarm waits until the pool holds n containers.
+func waitWarm(tb testing.TB, rt *Runtime, n int) {
+	tb.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		rt.mu.Lock()
+		w := len(rt.warm)
+		rt.mu.Unlock()
+		if w >= n {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	tb.Fatalf("pool did not reach %d warm containers", n)
+}
+
+func TestConformance(t *testing.T) {
+	rt := newRuntime(t, Config{Pool: 2})
+	info := rt.Info()
+	t.Logf("podman %s at %s, rootless=%v cgroups=%s runtime=%s limits enforced=%v",
+		info.ServerVersion, info.URI, info.Rootless, info.CgroupsVersion, info.OCIRuntime, info.LimitsEnforced)
+	if !info.LimitsEnforced {
+		unavailable(t, "Podman at %s does not enforce resource limits (rootless on cgroups v1): the isolation suite would fail", info.URI)
+	}
+	sandboxtest.Run(t, rt, sandboxtest.Options{Isolated: true})
+}
+
+func TestOrphansRemoved(t *testing.T) {
+	id := workerID(t)
+	rt := newRuntime(t, Config{WorkerID: id})
+	ctx := context.Background()
+	create := func(worker string) string {
+		t.Helper()
+		s := rt.spec(t.TempDir(), "orphan", rt.seq.Add(1))
+		s.Labels[LabelWorker] = worker
+		s.Name = ""
+		c, cancel := rt.callCtx(ctx, 30*time.Second)
+		defer cancel()
+		r, err := containers.CreateWithSpec(c, s, nil)
+		if err != nil {
+			t.Fatalf("create orphan: %v", err)
+		}
+		return r.ID
+	}
+	orphan := create(id)
+	other := create(id + "-other")
+	t.Cleanup(func() { _ = rt.remove(ctx, other) })
+
+	// A new life of the same worker removes the orphan, and only it.
+	rt2 := newRuntime(t, Config{WorkerID: id})
+	c, cancel := rt2.callCtx(ctx, 30*time.Second)
+	defer cancel()
+	if ok, err := containers.Exists(c, orphan, nil); err != nil || ok {
+		t.Fatalf("orphan %s still exists (err %v)", shortID(orphan), err)
+	}
+	if ok, err := containers.Exists(c, other, nil); err != nil || !ok {
+		t.Fatalf("another worker's container %s was removed (err %v)", shortID(other), err)
+	}
+}
+
+func TestNoContainerLeftAfterRun(t *testing.T) {
+	rt := newRuntime(t, Config{})
+	ctx := context.Background()
+	for _, code := range []string{"print(1)", "while True: pass", "import os\nos._exit(9)"} {
+		res, err := rt.Run(ctx, sandbox.Job{ID: "left", Code: code, Timeout: 2 * time.Second}, nil)
+		if err != nil {
+			t.Fatalf("Run(%q): %v", code, err)
+		}
+		t.Logf("%q: %s exit %d %s", code, res.Status, res.ExitCode, res.Error)
+	}
+	rt.removals.Wait()
+	ids, err := rt.list(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 0 {
+		t.Fatalf("%d containers left after runs: %v", len(ids), ids)
+	}
+	ents, _ := os.ReadDir(rt.base)
+	if len(ents) != 0 {
+		t.Fatalf("%d container dirs left in %s", len(ents), rt.base)
+	}
+}
+
+func TestRunnerExitReported(t *testing.T) {
+	rt := newRuntime(t, Config{})
+	// os._exit ends the runner (PID 1 of the container) mid-job; what it printed
+	// just before may not have been forwarded yet. (A SIGKILL the
+	// code sends itself is ignored: PID 1 of a PID namespace gets no default
+	// signal actions from inside it.)
+	res, err := rt.Run(context.Background(), sandbox.Job{ID: "exit", Code: "import os\nprint('bye', flush=True)\nos._exit(5)", Timeout: 10 * time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != sandbox.StatusError || res.ExitCode != 5 || res.Error != "sandbox exited unexpectedly (exit code 5)" {
+		t.Fatalf("result %+v", res)
+	}
+}
+
+func TestMemoryLimitMessage(t *testing.T) {
+	limits := sandbox.DefaultLimits()
+	limits.Memory = 96 << 20
+	rt := newRuntime(t, Config{Limits: limits})
+	if !rt.Info().LimitsEnforced {
+		unavailable(t, "limits are not enforced by %s", rt.Info().URI)
+	}
+	res, err := rt.Run(context.Background(), sandbox.Job{ID: "oom", Code: "b = []\nwhile True:\n    b.append(bytearray(8 << 20))", Timeout: 30 * time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("result: %s exit %d error %q stderr %q", res.Status, res.ExitCode, res.Error, res.Stderr)
+	if res.Status != sandbox.StatusError {
+		t.Fatalf("status %s", res.Status)
+	}
+	if res.ExitCode == 137 && !strings.Contains(res.Error, "memory limit (96 MiB)") {
+		t.Fatalf("OOM kill reported as %q", res.Error)
+	}
+	if res.ExitCode != 137 && !strings.Contains(res.Stderr, "MemoryError") {
+		t.Fatalf("neither an OOM kill nor a MemoryError: %+v", res)
+	}
+}
+
+func TestWarmPool(t *testing.T) {
+	rt := newRuntime(t, Config{Pool: 2})
+	waitWarm(t, rt, 2)
+	ctx := context.Background()
+	job := sandbox.Job{ID: "warm", Code: "print(1)", Timeout: 10 * time.Second}
+
+	start := time.Now()
+	res, err := rt.Run(ctx, job, nil)
+	warm := time.Since(start)
+	if err != nil || res.Stdout != "1\n" {
+		t.Fatalf("warm run: %v %+v", err, res)
+	}
+	// Both warm containers are used up by two back-to-back runs...
+	if _, err := rt.Run(ctx, job, nil); err != nil {
+		t.Fatal(err)
+	}
+	// ...and the pool refills.
+	waitWarm(t, rt, 2)
+
+	// A cold start, for comparison.
+	cold0 := time.Now()
+	b, err := rt.start(ctx, "cold")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cold := time.Since(cold0)
+	rt.discard(b)
+	t.Logf("warm run %s, cold container start %s", warm, cold)
+	if warm >= cold {
+		t.Fatalf("warm run (%s) not faster than a cold start (%s)", warm, cold)
+	}
+}
+
+func TestHostLoopbackUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan struct{}, 1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+			got <- struct{}{}
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	rt := newRuntime(t, Config{})
+	code := fmt.Sprintf(`import socket
+for host in ("127.0.0.1", "localhost", "host.containers.internal", "10.88.0.1"):
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect((host, %d))
+        print("CONNECTED", host)
+    except OSError as e:
+        print("blocked", host, e)`, port)
+	res, err := rt.Run(context.Background(), sandbox.Job{ID: "loop", Code: code, Timeout: 20 * time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(res.Stdout)
+	if res.Status != sandbox.StatusSuccess || strings.Contains(res.Stdout, "CONNECTED") {
+		t.Fatalf("result %+v", res)
+	}
+	select {
+	case <-got:
+		t.Fatal("the host listener accepted a connection from the sandbox")
+	default:
+	}
+}
+
+func TestSpecIsLockedDown(t *testing.T) {
+	rt := &Runtime{cfg: Config{Image: "img", OCIRuntime: "runc", Limits: sandbox.DefaultLimits(), WorkerID: "w"}}
+	s := rt.spec("/d", "job1", 1)
+	if !*s.ReadOnlyFilesystem || *s.ReadWriteTmpfs || !*s.NoNewPrivileges || !slices.Equal(s.CapDrop, []string{"ALL"}) {
+		t.Fatalf("spec not locked down: %+v", s)
+	}
+	if len(s.Env) != 3 || s.Env["HOME"] != "/tmp" || *s.HTTPProxy || *s.EnvHost {
+		t.Fatalf("env %v", s.Env)
+	}
+	if *s.ResourceLimits.Memory.Limit != 512<<20 || *s.ResourceLimits.Memory.Swap != 512<<20 || s.ResourceLimits.Pids.Limit != 128 {
+		t.Fatalf("resources %+v", s.ResourceLimits)
+	}
+	if s.Labels[LabelJob] != "job1" || s.Labels[LabelWorker] != "w" || s.Labels[LabelManaged] != "true" {
+		t.Fatalf("labels %v", s.Labels)
+	}
+	for _, m := range s.Mounts {
+		if m.Type == "tmpfs" && !slices.Contains(m.Options, "noexec") {
+			t.Fatalf("tmpfs %s without noexec", m.Destination)
+		}
+	}
+}
+
+func benchRun(b *testing.B, pool int) {
+	rt := newRuntime(b, Config{Pool: pool})
+	if pool > 0 {
+		waitWarm(b, rt, pool)
+	}
+	ctx := context.Background()
+	job := sandbox.Job{ID: "bench", Code: "print(1)", Timeout: 10 * time.Second}
+	var ds []time.Duration
+	b.ResetTimer()
+	for b.Loop() {
+		if pool > 0 {
+			b.StopTimer()
+			waitWarm(b, rt, 1) // measure the warm path only, not the refill rate
+			b.StartTimer()
+		}
+		start := time.Now()
+		res, err := rt.Run(ctx, job, nil)
+		ds = append(ds, time.Since(start))
+		if err != nil || res.Stdout != "1\n" {
+			b.Fatalf("%v %+v", err, res)
+		}
+	}
+	b.StopTimer()
+	slices.Sort(ds)
+	b.ReportMetric(float64(ds[len(ds)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(ds[len(ds)*9/10].Microseconds())/1000, "p90-ms")
+}
+
+// BenchmarkRunWarm: run with a warm pool (go test -bench RunWarm -benchtime 20x).
+func BenchmarkRunWarm(b *testing.B) { benchRun(b, 2) }
+
+// BenchmarkRunCold: a container started per run.
+func BenchmarkRunCold(b *testing.B) { benchRun(b, 0) }
+
+func TestMissingImage(t *testing.T) {
+	newRuntime(t, Config{}) // skips when Podman is unavailable
+	_, err := New(context.Background(), Config{Image: "localhost/mcpexec-no-such-image:x", WorkerID: workerID(t), URI: os.Getenv("MCPEXEC_PODMAN")})
+	if err == nil || !strings.Contains(err.Error(), "build.sh") {
+		t.Fatalf("error %v, want one that says how to build the image", err)
+	}
+	t.Log(err)
+}

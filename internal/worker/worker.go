@@ -1,0 +1,365 @@
+// Package worker pulls jobs from the queue, runs each in a sandbox runtime, records
+// its lifecycle events, and relays the sandbox's proxy calls to the front-end that
+// submitted the job.
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/proxy"
+	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+)
+
+// Config configures a Worker.
+type Config struct {
+	ID         string
+	Pool       string
+	Slots      int
+	Queue      queue.Config
+	OutputCap  int           // bytes kept of each output stream
+	Grace      time.Duration // how long Stop lets running jobs finish
+	FetchWait  time.Duration // longest wait of one pull request
+	RetryDelay time.Duration // delay before a job whose sandbox failed is redelivered
+	Logger     *slog.Logger
+}
+
+// DefaultConfig returns a worker configuration with the given id.
+func DefaultConfig(id string) Config {
+	return Config{
+		ID:         id,
+		Pool:       jobs.DefaultPool,
+		Slots:      4,
+		Queue:      queue.DefaultConfig(),
+		OutputCap:  sandbox.DefaultOutputCap,
+		Grace:      30 * time.Second,
+		FetchWait:  2 * time.Second,
+		RetryDelay: time.Second,
+	}
+}
+
+// Worker runs jobs. Start begins pulling; Stop drains.
+type Worker struct {
+	cfg    Config
+	nc     *nats.Conn
+	client *queue.Client
+	rt     sandbox.Runtime
+	log    *slog.Logger
+
+	mu      sync.Mutex // guards cancel, stopJob, svc
+	cancel  context.CancelFunc
+	stopJob context.CancelFunc
+	svc     micro.Service
+	loop    sync.WaitGroup // the fetch loop
+	running sync.WaitGroup // jobs in flight
+}
+
+// New returns a Worker that runs jobs on rt.
+func New(nc *nats.Conn, rt sandbox.Runtime, cfg Config) (*Worker, error) {
+	if cfg.Slots < 1 {
+		return nil, fmt.Errorf("worker slots must be at least 1, got %d", cfg.Slots)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	client, err := queue.NewClient(nc, cfg.Queue.Subjects)
+	if err != nil {
+		return nil, err
+	}
+	return &Worker{cfg: cfg, nc: nc, client: client, rt: rt, log: cfg.Logger.With("worker", cfg.ID)}, nil
+}
+
+// Start creates the pool's consumer and begins pulling jobs.
+func (w *Worker) Start(ctx context.Context) error {
+	cons, err := queue.WorkerConsumer(ctx, w.client.JetStream(), w.cfg.Queue, w.cfg.Pool)
+	if err != nil {
+		return err
+	}
+	svc, err := micro.AddService(w.nc, micro.Config{
+		Name:        w.cfg.Queue.Subjects.WorkerService(),
+		Version:     "0.1.0",
+		Description: "mcpexec worker " + w.cfg.ID,
+		Metadata:    map[string]string{"worker": w.cfg.ID, "pool": w.cfg.Pool, "slots": fmt.Sprint(w.cfg.Slots)},
+	})
+	if err != nil {
+		return fmt.Errorf("register worker service: %w", err)
+	}
+	loopCtx, cancel := context.WithCancel(context.Background())
+	jobsCtx, stopJobs := context.WithCancel(context.Background())
+	w.mu.Lock()
+	w.cancel, w.stopJob, w.svc = cancel, stopJobs, svc
+	w.mu.Unlock()
+	w.loop.Add(1)
+	go func() {
+		defer w.loop.Done()
+		w.fetchLoop(loopCtx, jobsCtx, cons)
+	}()
+	w.log.Info("worker started", "pool", w.cfg.Pool, "slots", w.cfg.Slots)
+	return nil
+}
+
+// Stop stops taking jobs, lets running ones finish within the grace period, then
+// cancels the rest (their messages are handed back for redelivery). Idempotent.
+func (w *Worker) Stop() {
+	w.mu.Lock()
+	cancel, stopJobs, svc := w.cancel, w.stopJob, w.svc
+	w.cancel, w.stopJob, w.svc = nil, nil, nil
+	w.mu.Unlock()
+	if cancel == nil {
+		return
+	}
+	_ = svc.Stop()
+	cancel()
+	w.loop.Wait()
+	done := make(chan struct{})
+	go func() { w.running.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(w.cfg.Grace):
+		w.log.Warn("grace period over: handing back running jobs", "grace", w.cfg.Grace)
+		stopJobs()
+		<-done
+	}
+	stopJobs()
+}
+
+func (w *Worker) fetchLoop(ctx, jobsCtx context.Context, cons jetstream.Consumer) {
+	slots := make(chan struct{}, w.cfg.Slots)
+	for {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		n := 1
+	more:
+		for n < w.cfg.Slots {
+			select {
+			case slots <- struct{}{}:
+				n++
+			default:
+				break more
+			}
+		}
+		fctx, cancelFetch := context.WithTimeout(ctx, w.cfg.FetchWait)
+		batch, err := cons.Fetch(n, jetstream.FetchContext(fctx))
+		got := 0
+		if err == nil {
+			for msg := range batch.Messages() {
+				got++
+				w.running.Add(1)
+				go func() {
+					defer w.running.Done()
+					defer func() { <-slots }()
+					w.handle(jobsCtx, msg)
+				}()
+			}
+			err = batch.Error()
+		}
+		cancelFetch()
+		for range n - got {
+			<-slots
+		}
+		if err != nil && ctx.Err() == nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+			w.log.Warn("fetch jobs", "err", err)
+			select {
+			case <-time.After(time.Second):
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+// disposition is what happens to a job message after a delivery was handled.
+type disposition int
+
+const (
+	ack   disposition = iota // the job has its terminal event: remove it
+	retry                    // hand it back for another attempt
+)
+
+// decide is the one place that chooses between ack and retry.
+// runErr is the sandbox's infrastructure failure (not the code's); stopping says
+// the worker is shutting down and the run was interrupted.
+func decide(attempt, maxAttempts int, runErr error, stopping bool) disposition {
+	if runErr == nil {
+		return ack
+	}
+	if stopping || attempt < maxAttempts {
+		return retry
+	}
+	return ack
+}
+
+func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		_ = msg.TermWithReason("no metadata")
+		return
+	}
+	attempt := int(meta.NumDelivered)
+	var job jobs.Job
+	if err := json.Unmarshal(msg.Data(), &job); err != nil || !jobs.ValidID(job.ID) {
+		w.log.Error("dropping undecodable job message", "seq", meta.Sequence.Stream, "err", err)
+		_ = msg.TermWithReason("undecodable job")
+		return
+	}
+	log := w.log.With("job", job.ID, "attempt", attempt)
+	if job.MaxAttempts < 1 {
+		job.MaxAttempts = 1
+	}
+	if attempt > job.MaxAttempts {
+		log.Warn("job exhausted its attempts: recording worker_lost")
+		w.finish(ctx, msg, &job, attempt, jobs.Result{
+			Status: jobs.StatusWorkerLost,
+			Error:  fmt.Sprintf("the worker running this job was lost %d time(s) (max_attempts %d)", attempt-1, job.MaxAttempts),
+		})
+		return
+	}
+	if err := w.client.PublishEvent(ctx, jobs.Event{Job: job.ID, Kind: jobs.EventStarted, Attempt: attempt, Worker: w.cfg.ID}); err != nil {
+		log.Warn("record start", "err", err)
+		_ = msg.NakWithDelay(w.cfg.RetryDelay)
+		return
+	}
+
+	runCtx, cancelRun := context.WithCancelCause(ctx)
+	defer cancelRun(nil)
+	hbDone := make(chan struct{})
+	defer close(hbDone)
+	go w.heartbeat(msg, hbDone)
+	cancelSub, err := w.nc.Subscribe(w.client.Subjects().Cancel(job.ID), func(*nats.Msg) {
+		cancelRun(errCancelled)
+	})
+	if err == nil {
+		defer cancelSub.Unsubscribe()
+	}
+
+	host := &natsHost{nc: w.nc, subj: w.client.Subjects(), job: &job}
+	start := time.Now()
+	res, runErr := w.rt.Run(runCtx, sandbox.Job{
+		ID: job.ID, Code: job.Code, Servers: job.Servers,
+		Timeout: job.TimeoutDuration(), OutputCap: w.cfg.OutputCap,
+	}, host)
+	switch {
+	case errors.Is(context.Cause(runCtx), errCancelled):
+		w.finish(ctx, msg, &job, attempt, jobs.Result{Status: jobs.StatusCancelled, Error: "cancelled while running",
+			Stdout: res.Stdout, Stderr: res.Stderr, DurationMS: time.Since(start).Milliseconds()})
+		return
+	case ctx.Err() != nil:
+		log.Warn("worker stopping: handing job back")
+		_ = msg.Nak()
+		return
+	}
+	if runErr != nil {
+		log.Error("sandbox failed", "err", runErr)
+		if decide(attempt, job.MaxAttempts, runErr, false) == retry {
+			_ = msg.NakWithDelay(w.cfg.RetryDelay)
+			return
+		}
+		w.finish(ctx, msg, &job, attempt, jobs.Result{Status: jobs.StatusError,
+			Error: fmt.Sprintf("the sandbox failed: %v", runErr), DurationMS: time.Since(start).Milliseconds()})
+		return
+	}
+	w.finish(ctx, msg, &job, attempt, resultOf(res))
+	log.Info("job finished", "status", res.Status, "duration_ms", res.Duration.Milliseconds())
+}
+
+var errCancelled = errors.New("job cancelled")
+
+// resultOf maps a sandbox result to a job result.
+func resultOf(r sandbox.Result) jobs.Result {
+	st := jobs.StatusError
+	switch r.Status {
+	case sandbox.StatusSuccess:
+		st = jobs.StatusSuccess
+	case sandbox.StatusTimeout:
+		st = jobs.StatusTimeout
+	}
+	return jobs.Result{
+		Status: st, ExitCode: r.ExitCode, Stdout: r.Stdout, Stderr: r.Stderr,
+		StdoutTruncated: r.StdoutTruncated, StderrTruncated: r.StderrTruncated,
+		Error: r.Error, DurationMS: r.Duration.Milliseconds(),
+	}
+}
+
+// finish records the terminal event and acknowledges the job message. When the
+// event cannot be recorded the message is handed back so the outcome is not lost.
+func (w *Worker) finish(ctx context.Context, msg jetstream.Msg, job *jobs.Job, attempt int, res jobs.Result) {
+	res.Worker, res.Attempt = w.cfg.ID, attempt
+	ev := jobs.Event{Job: job.ID, Kind: jobs.EventFinished, Attempt: attempt, Worker: w.cfg.ID, Result: &res}
+	pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	err := w.client.PublishEvent(pubCtx, ev)
+	if err != nil && isTooLarge(err) {
+		shrinkOutput(&res, int(w.nc.MaxPayload())/4)
+		err = w.client.PublishEvent(pubCtx, ev)
+	}
+	if err != nil {
+		w.log.Error("record result", "job", job.ID, "err", err)
+		_ = msg.NakWithDelay(w.cfg.RetryDelay)
+		return
+	}
+	if err := msg.DoubleAck(pubCtx); err != nil {
+		w.log.Warn("ack job", "job", job.ID, "err", err)
+	}
+}
+
+func isTooLarge(err error) bool {
+	return errors.Is(err, nats.ErrMaxPayload)
+}
+
+func shrinkOutput(res *jobs.Result, limit int) {
+	if len(res.Stdout) > limit {
+		res.Stdout, res.StdoutTruncated = res.Stdout[:limit], true
+	}
+	if len(res.Stderr) > limit {
+		res.Stderr, res.StderrTruncated = res.Stderr[:limit], true
+	}
+}
+
+// heartbeat tells JetStream the job is still being worked on, so a long job is not
+// redelivered while a dead worker's job is, within AckWait.
+func (w *Worker) heartbeat(msg jetstream.Msg, done <-chan struct{}) {
+	t := time.NewTicker(w.cfg.Queue.AckWait / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+			_ = msg.InProgress()
+		}
+	}
+}
+
+// natsHost relays a sandbox's calls to the job's front-end and its output to the
+// job's output subject.
+type natsHost struct {
+	nc   *nats.Conn
+	subj jobs.Subjects
+	job  *jobs.Job
+}
+
+func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessage) (json.RawMessage, error) {
+	if h.job.Frontend == "" {
+		return nil, errors.New("this job has no front-end to answer proxy calls")
+	}
+	return proxy.Call(ctx, h.nc, h.subj.Proxy(h.job.Frontend), proxy.Request{Job: h.job.ID, Method: method, Params: params})
+}
+
+func (h *natsHost) Output(stream, data string) {
+	b, _ := json.Marshal(map[string]string{"stream": stream, "data": data})
+	_ = h.nc.Publish(h.subj.Output(h.job.ID), b)
+}
