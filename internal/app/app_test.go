@@ -3,7 +3,6 @@ package app_test
 import (
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
@@ -36,19 +35,9 @@ func TestRunPythonThroughFleet(t *testing.T) {
 		t.Fatalf("structured %+v", st)
 	}
 	// The broker recorded the final result in bbolt.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		rec, err := b.Store().Job(st.JobID)
-		if err == nil && rec.Status == jobs.StatusSuccess {
-			if rec.Result.Stdout != "42\n" || rec.Worker != "w1" || rec.Attempt != 1 {
-				t.Fatalf("record %+v result %+v", rec, rec.Result)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("record of %s not recorded as success: %v %+v", st.JobID, err, rec)
-		}
-		time.Sleep(20 * time.Millisecond)
+	rec := testutil.WaitRecord(t, b, st.JobID, jobs.StatusSuccess)
+	if rec.Result.Stdout != "42\n" || rec.Worker != "w1" || rec.Attempt != 1 {
+		t.Fatalf("record %+v result %+v", rec, rec.Result)
 	}
 
 	t.Run("ErrorResult", func(t *testing.T) {

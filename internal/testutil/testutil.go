@@ -169,3 +169,19 @@ func SkipOrFail(t testing.TB, reason string, args ...any) {
 	}
 	t.Skip(msg)
 }
+
+// WaitRecord waits until the broker's state holds job id with status.
+func WaitRecord(t testing.TB, b *broker.Broker, id string, status jobs.Status) *jobs.Record {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rec, err := b.Store().Job(id)
+		if err == nil && rec.Status == status {
+			return rec
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s: want recorded status %s, got %+v (err %v)", id, status, rec, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

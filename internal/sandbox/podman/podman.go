@@ -49,6 +49,9 @@ import (
 // builds it.
 const DefaultImage = sandboximage.DefaultImage
 
+// ErrNoImage is returned by New when the sandbox image does not exist.
+var ErrNoImage = errors.New("not found")
+
 // Labels put on every container this package creates.
 const (
 	LabelManaged = "mcpexec.managed"
@@ -360,7 +363,7 @@ func (r *Runtime) checkImage(ctx context.Context) error {
 		return fmt.Errorf("podman sandbox: check image %s: %w", r.cfg.Image, err)
 	}
 	if !ok {
-		return fmt.Errorf("podman sandbox: image %s not found: build it with `sudo deploy/sandbox/build.sh %s` (or `make image`)", r.cfg.Image, r.cfg.Image)
+		return fmt.Errorf("podman sandbox: image %s %w: build it with `sudo deploy/sandbox/build.sh %s` (or `make image`)", r.cfg.Image, ErrNoImage, r.cfg.Image)
 	}
 	return nil
 }

@@ -1,0 +1,58 @@
+# mcpexec — run agents' Python against their MCP tools, as a distributed system.
+SHELL := /bin/bash
+GO ?= go
+# Build tags that keep the Podman bindings free of C libraries (static binaries).
+TAGS := remote exclude_graphdriver_btrfs exclude_graphdriver_devicemapper containers_image_openpgp
+export CGO_ENABLED ?= 0
+IMAGE ?= localhost/mcpexec-sandbox:latest
+HTTP ?= 127.0.0.1:8080
+# Debian packages the system and its tests need.
+APT_PACKAGES := podman runc uidmap debootstrap python3 ca-certificates gcc libc6-dev
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-10s %s\n", $$1, $$2}'
+
+.PHONY: deps
+deps: ## install Podman and the other Debian packages (needs root and apt)
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		if [ "$$(id -u)" -ne 0 ]; then echo "make deps: need root to apt-get install$$missing (run with sudo)"; exit 1; fi; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+.PHONY: image
+image: deps ## build the sandbox image locally (no registry needed)
+	bash deploy/sandbox/build.sh $(IMAGE)
+
+.PHONY: build
+build: ## build frontend, worker and broker into bin/
+	$(GO) build -tags "$(TAGS)" -o bin/ ./cmd/frontend ./cmd/worker ./cmd/broker
+
+.PHONY: run
+run: image build ## start the embedded default: MCP on http://$(HTTP)/mcp
+	./bin/frontend --http $(HTTP)
+
+.PHONY: test
+test: image ## install what tests need, then run all tests (race detector on)
+	CGO_ENABLED=1 MCPEXEC_REQUIRE_PODMAN=1 $(GO) test -race -tags "$(TAGS)" -timeout 30m ./...
+
+.PHONY: test-short
+test-short: ## run the tests that need no Podman
+	CGO_ENABLED=1 $(GO) test -race -tags "$(TAGS)" -short ./...
+
+.PHONY: bench
+bench: image ## run the benchmarks (warm pool vs podman run, throughput)
+	MCPEXEC_REQUIRE_PODMAN=1 $(GO) test -tags "$(TAGS)" -run '^$$' -bench . -benchtime 20x ./...
+
+.PHONY: vet
+vet: ## gofmt and go vet
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
+	$(GO) vet -tags "$(TAGS)" ./...
+
+.PHONY: clean
+clean: ## remove build output and the default data dir
+	rm -rf bin data

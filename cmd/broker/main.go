@@ -1,0 +1,80 @@
+// Command broker runs the mcpexec broker: an embedded NATS server with JetStream,
+// the job and event streams, and the state service on a bbolt file.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/mcpexec/mcpexec/internal/broker"
+	"github.com/mcpexec/mcpexec/internal/cli"
+	"github.com/mcpexec/mcpexec/internal/queue"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.Stderr)
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(os.Stderr, "broker:", err)
+	}
+	os.Exit(cli.ExitCode(err))
+}
+
+func run(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("broker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	data := fs.String("data", "./data/broker", "directory of the JetStream store and the state file")
+	listen := fs.String("listen", "127.0.0.1:4222", "NATS client listen address HOST:PORT")
+	httpAddr := fs.String("http", "", "serve /healthz on HOST:PORT (optional)")
+	maxQueued := fs.Int64("max-queued", queue.DefaultConfig().MaxQueued, "pending jobs held before new ones are rejected")
+	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	if err := cli.Parse(fs, args, nil); err != nil {
+		return err
+	}
+	log, err := cli.Logger(stderr, *level)
+	if err != nil {
+		return err
+	}
+	if *maxQueued < 1 {
+		return cli.Usagef("--max-queued must be at least 1")
+	}
+	qcfg := queue.DefaultConfig()
+	qcfg.MaxQueued = *maxQueued
+	b, err := broker.Start(ctx, broker.Config{DataDir: *data, Listen: *listen, Queue: qcfg, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	log.Info("broker ready", "nats", b.ClientURL(), "data", *data)
+	if *httpAddr != "" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			if !b.Server().JetStreamEnabled() {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_ = json.NewEncoder(w).Encode(map[string]string{"status": "unavailable", "error": "JetStream is not enabled"})
+				return
+			}
+			_ = json.NewEncoder(w).Encode(map[string]string{"status": "ok"})
+		})
+		srv := &http.Server{Addr: *httpAddr, Handler: mux}
+		go func() {
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("http", "err", err)
+			}
+		}()
+		defer srv.Close()
+	}
+	<-ctx.Done()
+	log.Info("broker stopping")
+	return nil
+}

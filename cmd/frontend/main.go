@@ -1,0 +1,202 @@
+// Command frontend is the MCP server agents connect to (stdio, or streamable HTTP
+// at /mcp). Without --nats it embeds a broker and one worker: the whole system in
+// one process.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/mark3labs/mcp-go/server"
+
+	"github.com/mcpexec/mcpexec/cmd/internal/sandboxflags"
+	"github.com/mcpexec/mcpexec/internal/app"
+	"github.com/mcpexec/mcpexec/internal/cli"
+	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/mcpserver"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/worker"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(os.Stderr, "frontend:", err)
+	}
+	os.Exit(cli.ExitCode(err))
+}
+
+// config is the front-end's parsed command line.
+type config struct {
+	nats           string
+	data           string
+	httpAddr       string
+	brokerListen   string
+	id             string
+	authToken      string
+	allowedOrigins string
+	slots          int
+	limits         jobs.Limits
+	level          string
+	sandbox        *sandboxflags.Flags
+}
+
+func parse(args []string, stderr io.Writer) (*config, error) {
+	fs := flag.NewFlagSet("frontend", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c := &config{limits: jobs.DefaultLimits()}
+	fs.StringVar(&c.nats, "nats", "", "NATS URL(s) of a broker fleet; absent: embed a broker and one worker")
+	fs.StringVar(&c.data, "data", "./data", "embedded mode's data directory")
+	fs.StringVar(&c.httpAddr, "http", "", "serve streamable HTTP MCP at /mcp and /healthz on HOST:PORT; absent: MCP on stdio")
+	fs.StringVar(&c.brokerListen, "broker-listen", "", "embedded mode: also let other workers and front-ends reach the broker at HOST:PORT")
+	fs.StringVar(&c.id, "id", "", "front-end id (its proxy subject); default: random")
+	fs.StringVar(&c.authToken, "auth-token", "", "bearer token required on /mcp (required when --http is not loopback)")
+	fs.StringVar(&c.allowedOrigins, "allowed-origins", "", "comma-separated extra Origin hosts allowed on /mcp besides localhost")
+	fs.IntVar(&c.slots, "slots", 4, "embedded worker: jobs run at once")
+	fs.IntVar(&c.limits.DefaultTimeout, "timeout", c.limits.DefaultTimeout, "default run_python timeout in seconds")
+	fs.IntVar(&c.limits.MaxTimeout, "max-timeout", c.limits.MaxTimeout, "largest run_python timeout in seconds")
+	fs.IntVar(&c.limits.MaxCodeBytes, "max-code-bytes", c.limits.MaxCodeBytes, "largest accepted code in bytes")
+	fs.StringVar(&c.level, "log-level", "info", "log level: debug, info, warn, error")
+	c.sandbox = sandboxflags.Register(fs)
+	if err := cli.Parse(fs, args, sandboxflags.Aliases); err != nil {
+		return nil, err
+	}
+	return c, c.validate()
+}
+
+func (c *config) validate() error {
+	if c.id == "" {
+		b := make([]byte, 6)
+		_, _ = rand.Read(b)
+		c.id = "fe-" + hex.EncodeToString(b)
+	}
+	if !jobs.ValidID(c.id) {
+		return cli.Usagef("--id %q: use letters, digits, '-' or '_'", c.id)
+	}
+	if c.limits.MaxTimeout < 1 || c.limits.DefaultTimeout < 1 || c.limits.DefaultTimeout > c.limits.MaxTimeout {
+		return cli.Usagef("--timeout (%d) must be between 1 and --max-timeout (%d)", c.limits.DefaultTimeout, c.limits.MaxTimeout)
+	}
+	if c.limits.MaxCodeBytes < 1 {
+		return cli.Usagef("--max-code-bytes must be positive")
+	}
+	if c.slots < 1 {
+		return cli.Usagef("--slots must be at least 1, got %d", c.slots)
+	}
+	if c.httpAddr != "" {
+		if _, _, err := net.SplitHostPort(c.httpAddr); err != nil {
+			return cli.Usagef("--http %q: want HOST:PORT, e.g. 127.0.0.1:8080", c.httpAddr)
+		}
+		if !mcpserver.IsLoopback(c.httpAddr) && c.authToken == "" {
+			return cli.Usagef("--http %s listens beyond loopback: set --auth-token (or MCPEXEC_AUTH_TOKEN) so strangers cannot run code", c.httpAddr)
+		}
+	}
+	if c.nats == "" {
+		if _, err := c.sandbox.Limits(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	c, err := parse(args, stderr)
+	if err != nil {
+		return err
+	}
+	log, err := cli.Logger(stderr, c.level)
+	if err != nil {
+		return err
+	}
+	host, _ := os.Hostname()
+	wcfg := worker.DefaultConfig(embeddedWorkerID(host))
+	wcfg.Slots, wcfg.Logger = c.slots, log
+	stack, err := app.StartFrontend(ctx, app.FrontendConfig{
+		NATSURL:    c.nats,
+		DataDir:    c.data,
+		BrokerAddr: c.brokerListen,
+		Frontend:   frontend.Config{ID: c.id, Limits: c.limits, Logger: log},
+		Worker:     wcfg,
+		NewRuntime: func(ctx context.Context) (sandbox.Runtime, error) {
+			return c.sandbox.Open(ctx, wcfg.ID, log)
+		},
+		Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	defer stack.Close()
+	mode := "fleet"
+	if c.nats == "" {
+		mode = "embedded"
+	}
+	srv := mcpserver.New(stack.Frontend, mcpserver.Options{})
+	if c.httpAddr == "" {
+		log.Info("serving MCP on stdio", "frontend", c.id, "mode", mode)
+		return serveStdio(ctx, srv, stdin, stdout, log)
+	}
+	return serveHTTP(ctx, c, srv, stack.Frontend, log, mode)
+}
+
+func serveStdio(ctx context.Context, srv *server.MCPServer, stdin io.Reader, stdout io.Writer, log *slog.Logger) error {
+	s := server.NewStdioServer(srv)
+	s.SetErrorLogger(slog.NewLogLogger(log.Handler(), slog.LevelError))
+	err := s.Listen(ctx, stdin, stdout)
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
+		return nil
+	}
+	return err
+}
+
+func serveHTTP(ctx context.Context, c *config, srv *server.MCPServer, fe *frontend.Frontend, log *slog.Logger, mode string) error {
+	opts := mcpserver.HTTPOptions{Health: fe.Health}
+	if c.authToken != "" {
+		opts.Tokens = map[string]string{c.authToken: "default"}
+	}
+	for _, o := range strings.Split(c.allowedOrigins, ",") {
+		if o = strings.TrimSpace(o); o != "" {
+			opts.AllowedOrigins = append(opts.AllowedOrigins, o)
+		}
+	}
+	ln, err := net.Listen("tcp", c.httpAddr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w (is another process using the port? choose another with --http)", c.httpAddr, err)
+	}
+	hs := &http.Server{Handler: mcpserver.Handler(srv, opts), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	log.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp", "frontend", c.id, "mode", mode)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return hs.Shutdown(sctx)
+}
+
+// embeddedWorkerID is stable across restarts, so a restarted front-end's worker
+// removes the containers its previous life left behind.
+func embeddedWorkerID(host string) string {
+	id := "embedded-" + host
+	if !jobs.ValidID(id) {
+		return "embedded"
+	}
+	return id
+}

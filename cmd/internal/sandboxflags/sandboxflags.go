@@ -1,0 +1,154 @@
+// Package sandboxflags holds the sandbox flags shared by `worker` and `frontend`
+// (embedded mode) and opens the Podman runtime they describe, building the
+// sandbox image first when it is missing.
+package sandboxflags
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+
+	sandboximage "github.com/mcpexec/mcpexec/deploy/sandbox"
+	"github.com/mcpexec/mcpexec/internal/cli"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
+)
+
+// Flags are the sandbox settings.
+type Flags struct {
+	Image      string
+	Rootfs     string
+	Podman     string
+	OCIRuntime string
+	Pool       int
+	Memory     string
+	Pids       int64
+	CPUs       float64
+	User       string
+	TmpfsSize  string
+	BuildImage bool
+}
+
+// Aliases are the seed project's environment names, honoured too.
+var Aliases = map[string][]string{
+	"image":          {"MCP_BRIDGE_IMAGE"},
+	"memory":         {"MCP_BRIDGE_MEMORY"},
+	"pids":           {"MCP_BRIDGE_PIDS"},
+	"cpus":           {"MCP_BRIDGE_CPUS"},
+	"container-user": {"MCP_BRIDGE_CONTAINER_USER"},
+	"timeout":        {"MCP_BRIDGE_TIMEOUT"},
+	"max-timeout":    {"MCP_BRIDGE_MAX_TIMEOUT"},
+}
+
+// Register defines the flags on fs.
+func Register(fs *flag.FlagSet) *Flags {
+	f := &Flags{}
+	d := sandbox.DefaultLimits()
+	fs.StringVar(&f.Image, "image", podman.DefaultImage, "sandbox image")
+	fs.StringVar(&f.Rootfs, "rootfs", "", "sandbox root filesystem directory instead of an image (not supported yet)")
+	fs.StringVar(&f.Podman, "podman", "", "Podman API socket URI (default: the user's socket, else /run/podman/podman.sock, else start one)")
+	fs.StringVar(&f.OCIRuntime, "oci-runtime", "runc", "OCI runtime Podman uses (runc works on cgroups v1 hosts; crun does not)")
+	fs.IntVar(&f.Pool, "pool", 2, "warm sandboxes kept started and waiting")
+	fs.StringVar(&f.Memory, "memory", "512m", "memory limit of a sandbox (e.g. 512m, 1g)")
+	fs.Int64Var(&f.Pids, "pids", d.Pids, "process limit of a sandbox")
+	fs.Float64Var(&f.CPUs, "cpus", 0, "CPU limit of a sandbox (0: none)")
+	fs.StringVar(&f.User, "container-user", d.User, "uid:gid the code runs as")
+	fs.StringVar(&f.TmpfsSize, "tmpfs-size", "64m", "size of each of /tmp and /workspace")
+	fs.BoolVar(&f.BuildImage, "build-image", true, "build the sandbox image when it is missing (needs root and debootstrap)")
+	return f
+}
+
+// Limits validates the flags and returns the sandbox limits.
+func (f *Flags) Limits() (sandbox.Limits, error) {
+	l := sandbox.DefaultLimits()
+	var err error
+	if l.Memory, err = ParseBytes(f.Memory); err != nil {
+		return l, cli.Usagef("--memory %q: %v", f.Memory, err)
+	}
+	if l.TmpfsSize, err = ParseBytes(f.TmpfsSize); err != nil {
+		return l, cli.Usagef("--tmpfs-size %q: %v", f.TmpfsSize, err)
+	}
+	if f.Pids < 0 || f.CPUs < 0 || f.Pool < 0 {
+		return l, cli.Usagef("--pids, --cpus and --pool must not be negative")
+	}
+	if f.Rootfs != "" {
+		return l, cli.Usagef("--rootfs is not supported yet: use --image (build one with deploy/sandbox/build.sh)")
+	}
+	if parts := strings.Split(f.User, ":"); len(parts) != 2 || !isNum(parts[0]) || !isNum(parts[1]) {
+		return l, cli.Usagef("--container-user %q: want numeric uid:gid, e.g. 65534:65534", f.User)
+	}
+	l.Pids, l.CPUs, l.User = f.Pids, f.CPUs, f.User
+	return l, nil
+}
+
+func isNum(s string) bool { _, err := strconv.ParseUint(s, 10, 32); return err == nil }
+
+// ParseBytes parses sizes like 512m, 1g, 65536k or a plain byte count.
+func ParseBytes(s string) (int64, error) {
+	s = strings.ToLower(strings.TrimSpace(s))
+	mult := int64(1)
+	switch {
+	case strings.HasSuffix(s, "k"):
+		mult, s = 1<<10, s[:len(s)-1]
+	case strings.HasSuffix(s, "m"):
+		mult, s = 1<<20, s[:len(s)-1]
+	case strings.HasSuffix(s, "g"):
+		mult, s = 1<<30, s[:len(s)-1]
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 {
+		return 0, errors.New("want a size such as 512m, 1g or a byte count")
+	}
+	return n * mult, nil
+}
+
+// Open opens the Podman runtime; when the image is missing and BuildImage is set it
+// builds the image with the embedded recipe first.
+func (f *Flags) Open(ctx context.Context, workerID string, log *slog.Logger) (sandbox.Runtime, error) {
+	limits, err := f.Limits()
+	if err != nil {
+		return nil, err
+	}
+	cfg := podman.Config{
+		URI: f.Podman, Image: f.Image, OCIRuntime: f.OCIRuntime, Limits: limits,
+		WorkerID: workerID, Pool: f.Pool, Logger: log,
+	}
+	rt, err := podman.New(ctx, cfg)
+	if errors.Is(err, podman.ErrNoImage) && f.BuildImage {
+		log.Info("sandbox image missing: building it (about a minute)", "image", f.Image)
+		if berr := BuildImage(ctx, f.Image); berr != nil {
+			return nil, fmt.Errorf("%w; building it failed: %v", err, berr)
+		}
+		rt, err = podman.New(ctx, cfg)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if info := rt.Info(); !info.LimitsEnforced {
+		log.Warn("sandbox resource limits are NOT enforced on this host (rootless Podman on cgroups v1): memory, pids and CPU limits do not apply", "rootless", info.Rootless, "cgroups", info.CgroupsVersion)
+	}
+	return rt, nil
+}
+
+// BuildImage runs the embedded build recipe for image, its output on stderr.
+func BuildImage(ctx context.Context, image string) error {
+	tmp, err := os.CreateTemp("", "mcpexec-build-*.sh")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(sandboximage.BuildScript); err != nil {
+		tmp.Close()
+		return err
+	}
+	tmp.Close()
+	cmd := exec.CommandContext(ctx, "bash", tmp.Name(), image)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	return cmd.Run()
+}

@@ -1,0 +1,106 @@
+// Command worker pulls jobs from the broker and runs each in a locked-down Podman
+// container.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/mcpexec/mcpexec/cmd/internal/sandboxflags"
+	"github.com/mcpexec/mcpexec/internal/cli"
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/worker"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.Stderr)
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+	}
+	os.Exit(cli.ExitCode(err))
+}
+
+func run(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	natsURL := fs.String("nats", nats.DefaultURL, "NATS URL(s) of the broker, comma-separated")
+	host, _ := os.Hostname()
+	id := fs.String("id", host, "worker id (labels its containers; a restarted worker with the same id removes its orphans)")
+	slots := fs.Int("slots", 4, "jobs run at once")
+	pool := fs.String("job-pool", jobs.DefaultPool, "job pool to take jobs from")
+	grace := fs.Duration("grace", 30*time.Second, "on SIGTERM, how long running jobs may finish before they are handed back")
+	httpAddr := fs.String("http", "", "serve /healthz on HOST:PORT (optional)")
+	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	sb := sandboxflags.Register(fs)
+	if err := cli.Parse(fs, args, sandboxflags.Aliases); err != nil {
+		return err
+	}
+	log, err := cli.Logger(stderr, *level)
+	if err != nil {
+		return err
+	}
+	if !jobs.ValidID(*id) {
+		return cli.Usagef("--id %q: use letters, digits, '-' or '_'", *id)
+	}
+	if *slots < 1 {
+		return cli.Usagef("--slots must be at least 1, got %d", *slots)
+	}
+	if _, err := sb.Limits(); err != nil {
+		return err
+	}
+	nc, err := nats.Connect(*natsURL, nats.Name("mcpexec-worker-"+*id), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("connect to NATS at %s: %w (is the broker running?)", *natsURL, err)
+	}
+	defer nc.Close()
+	rt, err := sb.Open(ctx, *id, log)
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	cfg := worker.DefaultConfig(*id)
+	cfg.Slots, cfg.Pool, cfg.Grace, cfg.Logger = *slots, *pool, *grace, log
+	w, err := worker.New(nc, rt, cfg)
+	if err != nil {
+		return err
+	}
+	if err := w.Start(ctx); err != nil {
+		return err
+	}
+	defer w.Stop()
+	if *httpAddr != "" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			if !nc.IsConnected() {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_ = json.NewEncoder(w).Encode(map[string]string{"status": "unavailable", "error": "not connected to NATS"})
+				return
+			}
+			_ = json.NewEncoder(w).Encode(map[string]string{"status": "ok"})
+		})
+		srv := &http.Server{Addr: *httpAddr, Handler: mux}
+		go func() {
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("http", "err", err)
+			}
+		}()
+		defer srv.Close()
+	}
+	<-ctx.Done()
+	log.Info("worker stopping: draining running jobs", "grace", *grace)
+	return nil
+}

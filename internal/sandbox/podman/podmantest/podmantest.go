@@ -1,0 +1,52 @@
+// Package podmantest opens real Podman runtimes for tests outside package podman.
+package podmantest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
+	"github.com/mcpexec/mcpexec/internal/testutil"
+)
+
+// New starts a Runtime with its own worker id for one test; it is closed when the
+// test ends. Without Podman or the image the test skips, or fails under
+// MCPEXEC_REQUIRE_PODMAN=1.
+func New(tb testing.TB, cfg podman.Config) *podman.Runtime {
+	tb.Helper()
+	if _, err := exec.LookPath("podman"); err != nil {
+		testutil.SkipOrFail(tb, "podman is not installed (make deps)")
+	}
+	if cfg.Image == "" {
+		cfg.Image = os.Getenv("MCPEXEC_IMAGE")
+	}
+	if cfg.URI == "" {
+		cfg.URI = os.Getenv("MCPEXEC_PODMAN")
+	}
+	if cfg.WorkerID == "" {
+		b := make([]byte, 4)
+		_, _ = rand.Read(b)
+		cfg.WorkerID = "test-" + strings.NewReplacer("/", "-", " ", "-").Replace(tb.Name()) + "-" + hex.EncodeToString(b)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = testutil.Logger(tb)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rt, err := podman.New(ctx, cfg)
+	if err != nil {
+		testutil.SkipOrFail(tb, "Podman sandbox unavailable: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := rt.Close(); err != nil {
+			tb.Errorf("close podman runtime: %v", err)
+		}
+	})
+	return rt
+}
