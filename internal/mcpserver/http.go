@@ -23,6 +23,11 @@ type HTTPOptions struct {
 	MaxBody int64
 	// Health reports nil when the process can do its job.
 	Health func(ctx context.Context) error
+	// API, when set, is served under /api/ behind the same Origin, auth and size
+	// checks as /mcp.
+	API http.Handler
+	// Extra handlers mounted as given (e.g. "/metrics", "/"), without auth.
+	Extra map[string]http.Handler
 }
 
 type ctxKey struct{}
@@ -49,6 +54,12 @@ func Handler(s *server.MCPServer, opts HTTPOptions) http.Handler {
 	)
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", guard(streamable, opts))
+	if opts.API != nil {
+		mux.Handle("/api/", guard(opts.API, opts))
+	}
+	for pattern, h := range opts.Extra {
+		mux.Handle(pattern, h)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		if opts.Health != nil {
