@@ -53,6 +53,10 @@ vet: ## gofmt and go vet
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet -tags "$(TAGS)" ./...
 
+.PHONY: tags
+tags: ## print the Go build tags (go test -tags "$$(make -s tags)" ./...)
+	@echo "$(TAGS)"
+
 .PHONY: clean
 clean: ## remove build output and the default data dir
 	rm -rf bin data

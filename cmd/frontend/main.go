@@ -49,6 +49,7 @@ type config struct {
 	httpAddr       string
 	brokerListen   string
 	id             string
+	workerID       string
 	authToken      string
 	allowedOrigins string
 	slots          int
@@ -66,6 +67,8 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.httpAddr, "http", "", "serve streamable HTTP MCP at /mcp and /healthz on HOST:PORT; absent: MCP on stdio")
 	fs.StringVar(&c.brokerListen, "broker-listen", "", "embedded mode: also let other workers and front-ends reach the broker at HOST:PORT")
 	fs.StringVar(&c.id, "id", "", "front-end id (its proxy subject); default: random")
+	host, _ := os.Hostname()
+	fs.StringVar(&c.workerID, "worker-id", embeddedWorkerID(host), "embedded worker's id (labels its containers; a restart removes the previous life's orphans)")
 	fs.StringVar(&c.authToken, "auth-token", "", "bearer token required on /mcp (required when --http is not loopback)")
 	fs.StringVar(&c.allowedOrigins, "allowed-origins", "", "comma-separated extra Origin hosts allowed on /mcp besides localhost")
 	fs.IntVar(&c.slots, "slots", 4, "embedded worker: jobs run at once")
@@ -88,6 +91,9 @@ func (c *config) validate() error {
 	}
 	if !jobs.ValidID(c.id) {
 		return cli.Usagef("--id %q: use letters, digits, '-' or '_'", c.id)
+	}
+	if !jobs.ValidID(c.workerID) {
+		return cli.Usagef("--worker-id %q: use letters, digits, '-' or '_'", c.workerID)
 	}
 	if c.limits.MaxTimeout < 1 || c.limits.DefaultTimeout < 1 || c.limits.DefaultTimeout > c.limits.MaxTimeout {
 		return cli.Usagef("--timeout (%d) must be between 1 and --max-timeout (%d)", c.limits.DefaultTimeout, c.limits.MaxTimeout)
@@ -123,8 +129,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err != nil {
 		return err
 	}
-	host, _ := os.Hostname()
-	wcfg := worker.DefaultConfig(embeddedWorkerID(host))
+	wcfg := worker.DefaultConfig(c.workerID)
 	wcfg.Slots, wcfg.Logger = c.slots, log
 	stack, err := app.StartFrontend(ctx, app.FrontendConfig{
 		NATSURL:    c.nats,
