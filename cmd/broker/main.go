@@ -37,6 +37,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	httpAddr := fs.String("http", "", "serve /healthz on HOST:PORT (optional)")
 	maxQueued := fs.Int64("max-queued", queue.DefaultConfig().MaxQueued, "pending jobs held before new ones are rejected")
 	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	fl := registerFleetFlags(fs)
 	if err := cli.Parse(fs, args, nil); err != nil {
 		return err
 	}
@@ -49,12 +50,17 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	qcfg := queue.DefaultConfig()
 	qcfg.MaxQueued = *maxQueued
-	b, err := broker.Start(ctx, broker.Config{DataDir: *data, Listen: *listen, Queue: qcfg, Logger: log})
+	bcfg := broker.Config{DataDir: *data, Listen: *listen, Queue: qcfg, Logger: log}
+	if err := fl.apply(&bcfg, log); err != nil {
+		return err
+	}
+	b, err := broker.Start(ctx, bcfg)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	log.Info("broker ready", "nats", b.ClientURL(), "data", *data)
+	log.Info("broker ready", "nats", b.ClientURL(), "data", *data, "cluster", bcfg.Cluster.Name,
+		"replicas", bcfg.Queue.Replicas, "state_service", b.StateService())
 	if *httpAddr != "" {
 		mux := http.NewServeMux()
 		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {

@@ -22,20 +22,29 @@ import (
 
 	"github.com/mark3labs/mcp-go/server"
 
+	"github.com/mcpexec/mcpexec/cmd/internal/doctorcmd"
 	"github.com/mcpexec/mcpexec/cmd/internal/sandboxflags"
 	"github.com/mcpexec/mcpexec/internal/app"
 	"github.com/mcpexec/mcpexec/internal/cli"
+	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/submit"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	var err error
+	if len(os.Args) > 1 && os.Args[1] == "submit" {
+		err = submit.Run(ctx, os.Args[2:], os.Stdin, os.Stdout, os.Stderr)
+	} else {
+		err = run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	}
 	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "frontend:", err)
 	}
@@ -56,6 +65,8 @@ type config struct {
 	limits         jobs.Limits
 	level          string
 	sandbox        *sandboxflags.Flags
+	servers        *serverFlags
+	fleet          *fleetFlags
 }
 
 func parse(args []string, stderr io.Writer) (*config, error) {
@@ -77,6 +88,8 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.limits.MaxCodeBytes, "max-code-bytes", c.limits.MaxCodeBytes, "largest accepted code in bytes")
 	fs.StringVar(&c.level, "log-level", "info", "log level: debug, info, warn, error")
 	c.sandbox = sandboxflags.Register(fs)
+	c.servers = registerServerFlags(fs)
+	c.fleet = registerFleetFlags(fs)
 	if err := cli.Parse(fs, args, sandboxflags.Aliases); err != nil {
 		return nil, err
 	}
@@ -108,9 +121,15 @@ func (c *config) validate() error {
 		if _, _, err := net.SplitHostPort(c.httpAddr); err != nil {
 			return cli.Usagef("--http %q: want HOST:PORT, e.g. 127.0.0.1:8080", c.httpAddr)
 		}
-		if !mcpserver.IsLoopback(c.httpAddr) && c.authToken == "" {
-			return cli.Usagef("--http %s listens beyond loopback: set --auth-token (or MCPEXEC_AUTH_TOKEN) so strangers cannot run code", c.httpAddr)
+		if !mcpserver.IsLoopback(c.httpAddr) && c.authToken == "" && c.servers.authTokensFile == "" {
+			return cli.Usagef("--http %s listens beyond loopback: set --auth-token (or MCPEXEC_AUTH_TOKEN) or --auth-tokens-file so strangers cannot run code", c.httpAddr)
 		}
+	}
+	if err := c.servers.validate(); err != nil {
+		return err
+	}
+	if err := c.fleet.validate(); err != nil {
+		return err
 	}
 	if c.nats == "" {
 		if _, err := c.sandbox.Limits(); err != nil {
@@ -121,6 +140,9 @@ func (c *config) validate() error {
 }
 
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "doctor" {
+		return doctorcmd.Main(ctx, "frontend", args[1:], stdout, stderr)
+	}
 	c, err := parse(args, stderr)
 	if err != nil {
 		return err
@@ -129,14 +151,28 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err != nil {
 		return err
 	}
+	pool := c.servers.pool(log)
+	if err := pool.Start(ctx); err != nil {
+		return err
+	}
+	defer pool.Stop()
 	wcfg := worker.DefaultConfig(c.workerID)
-	wcfg.Slots, wcfg.Logger = c.slots, log
+	wcfg.Slots, wcfg.Logger, wcfg.Grace = c.slots, log, c.fleet.grace
+	if err := c.sandbox.ConfigureWorker(&wcfg); err != nil {
+		return err
+	}
+	nopts, err := c.fleet.nats.Options("mcpexec-frontend-"+c.id, log)
+	if err != nil {
+		return err
+	}
 	stack, err := app.StartFrontend(ctx, app.FrontendConfig{
 		NATSURL:    c.nats,
+		NATSOpts:   nopts,
 		DataDir:    c.data,
 		BrokerAddr: c.brokerListen,
-		Frontend:   frontend.Config{ID: c.id, Limits: c.limits, Logger: log},
-		Worker:     wcfg,
+		Frontend: frontend.Config{ID: c.id, Limits: c.limits, Logger: log, Tools: pool,
+			CallTimeout: c.servers.callTimeout, MaxCallsPerJob: c.servers.maxCalls, Policy: c.fleet.policy},
+		Worker: wcfg,
 		NewRuntime: func(ctx context.Context) (sandbox.Runtime, error) {
 			return c.sandbox.Open(ctx, wcfg.ID, log)
 		},
@@ -150,18 +186,39 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if c.nats == "" {
 		mode = "embedded"
 	}
-	srv := mcpserver.New(stack.Frontend, mcpserver.Options{})
+	mopts := mcpserver.Options{Servers: pool.Names, Catalog: pool.Servers, OutputMode: c.servers.outputMode}
+	if c.httpAddr == "" {
+		// One caller on stdio: the default memory namespace.
+		mopts.Namespace = func(context.Context) string { return mcpserver.DefaultNamespace }
+	} else {
+		mopts.Namespace = mcpserver.NamespaceFromContext
+	}
+	srv := mcpserver.New(stack.Frontend, mopts)
 	if c.httpAddr == "" {
 		log.Info("serving MCP on stdio", "frontend", c.id, "mode", mode)
-		return serveStdio(ctx, srv, stdin, stdout, log)
+		return serveStdio(ctx, srv, stack.Frontend, c.fleet.grace, stdin, stdout, log)
 	}
 	return serveHTTP(ctx, c, srv, stack.Frontend, log, mode)
 }
 
-func serveStdio(ctx context.Context, srv *server.MCPServer, stdin io.Reader, stdout io.Writer, log *slog.Logger) error {
+func serveStdio(ctx context.Context, srv *server.MCPServer, fe *frontend.Frontend, grace time.Duration, stdin io.Reader, stdout io.Writer, log *slog.Logger) error {
 	s := server.NewStdioServer(srv)
 	s.SetErrorLogger(slog.NewLogLogger(log.Handler(), slog.LevelError))
-	err := s.Listen(ctx, stdin, stdout)
+	// On SIGTERM, in-flight calls get the grace period before the session ends
+	// (ending it would cancel their jobs).
+	lctx, lcancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer lcancel()
+	go func() {
+		select {
+		case <-ctx.Done():
+			dctx, cancel := context.WithTimeout(context.Background(), grace)
+			defer cancel()
+			fe.Drain(dctx)
+			lcancel()
+		case <-lctx.Done():
+		}
+	}()
+	err := s.Listen(lctx, stdin, stdout)
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
 		return nil
 	}
@@ -169,10 +226,15 @@ func serveStdio(ctx context.Context, srv *server.MCPServer, stdin io.Reader, std
 }
 
 func serveHTTP(ctx context.Context, c *config, srv *server.MCPServer, fe *frontend.Frontend, log *slog.Logger, mode string) error {
-	opts := mcpserver.HTTPOptions{Health: fe.Health}
-	if c.authToken != "" {
-		opts.Tokens = map[string]string{c.authToken: "default"}
+	opts := mcpserver.HTTPOptions{Health: fe.Health, Tokens: map[string]string{}}
+	opts.API = jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext, Logger: log})
+	for tok, ns := range c.servers.tokens {
+		opts.Tokens[tok] = ns
 	}
+	if c.authToken != "" {
+		opts.Tokens[c.authToken] = mcpserver.DefaultNamespace
+	}
+	opts.AllowedHosts = discovery.ParseList(c.servers.allowedHosts)
 	for _, o := range strings.Split(c.allowedOrigins, ",") {
 		if o = strings.TrimSpace(o); o != "" {
 			opts.AllowedOrigins = append(opts.AllowedOrigins, o)
@@ -182,7 +244,7 @@ func serveHTTP(ctx context.Context, c *config, srv *server.MCPServer, fe *fronte
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w (is another process using the port? choose another with --http)", c.httpAddr, err)
 	}
-	hs := &http.Server{Handler: mcpserver.Handler(srv, opts), ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: mcpserver.Handler(srv, opts), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	log.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp", "frontend", c.id, "mode", mode)
@@ -191,9 +253,21 @@ func serveHTTP(ctx context.Context, c *config, srv *server.MCPServer, fe *fronte
 		return err
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// In-flight calls get the grace period to receive their job's outcome, then
+	// an answer naming the job id to fetch it with later.
+	log.Info("front-end stopping: answering in-flight calls", "grace", c.fleet.grace)
+	dctx, dcancel := context.WithTimeout(context.Background(), c.fleet.grace)
+	defer dcancel()
+	drained := make(chan struct{})
+	go func() { fe.Drain(dctx); close(drained) }()
+	sctx, cancel := context.WithTimeout(context.Background(), c.fleet.grace+5*time.Second)
 	defer cancel()
-	return hs.Shutdown(sctx)
+	if err := hs.Shutdown(sctx); err != nil {
+		log.Warn("HTTP connections still open after the grace period: closing them", "err", err)
+		_ = hs.Close()
+	}
+	<-drained
+	return nil
 }
 
 // embeddedWorkerID is stable across restarts, so a restarted front-end's worker

@@ -17,6 +17,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/mcpexec/mcpexec/cmd/internal/doctorcmd"
+	"github.com/mcpexec/mcpexec/cmd/internal/natsflags"
 	"github.com/mcpexec/mcpexec/cmd/internal/sandboxflags"
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -34,6 +36,9 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "doctor" {
+		return doctorcmd.Main(ctx, "worker", args[1:], os.Stdout, stderr)
+	}
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	natsURL := fs.String("nats", nats.DefaultURL, "NATS URL(s) of the broker, comma-separated")
@@ -45,6 +50,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	httpAddr := fs.String("http", "", "serve /healthz on HOST:PORT (optional)")
 	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	sb := sandboxflags.Register(fs)
+	nf := natsflags.Register(fs)
 	if err := cli.Parse(fs, args, sandboxflags.Aliases); err != nil {
 		return err
 	}
@@ -61,9 +67,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if _, err := sb.Limits(); err != nil {
 		return err
 	}
-	nc, err := nats.Connect(*natsURL, nats.Name("mcpexec-worker-"+*id), nats.MaxReconnects(-1))
+	nopts, err := nf.Options("mcpexec-worker-"+*id, log)
 	if err != nil {
-		return fmt.Errorf("connect to NATS at %s: %w (is the broker running?)", *natsURL, err)
+		return err
+	}
+	nc, err := natsflags.Connect(*natsURL, nopts)
+	if err != nil {
+		return err
 	}
 	defer nc.Close()
 	rt, err := sb.Open(ctx, *id, log)
@@ -73,6 +83,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	defer rt.Close()
 	cfg := worker.DefaultConfig(*id)
 	cfg.Slots, cfg.Pool, cfg.Grace, cfg.Logger = *slots, *pool, *grace, log
+	if err := sb.ConfigureWorker(&cfg); err != nil {
+		return err
+	}
 	w, err := worker.New(nc, rt, cfg)
 	if err != nil {
 		return err

@@ -31,6 +31,18 @@ type Config struct {
 	Listen  string // host:port for NATS clients; "" means no TCP listener
 	Queue   queue.Config
 	Logger  *slog.Logger
+
+	// ServerName names this node; the nodes of a cluster need distinct names
+	// ("": "mcpexec", or host-and-route-port in a cluster).
+	ServerName string
+	Cluster    ClusterConfig // zero: a single node
+	Security   Security      // zero: no authentication, no TLS
+	// NoState runs no state service on this node: in a cluster exactly one node
+	// runs it (DESIGN §1).
+	NoState bool
+	// ClientOptions are added to the broker's own in-process connections, e.g.
+	// the credentials it needs under a --nats-config authorization.
+	ClientOptions []nats.Option
 }
 
 // Broker is a running NATS server with the mcpexec streams and state service.
@@ -73,6 +85,10 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 		}
 		opts.Host, opts.Port = host, port
 	}
+	opts, err := fleetOptions(opts, cfg)
+	if err != nil {
+		return nil, err
+	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("configure NATS server: %w", err)
@@ -91,7 +107,7 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 }
 
 func (b *Broker) init(ctx context.Context) error {
-	nc, err := nats.Connect("", nats.InProcessServer(b.ns), nats.Name("mcpexec-broker"), nats.MaxReconnects(-1))
+	nc, err := nats.Connect("", b.clientOptions("mcpexec-broker")...)
 	if err != nil {
 		return fmt.Errorf("connect to embedded server: %w", err)
 	}
@@ -100,18 +116,17 @@ func (b *Broker) init(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	if err := queue.Setup(ctx, js, b.cfg.Queue); err != nil {
+	if err := b.setupStreams(ctx, js); err != nil {
 		return err
+	}
+	if b.cfg.NoState {
+		return nil
 	}
 	b.store, err = state.Open(filepath.Join(b.cfg.DataDir, "state.db"))
 	if err != nil {
 		return err
 	}
-	b.svc, err = state.NewService(nc, b.store, b.cfg.Queue.Subjects, b.cfg.Logger)
-	if err != nil {
-		return err
-	}
-	return b.svc.Start(ctx)
+	return b.startState(ctx)
 }
 
 // ClientURL is the URL NATS clients connect to ("" without a listener).
@@ -124,7 +139,7 @@ func (b *Broker) ClientURL() string {
 
 // Connect opens a new in-process client connection to the broker.
 func (b *Broker) Connect(name string) (*nats.Conn, error) {
-	return nats.Connect("", nats.InProcessServer(b.ns), nats.Name(name), nats.MaxReconnects(-1))
+	return nats.Connect("", b.clientOptions(name)...)
 }
 
 // Server returns the embedded NATS server.

@@ -5,7 +5,6 @@ package frontend
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,8 +25,22 @@ type Config struct {
 	Subjects jobs.Subjects
 	Limits   jobs.Limits
 	Logger   *slog.Logger
-	// Proxy answers sandbox calls; nil answers every call with "no MCP servers".
+	// Proxy answers sandbox calls; nil uses the built-in proxy handler, which
+	// serves Tools and memory to this front-end's running jobs.
 	Proxy proxy.Handler
+	// Tools is the MCP client pool behind call_tool and the docs helpers; nil
+	// means no MCP servers are configured.
+	Tools ToolSource
+	// Memory backs the memory helpers; nil uses the state service over NATS.
+	Memory MemoryStore
+	// CallTimeout bounds one proxied tool call unless the code asks for another
+	// (default DefaultCallTimeout); the job's deadline always bounds it.
+	CallTimeout time.Duration
+	// MaxCallsPerJob caps one job's proxy calls in flight; more wait for a slot
+	// (default DefaultMaxCallsPerJob).
+	MaxCallsPerJob int
+	// Policy caps each namespace's unfinished jobs (zero: no caps).
+	Policy Policy
 }
 
 // Frontend submits jobs and waits for them.
@@ -35,9 +48,13 @@ type Frontend struct {
 	cfg       Config
 	nc        *nats.Conn
 	client    *queue.Client
+	state     *state.Client
 	responder *proxy.Responder
 	log       *slog.Logger
 	once      sync.Once
+	running   *registry   // jobs this front-end submitted that have not ended
+	memory    MemoryStore // memory helpers' backend
+	adm       *admission  // namespace caps and shutdown
 }
 
 // New returns a Frontend on nc.
@@ -52,28 +69,41 @@ func New(nc *nats.Conn, cfg Config) (*Frontend, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &Frontend{cfg: cfg, nc: nc, client: client, log: cfg.Logger.With("frontend", cfg.ID)}
+	f := &Frontend{cfg: cfg, nc: nc, client: client, state: state.NewClient(nc, cfg.Subjects), log: cfg.Logger.With("frontend", cfg.ID)}
+	if f.cfg.CallTimeout <= 0 {
+		f.cfg.CallTimeout = DefaultCallTimeout
+	}
+	if f.cfg.MaxCallsPerJob <= 0 {
+		f.cfg.MaxCallsPerJob = DefaultMaxCallsPerJob
+	}
+	f.running, f.memory = newRegistry(), cfg.Memory
+	f.adm = newAdmission(f, cfg.Policy)
+	if f.memory == nil {
+		f.memory = f.state
+	}
 	h := cfg.Proxy
 	if h == nil {
-		h = proxy.HandlerFunc(noServers)
+		h = &proxyHandler{f: f}
 	}
 	f.responder = proxy.NewResponder(nc, cfg.Subjects.Proxy(cfg.ID), h)
 	return f, nil
 }
 
-func noServers(_ context.Context, req proxy.Request) (json.RawMessage, error) {
-	switch req.Method {
-	case "list_servers", "discovered_servers":
-		return json.RawMessage("[]"), nil
+// Start begins answering proxy calls.
+func (f *Frontend) Start(ctx context.Context) error {
+	if err := f.adm.start(); err != nil {
+		return err
 	}
-	return nil, fmt.Errorf("no MCP servers are configured on this front-end (%s is unavailable): start it with --servers FILE", req.Method)
+	return f.responder.Start(ctx)
 }
 
-// Start begins answering proxy calls.
-func (f *Frontend) Start(ctx context.Context) error { return f.responder.Start(ctx) }
-
 // Stop stops answering proxy calls. It is idempotent.
-func (f *Frontend) Stop() { f.once.Do(f.responder.Stop) }
+func (f *Frontend) Stop() {
+	f.once.Do(func() {
+		f.responder.Stop()
+		f.adm.close()
+	})
+}
 
 // Limits returns the submission limits in force.
 func (f *Frontend) Limits() jobs.Limits { return f.cfg.Limits }
@@ -89,12 +119,18 @@ func (f *Frontend) Run(ctx context.Context, job *jobs.Job, progress func(jobs.Ev
 		return nil, err
 	}
 	job.Frontend = f.cfg.ID
+	if err := f.adm.enterRun(job); err != nil {
+		return nil, err
+	}
+	defer f.adm.leaveRun(job.ID)
+	progress = f.running.add(job, f.cfg.MaxCallsPerJob, progress)
+	defer f.running.remove(job.ID)
 	events, stop, err := f.client.WatchEvents(job.ID)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	defer stop()
-	if err := f.client.Submit(ctx, job); err != nil {
+	if err := f.client.Submit(ctx, job); err != nil && !errors.Is(err, queue.ErrDuplicate) {
 		if errors.Is(err, queue.ErrQueueFull) {
 			return f.Get(context.WithoutCancel(ctx), job.ID)
 		}
@@ -117,6 +153,9 @@ func (f *Frontend) Run(ctx context.Context, job *jobs.Job, progress func(jobs.Ev
 			if rec, err := f.Get(ctx, job.ID); err == nil && rec.Status.Terminal() {
 				return rec, nil
 			}
+		case <-f.adm.abandon:
+			// Shutting down: the job goes on, and its caller can fetch the result.
+			return nil, &ResumableError{JobID: job.ID}
 		case <-ctx.Done():
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
@@ -142,35 +181,29 @@ func (f *Frontend) settled(ctx context.Context, job *jobs.Job, ev jobs.Event) (*
 }
 
 // Cancel cancels job id: a running job's sandbox is stopped, a queued job never
-// runs.
+// runs. The cancellation is recorded before it is announced, so a worker that
+// checks for a recorded one after subscribing to announcements misses neither.
 func (f *Frontend) Cancel(ctx context.Context, id, reason string) error {
+	if err := f.client.PublishEvent(ctx, jobs.Event{Job: id, Kind: jobs.EventCancelled, Reason: reason}); err != nil {
+		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
 	if err := f.nc.Publish(f.cfg.Subjects.Cancel(id), []byte(reason)); err != nil {
 		return fmt.Errorf("announce cancel of %s: %w", id, err)
 	}
-	return f.client.PublishEvent(ctx, jobs.Event{Job: id, Kind: jobs.EventCancelled, Reason: reason})
+	return nil
 }
 
 // Get returns the state service's record of job id; state.ErrNotFound when there
-// is none.
+// is none, an error wrapping ErrUnavailable when the broker does not answer.
 func (f *Frontend) Get(ctx context.Context, id string) (*jobs.Record, error) {
-	data, _ := json.Marshal(state.JobGetRequest{ID: id})
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	msg, err := f.nc.RequestWithContext(ctx, f.cfg.Subjects.State("job.get"), data)
-	if err != nil {
-		return nil, fmt.Errorf("%w: job.get: %v", ErrUnavailable, err)
+	rec, err := f.state.Job(ctx, id)
+	if errors.Is(err, state.ErrNotFound) {
+		rec, err = f.awaitRecord(ctx, id) // submitted a moment ago?
 	}
-	if code := msg.Header.Get("Nats-Service-Error-Code"); code != "" {
-		if code == state.CodeNotFound {
-			return nil, state.ErrNotFound
-		}
-		return nil, fmt.Errorf("job.get %s: %s", id, msg.Header.Get("Nats-Service-Error"))
+	if errors.Is(err, state.ErrUnavailable) {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	var rec jobs.Record
-	if err := json.Unmarshal(msg.Data, &rec); err != nil {
-		return nil, fmt.Errorf("decode record %s: %w", id, err)
-	}
-	return &rec, nil
+	return rec, err
 }
 
 // Health reports nil when the front-end can do its job: connected to NATS, and at

@@ -104,3 +104,35 @@ func cancelText(reason string) string {
 	}
 	return "cancelled: " + reason
 }
+
+// DeadLetter reports whether the record is a dead letter: a job that ended without
+// its code completing, for reasons an operator may want to look at and re-run —
+// its worker was lost on every attempt, the queue refused it, or the sandbox
+// itself failed. Failures of the user's code are results, not dead letters.
+func (r *Record) DeadLetter() bool {
+	switch r.Status {
+	case StatusWorkerLost, StatusRejected:
+		return true
+	case StatusError:
+		return r.Result != nil && r.Result.SandboxFailed
+	}
+	return false
+}
+
+// RetryJob returns a copy of the record's job to be submitted again under id as a
+// re-run of it: attempts and submission time start afresh.
+func (r *Record) RetryJob(id string) Job {
+	j := r.Job
+	j.ID = id
+	j.RetryOf = r.Job.ID
+	j.SubmittedAt = time.Time{}
+	if j.Labels != nil {
+		l := make(map[string]string, len(j.Labels))
+		for k, v := range j.Labels {
+			l[k] = v
+		}
+		j.Labels = l
+	}
+	j.Servers = append([]string(nil), j.Servers...)
+	return j
+}

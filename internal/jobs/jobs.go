@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"regexp"
+	"strings"
 	"sync"
 	"time"
 
@@ -50,6 +51,8 @@ type Job struct {
 	MaxAttempts int               `json:"max_attempts"`
 	SubmittedAt time.Time         `json:"submitted_at"`
 	Labels      map[string]string `json:"labels,omitempty"`
+	// RetryOf names the dead-letter job this one re-runs, if any.
+	RetryOf string `json:"retry_of,omitempty"`
 }
 
 // TimeoutDuration returns the job's time limit.
@@ -67,6 +70,9 @@ type Result struct {
 	DurationMS      int64  `json:"duration_ms"`
 	Worker          string `json:"worker,omitempty"`
 	Attempt         int    `json:"attempt,omitempty"`
+	// SandboxFailed says the sandbox itself failed (not the user's code): the job
+	// is kept as a dead letter.
+	SandboxFailed bool `json:"sandbox_failed,omitempty"`
 }
 
 var (
@@ -153,6 +159,14 @@ func (j *Job) Normalize(l Limits, now time.Time) error {
 	}
 	if len(j.Labels) > l.MaxLabels {
 		return invalid("labels", "%d labels, at most %d allowed", len(j.Labels), l.MaxLabels)
+	}
+	for k, v := range j.Labels {
+		if k == "" || len(k) > 128 || len(v) > 512 || strings.ContainsAny(k, "=,") {
+			return invalid("labels", "label %q: keys must be 1-128 bytes without '=' or ',', values at most 512 bytes", truncate(k, 40))
+		}
+	}
+	if j.RetryOf != "" && !ValidID(j.RetryOf) {
+		return invalid("retry_of", "%q is not a job id", truncate(j.RetryOf, 40))
 	}
 	if j.Session != "" && !ValidID(j.Session) {
 		return invalid("session", "%q must be 1-128 characters of letters, digits, '-' or '_'", truncate(j.Session, 40))

@@ -62,3 +62,21 @@ func (s Subjects) Consumer(pool string) string { return "workers-" + pool }
 // WorkerService is the NATS micro service name every worker registers, so that
 // front-ends can see workers are alive ($SRV.PING.<name>).
 func (s Subjects) WorkerService() string { return s.p() + "-worker" }
+
+// WorkerJobs is the subject of jobs routed to one worker: the jobs of the
+// sessions it holds.
+func (s Subjects) WorkerJobs(worker string) string { return s.p() + ".wjobs." + worker }
+
+// AllWorkerJobs matches every worker's routed-job subject.
+func (s Subjects) AllWorkerJobs() string { return s.p() + ".wjobs.*" }
+
+// WorkerConsumer is the durable consumer name of one worker's routed jobs.
+func (s Subjects) WorkerConsumer(worker string) string { return "worker-" + worker }
+
+// SessionsBucket is the key-value bucket that maps sessions to the workers that
+// hold them.
+func (s Subjects) SessionsBucket() string { return strings.ToUpper(s.p()) + "_SESSIONS" }
+
+// WorkerSessions is the request subject on which a worker answers whether it
+// holds a session.
+func (s Subjects) WorkerSessions(worker string) string { return s.p() + ".wsession." + worker }

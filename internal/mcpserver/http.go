@@ -1,12 +1,16 @@
 package mcpserver
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"regexp"
 	"strings"
 
 	"github.com/mark3labs/mcp-go/server"
@@ -19,6 +23,9 @@ type HTTPOptions struct {
 	Tokens map[string]string
 	// AllowedOrigins are extra Origin hosts accepted besides loopback ones.
 	AllowedOrigins []string
+	// AllowedHosts are extra Host header values accepted on connections to a
+	// loopback address (e.g. a reverse proxy's name). Loopback names always are.
+	AllowedHosts []string
 	// MaxBody bounds a request body in bytes.
 	MaxBody int64
 	// Health reports nil when the process can do its job.
@@ -45,6 +52,8 @@ func Handler(s *server.MCPServer, opts HTTPOptions) http.Handler {
 	}
 	streamable := server.NewStreamableHTTPServer(s,
 		server.WithEndpointPath("/mcp"),
+		// guard checks Host itself, with AllowedHosts, for /mcp and /api alike.
+		server.WithDisableLocalhostProtection(true),
 		server.WithHTTPContextFunc(func(ctx context.Context, r *http.Request) context.Context {
 			if ns, ok := r.Context().Value(ctxKey{}).(string); ok {
 				return context.WithValue(ctx, ctxKey{}, ns)
@@ -78,6 +87,10 @@ func Handler(s *server.MCPServer, opts HTTPOptions) http.Handler {
 // size limit.
 func guard(next http.Handler, opts HTTPOptions) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !hostAllowed(r, opts.AllowedHosts) {
+			httpError(w, http.StatusForbidden, "forbidden_host", "Host "+r.Host+" is not allowed on a loopback listener (DNS rebinding protection): connect as localhost or 127.0.0.1, or add the name to --allowed-hosts")
+			return
+		}
 		if o := r.Header.Get("Origin"); o != "" && !originAllowed(o, opts.AllowedOrigins) {
 			httpError(w, http.StatusForbidden, "forbidden_origin", "Origin "+o+" is not allowed: browsers may reach this server only from localhost pages (or add the origin to --allowed-origins)")
 			return
@@ -95,6 +108,32 @@ func guard(next http.Handler, opts HTTPOptions) http.Handler {
 		r.Body = http.MaxBytesReader(w, r.Body, opts.MaxBody)
 		next.ServeHTTP(w, r)
 	})
+}
+
+// hostAllowed applies the DNS-rebinding check: a request that reached a
+// loopback address must name a loopback host (or an allowed one).
+func hostAllowed(r *http.Request, extra []string) bool {
+	local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if !ok || local == nil || !IsLoopback(local.String()) {
+		return true
+	}
+	host := r.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.Trim(host, "[]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return true
+	}
+	for _, e := range extra {
+		if strings.EqualFold(e, host) || strings.EqualFold(e, r.Host) {
+			return true
+		}
+	}
+	return false
 }
 
 func lookupToken(tokens map[string]string, tok string) (string, bool) {
@@ -141,9 +180,52 @@ func IsLoopback(addr string) bool {
 	if err != nil {
 		return false
 	}
+	host = strings.Trim(host, "[]")
 	if host == "localhost" {
 		return true
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
 }
+
+// LoadTokens reads a tokens file mapping bearer tokens to memory namespaces:
+// either a JSON object {"<token>": "<namespace>", ...}, or lines of
+// "<token> <namespace>" (blank lines and lines starting with # are ignored).
+func LoadTokens(path string) (map[string]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read tokens file: %w", err)
+	}
+	tokens := map[string]string{}
+	if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '{' {
+		if err := json.Unmarshal(t, &tokens); err != nil {
+			return nil, fmt.Errorf("tokens file %s: not a JSON object of token to namespace: %v", path, err)
+		}
+	} else {
+		for i, line := range strings.Split(string(data), "\n") {
+			line = strings.TrimSpace(line)
+			if line == "" || strings.HasPrefix(line, "#") {
+				continue
+			}
+			f := strings.Fields(line)
+			if len(f) != 2 {
+				return nil, fmt.Errorf("tokens file %s line %d: want \"<token> <namespace>\"", path, i+1)
+			}
+			tokens[f[0]] = f[1]
+		}
+	}
+	for tok, ns := range tokens {
+		if len(tok) < 8 {
+			return nil, fmt.Errorf("tokens file %s: a token is shorter than 8 characters: use long random tokens (e.g. openssl rand -hex 24)", path)
+		}
+		if !namespacePattern.MatchString(ns) {
+			return nil, fmt.Errorf("tokens file %s: namespace %q must be 1-128 letters, digits, '.', '_' or '-'", path, ns)
+		}
+	}
+	if len(tokens) == 0 {
+		return nil, fmt.Errorf("tokens file %s holds no tokens", path)
+	}
+	return tokens, nil
+}
+
+var namespacePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)

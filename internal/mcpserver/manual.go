@@ -1,5 +1,10 @@
 package mcpserver
 
+import (
+	"fmt"
+	"strings"
+)
+
 // CapabilitiesURI is the resource holding the full manual.
 const CapabilitiesURI = "resource://mcpexec/capabilities"
 
@@ -9,20 +14,71 @@ const Manual = `# mcpexec sandbox manual
 Code sent to run_python runs in a fresh, isolated Python 3 sandbox: no network, a
 read-only root filesystem, writable /tmp and /workspace (small, noexec), user nobody,
 memory/process/time limits. Top-level ` + "`await`" + ` works. Only what the code prints comes back.
+A call that names a "session" keeps its Python globals for the next call of that session.
 
 ## Calling MCP tools
-Names available without import (also as ` + "`import runtime`" + `):
-- ` + "`await call_tool(server, tool, arguments={}, raw=False)`" + `: call a tool of a server listed in run_python's "servers". The result is the tool's text, JSON-decoded when it parses; raw=True returns the whole MCP result.
-- ` + "`await list_servers()`" + `, ` + "`await discovered_servers(detailed=False)`" + `: the servers this call may use.
-- ` + "`await query_tool_docs(server, tool=None, detail=\"summary\"|\"full\")`" + `: tool documentation.
-- ` + "`await search_tool_docs(query, limit=5)`" + `: find tools by meaning.
-- ` + "`await capability_summary()`" + `: a short overview.
-Tool errors raise ` + "`MCPError`" + ` with the server's message.
+Name the servers the code may use in run_python's "servers". Then, without import:
+- ` + "`await mcp_<alias>.<tool>(**kwargs)`" + `: the server's proxy object; the alias is the server
+  name with other characters than letters, digits and _ replaced by _ (so "my-fs" is
+  ` + "`mcp_my_fs`" + `; tool "read-file" is ` + "`.read_file`" + `). Also ` + "`mcp_servers[\"my-fs\"]`" + `,
+  ` + "`mcp_my_fs[\"read-file\"]`" + `, and ` + "`from mcp.servers.my_fs import *`" + ` (the tools as functions).
+- ` + "`await call_tool(server, tool, arguments={}, raw=False, timeout=None)`" + `: the same by name;
+  timeout is seconds for this call (the job's deadline still bounds it).
+- ` + "`await mcp_x.list_tools()`" + `: name, alias, description and input_schema of each tool.
+A result is the tool's text, JSON-decoded when it parses (so a tool returning JSON gives
+dicts and lists); ` + "`raw=True`" + ` returns the whole MCP result ({content, structuredContent, isError}).
+A tool error raises ` + "`MCPError`" + ` with the server's message. Calls run concurrently with
+` + "`asyncio.gather`" + ` (a few at a time per job).
+
+## Discovering tools (plain functions; awaiting them works too)
+- ` + "`list_servers()`" + `: the servers this run may call.
+- ` + "`discovered_servers(detailed=False)`" + `: every server the front-end knows; detailed gives
+  name, alias, description, transport, and "available" (given to this run).
+- ` + "`query_tool_docs(server, tool=None, detail=\"summary\"|\"full\")`" + `: summary and Python-like
+  signature of each tool (or one); "full" adds the description and input schema.
+- ` + "`search_tool_docs(query, limit=5)`" + `: this run's tools ranked by relevance to a free-text query.
+- ` + "`capability_summary()`" + `: a short overview.
+All of these are also in module ` + "`runtime`" + ` (` + "`import runtime`" + ` or ` + "`from mcp import runtime`" + `).
+
+## Memory (kept across runs, private to the caller)
+- ` + "`save_memory(key, value, metadata=None)`" + `: value and metadata JSON-serialisable.
+- ` + "`load_memory(key, default=None)`" + `, ` + "`memory_exists(key)`" + `, ` + "`get_memory_info(key)`" + ` (metadata,
+  created_at, updated_at, version), ` + "`delete_memory(key)`" + `, ` + "`list_memories(prefix=\"\")`" + `.
+- ` + "`update_memory(key, fn, default=None)`" + `: sets the value to fn(current) atomically
+  (compare-and-set on the server, retried on conflict) and returns it.
+Keys are any non-empty strings; they are stored as given.
 
 ## Outcome
-status is success, error (an exception: traceback in stderr; or a non-zero exit code), or timeout.
-stdout and stderr are each capped at 1 MiB; the result says when they were cut.
+status is success, error (an exception: traceback in stderr; or a non-zero exit code),
+timeout or cancelled. stdout and stderr are each capped at 1 MiB; the result says when
+they were cut.
 
 ## Limits
 code up to 256 KiB; timeout 1-120 s (default 30 s).
 `
+
+// manual is the capabilities resource: the manual and the proxied servers.
+func (h *handler) manual() string {
+	var b strings.Builder
+	b.WriteString(Manual)
+	b.WriteString("\n## MCP servers on this front-end\n")
+	switch {
+	case h.opts.Catalog != nil:
+		cat := h.opts.Catalog()
+		if len(cat) == 0 {
+			b.WriteString("None configured.\n")
+		}
+		for _, s := range cat {
+			desc := s.Description
+			if desc == "" {
+				desc = "(no description: use query_tool_docs)"
+			}
+			fmt.Fprintf(&b, "- %s: %s\n", s.Name, desc)
+		}
+	case h.opts.Servers != nil && len(h.opts.Servers()) > 0:
+		fmt.Fprintf(&b, "%s\n", strings.Join(h.opts.Servers(), ", "))
+	default:
+		b.WriteString("None configured.\n")
+	}
+	return b.String()
+}

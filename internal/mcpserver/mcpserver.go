@@ -8,11 +8,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
 
+	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
@@ -22,13 +25,41 @@ type Runner interface {
 	Limits() jobs.Limits
 }
 
+// OutputWatcher is an optional ability of a Runner: live output of a job,
+// delivered while it runs. *frontend.Frontend has it.
+type OutputWatcher interface {
+	WatchOutput(id string, fn func(stream, data string)) (stop func(), err error)
+}
+
 // Options configure the MCP server.
 type Options struct {
-	Name      string
-	Version   string
-	Servers   func() []string // names of proxied servers (the servers enum)
+	Name    string
+	Version string
+	Servers func() []string // names of proxied servers (the servers enum)
+	// Catalog lists the proxied servers for the capabilities manual; nil
+	// lists Servers' names only.
+	Catalog func() []discovery.Server
+	// Namespace returns the memory namespace of the caller (from its token over
+	// HTTP; DefaultNamespace on stdio). nil means DefaultNamespace.
 	Namespace func(ctx context.Context) string
+	// OutputMode is OutputText (default) or OutputTOON.
+	OutputMode string
+	// MaxProgress caps the output-line progress notifications of one call
+	// (default 500).
+	MaxProgress int
 }
+
+// Output modes of run_python's text content.
+const (
+	OutputText = "text" // the compact form: stdout, stderr:, status:/error:
+	OutputTOON = "toon" // the structured result as TOON (Token-Oriented Object Notation)
+)
+
+// DefaultNamespace is the memory namespace of callers without an identity.
+const DefaultNamespace = "default"
+
+// ValidOutputMode reports whether m is a known output mode ("" is the default).
+func ValidOutputMode(m string) bool { return m == "" || m == OutputText || m == OutputTOON }
 
 // ToolName is the one tool agents see.
 const ToolName = "run_python"
@@ -41,6 +72,9 @@ func New(r Runner, opts Options) *server.MCPServer {
 	if opts.Version == "" {
 		opts.Version = "0.1.0"
 	}
+	if opts.MaxProgress <= 0 {
+		opts.MaxProgress = 500
+	}
 	s := server.NewMCPServer(opts.Name, opts.Version,
 		server.WithToolCapabilities(false),
 		server.WithResourceCapabilities(false, false),
@@ -52,7 +86,7 @@ func New(r Runner, opts Options) *server.MCPServer {
 		mcp.WithResourceDescription("The manual of the sandbox's Python API: proxied MCP servers, tool docs, memory."),
 		mcp.WithMIMEType("text/markdown")),
 		func(context.Context, mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
-			return []mcp.ResourceContents{mcp.TextResourceContents{URI: CapabilitiesURI, MIMEType: "text/markdown", Text: Manual}}, nil
+			return []mcp.ResourceContents{mcp.TextResourceContents{URI: CapabilitiesURI, MIMEType: "text/markdown", Text: h.manual()}}, nil
 		})
 	return s
 }
@@ -62,7 +96,7 @@ type handler struct {
 	opts Options
 }
 
-const toolDescription = `Run Python 3 code in an isolated sandbox (no network, read-only filesystem, time and memory limits) and return its stdout, stderr and status. Top-level await works. The code can call the tools of the MCP servers named in "servers" without loading their schemas: await call_tool(server, tool, {...}) or await mcp_<server>.<tool>(...); discover them with await list_servers(), await query_tool_docs(server) and await search_tool_docs("query"). Tool errors raise MCPError. Print what you need: only printed output comes back. Each call starts fresh unless it names a "session", which keeps Python globals between calls. Read resource ` + CapabilitiesURI + ` for the full API.`
+const toolDescription = `Run Python 3 code in an isolated sandbox (no network, read-only filesystem, time and memory limits) and return its stdout, stderr and status. Top-level await works. The code can call the tools of the MCP servers named in "servers" without loading their schemas: await mcp_<server>.<tool>(**kwargs) or await call_tool(server, tool, {...}); results come back as text, JSON-decoded when possible; errors raise MCPError. Find tools with list_servers(), query_tool_docs(server) and search_tool_docs("what you need"). save_memory/load_memory/update_memory keep data across calls. Print what you need: only printed output comes back. Calls with the same "session" share Python globals. Read resource ` + CapabilitiesURI + ` for the full API.`
 
 func (h *handler) tool() mcp.Tool {
 	l := h.r.Limits()
@@ -121,16 +155,47 @@ func parseArgs(raw any) (*jobs.Job, error) {
 	return job, nil
 }
 
+// checkServers refuses server names the front-end does not proxy.
+func (h *handler) checkServers(names []string) error {
+	var known []string
+	if h.opts.Servers != nil {
+		known = h.opts.Servers()
+	}
+	for _, n := range names {
+		if !slices.Contains(known, n) {
+			if len(known) == 0 {
+				return &jobs.InvalidError{Field: "servers", Message: fmt.Sprintf("%q is not a proxied MCP server: this front-end has none (start it with --servers FILE)", n)}
+			}
+			return &jobs.InvalidError{Field: "servers", Message: fmt.Sprintf("%q is not a proxied MCP server; known servers: %s", n, strings.Join(known, ", "))}
+		}
+	}
+	return nil
+}
+
 func (h *handler) call(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	job, err := parseArgs(req.GetRawArguments())
 	if err != nil {
 		return mcp.NewToolResultError(err.Error()), nil
 	}
-	if h.opts.Namespace != nil {
-		job.Namespace = h.opts.Namespace(ctx)
+	if err := h.checkServers(job.Servers); err != nil {
+		return mcp.NewToolResultError(err.Error()), nil
 	}
-	progress := progressSender(ctx, req)
-	rec, err := h.r.Run(ctx, job, progress)
+	job.Namespace = DefaultNamespace
+	if h.opts.Namespace != nil {
+		if ns := h.opts.Namespace(ctx); ns != "" {
+			job.Namespace = ns
+		}
+	}
+	progress := progressSender(ctx, req, h.opts.MaxProgress)
+	if progress != nil {
+		if w, ok := h.r.(OutputWatcher); ok {
+			job.ID = jobs.NewID()
+			if stop, err := w.WatchOutput(job.ID, progress.output); err == nil {
+				defer stop()
+			}
+		}
+	}
+	rec, err := h.r.Run(ctx, job, progress.event)
 	var inv *jobs.InvalidError
 	if errors.As(err, &inv) {
 		return mcp.NewToolResultError(err.Error()), nil
@@ -138,12 +203,26 @@ func (h *handler) call(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	if err != nil {
 		return mcp.NewToolResultError(fmt.Sprintf("the job could not be run: %v", err)), nil
 	}
-	return resultOf(rec), nil
+	return resultOf(rec, h.opts.OutputMode), nil
 }
 
-// progressSender returns a function sending progress notifications for the
-// request's lifecycle events, or nil when the client sent no progress token.
-func progressSender(ctx context.Context, req mcp.CallToolRequest) func(jobs.Event) {
+// progress sends a call's progress notifications: lifecycle events (queued,
+// started, finished) and output lines, numbered in one increasing sequence.
+type progress struct {
+	ctx   context.Context
+	srv   *server.MCPServer
+	token mcp.ProgressToken
+	max   int
+
+	mu      sync.Mutex // guards step, lines, partial
+	step    int
+	lines   int
+	partial map[string]string // unfinished last line per stream
+}
+
+// progressSender returns the request's progress sender, or nil when the client
+// sent no progress token.
+func progressSender(ctx context.Context, req mcp.CallToolRequest, maxLines int) *progress {
 	if req.Params.Meta == nil || req.Params.Meta.ProgressToken == nil {
 		return nil
 	}
@@ -151,15 +230,80 @@ func progressSender(ctx context.Context, req mcp.CallToolRequest) func(jobs.Even
 	if srv == nil {
 		return nil
 	}
-	token := req.Params.Meta.ProgressToken
-	step := 0
-	return func(ev jobs.Event) {
-		step++
-		_ = srv.SendNotificationToClient(ctx, "notifications/progress", map[string]any{
-			"progressToken": token,
-			"progress":      step,
-			"message":       string(ev.Kind),
-		})
+	return &progress{ctx: ctx, srv: srv, token: req.Params.Meta.ProgressToken, max: maxLines, partial: map[string]string{}}
+}
+
+func (p *progress) sendLocked(msg string) {
+	p.step++
+	_ = p.srv.SendNotificationToClient(p.ctx, "notifications/progress", map[string]any{
+		"progressToken": p.token,
+		"progress":      p.step,
+		"message":       msg,
+	})
+}
+
+// event reports a lifecycle event; nil-safe so it can be passed as Run's progress.
+func (p *progress) event(ev jobs.Event) {
+	if p == nil {
+		return
+	}
+	msg := string(ev.Kind)
+	switch ev.Kind {
+	case jobs.EventSubmitted:
+		msg = "queued"
+	case jobs.EventStarted:
+		msg = "started"
+		if ev.Worker != "" {
+			msg += " on " + ev.Worker
+		}
+	case jobs.EventFinished:
+		if ev.Result != nil {
+			msg = "finished: " + string(ev.Result.Status)
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ev.Kind == jobs.EventFinished || ev.Kind == jobs.EventCancelled {
+		p.flushLocked()
+	}
+	p.sendLocked(msg)
+}
+
+// output reports live output, one notification per complete line.
+func (p *progress) output(stream, data string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	text := p.partial[stream] + data
+	for {
+		i := strings.IndexByte(text, '\n')
+		if i < 0 {
+			break
+		}
+		p.lineLocked(stream, text[:i])
+		text = text[i+1:]
+	}
+	p.partial[stream] = text
+}
+
+func (p *progress) flushLocked() {
+	for _, stream := range []string{"stdout", "stderr"} {
+		if t := p.partial[stream]; t != "" {
+			p.lineLocked(stream, t)
+			p.partial[stream] = ""
+		}
+	}
+}
+
+func (p *progress) lineLocked(stream, line string) {
+	p.lines++
+	switch {
+	case p.lines < p.max:
+		if len(line) > 1000 {
+			line = line[:1000] + "…"
+		}
+		p.sendLocked(stream + ": " + line)
+	case p.lines == p.max:
+		p.sendLocked(fmt.Sprintf("(more output: progress shows the first %d lines; the result has it all)", p.max-1))
 	}
 }
 
@@ -177,7 +321,7 @@ type Structured struct {
 
 // resultOf renders a terminal record as the tool result: the compact text form
 // plus structuredContent.
-func resultOf(rec *jobs.Record) *mcp.CallToolResult {
+func resultOf(rec *jobs.Record, mode string) *mcp.CallToolResult {
 	res := rec.Result
 	if res == nil {
 		res = &jobs.Result{Status: rec.Status}
@@ -219,7 +363,11 @@ func resultOf(rec *jobs.Record) *mcp.CallToolResult {
 	if b.Len() == 0 {
 		b.WriteString("(no output)")
 	}
-	out := mcp.NewToolResultStructured(st, b.String())
+	text := b.String()
+	if mode == OutputTOON {
+		text = st.TOON()
+	}
+	out := mcp.NewToolResultStructured(st, text)
 	out.IsError = res.Status != jobs.StatusSuccess
 	return out
 }

@@ -24,21 +24,72 @@ type Config struct {
 	MaxQueued    int64         // pending jobs the stream holds before refusing more
 	DedupeWindow time.Duration // JetStream duplicate window for job ids
 	EventsMaxAge time.Duration // how long lifecycle events are kept in the stream
-	AckWait      time.Duration // a worker that stops heartbeating loses its job after this
-	MaxDeliver   int           // deliveries of one job message, all attempts included
-	Replicas     int           // stream replicas (1, or 3 in a cluster)
+	// AckWait is how long a delivery may go without an ack or an InProgress
+	// heartbeat before JetStream hands the job to another worker. It must equal
+	// BackOff[0] when BackOff is set (JetStream replaces AckWait by BackOff[0]).
+	AckWait time.Duration
+	// BackOff is the ack deadline of each successive delivery of one job
+	// message (the last entry repeats). Every entry must be at least AckWait.
+	BackOff    []time.Duration
+	MaxDeliver int // deliveries of one job message, all attempts included
+	// MaxAckPending bounds the deliveries in flight across the pool's workers.
+	MaxAckPending int
+	Replicas      int // stream replicas (1, or 3 in a cluster)
 }
 
-// DefaultConfig returns the production defaults.
+// DefaultConfig returns the production defaults: a worker that stops
+// heartbeating loses its job after 30 s; later redeliveries wait longer.
 func DefaultConfig() Config {
 	return Config{
-		MaxQueued:    100_000,
-		DedupeWindow: 10 * time.Minute,
-		EventsMaxAge: 7 * 24 * time.Hour,
-		AckWait:      30 * time.Second,
-		MaxDeliver:   5,
-		Replicas:     1,
+		MaxQueued:     100_000,
+		DedupeWindow:  10 * time.Minute,
+		EventsMaxAge:  7 * 24 * time.Hour,
+		AckWait:       30 * time.Second,
+		BackOff:       []time.Duration{30 * time.Second, 30 * time.Second, 60 * time.Second, 60 * time.Second},
+		MaxDeliver:    5,
+		MaxAckPending: 10_000,
+		Replicas:      1,
 	}
+}
+
+// Validate reports the first field that is out of range, naming it.
+func (c Config) Validate() error {
+	switch {
+	case c.MaxQueued < 1:
+		return fmt.Errorf("queue MaxQueued must be at least 1, got %d", c.MaxQueued)
+	case c.DedupeWindow <= 0:
+		return fmt.Errorf("queue DedupeWindow must be positive, got %s", c.DedupeWindow)
+	case c.EventsMaxAge < c.DedupeWindow:
+		return fmt.Errorf("queue EventsMaxAge (%s) must be at least DedupeWindow (%s)", c.EventsMaxAge, c.DedupeWindow)
+	case c.AckWait < 100*time.Millisecond:
+		return fmt.Errorf("queue AckWait must be at least 100ms, got %s", c.AckWait)
+	case c.MaxDeliver < 2:
+		return fmt.Errorf("queue MaxDeliver must be at least 2 (one delivery to run, one to record a lost worker), got %d", c.MaxDeliver)
+	case len(c.BackOff) > c.MaxDeliver:
+		return fmt.Errorf("queue BackOff has %d entries, more than MaxDeliver (%d)", len(c.BackOff), c.MaxDeliver)
+	case len(c.BackOff) > 0 && c.BackOff[0] != c.AckWait:
+		return fmt.Errorf("queue BackOff[0] (%s) must equal AckWait (%s)", c.BackOff[0], c.AckWait)
+	case c.MaxAckPending < 1:
+		return fmt.Errorf("queue MaxAckPending must be at least 1, got %d", c.MaxAckPending)
+	case c.Replicas < 1:
+		return fmt.Errorf("queue Replicas must be at least 1, got %d", c.Replicas)
+	}
+	for i, d := range c.BackOff {
+		if d < c.AckWait {
+			return fmt.Errorf("queue BackOff[%d] (%s) is shorter than AckWait (%s)", i, d, c.AckWait)
+		}
+	}
+	return nil
+}
+
+// Heartbeat is how often a worker tells JetStream a job is still running: a
+// third of the shortest ack deadline, so two heartbeats may be lost.
+func (c Config) Heartbeat() time.Duration {
+	d := c.AckWait
+	for _, b := range c.BackOff {
+		d = min(d, b)
+	}
+	return max(d/3, 10*time.Millisecond)
 }
 
 // ErrQueueFull is returned by Submit when the jobs stream holds MaxQueued jobs.
@@ -46,11 +97,14 @@ var ErrQueueFull = errors.New("job queue is full")
 
 // Setup creates or updates the streams. It is idempotent.
 func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
 	s := cfg.Subjects
 	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        s.JobsStream(),
 		Description: "mcpexec pending jobs",
-		Subjects:    []string{s.AllJobs()},
+		Subjects:    []string{s.AllJobs(), s.AllWorkerJobs()},
 		Retention:   jetstream.WorkQueuePolicy,
 		Storage:     jetstream.FileStorage,
 		MaxMsgs:     cfg.MaxQueued,
@@ -70,9 +124,13 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 		MaxAge:      cfg.EventsMaxAge,
 		Duplicates:  cfg.DedupeWindow,
 		Replicas:    cfg.Replicas,
+		AllowDirect: true, // cheap look-ups of a job's cancel and submit events
 	})
 	if err != nil {
 		return fmt.Errorf("create stream %s: %w", s.EventsStream(), err)
+	}
+	if _, err := SessionsBucket(ctx, js, cfg); err != nil {
+		return err
 	}
 	return nil
 }
@@ -86,8 +144,9 @@ func WorkerConsumer(ctx context.Context, js jetstream.JetStream, cfg Config, poo
 		FilterSubject: s.Job(pool),
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       cfg.AckWait,
+		BackOff:       cfg.BackOff,
 		MaxDeliver:    cfg.MaxDeliver,
-		MaxAckPending: 10_000,
+		MaxAckPending: cfg.MaxAckPending,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
 	if err != nil {
@@ -101,11 +160,14 @@ type Client struct {
 	nc  *nats.Conn
 	js  jetstream.JetStream
 	sub jobs.Subjects
+	// DedupeWindow is the jobs stream's duplicate window; Submit repairs a lost
+	// enqueue only within it. Zero means DefaultConfig's.
+	DedupeWindow time.Duration
 }
 
 // NewClient returns a Client on nc.
 func NewClient(nc *nats.Conn, s jobs.Subjects) (*Client, error) {
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4*submitChunk))
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
@@ -121,48 +183,202 @@ func (c *Client) Conn() *nats.Conn { return c.nc }
 // Subjects returns the wire names in use.
 func (c *Client) Subjects() jobs.Subjects { return c.sub }
 
-// PublishEvent records ev in the events stream and waits for the stream's ack.
-func (c *Client) PublishEvent(ctx context.Context, ev jobs.Event) error {
+func (c *Client) eventMsg(ev *jobs.Event) (*nats.Msg, error) {
 	if ev.At.IsZero() {
 		ev.At = time.Now().UTC()
 	}
 	data, err := json.Marshal(ev)
 	if err != nil {
-		return fmt.Errorf("encode %s event of %s: %w", ev.Kind, ev.Job, err)
+		return nil, fmt.Errorf("encode %s event of %s: %w", ev.Kind, ev.Job, err)
 	}
-	msgID := fmt.Sprintf("%s.%s.%d", ev.Job, ev.Kind, ev.Attempt)
-	if _, err := c.js.Publish(ctx, c.sub.Event(ev.Job, ev.Kind), data, jetstream.WithMsgID(msgID)); err != nil {
+	m := nats.NewMsg(c.sub.Event(ev.Job, ev.Kind))
+	m.Data = data
+	m.Header.Set(jetstream.MsgIDHeader, EventMsgID(*ev))
+	return m, nil
+}
+
+// EventMsgID is the Nats-Msg-Id of an event: one event of each kind per attempt,
+// so a republished event is deduplicated.
+func EventMsgID(ev jobs.Event) string {
+	return fmt.Sprintf("%s.%s.%d", ev.Job, ev.Kind, ev.Attempt)
+}
+
+// PublishEvent records ev in the events stream and waits for the stream's ack.
+func (c *Client) PublishEvent(ctx context.Context, ev jobs.Event) error {
+	m, err := c.eventMsg(&ev)
+	if err != nil {
+		return err
+	}
+	if _, err := c.js.PublishMsg(ctx, m); err != nil {
 		return fmt.Errorf("publish %s event of %s: %w", ev.Kind, ev.Job, err)
 	}
 	return nil
 }
 
-// Submit records the submission and enqueues job, which must be normalised. A job
-// id seen within the dedupe window is not enqueued twice. When the queue is full
-// the job is recorded as rejected and ErrQueueFull is returned.
+// ErrDuplicate is returned by Submit for a job id that was submitted before
+// (within the events stream's retention): nothing is enqueued again.
+var ErrDuplicate = errors.New("a job with this id was already submitted")
+
+// submitChunk bounds the asynchronous publishes in flight of one SubmitMany.
+const submitChunk = 1024
+
+// Submit records the submission of job, which must be normalised, and enqueues
+// it. See SubmitMany.
 func (c *Client) Submit(ctx context.Context, job *jobs.Job) error {
-	data, err := json.Marshal(job)
-	if err != nil {
-		return fmt.Errorf("encode job %s: %w", job.ID, err)
+	return c.SubmitMany(ctx, []*jobs.Job{job})[0]
+}
+
+// SubmitMany records the submission of each job (which must be normalised) and
+// enqueues it, pipelining the publishes. It returns one error per job: nil when
+// the job was enqueued; ErrDuplicate when its id was submitted before (the
+// submitted event claims the id in the events stream, so this holds beyond the
+// jobs stream's dedupe window too); ErrQueueFull when the jobs stream is full, in
+// which case the job is recorded as rejected; any other error when the broker
+// could not be reached — submitting again is then safe.
+func (c *Client) SubmitMany(ctx context.Context, js []*jobs.Job) []error {
+	errs := make([]error, len(js))
+	for lo := 0; lo < len(js); lo += submitChunk {
+		hi := min(lo+submitChunk, len(js))
+		c.submitChunk(ctx, js[lo:hi], errs[lo:hi])
 	}
-	if err := c.PublishEvent(ctx, jobs.Event{Job: job.ID, Kind: jobs.EventSubmitted, Spec: job}); err != nil {
-		return err
-	}
-	_, err = c.js.Publish(ctx, c.sub.Job(job.Pool), data, jetstream.WithMsgID(job.ID))
-	if err == nil {
-		return nil
-	}
-	if isFull(err) {
-		rej := jobs.Event{Job: job.ID, Kind: jobs.EventFinished, Result: &jobs.Result{
-			Status: jobs.StatusRejected,
-			Error:  "the job queue is full: retry later, or add workers",
-		}}
-		if perr := c.PublishEvent(ctx, rej); perr != nil {
-			return fmt.Errorf("%w (and recording the rejection failed: %v)", ErrQueueFull, perr)
+	return errs
+}
+
+func (c *Client) submitChunk(ctx context.Context, js []*jobs.Job, errs []error) {
+	// 1. Claim each id: the submitted event is stored only if its subject is empty.
+	claims := make([]jetstream.PubAckFuture, len(js))
+	for i, job := range js {
+		m, err := c.eventMsg(&jobs.Event{Job: job.ID, Kind: jobs.EventSubmitted, Spec: job, At: job.SubmittedAt})
+		if err == nil {
+			m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
+			claims[i], err = c.js.PublishMsgAsync(m)
 		}
-		return ErrQueueFull
+		if err != nil {
+			errs[i] = fmt.Errorf("record submission of %s: %w", job.ID, err)
+		}
 	}
-	return fmt.Errorf("publish job %s: %w", job.ID, err)
+	for i, f := range claims {
+		if f == nil {
+			continue
+		}
+		ack, err := waitAck(ctx, f)
+		switch {
+		case isWrongLastSeq(err) || (err == nil && ack.Duplicate):
+			errs[i] = ErrDuplicate
+		case err != nil:
+			errs[i] = fmt.Errorf("record submission of %s: %w", js[i].ID, err)
+		}
+	}
+	// 2. Enqueue the claimed jobs, and repair a duplicate whose first submitter
+	// may have died between claim and enqueue (the jobs stream deduplicates).
+	enq := make([]jetstream.PubAckFuture, len(js))
+	for i, job := range js {
+		if errs[i] != nil && !(errors.Is(errs[i], ErrDuplicate) && c.mayBeUnqueued(ctx, job.ID)) {
+			continue
+		}
+		subject, done, rerr := c.route(ctx, job)
+		if done {
+			errs[i] = rerr
+			continue
+		}
+		data, err := json.Marshal(job)
+		if err == nil {
+			enq[i], err = c.js.PublishAsync(subject, data, jetstream.WithMsgID(job.ID))
+		}
+		if err != nil && errs[i] == nil {
+			errs[i] = fmt.Errorf("publish job %s: %w", job.ID, err)
+		}
+	}
+	var rejects []jetstream.PubAckFuture
+	for i, f := range enq {
+		if f == nil {
+			continue
+		}
+		_, err := waitAck(ctx, f)
+		if err == nil || errors.Is(errs[i], ErrDuplicate) {
+			continue
+		}
+		if !isFull(err) {
+			errs[i] = fmt.Errorf("publish job %s: %w", js[i].ID, err)
+			continue
+		}
+		errs[i] = ErrQueueFull
+		m, merr := c.eventMsg(&jobs.Event{Job: js[i].ID, Kind: jobs.EventFinished, Result: &jobs.Result{
+			Status: jobs.StatusRejected,
+			Error:  "the job queue is full: retry later with a new id, or add workers",
+		}})
+		if merr == nil {
+			var rf jetstream.PubAckFuture
+			if rf, merr = c.js.PublishMsgAsync(m); merr == nil {
+				rejects = append(rejects, rf)
+			}
+		}
+		if merr != nil {
+			errs[i] = fmt.Errorf("%w (and recording the rejection failed: %v)", ErrQueueFull, merr)
+		}
+	}
+	for _, f := range rejects {
+		_, _ = waitAck(ctx, f) // the rejection is deduplicated by id if republished
+	}
+}
+
+// mayBeUnqueued reports whether a duplicate submission of id should republish
+// the job message: its first submission is recent enough for the jobs stream to
+// deduplicate the republish, and it has not already finished or been rejected.
+func (c *Client) mayBeUnqueued(ctx context.Context, id string) bool {
+	window := c.DedupeWindow
+	if window == 0 {
+		window = DefaultConfig().DedupeWindow
+	}
+	stream, err := c.js.Stream(ctx, c.sub.EventsStream())
+	if err != nil {
+		return false
+	}
+	m, err := stream.GetLastMsgForSubject(ctx, c.sub.Event(id, jobs.EventSubmitted))
+	if err != nil || time.Since(m.Time) > window*9/10 {
+		return false
+	}
+	for _, k := range []jobs.EventKind{jobs.EventFinished, jobs.EventCancelled} {
+		if _, err := stream.GetLastMsgForSubject(ctx, c.sub.Event(id, k)); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return false
+		}
+	}
+	return true
+}
+
+// Cancelled reports whether a cancelled event of job id is in the events stream.
+// A worker asks before running a job, so a job cancelled while queued never runs.
+func (c *Client) Cancelled(ctx context.Context, id string) (bool, error) {
+	msg, err := c.js.Conn().RequestWithContext(ctx, "$JS.API.DIRECT.GET."+c.sub.EventsStream()+"."+c.sub.Event(id, jobs.EventCancelled), nil)
+	if err != nil {
+		return false, fmt.Errorf("look up cancellation of %s: %w", id, err)
+	}
+	switch msg.Header.Get("Status") {
+	case "":
+		return true, nil
+	case "404":
+		return false, nil
+	}
+	return false, fmt.Errorf("look up cancellation of %s: %s %s", id, msg.Header.Get("Status"), msg.Header.Get("Description"))
+}
+
+func waitAck(ctx context.Context, f jetstream.PubAckFuture) (*jetstream.PubAck, error) {
+	select {
+	case ack := <-f.Ok():
+		return ack, nil
+	case err := <-f.Err():
+		return nil, err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func isWrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+	}
+	return err != nil && strings.Contains(err.Error(), "wrong last sequence")
 }
 
 func isFull(err error) bool {

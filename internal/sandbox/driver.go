@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/proxy"
@@ -26,7 +27,17 @@ type RunnerConn struct {
 
 	wmu sync.Mutex // guards w
 	w   *proxy.Writer
+
+	// reusable is true while the runner is idle after a clean done frame: no
+	// protocol error, no timeout, no lost connection. Only then may the runner
+	// take another job (sessions).
+	reusable atomic.Bool
 }
+
+// Reusable reports whether the runner finished its last job cleanly and waits for
+// the next: false after a timeout, a cancelled run, a protocol error or a lost
+// connection, when the sandbox must be destroyed.
+func (c *RunnerConn) Reusable() bool { return c.reusable.Load() }
 
 // NewRunnerConn wraps a connection from a runner. maxFrame 0 means
 // proxy.DefaultMaxFrame.
@@ -84,6 +95,7 @@ func (c *RunnerConn) Handshake(ctx context.Context) error {
 		return fmt.Errorf("runner sent %q before hello: %w", f.Type, proxy.ErrBadFrame)
 	}
 	go c.readLoop()
+	c.reusable.Store(true)
 	return nil
 }
 
@@ -132,10 +144,17 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 		return r
 	}
 
+	c.reusable.Store(false)
 	err := c.write(&proxy.Frame{
 		Type: proxy.TypeExec, Job: job.ID, Code: job.Code, Servers: job.Servers,
 		TimeoutMS: job.Timeout.Milliseconds(), OutputCap: limit,
 	})
+	if errors.Is(err, proxy.ErrFrameTooLarge) {
+		// Nothing was written: the runner is untouched and may serve another job.
+		c.reusable.Store(true)
+		return result(Result{Status: StatusError, ExitCode: -1,
+			Error: fmt.Sprintf("the job is too large for the sandbox channel (%v): send less code, or load data through a tool", err)}), nil
+	}
 	if err != nil {
 		return result(Result{}), fmt.Errorf("send job to runner: %w: %w", ErrRunnerLost, err)
 	}
@@ -203,6 +222,7 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 				if st == StatusSuccess && f.ExitCode != 0 {
 					st = StatusError
 				}
+				c.reusable.Store(true)
 				return result(Result{Status: st, ExitCode: f.ExitCode, Error: f.Error}), nil
 			default:
 				return result(Result{Status: StatusError, ExitCode: -1,

@@ -80,6 +80,24 @@ type Runtime interface {
 	Close() error
 }
 
+// SessionRuntime is a Runtime that can keep a sandbox, and the Python globals in
+// it, across the jobs of one session.
+//
+// RunInSession runs job in session's sandbox, starting one (from the warm pool
+// where there is one) when the session has none. The sandbox outlives the job; the
+// jobs of one session run one at a time, in the order they acquire it. A run that
+// leaves the sandbox unusable (timeout, cancellation, crash, memory limit, protocol
+// error) ends the session with it: HasSession then reports false and the next
+// RunInSession starts afresh. EndSession removes the session's sandbox (after its
+// running job, if any); ending an unknown session is not an error. Close ends every
+// session.
+type SessionRuntime interface {
+	Runtime
+	RunInSession(ctx context.Context, session string, job Job, host Host) (Result, error)
+	HasSession(session string) bool
+	EndSession(session string) error
+}
+
 // ErrRunnerLost is returned by Drive when the runner's connection ends before it
 // reported the job done: the sandbox died (OOM kill, killed process, crash).
 var ErrRunnerLost = errors.New("sandbox runner exited before the job finished")

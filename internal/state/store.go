@@ -17,11 +17,18 @@ import (
 // ErrNotFound is returned when no record exists for a key.
 var ErrNotFound = errors.New("not found")
 
-var bucketJobs = []byte("jobs")
+var (
+	bucketJobs        = []byte("jobs")        // job id → jobs.Record (JSON)
+	bucketDeadLetters = []byte("deadletters") // job id → empty: terminal records that are dead letters
+	bucketFinished    = []byte("finished")    // finish time (8 bytes, big-endian ns) + job id → empty
+	bucketMemory      = []byte("memory")      // 'n' + namespace → nested bucket: key → Memory (JSON)
+)
 
-// Store is the bbolt file. Its methods are safe for concurrent use.
+// Store is the bbolt file. Its methods are safe for concurrent use. Every write
+// is committed with fsync before the method returns.
 type Store struct {
-	db *bolt.DB
+	db    *bolt.DB
+	fresh bool // the file had no job bucket when opened
 }
 
 // Open opens (creating if needed) the bbolt file at path.
@@ -30,16 +37,27 @@ func Open(path string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open state file %s: %w (is another broker using the same --data?)", path, err)
 	}
+	db.MaxBatchDelay = 2 * time.Millisecond
+	fresh := false
 	err = db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(bucketJobs)
-		return err
+		fresh = tx.Bucket(bucketJobs) == nil
+		for _, name := range [][]byte{bucketJobs, bucketDeadLetters, bucketFinished, bucketMemory} {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("init state file %s: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	return &Store{db: db, fresh: fresh}, nil
 }
+
+// Fresh reports whether the file held no job records when it was opened: the
+// job index should then be rebuilt from the events stream.
+func (s *Store) Fresh() bool { return s.fresh }
 
 // Close closes the file.
 func (s *Store) Close() error { return s.db.Close() }
@@ -65,6 +83,7 @@ func (s *Store) ApplyEvents(evs []jobs.Event) ([]*jobs.Record, error) {
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		changed = changed[:0]
 		b := tx.Bucket(bucketJobs)
+		dl, fin := tx.Bucket(bucketDeadLetters), tx.Bucket(bucketFinished)
 		cache := map[string]*jobs.Record{}
 		dirty := map[string]bool{}
 		for _, ev := range evs {
@@ -91,6 +110,16 @@ func (s *Store) ApplyEvents(evs []jobs.Event) ([]*jobs.Record, error) {
 			}
 			if err := b.Put([]byte(id), v); err != nil {
 				return fmt.Errorf("write record %s: %w", id, err)
+			}
+			if rec.Status.Terminal() && rec.FinishedAt != nil {
+				if err := fin.Put(finishedKey(*rec.FinishedAt, id), nil); err != nil {
+					return fmt.Errorf("index record %s: %w", id, err)
+				}
+			}
+			if rec.DeadLetter() {
+				if err := dl.Put([]byte(id), nil); err != nil {
+					return fmt.Errorf("index dead letter %s: %w", id, err)
+				}
 			}
 			changed = append(changed, rec)
 		}

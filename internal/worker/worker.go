@@ -33,6 +33,10 @@ type Config struct {
 	FetchWait  time.Duration // longest wait of one pull request
 	RetryDelay time.Duration // delay before a job whose sandbox failed is redelivered
 	Logger     *slog.Logger
+	// SessionIdle ends a session after this long without a job (0: 300 s);
+	// MaxSessions caps the sessions this worker holds at once (0: 16).
+	SessionIdle time.Duration
+	MaxSessions int
 }
 
 // DefaultConfig returns a worker configuration with the given id.
@@ -61,8 +65,9 @@ type Worker struct {
 	cancel  context.CancelFunc
 	stopJob context.CancelFunc
 	svc     micro.Service
-	loop    sync.WaitGroup // the fetch loop
+	loop    sync.WaitGroup // the fetch loops
 	running sync.WaitGroup // jobs in flight
+	sess    *sessionTable  // set by Start; see session.go
 }
 
 // New returns a Worker that runs jobs on rt.
@@ -86,6 +91,10 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	sessCons, err := w.openSessions(ctx)
+	if err != nil {
+		return err
+	}
 	svc, err := micro.AddService(w.nc, micro.Config{
 		Name:        w.cfg.Queue.Subjects.WorkerService(),
 		Version:     "0.1.0",
@@ -105,6 +114,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		defer w.loop.Done()
 		w.fetchLoop(loopCtx, jobsCtx, cons)
 	}()
+	w.startSessions(loopCtx, jobsCtx, sessCons)
 	w.log.Info("worker started", "pool", w.cfg.Pool, "slots", w.cfg.Slots)
 	return nil
 }
@@ -132,6 +142,7 @@ func (w *Worker) Stop() {
 		<-done
 	}
 	stopJobs()
+	w.closeSessions()
 }
 
 func (w *Worker) fetchLoop(ctx, jobsCtx context.Context, cons jetstream.Consumer) {
@@ -152,10 +163,13 @@ func (w *Worker) fetchLoop(ctx, jobsCtx context.Context, cons jetstream.Consumer
 				break more
 			}
 		}
+		// Take what is pending for the free slots at once; only when nothing is
+		// pending wait (up to FetchWait) for the next job. A Fetch of n would
+		// hold freed slots idle until n jobs arrived or the wait expired.
 		fctx, cancelFetch := context.WithTimeout(ctx, w.cfg.FetchWait)
-		batch, err := cons.Fetch(n, jetstream.FetchContext(fctx))
 		got := 0
-		if err == nil {
+		batch, err := cons.FetchNoWait(n)
+		for attempt := 0; err == nil; attempt++ {
 			for msg := range batch.Messages() {
 				got++
 				w.running.Add(1)
@@ -166,6 +180,10 @@ func (w *Worker) fetchLoop(ctx, jobsCtx context.Context, cons jetstream.Consumer
 				}()
 			}
 			err = batch.Error()
+			if got > 0 || attempt > 0 || (err != nil && !errors.Is(err, nats.ErrTimeout)) {
+				break
+			}
+			batch, err = cons.Fetch(1, jetstream.FetchContext(fctx))
 		}
 		cancelFetch()
 		for range n - got {
@@ -228,27 +246,43 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		})
 		return
 	}
-	if err := w.client.PublishEvent(ctx, jobs.Event{Job: job.ID, Kind: jobs.EventStarted, Attempt: attempt, Worker: w.cfg.ID}); err != nil {
-		log.Warn("record start", "err", err)
-		_ = msg.NakWithDelay(w.cfg.RetryDelay)
-		return
-	}
-
 	runCtx, cancelRun := context.WithCancelCause(ctx)
 	defer cancelRun(nil)
-	hbDone := make(chan struct{})
-	defer close(hbDone)
-	go w.heartbeat(msg, hbDone)
+	// Listen for a cancellation before looking for one already recorded, so that
+	// none falls between the two: a job cancelled while queued never runs.
 	cancelSub, err := w.nc.Subscribe(w.client.Subjects().Cancel(job.ID), func(*nats.Msg) {
 		cancelRun(errCancelled)
 	})
 	if err == nil {
 		defer cancelSub.Unsubscribe()
 	}
+	if cancelled, err := w.client.Cancelled(ctx, job.ID); err != nil {
+		log.Warn("check cancellation", "err", err)
+		_ = msg.NakWithDelay(w.cfg.RetryDelay)
+		return
+	} else if cancelled {
+		log.Info("job was cancelled while queued: not running it")
+		_ = msg.Ack()
+		return
+	}
+	if job.Session != "" {
+		if !w.admit(ctx, msg, &job, attempt) {
+			return
+		}
+		defer w.releaseSession(&job)
+	}
+	if err := w.client.PublishEvent(ctx, jobs.Event{Job: job.ID, Kind: jobs.EventStarted, Attempt: attempt, Worker: w.cfg.ID}); err != nil {
+		log.Warn("record start", "err", err)
+		_ = msg.NakWithDelay(w.cfg.RetryDelay)
+		return
+	}
+	hbDone := make(chan struct{})
+	defer close(hbDone)
+	go w.heartbeat(msg, hbDone)
 
 	host := &natsHost{nc: w.nc, subj: w.client.Subjects(), job: &job}
 	start := time.Now()
-	res, runErr := w.rt.Run(runCtx, sandbox.Job{
+	res, runErr := w.runSandbox(runCtx, &job, sandbox.Job{
 		ID: job.ID, Code: job.Code, Servers: job.Servers,
 		Timeout: job.TimeoutDuration(), OutputCap: w.cfg.OutputCap,
 	}, host)
@@ -268,7 +302,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 			_ = msg.NakWithDelay(w.cfg.RetryDelay)
 			return
 		}
-		w.finish(ctx, msg, &job, attempt, jobs.Result{Status: jobs.StatusError,
+		w.finish(ctx, msg, &job, attempt, jobs.Result{Status: jobs.StatusError, SandboxFailed: true,
 			Error: fmt.Sprintf("the sandbox failed: %v", runErr), DurationMS: time.Since(start).Milliseconds()})
 		return
 	}
@@ -332,7 +366,7 @@ func shrinkOutput(res *jobs.Result, limit int) {
 // heartbeat tells JetStream the job is still being worked on, so a long job is not
 // redelivered while a dead worker's job is, within AckWait.
 func (w *Worker) heartbeat(msg jetstream.Msg, done <-chan struct{}) {
-	t := time.NewTicker(w.cfg.Queue.AckWait / 3)
+	t := time.NewTicker(w.cfg.Queue.Heartbeat())
 	defer t.Stop()
 	for {
 		select {

@@ -13,11 +13,13 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"time"
 
 	sandboximage "github.com/mcpexec/mcpexec/deploy/sandbox"
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
+	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
 // Flags are the sandbox settings.
@@ -33,6 +35,12 @@ type Flags struct {
 	User       string
 	TmpfsSize  string
 	BuildImage bool
+	// OutputCap is the bytes kept of each of stdout and stderr per job.
+	OutputCap string
+	// SessionIdle ends a session after this long without a job.
+	SessionIdle time.Duration
+	// MaxSessions caps the sessions one worker holds.
+	MaxSessions int
 }
 
 // Aliases are the seed project's environment names, honoured too.
@@ -61,7 +69,36 @@ func Register(fs *flag.FlagSet) *Flags {
 	fs.StringVar(&f.User, "container-user", d.User, "uid:gid the code runs as")
 	fs.StringVar(&f.TmpfsSize, "tmpfs-size", "64m", "size of each of /tmp and /workspace")
 	fs.BoolVar(&f.BuildImage, "build-image", true, "build the sandbox image when it is missing (needs root and debootstrap)")
+	fs.StringVar(&f.OutputCap, "output-cap", "1m", "bytes kept of each of a job's stdout and stderr (the rest is dropped and the result says so)")
+	fs.DurationVar(&f.SessionIdle, "session-idle", worker.DefaultSessionIdle, "end a session (and remove its sandbox) after this long without a job")
+	fs.IntVar(&f.MaxSessions, "max-sessions", worker.DefaultMaxSessions, "sessions one worker holds at most")
 	return f
+}
+
+// ConfigureWorker validates the worker-side flags (also checked by Limits) and
+// sets them on cfg.
+func (f *Flags) ConfigureWorker(cfg *worker.Config) error {
+	n, err := f.outputCap()
+	if err != nil {
+		return err
+	}
+	cfg.OutputCap, cfg.SessionIdle, cfg.MaxSessions = int(n), f.SessionIdle, f.MaxSessions
+	return nil
+}
+
+// outputCap validates the worker-side flags and returns the output cap.
+func (f *Flags) outputCap() (int64, error) {
+	n, err := ParseBytes(f.OutputCap)
+	if err != nil || n < 1 || n > 16<<20 {
+		return 0, cli.Usagef("--output-cap %q: want a size between 1 and 16m, e.g. 1m", f.OutputCap)
+	}
+	if f.SessionIdle < time.Second {
+		return 0, cli.Usagef("--session-idle %s: want at least 1s, e.g. 300s", f.SessionIdle)
+	}
+	if f.MaxSessions < 1 {
+		return 0, cli.Usagef("--max-sessions must be at least 1, got %d", f.MaxSessions)
+	}
+	return n, nil
 }
 
 // Limits validates the flags and returns the sandbox limits.
@@ -82,6 +119,9 @@ func (f *Flags) Limits() (sandbox.Limits, error) {
 	}
 	if parts := strings.Split(f.User, ":"); len(parts) != 2 || !isNum(parts[0]) || !isNum(parts[1]) {
 		return l, cli.Usagef("--container-user %q: want numeric uid:gid, e.g. 65534:65534", f.User)
+	}
+	if _, err := f.outputCap(); err != nil {
+		return l, err
 	}
 	l.Pids, l.CPUs, l.User = f.Pids, f.CPUs, f.User
 	return l, nil
@@ -130,7 +170,11 @@ func (f *Flags) Open(ctx context.Context, workerID string, log *slog.Logger) (sa
 	if err != nil {
 		return nil, err
 	}
-	if info := rt.Info(); !info.LimitsEnforced {
+	info := rt.Info()
+	log.Info("podman sandbox ready", "uri", info.URI, "podman", info.ServerVersion, "rootless", info.Rootless,
+		"cgroups", info.CgroupsVersion, "oci_runtime", info.OCIRuntime, "image", info.Image,
+		"limits_enforced", info.LimitsEnforced, "warm_pool", f.Pool)
+	if !info.LimitsEnforced {
 		log.Warn("sandbox resource limits are NOT enforced on this host (rootless Podman on cgroups v1): memory, pids and CPU limits do not apply", "rootless", info.Rootless, "cgroups", info.CgroupsVersion)
 	}
 	return rt, nil

@@ -9,7 +9,8 @@
 // Containers have no network, a read-only root, size-capped noexec tmpfs /tmp and
 // /workspace, no capabilities, no_new_privs, an unprivileged user, memory, pids and
 // rlimit caps and only a fixed environment. Each container serves one job and is
-// removed afterwards; labels (mcpexec.managed, mcpexec.worker, mcpexec.job) let a
+// removed afterwards, unless the job belongs to a session: a session keeps its
+// container (and the runner's Python globals) until EndSession; labels (mcpexec.managed, mcpexec.worker, mcpexec.job) let a
 // restarted worker remove the orphans of its previous life.
 //
 // Build with -tags "remote exclude_graphdriver_btrfs exclude_graphdriver_devicemapper
@@ -125,10 +126,11 @@ type Runtime struct {
 
 	seq atomic.Uint64
 
-	mu       sync.Mutex
+	mu       sync.Mutex // guards warm, starting, closed, sessions
 	warm     []*box
 	starting int
 	closed   bool
+	sessions map[string]*session
 
 	wake       chan struct{} // pokes the pool filler
 	stop       chan struct{} // closed by Close
@@ -138,7 +140,7 @@ type Runtime struct {
 	closeErr   error
 }
 
-var _ sandbox.Runtime = (*Runtime)(nil)
+var _ sandbox.SessionRuntime = (*Runtime)(nil)
 
 // box is one started container whose runner completed its handshake.
 type box struct {
@@ -183,6 +185,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			LabelManaged: "true",
 			LabelWorker:  cfg.WorkerID,
 		},
+		sessions:   map[string]*session{},
 		wake:       make(chan struct{}, 1),
 		stop:       make(chan struct{}),
 		fillerDone: make(chan struct{}),
@@ -679,42 +682,178 @@ func (r *Runtime) fill() {
 	}
 }
 
+// ErrClosed is returned by Run and RunInSession after Close.
+var ErrClosed = errors.New("podman sandbox: runtime is closed")
+
 // Run implements sandbox.Runtime.
 func (r *Runtime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
+	b, err := r.acquire(ctx, job.ID)
+	if err != nil {
+		return sandbox.Result{}, err
+	}
+	res, err := r.drive(ctx, b, job, host)
+	r.discard(b)
+	return res, err
+}
+
+// acquire returns a warm box, or starts one labelled with label.
+func (r *Runtime) acquire(ctx context.Context, label string) (*box, error) {
 	r.mu.Lock()
 	closed := r.closed
 	r.mu.Unlock()
 	if closed {
-		return sandbox.Result{}, errors.New("podman sandbox: runtime is closed")
+		return nil, ErrClosed
 	}
-	b := r.take()
-	if b == nil {
-		label := job.ID
-		if label == "" {
-			label = "job"
+	if b := r.take(); b != nil {
+		return b, nil
+	}
+	if label == "" {
+		label = "job"
+	}
+	b, err := r.start(ctx, label)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("podman sandbox: %w", context.Cause(ctx))
 		}
-		var err error
-		if b, err = r.start(ctx, label); err != nil {
-			if ctx.Err() != nil {
-				return sandbox.Result{}, fmt.Errorf("podman sandbox: %w", context.Cause(ctx))
-			}
-			return sandbox.Result{}, fmt.Errorf("podman sandbox: %w", err)
-		}
+		return nil, fmt.Errorf("podman sandbox: %w", err)
 	}
-	timeout := job.Timeout
-	if timeout <= 0 {
-		timeout = 30 * time.Second
-		job.Timeout = timeout
+	return b, nil
+}
+
+// drive runs job on b within the job's time limit. The caller decides whether b
+// may serve again (b.rc.Reusable) or must be discarded.
+func (r *Runtime) drive(ctx context.Context, b *box, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
+	if job.Timeout <= 0 {
+		job.Timeout = 30 * time.Second
 	}
-	runCtx, cancel := context.WithTimeoutCause(ctx, timeout, sandbox.ErrTimeout)
+	runCtx, cancel := context.WithTimeoutCause(ctx, job.Timeout, sandbox.ErrTimeout)
 	defer cancel()
 	res, err := b.rc.Drive(runCtx, job, host)
 	if errors.Is(err, sandbox.ErrRunnerLost) {
 		res = r.lost(b, res)
 		err = nil
 	}
-	r.discard(b)
 	return res, err
+}
+
+// session is one session's container.
+type session struct {
+	turn chan struct{} // holds a token while one of the session's jobs runs
+
+	mu      sync.Mutex // guards b, running, ended
+	b       *box       // nil until the first job starts it, and after it ended
+	running bool
+	ended   bool
+}
+
+// RunInSession implements sandbox.SessionRuntime.
+func (r *Runtime) RunInSession(ctx context.Context, key string, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return sandbox.Result{}, ErrClosed
+	}
+	s := r.sessions[key]
+	if s == nil {
+		s = &session{turn: make(chan struct{}, 1)}
+		r.sessions[key] = s
+	}
+	r.mu.Unlock()
+
+	select {
+	case s.turn <- struct{}{}:
+	case <-ctx.Done():
+		return sandbox.Result{}, fmt.Errorf("podman sandbox: wait for session %s: %w", key, context.Cause(ctx))
+	}
+	defer func() { <-s.turn }()
+	s.mu.Lock()
+	b, ended := s.b, s.ended
+	s.running = !ended
+	s.mu.Unlock()
+	if ended {
+		return sandbox.Result{Status: sandbox.StatusError, ExitCode: -1,
+			Error: fmt.Sprintf("session %s ended while this job waited for it: run the job again to start the session afresh", key)}, nil
+	}
+	if b == nil {
+		var err error
+		if b, err = r.acquire(ctx, "session"); err != nil {
+			r.endSession(key, s, nil)
+			return sandbox.Result{}, err
+		}
+	}
+	res, err := r.drive(ctx, b, job, host)
+	if err == nil && b.rc.Reusable() {
+		s.mu.Lock()
+		s.running = false
+		if !s.ended {
+			s.b = b
+			s.mu.Unlock()
+			return res, nil
+		}
+		s.mu.Unlock()
+	}
+	r.endSession(key, s, b)
+	return res, err
+}
+
+// endSession marks s ended, forgets it and discards b (when not nil).
+func (r *Runtime) endSession(key string, s *session, b *box) {
+	s.mu.Lock()
+	s.ended, s.running, s.b = true, false, nil
+	s.mu.Unlock()
+	r.mu.Lock()
+	if r.sessions[key] == s {
+		delete(r.sessions, key)
+	}
+	r.mu.Unlock()
+	if b != nil {
+		r.discard(b)
+	}
+}
+
+// HasSession implements sandbox.SessionRuntime.
+func (r *Runtime) HasSession(key string) bool {
+	r.mu.Lock()
+	s := r.sessions[key]
+	r.mu.Unlock()
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.ended
+}
+
+// EndSession implements sandbox.SessionRuntime. A job of the session that is
+// running finishes first; its container is removed afterwards.
+func (r *Runtime) EndSession(key string) error {
+	r.mu.Lock()
+	s := r.sessions[key]
+	delete(r.sessions, key)
+	r.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	s.ended = true
+	b := s.b
+	if !s.running {
+		s.b = nil
+	} else {
+		b = nil // the running job discards it
+	}
+	s.mu.Unlock()
+	if b != nil {
+		r.discard(b)
+	}
+	return nil
+}
+
+// Warm returns how many started containers wait in the pool.
+func (r *Runtime) Warm() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.warm)
 }
 
 // lost explains why a container's runner went away mid-job.
@@ -757,7 +896,18 @@ func (r *Runtime) Close() error {
 		r.closed = true
 		warm := r.warm
 		r.warm = nil
+		sessions := r.sessions
+		r.sessions = nil
 		r.mu.Unlock()
+		for _, s := range sessions {
+			s.mu.Lock()
+			s.ended = true
+			if !s.running && s.b != nil {
+				warm = append(warm, s.b)
+				s.b = nil
+			}
+			s.mu.Unlock()
+		}
 		close(r.stop)
 		<-r.fillerDone
 		for _, b := range warm {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -326,4 +327,55 @@ func TestMissingImage(t *testing.T) {
 		t.Fatalf("error %v, want one that says how to build the image", err)
 	}
 	t.Log(err)
+}
+
+func TestSessionContainerLifecycle(t *testing.T) {
+	rt := newRuntime(t, Config{})
+	ctx := context.Background()
+	count := func() int {
+		t.Helper()
+		rt.removals.Wait()
+		ids, err := rt.list(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ids)
+	}
+	job := sandbox.Job{ID: "s", Code: "x = 1", Timeout: 10 * time.Second}
+	for _, s := range []string{"a", "b"} {
+		if res, err := rt.RunInSession(ctx, s, job, nil); err != nil || res.Status != sandbox.StatusSuccess {
+			t.Fatalf("RunInSession %s: %v %+v", s, err, res)
+		}
+	}
+	if n := count(); n != 2 {
+		t.Fatalf("%d containers for 2 live sessions", n)
+	}
+	if err := rt.EndSession("a"); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("%d containers after ending one of 2 sessions", n)
+	}
+	// A timeout ends the session and removes its container.
+	if res, _ := rt.RunInSession(ctx, "b", sandbox.Job{ID: "s", Code: "while True: pass", Timeout: time.Second}, nil); res.Status != sandbox.StatusTimeout {
+		t.Fatalf("status %s", res.Status)
+	}
+	if n := count(); n != 0 || rt.HasSession("b") {
+		t.Fatalf("%d containers after the session's timeout (session kept %v)", n, rt.HasSession("b"))
+	}
+	// Close removes live sessions' containers.
+	if _, err := rt.RunInSession(ctx, "c", job, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Close may have stopped the Podman service it started: ask the CLI.
+	out, err := exec.Command("podman", "ps", "-aq", "--filter", "label="+LabelWorker+"="+rt.cfg.WorkerID).CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "" {
+		t.Fatalf("containers left after Close: %q (err %v)", out, err)
+	}
+	if _, err := rt.RunInSession(ctx, "d", job, nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("RunInSession after Close: %v", err)
+	}
 }

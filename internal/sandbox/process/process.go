@@ -12,18 +12,26 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 )
 
-// Runtime runs each job in a fresh python3 process.
+// Runtime runs each job in a fresh python3 process, or a session's jobs in the
+// session's process.
 type Runtime struct {
 	Python string // interpreter; default "python3"
 	dir    string
+	seq    atomic.Uint64
+
+	mu       sync.Mutex // guards sessions, closed
+	sessions map[string]*session
+	closed   bool
 }
 
-var _ sandbox.Runtime = (*Runtime)(nil)
+var _ sandbox.SessionRuntime = (*Runtime)(nil)
 
 // New writes the runner to a temporary directory and returns a Runtime.
 func New() (*Runtime, error) {
@@ -34,55 +42,207 @@ func New() (*Runtime, error) {
 	if err := os.WriteFile(filepath.Join(dir, "runner.py"), sandbox.RunnerScript, 0o444); err != nil {
 		return nil, fmt.Errorf("write runner: %w", err)
 	}
-	return &Runtime{Python: "python3", dir: dir}, nil
+	return &Runtime{Python: "python3", dir: dir, sessions: map[string]*session{}}, nil
 }
 
-// Close removes the runner directory.
-func (r *Runtime) Close() error { return os.RemoveAll(r.dir) }
+// Close ends every session and removes the runner directory.
+func (r *Runtime) Close() error {
+	r.mu.Lock()
+	r.closed = true
+	sessions := r.sessions
+	r.sessions = map[string]*session{}
+	r.mu.Unlock()
+	for _, s := range sessions {
+		s.end()
+	}
+	return os.RemoveAll(r.dir)
+}
 
-// Run implements sandbox.Runtime.
-func (r *Runtime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	sock := filepath.Join(r.dir, fmt.Sprintf("s%d.sock", time.Now().UnixNano()))
+// proc is one runner process and its connection.
+type proc struct {
+	cmd    *exec.Cmd
+	exited chan error
+	ln     net.Listener
+	sock   string
+	rc     *sandbox.RunnerConn
+}
+
+func (p *proc) kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.exited
+	if p.rc != nil {
+		p.rc.Close()
+	}
+	p.ln.Close()
+	os.Remove(p.sock)
+}
+
+// start starts a runner and waits for its hello.
+func (r *Runtime) start(ctx context.Context) (*proc, error) {
+	sock := filepath.Join(r.dir, fmt.Sprintf("s%d.sock", r.seq.Add(1)))
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
-		return sandbox.Result{}, fmt.Errorf("listen for runner: %w", err)
+		return nil, fmt.Errorf("listen for runner: %w", err)
 	}
-	defer ln.Close()
-	defer os.Remove(sock)
-
 	cmd := exec.Command(r.Python, filepath.Join(r.dir, "runner.py"), sock)
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + r.dir, "PYTHONDONTWRITEBYTECODE=1"}
 	cmd.Dir = r.dir
 	if err := cmd.Start(); err != nil {
-		return sandbox.Result{}, fmt.Errorf("start runner: %w", err)
+		ln.Close()
+		os.Remove(sock)
+		return nil, fmt.Errorf("start runner: %w", err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	}()
-
+	p := &proc{cmd: cmd, exited: make(chan error, 1), ln: ln, sock: sock}
+	go func() { p.exited <- cmd.Wait() }()
 	startCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	conn, err := accept(startCtx, ln)
 	if err != nil {
-		return sandbox.Result{}, fmt.Errorf("runner did not connect: %w", err)
+		p.kill()
+		return nil, fmt.Errorf("runner did not connect: %w", err)
 	}
-	rc := sandbox.NewRunnerConn(conn, 0)
-	defer rc.Close()
-	if err := rc.Handshake(startCtx); err != nil {
-		return sandbox.Result{}, err
+	p.rc = sandbox.NewRunnerConn(conn, 0)
+	if err := p.rc.Handshake(startCtx); err != nil {
+		p.kill()
+		return nil, err
+	}
+	return p, nil
+}
+
+// drive runs job on p within the job's time limit.
+func drive(ctx context.Context, p *proc, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
+	if job.Timeout <= 0 {
+		job.Timeout = 30 * time.Second
 	}
 	runCtx, cancelRun := context.WithTimeoutCause(ctx, job.Timeout, sandbox.ErrTimeout)
 	defer cancelRun()
-	res, err := rc.Drive(runCtx, job, host)
+	res, err := p.rc.Drive(runCtx, job, host)
 	if errors.Is(err, sandbox.ErrRunnerLost) {
 		res.Status, res.ExitCode = sandbox.StatusError, -1
 		res.Error = "sandbox process exited before the job finished"
 		return res, nil
 	}
 	return res, err
+}
+
+// Run implements sandbox.Runtime.
+func (r *Runtime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
+	p, err := r.start(ctx)
+	if err != nil {
+		return sandbox.Result{}, err
+	}
+	defer p.kill()
+	return drive(ctx, p, job, host)
+}
+
+// session is one session's runner process.
+type session struct {
+	turn chan struct{} // holds a token while one of the session's jobs runs
+
+	mu      sync.Mutex // guards p, running, ended
+	p       *proc
+	running bool
+	ended   bool
+}
+
+// end marks s ended and kills its process unless a job is running on it.
+func (s *session) end() {
+	s.mu.Lock()
+	s.ended = true
+	var p *proc
+	if !s.running {
+		p, s.p = s.p, nil
+	}
+	s.mu.Unlock()
+	if p != nil {
+		p.kill()
+	}
+}
+
+// RunInSession implements sandbox.SessionRuntime.
+func (r *Runtime) RunInSession(ctx context.Context, key string, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return sandbox.Result{}, errors.New("process sandbox: runtime is closed")
+	}
+	s := r.sessions[key]
+	if s == nil {
+		s = &session{turn: make(chan struct{}, 1)}
+		r.sessions[key] = s
+	}
+	r.mu.Unlock()
+	select {
+	case s.turn <- struct{}{}:
+	case <-ctx.Done():
+		return sandbox.Result{}, fmt.Errorf("wait for session %s: %w", key, context.Cause(ctx))
+	}
+	defer func() { <-s.turn }()
+	s.mu.Lock()
+	p, ended := s.p, s.ended
+	s.running = !ended
+	s.mu.Unlock()
+	if ended {
+		return sandbox.Result{Status: sandbox.StatusError, ExitCode: -1,
+			Error: fmt.Sprintf("session %s ended while this job waited for it: run the job again to start the session afresh", key)}, nil
+	}
+	if p == nil {
+		var err error
+		if p, err = r.start(ctx); err != nil {
+			r.forget(key, s)
+			return sandbox.Result{}, err
+		}
+	}
+	res, err := drive(ctx, p, job, host)
+	s.mu.Lock()
+	s.running = false
+	keep := err == nil && p.rc.Reusable() && !s.ended
+	if keep {
+		s.p = p
+	}
+	s.mu.Unlock()
+	if !keep {
+		r.forget(key, s)
+		p.kill()
+	}
+	return res, err
+}
+
+// forget ends s and removes it from the table.
+func (r *Runtime) forget(key string, s *session) {
+	s.mu.Lock()
+	s.ended, s.p = true, nil
+	s.mu.Unlock()
+	r.mu.Lock()
+	if r.sessions[key] == s {
+		delete(r.sessions, key)
+	}
+	r.mu.Unlock()
+}
+
+// HasSession implements sandbox.SessionRuntime.
+func (r *Runtime) HasSession(key string) bool {
+	r.mu.Lock()
+	s := r.sessions[key]
+	r.mu.Unlock()
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.ended
+}
+
+// EndSession implements sandbox.SessionRuntime.
+func (r *Runtime) EndSession(key string) error {
+	r.mu.Lock()
+	s := r.sessions[key]
+	delete(r.sessions, key)
+	r.mu.Unlock()
+	if s != nil {
+		s.end()
+	}
+	return nil
 }
 
 func accept(ctx context.Context, ln net.Listener) (net.Conn, error) {

@@ -191,10 +191,204 @@ raise ValueError("real outcome")`
 			t.Error(err)
 		}
 	})
+	runHostileProtocol(t, rt, run, expect)
+	if srt, ok := rt.(sandbox.SessionRuntime); ok {
+		t.Run("Sessions", func(t *testing.T) { runSessions(t, srt, opts) })
+	}
 	if !opts.Isolated {
 		return
 	}
 	runIsolation(t, run, expect)
+}
+
+// forgeControl is Python that finds the runner's control socket among the
+// process's file descriptors and writes payload (a bytes expression) to it.
+func forgeControl(payload string) string {
+	return `import os, socket, stat, struct, json
+sent = 0
+for fd in range(3, 256):
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        continue
+    if stat.S_ISSOCK(st.st_mode):
+        s = socket.socket(fileno=os.dup(fd))
+        try:
+            s.sendall(` + payload + `)
+            sent += 1
+        except OSError:
+            pass
+print("forged on", sent, "sockets", flush=True)
+`
+}
+
+// runHostileProtocol checks that code attacking the runner protocol or the
+// output channel cannot crash or hang the host, whatever the runtime.
+func runHostileProtocol(t *testing.T, rt sandbox.Runtime, run runFunc, expect expectFunc) {
+	short := 20 * time.Second
+	t.Run("ForgedGarbageOnControlSocket", func(t *testing.T) {
+		code := forgeControl(`struct.pack(">I", 0xFFFFFFF0) + b"garbage"`) + "import time\ntime.sleep(10)\n"
+		start := time.Now()
+		res := run(t, code, short, nil)
+		if res.Status != sandbox.StatusError || !strings.Contains(res.Error, "protocol") {
+			t.Fatalf("status %s error %q stdout %q, want a protocol error", res.Status, res.Error, res.Stdout)
+		}
+		if el := time.Since(start); el > 8*time.Second {
+			t.Fatalf("a garbage frame took %s to end the job", el)
+		}
+	})
+	t.Run("ForgedFramesOnControlSocket", func(t *testing.T) {
+		// Valid frames the code writes itself: an out frame claiming another
+		// stream, a reply nobody asked for, an exec, then a forged done. A job
+		// may lie about its own outcome; nothing else may follow from it.
+		code := forgeControl(`b"".join(struct.pack(">I", len(b)) + b for b in (json.dumps(f).encode() for f in (
+    {"type": "reply", "id": 99, "result": 1},
+    {"type": "exec", "code": "print('smuggled')"},
+    {"type": "done", "status": "success", "exit_code": 0})))`) + "import time\ntime.sleep(10)\n"
+		start := time.Now()
+		res := run(t, code, short, nil)
+		if el := time.Since(start); el > 8*time.Second {
+			t.Fatalf("forged frames took %s to end the job", el)
+		}
+		if strings.Contains(res.Stdout, "smuggled") {
+			t.Fatalf("a forged exec frame ran: %+v", res)
+		}
+		t.Logf("forged frames: status %s error %q", res.Status, res.Error)
+	})
+	t.Run("HugeCode", func(t *testing.T) {
+		// 10 MiB of code goes through the channel (frame limit 16 MiB)...
+		code := "x = '" + strings.Repeat("a", 10<<20) + "'\nprint(len(x))"
+		res := run(t, code, 60*time.Second, nil)
+		expect(t, res, sandbox.StatusSuccess, 0)
+		if res.Stdout != fmt.Sprintf("%d\n", 10<<20) {
+			t.Fatalf("stdout %q", res.Stdout)
+		}
+		// ...20 MiB does not, and says why.
+		res = run(t, "#"+strings.Repeat("a", 20<<20), short, nil)
+		if res.Status != sandbox.StatusError || !strings.Contains(res.Error, "too large") {
+			t.Fatalf("20 MiB of code: status %s error %q", res.Status, res.Error)
+		}
+	})
+	t.Run("OutputFlood", func(t *testing.T) {
+		start := time.Now()
+		res := run(t, "import os, sys\nchunk = b'x' * 65536\nfor _ in range(1024):\n    os.write(1, chunk)\nfor _ in range(100000):\n    print('y' * 100, file=sys.stderr)", 60*time.Second, nil)
+		expect(t, res, sandbox.StatusSuccess, 0)
+		if len(res.Stdout) != 4096 || !res.StdoutTruncated || len(res.Stderr) != 4096 || !res.StderrTruncated {
+			t.Fatalf("flood not capped: stdout %d (truncated %v) stderr %d (truncated %v)",
+				len(res.Stdout), res.StdoutTruncated, len(res.Stderr), res.StderrTruncated)
+		}
+		t.Logf("64 MiB stdout + 10 MiB stderr flood took %s", time.Since(start))
+	})
+	t.Run("HealthyAfterProtocolAbuse", func(t *testing.T) {
+		res := run(t, "print('alive')", short, nil)
+		expect(t, res, sandbox.StatusSuccess, 0)
+		if res.Stdout != "alive\n" {
+			t.Fatalf("stdout %q", res.Stdout)
+		}
+	})
+}
+
+// runSessions checks a SessionRuntime's sessions.
+func runSessions(t *testing.T, rt sandbox.SessionRuntime, opts Options) {
+	n := 0
+	key := func() string { n++; return fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), n) }
+	in := func(t *testing.T, session, code string, timeout time.Duration) sandbox.Result {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), timeout+60*time.Second)
+		defer cancel()
+		res, err := rt.RunInSession(ctx, session, sandbox.Job{ID: "s", Code: code, Timeout: timeout, OutputCap: 4096}, &EchoHost{})
+		if err != nil {
+			t.Fatalf("RunInSession(%s): %v", session, err)
+		}
+		return res
+	}
+	short := 20 * time.Second
+	t.Run("KeepsGlobals", func(t *testing.T) {
+		a, b := key(), key()
+		t.Cleanup(func() { _ = rt.EndSession(a); _ = rt.EndSession(b) })
+		if res := in(t, a, "x = 41\nimport json", short); res.Status != sandbox.StatusSuccess {
+			t.Fatalf("first job: %+v", res)
+		}
+		if !rt.HasSession(a) {
+			t.Fatal("HasSession false after a clean job")
+		}
+		if res := in(t, a, "x += 1\nprint(x, json.dumps([1]))", short); res.Stdout != "42 [1]\n" {
+			t.Fatalf("second job of the session: %+v", res)
+		}
+		// An error in the code does not end the session.
+		if res := in(t, a, "1/0", short); res.Status != sandbox.StatusError || !rt.HasSession(a) {
+			t.Fatalf("exception: %+v, session kept %v", res, rt.HasSession(a))
+		}
+		if res := in(t, b, "print(x)", short); !strings.Contains(res.Stderr, "NameError") {
+			t.Fatalf("another session saw x: %+v", res)
+		}
+		// A plain run sees no session's globals.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if res, err := rt.Run(ctx, sandbox.Job{ID: "p", Code: "print(x)", Timeout: short}, nil); err != nil || !strings.Contains(res.Stderr, "NameError") {
+			t.Fatalf("plain run saw session globals: %v %+v", err, res)
+		}
+		if err := rt.EndSession(a); err != nil || rt.HasSession(a) {
+			t.Fatalf("EndSession: %v, HasSession %v", err, rt.HasSession(a))
+		}
+		if res := in(t, a, "print(x)", short); !strings.Contains(res.Stderr, "NameError") {
+			t.Fatalf("an ended session kept its globals: %+v", res)
+		}
+		if err := rt.EndSession("no-such-session"); err != nil {
+			t.Fatalf("EndSession of an unknown session: %v", err)
+		}
+	})
+	t.Run("TimeoutEndsSession", func(t *testing.T) {
+		a := key()
+		t.Cleanup(func() { _ = rt.EndSession(a) })
+		in(t, a, "x = 1", short)
+		if res := in(t, a, "while True: pass", time.Second); res.Status != sandbox.StatusTimeout {
+			t.Fatalf("status %s, want timeout", res.Status)
+		}
+		if rt.HasSession(a) {
+			t.Fatal("session survived a timeout")
+		}
+	})
+	t.Run("ProtocolAbuseEndsSession", func(t *testing.T) {
+		a := key()
+		t.Cleanup(func() { _ = rt.EndSession(a) })
+		res := in(t, a, forgeControl(`struct.pack(">I", 0xFFFFFFF0)`)+"import time\ntime.sleep(10)", short)
+		if res.Status != sandbox.StatusError || rt.HasSession(a) {
+			t.Fatalf("result %+v, session kept %v", res, rt.HasSession(a))
+		}
+	})
+	t.Run("JobsRunOneAtATime", func(t *testing.T) {
+		a := key()
+		t.Cleanup(func() { _ = rt.EndSession(a) })
+		in(t, a, "import time\nlog = []", short)
+		var wg sync.WaitGroup
+		for i := range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				in(t, a, fmt.Sprintf("log.append(('start', %d))\ntime.sleep(0.2)\nlog.append(('end', %d))", i, i), short)
+			}()
+		}
+		wg.Wait()
+		res := in(t, a, "print(all(log[k][1] == log[k+1][1] for k in range(0, len(log), 2)), len(log))", short)
+		if res.Stdout != "True 6\n" {
+			t.Fatalf("jobs of one session interleaved: %q", res.Stdout)
+		}
+	})
+	if !opts.Isolated {
+		return
+	}
+	t.Run("SessionsDoNotShareFiles", func(t *testing.T) {
+		a, b := key(), key()
+		t.Cleanup(func() { _ = rt.EndSession(a); _ = rt.EndSession(b) })
+		in(t, a, "open('/tmp/mine', 'w').write('secret')", short)
+		if res := in(t, a, "print(open('/tmp/mine').read())", short); res.Stdout != "secret\n" {
+			t.Fatalf("a session lost its own file: %+v", res)
+		}
+		if res := in(t, b, "import os\nprint(os.path.exists('/tmp/mine'))", short); res.Stdout != "False\n" {
+			t.Fatalf("another session sees the file: %+v", res)
+		}
+	})
 }
 
 type runFunc func(t *testing.T, code string, timeout time.Duration, host sandbox.Host) sandbox.Result
@@ -264,6 +458,26 @@ except OSError as e:
 			if strings.Contains(strings.ToUpper(res.Stdout), leak) {
 				t.Fatalf("environment leaks %s: %s", leak, res.Stdout)
 			}
+		}
+	})
+	t.Run("NoSecretFromWorkerEnvironment", func(t *testing.T) {
+		const secret = "mcpexec-probe-5f1c2d9e"
+		t.Setenv("MCPEXEC_SECRET_PROBE", secret)
+		t.Setenv("NATS_PASSWORD", secret)
+		code := `import os
+found = [k for k, v in os.environ.items() if "mcpexec-probe" in v]
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            if b"mcpexec-probe" in open("/proc/%s/environ" % pid, "rb").read():
+                found.append(pid)
+        except OSError:
+            pass
+print("found", found)`
+		res := run(t, code, short, nil)
+		expect(t, res, sandbox.StatusSuccess, 0)
+		if res.Stdout != "found []\n" {
+			t.Fatalf("the worker's secret reached the sandbox: %s", res.Stdout)
 		}
 	})
 	t.Run("NoCapabilities", func(t *testing.T) {

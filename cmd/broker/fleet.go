@@ -1,0 +1,79 @@
+package main
+
+import (
+	"flag"
+	"log/slog"
+	"strings"
+
+	"github.com/mcpexec/mcpexec/cmd/internal/natsflags"
+	"github.com/mcpexec/mcpexec/internal/broker"
+	"github.com/mcpexec/mcpexec/internal/cli"
+)
+
+// fleetFlags are the broker's cluster and security flags.
+type fleetFlags struct {
+	serverName    string
+	clusterName   string
+	clusterListen string
+	routes        string
+	replicas      int
+	state         bool
+	sec           broker.Security
+	client        *natsflags.Flags // the broker's own connections, under --nats-config
+}
+
+func registerFleetFlags(fs *flag.FlagSet) *fleetFlags {
+	f := &fleetFlags{}
+	fs.StringVar(&f.serverName, "server-name", "", "this node's name, distinct per cluster node (default: mcpexec, or HOST-CLUSTERPORT in a cluster)")
+	fs.StringVar(&f.clusterName, "cluster-name", "", "join a NATS cluster of this name (the same on every node)")
+	fs.StringVar(&f.clusterListen, "cluster-listen", "", "cluster: HOST:PORT the other nodes' routes connect to")
+	fs.StringVar(&f.routes, "routes", "", "cluster: comma-separated nats-route://HOST:PORT of the nodes (this node's own may be listed)")
+	fs.IntVar(&f.replicas, "replicas", 0, "stream replicas (0: 3 in a cluster of 3 or more nodes, else one per node)")
+	fs.BoolVar(&f.state, "state", true, "run the state service on this node (in a cluster: exactly one node; --state=false on the others)")
+	fs.StringVar(&f.sec.ConfigFile, "nats-config", "", "nats-server configuration file for authorization/accounts (flags override it)")
+	fs.StringVar(&f.sec.User, "auth-user", "", "require this NATS user on clients and routes (with --auth-password)")
+	fs.StringVar(&f.sec.Password, "auth-password", "", "password of --auth-user (prefer MCPEXEC_AUTH_PASSWORD)")
+	fs.StringVar(&f.sec.TLSCert, "tls-cert", "", "server certificate file: clients and routes must use TLS")
+	fs.StringVar(&f.sec.TLSKey, "tls-key", "", "key file of --tls-cert")
+	fs.StringVar(&f.sec.TLSCA, "tls-ca", "", "CA file: clients and routes must present a certificate it signed")
+	f.client = natsflags.Register(fs)
+	return f
+}
+
+// apply validates the flags and sets them on cfg.
+func (f *fleetFlags) apply(cfg *broker.Config, log *slog.Logger) error {
+	cfg.ServerName = f.serverName
+	cfg.Cluster = broker.ClusterConfig{Name: f.clusterName, Listen: f.clusterListen}
+	for _, r := range strings.Split(f.routes, ",") {
+		if r = strings.TrimSpace(r); r != "" {
+			cfg.Cluster.Routes = append(cfg.Cluster.Routes, r)
+		}
+	}
+	if err := cfg.Cluster.Validate(); err != nil {
+		return cli.Usagef("%v", err)
+	}
+	if err := f.sec.Validate(); err != nil {
+		return cli.Usagef("%v", err)
+	}
+	switch {
+	case f.replicas < 0 || f.replicas > 5:
+		return cli.Usagef("--replicas must be 0 (automatic) or 1..5, got %d", f.replicas)
+	case f.replicas > cfg.Cluster.Size():
+		return cli.Usagef("--replicas %d is more than the %d node(s) --routes describes: list every node in --routes", f.replicas, cfg.Cluster.Size())
+	case f.replicas == 0:
+		cfg.Queue.Replicas = cfg.Cluster.DefaultReplicas()
+	default:
+		cfg.Queue.Replicas = f.replicas
+	}
+	cfg.Security, cfg.NoState = f.sec, !f.state
+	if f.client.Secured() {
+		opts, err := f.client.Auth()
+		if err != nil {
+			return err
+		}
+		cfg.ClientOptions = opts
+	} else if f.sec.ConfigFile != "" && f.sec.User == "" {
+		log.Warn("--nats-config is set without --nats-user, --nats-nkey or --nats-creds: the broker's own connection is unauthenticated, which works only when the config allows it")
+	}
+	return nil
+}

@@ -1,0 +1,37 @@
+package main
+
+import (
+	"flag"
+	"time"
+
+	"github.com/mcpexec/mcpexec/cmd/internal/natsflags"
+	"github.com/mcpexec/mcpexec/internal/cli"
+	"github.com/mcpexec/mcpexec/internal/frontend"
+)
+
+// fleetFlags are the front-end's NATS security, shutdown and policy flags.
+type fleetFlags struct {
+	nats   *natsflags.Flags
+	grace  time.Duration
+	policy frontend.Policy
+}
+
+func registerFleetFlags(fs *flag.FlagSet) *fleetFlags {
+	f := &fleetFlags{nats: natsflags.Register(fs)}
+	fs.DurationVar(&f.grace, "grace", 30*time.Second, "on SIGTERM, how long in-flight calls may wait for their jobs before they are answered with the job id to fetch later (and, embedded, how long the worker's jobs may finish)")
+	fs.IntVar(&f.policy.MaxQueued, "ns-max-queued", 0, "refuse a namespace's submissions while it has this many jobs waiting for a worker (0: no cap; counted per front-end)")
+	fs.IntVar(&f.policy.MaxActive, "ns-max-active", 0, "refuse a namespace's submissions while it has this many jobs queued or running (0: no cap; counted per front-end)")
+	return f
+}
+
+func (f *fleetFlags) validate() error {
+	switch {
+	case f.grace < 0:
+		return cli.Usagef("--grace must not be negative, got %s", f.grace)
+	case f.policy.MaxQueued < 0:
+		return cli.Usagef("--ns-max-queued must be 0 (no cap) or more, got %d", f.policy.MaxQueued)
+	case f.policy.MaxActive < 0:
+		return cli.Usagef("--ns-max-active must be 0 (no cap) or more, got %d", f.policy.MaxActive)
+	}
+	return f.nats.Validate()
+}

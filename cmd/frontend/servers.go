@@ -1,0 +1,121 @@
+package main
+
+import (
+	"flag"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/cli"
+	"github.com/mcpexec/mcpexec/internal/discovery"
+	"github.com/mcpexec/mcpexec/internal/mcpclients"
+	"github.com/mcpexec/mcpexec/internal/mcpserver"
+)
+
+// serverFlags are the flags about proxied MCP servers and the MCP surface.
+type serverFlags struct {
+	files          fileList
+	discover       bool
+	allow, deny    string
+	idleTimeout    time.Duration
+	callTimeout    time.Duration
+	maxCalls       int
+	outputMode     string
+	authTokensFile string
+	allowedHosts   string
+	tokens         map[string]string // loaded from authTokensFile
+}
+
+// fileList is a repeatable flag; one value may hold several paths separated by
+// the OS list separator (as MCPEXEC_SERVERS does).
+type fileList []string
+
+func (l *fileList) String() string { return strings.Join(*l, string(os.PathListSeparator)) }
+
+func (l *fileList) Set(v string) error {
+	for _, p := range filepath.SplitList(v) {
+		if p = strings.TrimSpace(p); p != "" {
+			*l = append(*l, p)
+		}
+	}
+	return nil
+}
+
+func registerServerFlags(fs *flag.FlagSet) *serverFlags {
+	sf := &serverFlags{}
+	fs.Var(&sf.files, "servers", "MCP servers config file ({\"mcpServers\": {...}}) to proxy; repeatable; MCP_SERVERS_CONFIG and the usual client config locations are read too")
+	fs.BoolVar(&sf.discover, "discover", true, "also read the usual client config locations (Claude, Cursor, VS Code, ~/.config/mcp/servers, ./mcp-servers)")
+	fs.StringVar(&sf.allow, "allow-servers", "", "comma-separated names or globs of the only servers that may be used")
+	fs.StringVar(&sf.deny, "deny-servers", "", "comma-separated names or globs of servers that may not be used (wins over --allow-servers)")
+	fs.DurationVar(&sf.idleTimeout, "server-idle-timeout", 5*time.Minute, "close an MCP server session unused this long")
+	fs.DurationVar(&sf.callTimeout, "call-timeout", 60*time.Second, "default limit of one proxied tool call (the job's deadline also bounds it)")
+	fs.IntVar(&sf.maxCalls, "max-calls-per-job", 8, "proxied calls one job may have in flight")
+	fs.StringVar(&sf.outputMode, "output-mode", "text", "run_python's text output: text (compact) or toon")
+	fs.StringVar(&sf.authTokensFile, "auth-tokens-file", "", "file mapping bearer tokens to memory namespaces (JSON object, or lines \"TOKEN NAMESPACE\")")
+	fs.StringVar(&sf.allowedHosts, "allowed-hosts", "", "comma-separated extra Host names accepted on a loopback listener (e.g. a local reverse proxy's)")
+	return sf
+}
+
+func (sf *serverFlags) policy() discovery.Policy {
+	return discovery.Policy{Allow: discovery.ParseList(sf.allow), Deny: discovery.ParseList(sf.deny)}
+}
+
+func (sf *serverFlags) validate() error {
+	if err := sf.policy().Validate(); err != nil {
+		return cli.Usagef("--allow-servers/--deny-servers: %v", err)
+	}
+	if !mcpserver.ValidOutputMode(sf.outputMode) {
+		return cli.Usagef("--output-mode %q: want text or toon", sf.outputMode)
+	}
+	if sf.idleTimeout <= 0 || sf.callTimeout <= 0 {
+		return cli.Usagef("--server-idle-timeout and --call-timeout must be positive")
+	}
+	if sf.maxCalls < 1 {
+		return cli.Usagef("--max-calls-per-job must be at least 1, got %d", sf.maxCalls)
+	}
+	if sf.authTokensFile != "" {
+		t, err := mcpserver.LoadTokens(sf.authTokensFile)
+		if err != nil {
+			return cli.Usagef("--auth-tokens-file: %v", err)
+		}
+		sf.tokens = t
+	}
+	return nil
+}
+
+// pool discovers the servers and returns the client pool (not started).
+func (sf *serverFlags) pool(log *slog.Logger) *mcpclients.Pool {
+	opts := discovery.Options{
+		Files:     sf.files,
+		EnvConfig: os.Getenv("MCP_SERVERS_CONFIG"),
+		Policy:    sf.policy(),
+		LookupEnv: os.LookupEnv,
+	}
+	if self, err := os.Executable(); err == nil {
+		opts.Self = self
+	}
+	if sf.discover {
+		opts.Home, _ = os.UserHomeDir()
+		opts.ConfigHome = os.Getenv("XDG_CONFIG_HOME")
+		opts.Cwd, _ = os.Getwd()
+	}
+	res := discovery.Discover(opts)
+	for _, p := range res.Problems {
+		log.Warn("MCP servers config not used", "file", p.Source, "reason", p.Err.Error())
+	}
+	for _, s := range res.Skipped {
+		log.Info("MCP server skipped", "server", s.Name, "file", s.Source, "reason", s.Reason)
+	}
+	names := make([]string, 0, len(res.Servers))
+	for _, s := range res.Servers {
+		names = append(names, s.Name)
+	}
+	log.Info("MCP servers discovered", "count", len(names), "servers", strings.Join(names, ","))
+	return mcpclients.New(res.Servers, mcpclients.Config{
+		IdleTimeout: sf.idleTimeout,
+		Policy:      sf.policy(),
+		Logger:      log.With("component", "mcpclients"),
+	})
+}

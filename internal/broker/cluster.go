@@ -1,0 +1,303 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/state"
+)
+
+// ClusterConfig makes the broker one node of a NATS cluster. NATS replicates
+// the streams between the nodes; mcpexec writes no replication of its own.
+type ClusterConfig struct {
+	Name   string   // cluster name, the same on every node; "" means no cluster
+	Listen string   // host:port of this node's route listener
+	Routes []string // nats-route://host:port of the other nodes (this node's own is ignored)
+}
+
+// Enabled reports whether the node is part of a cluster.
+func (c ClusterConfig) Enabled() bool { return c.Name != "" }
+
+// Validate reports the first missing or malformed field, naming its flag.
+func (c ClusterConfig) Validate() error {
+	if !c.Enabled() {
+		if c.Listen != "" || len(c.Routes) > 0 {
+			return errors.New("--cluster-listen and --routes need --cluster-name (the same on every node)")
+		}
+		return nil
+	}
+	if c.Listen == "" {
+		return errors.New("--cluster-name needs --cluster-listen HOST:PORT, where the other nodes reach this one")
+	}
+	if _, _, err := splitHostPort(c.Listen); err != nil {
+		return fmt.Errorf("--cluster-listen %q: %w", c.Listen, err)
+	}
+	for _, r := range c.Routes {
+		u, err := url.Parse(r)
+		if err != nil || u.Host == "" || (u.Scheme != "nats-route" && u.Scheme != "nats") {
+			return fmt.Errorf("--routes: %q is not a route URL: want nats-route://HOST:PORT", r)
+		}
+	}
+	return nil
+}
+
+// Size is the number of nodes the configuration describes: this node and each
+// distinct route that is not this node's own listen address.
+func (c ClusterConfig) Size() int {
+	if !c.Enabled() {
+		return 1
+	}
+	seen := map[string]bool{normalHostPort(c.Listen): true}
+	n := 1
+	for _, r := range c.Routes {
+		u, err := url.Parse(r)
+		if err != nil {
+			continue
+		}
+		if hp := normalHostPort(u.Host); !seen[hp] {
+			seen[hp] = true
+			n++
+		}
+	}
+	return n
+}
+
+// DefaultReplicas is the stream replica count for the configured cluster: 3
+// when it has 3 or more nodes (DESIGN §1), else one replica per node.
+func (c ClusterConfig) DefaultReplicas() int { return min(c.Size(), 3) }
+
+// Security holds the server side of NATS authentication and TLS.
+type Security struct {
+	// ConfigFile is a nats-server configuration file (authorization, accounts,
+	// NKey users, TLS, ...) applied first; the settings below and the broker's
+	// own (listen address, JetStream store, cluster) override it.
+	ConfigFile string
+	User       string // single user with every permission (with Password)
+	Password   string
+	TLSCert    string // server certificate: clients must use TLS
+	TLSKey     string
+	TLSCA      string // when set, clients (and routes) must present a certificate it signed
+}
+
+// Validate reports the first inconsistent setting, naming its flag.
+func (s Security) Validate() error {
+	switch {
+	case (s.User == "") != (s.Password == ""):
+		return errors.New("--auth-user and --auth-password go together: give both or neither")
+	case (s.TLSCert == "") != (s.TLSKey == ""):
+		return errors.New("--tls-cert and --tls-key go together: give both or neither")
+	case s.TLSCA != "" && s.TLSCert == "":
+		return errors.New("--tls-ca needs --tls-cert and --tls-key (the server must speak TLS to verify clients)")
+	}
+	for _, f := range []struct{ flag, path string }{
+		{"--nats-config", s.ConfigFile}, {"--tls-cert", s.TLSCert}, {"--tls-key", s.TLSKey}, {"--tls-ca", s.TLSCA},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			return fmt.Errorf("%s %s: %w", f.flag, f.path, err)
+		}
+	}
+	return nil
+}
+
+// fleetOptions applies cfg's security and cluster settings to base, the
+// broker's own server options, and returns the options to start with.
+func fleetOptions(base *server.Options, cfg Config) (*server.Options, error) {
+	if err := cfg.Security.Validate(); err != nil {
+		return nil, err
+	}
+	if err := cfg.Cluster.Validate(); err != nil {
+		return nil, err
+	}
+	opts := base
+	sec := cfg.Security
+	if sec.ConfigFile != "" {
+		fo, err := server.ProcessConfigFile(sec.ConfigFile)
+		if err != nil {
+			return nil, fmt.Errorf("nats config %s: %w", sec.ConfigFile, err)
+		}
+		fo.ServerName = base.ServerName
+		fo.JetStream, fo.StoreDir = base.JetStream, base.StoreDir
+		fo.MaxPayload, fo.NoSigs, fo.DisableJetStreamBanner = base.MaxPayload, base.NoSigs, base.DisableJetStreamBanner
+		fo.Host, fo.Port, fo.DontListen = base.Host, base.Port, base.DontListen
+		opts = fo
+	}
+	if sec.User != "" {
+		opts.Username, opts.Password = sec.User, sec.Password
+	}
+	var tlsCfg *server.TLSConfigOpts
+	if sec.TLSCert != "" {
+		tlsCfg = &server.TLSConfigOpts{CertFile: sec.TLSCert, KeyFile: sec.TLSKey, CaFile: sec.TLSCA, Verify: sec.TLSCA != "", Timeout: 2}
+		tc, err := server.GenTLSConfig(tlsCfg)
+		if err != nil {
+			return nil, fmt.Errorf("TLS from --tls-cert %s, --tls-key %s: %w", sec.TLSCert, sec.TLSKey, err)
+		}
+		opts.TLSConfig, opts.TLS, opts.TLSVerify, opts.TLSTimeout = tc, true, tlsCfg.Verify, tlsCfg.Timeout
+		opts.TLSCert, opts.TLSKey, opts.TLSCaCert = sec.TLSCert, sec.TLSKey, sec.TLSCA
+	}
+	if cfg.ServerName != "" {
+		opts.ServerName = cfg.ServerName
+	}
+	c := cfg.Cluster
+	if !c.Enabled() {
+		return opts, nil
+	}
+	host, port, err := splitHostPort(c.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("--cluster-listen %q: %w", c.Listen, err)
+	}
+	opts.Cluster.Name, opts.Cluster.Host, opts.Cluster.Port = c.Name, host, port
+	if cfg.ServerName == "" {
+		// JetStream clustering needs a distinct name per node, also when the
+		// nodes share a host.
+		h, _ := os.Hostname()
+		opts.ServerName = fmt.Sprintf("%s-%d", h, port)
+	}
+	if sec.User != "" {
+		// Routes authenticate with the client credentials, so no stranger joins.
+		opts.Cluster.Username, opts.Cluster.Password = sec.User, sec.Password
+	}
+	if tlsCfg != nil {
+		rt := *tlsCfg
+		tc, err := server.GenTLSConfig(&rt)
+		if err != nil {
+			return nil, fmt.Errorf("route TLS: %w", err)
+		}
+		// A node is both client and server of its routes: it verifies its peers
+		// with the same CA it requires of them (as nats-server's own config does).
+		tc.RootCAs = tc.ClientCAs
+		opts.Cluster.TLSConfig, opts.Cluster.TLSTimeout = tc, rt.Timeout
+	}
+	opts.Routes = nil
+	for _, r := range c.Routes {
+		u, err := url.Parse(r)
+		if err != nil {
+			return nil, fmt.Errorf("--routes: %q: %w", r, err)
+		}
+		if normalHostPort(u.Host) == normalHostPort(c.Listen) {
+			continue // this node
+		}
+		if sec.User != "" && u.User == nil {
+			u.User = url.UserPassword(sec.User, sec.Password)
+		}
+		opts.Routes = append(opts.Routes, u)
+	}
+	return opts, nil
+}
+
+// clientOptions are the options of the broker's own in-process connections: the
+// configured ones, or the --auth-user credentials when none are configured.
+func (b *Broker) clientOptions(name string) []nats.Option {
+	opts := []nats.Option{nats.InProcessServer(b.ns), nats.Name(name), nats.MaxReconnects(-1)}
+	if len(b.cfg.ClientOptions) == 0 && b.cfg.Security.User != "" {
+		opts = append(opts, nats.UserInfo(b.cfg.Security.User, b.cfg.Security.Password))
+	}
+	return append(opts, b.cfg.ClientOptions...)
+}
+
+// clusterRetry is how often stream setup is retried while a cluster forms.
+const clusterRetry = 250 * time.Millisecond
+
+// setupStreams creates the streams, retrying while a cluster has no meta
+// leader yet or too few nodes for the replicas (queue.Setup is idempotent, so
+// every node may run it). It returns when the streams exist or ctx ends.
+func (b *Broker) setupStreams(ctx context.Context, js jetstream.JetStream) error {
+	return b.retryUntilReady(ctx, "create streams", func(ctx context.Context) error {
+		return queue.Setup(ctx, js, b.cfg.Queue)
+	})
+}
+
+// startState starts the state service, retrying while the cluster settles (its
+// durable consumer on the events stream needs the stream's leader).
+func (b *Broker) startState(ctx context.Context) error {
+	return b.retryUntilReady(ctx, "start state service", func(ctx context.Context) error {
+		svc, err := state.NewService(b.nc, b.store, b.cfg.Queue.Subjects, b.cfg.Logger)
+		if err != nil {
+			return err
+		}
+		if err := svc.Start(ctx); err != nil {
+			svc.Stop()
+			return err
+		}
+		b.svc = svc
+		return nil
+	})
+}
+
+func (b *Broker) retryUntilReady(ctx context.Context, what string, op func(context.Context) error) error {
+	if !b.cfg.Cluster.Enabled() {
+		return op(ctx)
+	}
+	var lastLog time.Time
+	for attempt := 1; ; attempt++ {
+		var err error
+		if !b.ns.JetStreamIsCurrent() {
+			// No meta leader yet: an API request would only time out.
+			err = errors.New("the JetStream meta group has no leader yet")
+		} else {
+			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err = op(actx)
+			cancel()
+		}
+		if err == nil {
+			if attempt > 1 {
+				b.cfg.Logger.Info("cluster ready", "step", what, "attempts", attempt)
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s: the cluster %q did not become ready (%v): start the other nodes (routes %v), or check that they reach each other", what, b.cfg.Cluster.Name, err, b.cfg.Cluster.Routes)
+		}
+		if time.Since(lastLog) > 5*time.Second {
+			lastLog = time.Now()
+			b.cfg.Logger.Info("waiting for the cluster", "step", what, "cluster", b.cfg.Cluster.Name,
+				"routes", b.ns.NumRoutes(), "nodes_configured", b.cfg.Cluster.Size(), "replicas", b.cfg.Queue.Replicas, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(clusterRetry):
+		}
+	}
+}
+
+// StateService reports whether this node runs the state service.
+func (b *Broker) StateService() bool { return b.svc != nil }
+
+func splitHostPort(hp string) (string, int, error) {
+	host, portStr, err := net.SplitHostPort(hp)
+	if err != nil {
+		return "", 0, fmt.Errorf("%w (want HOST:PORT)", err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return "", 0, fmt.Errorf("port %q is not a number", portStr)
+	}
+	return host, port, nil
+}
+
+// normalHostPort makes loopback and wildcard spellings of one address compare equal.
+func normalHostPort(hp string) string {
+	host, port, err := net.SplitHostPort(hp)
+	if err != nil {
+		return strings.ToLower(hp)
+	}
+	switch host {
+	case "localhost", "127.0.0.1", "::1", "0.0.0.0", "::", "":
+		host = "local"
+	}
+	return strings.ToLower(host) + ":" + port
+}

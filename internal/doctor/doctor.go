@@ -1,0 +1,449 @@
+// Package doctor checks that a host can run its part of mcpexec, and says how to
+// fix what it cannot: the Podman API socket, that a sandbox really starts with
+// the configured limits (reading them back from inside the container, so a limit
+// that is configured but not enforced shows), the sandbox image, NATS, JetStream,
+// the streams and, for a front-end, that workers and the state service answer.
+package doctor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
+)
+
+// Status is the outcome of one check.
+type Status string
+
+// Outcomes. Only Fail makes the doctor exit non-zero.
+const (
+	OK   Status = "ok"
+	Warn Status = "warn"
+	Fail Status = "FAIL"
+	Skip Status = "skip"
+)
+
+// Check is the outcome of one check.
+type Check struct {
+	Name   string
+	Status Status
+	Detail string // what was found
+	Fix    string // what to do (Warn and Fail)
+}
+
+// Config says what to check.
+type Config struct {
+	// NATSURL is the broker to check; "" skips the NATS checks (SkipNATSReason
+	// says why).
+	NATSURL        string
+	NATSOpts       []nats.Option
+	SkipNATSReason string
+	Queue          queue.Config // wire names and expected stream settings
+	// ExpectWorkers also checks that a worker and the state service answer (a
+	// front-end of a fleet needs both).
+	ExpectWorkers bool
+	// Sandbox is the Podman runtime to check; nil skips the sandbox checks
+	// (SkipSandboxReason says why). Pool and WorkerID are overridden.
+	Sandbox           *podman.Config
+	SkipSandboxReason string
+}
+
+// ErrFailed is returned by Report when a check failed.
+var ErrFailed = errors.New("doctor: checks failed")
+
+// Run performs the checks and returns their outcomes in order.
+func Run(ctx context.Context, cfg Config) []Check {
+	var out []Check
+	if cfg.Sandbox != nil {
+		out = append(out, checkSandbox(ctx, *cfg.Sandbox)...)
+	} else {
+		out = append(out, Check{Name: "sandbox", Status: Skip, Detail: cfg.SkipSandboxReason})
+	}
+	if cfg.NATSURL != "" {
+		out = append(out, checkNATS(ctx, cfg)...)
+	} else {
+		out = append(out, Check{Name: "nats", Status: Skip, Detail: cfg.SkipNATSReason})
+	}
+	return out
+}
+
+// Report writes checks to w, one line each with the fix under it, and returns
+// ErrFailed (wrapped, with the count) when any failed.
+func Report(w io.Writer, title string, checks []Check) error {
+	fmt.Fprintln(w, title)
+	failed, warned := 0, 0
+	for _, c := range checks {
+		fmt.Fprintf(w, "  %-4s  %-22s %s\n", c.Status, c.Name, c.Detail)
+		if c.Fix != "" && (c.Status == Fail || c.Status == Warn) {
+			fmt.Fprintf(w, "        %-22s fix: %s\n", "", c.Fix)
+		}
+		switch c.Status {
+		case Fail:
+			failed++
+		case Warn:
+			warned++
+		}
+	}
+	if failed > 0 {
+		fmt.Fprintf(w, "%d of %d checks failed, %d warnings\n", failed, len(checks), warned)
+		return fmt.Errorf("%w: %d of %d failed (see the fix lines above)", ErrFailed, failed, len(checks))
+	}
+	fmt.Fprintf(w, "all %d checks passed, %d warnings\n", len(checks), warned)
+	return nil
+}
+
+// probeCode reads the sandbox's limits from inside it and prints them as JSON.
+const probeCode = `import json, os, resource, socket
+def read(*paths):
+    for p in paths:
+        try:
+            return open(p).read().strip()
+        except OSError:
+            pass
+    return None
+status = {}
+for line in open("/proc/self/status"):
+    k, _, v = line.partition(":")
+    status[k] = v.strip()
+mounts = {}
+for line in open("/proc/self/mounts"):
+    f = line.split()
+    mounts[f[1]] = f[3]
+try:
+    open("/doctor-probe", "w")
+    rootfs = "writable"
+except OSError as e:
+    rootfs = "read-only" if e.errno == 30 else "not writable (errno %d)" % e.errno
+print(json.dumps({
+    "memory": read("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory.max"),
+    "memsw": read("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes", "/sys/fs/cgroup/memory.swap.max"),
+    "pids": read("/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/pids.max"),
+    "cpu_quota": read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us"),
+    "cpu_period": read("/sys/fs/cgroup/cpu/cpu.cfs_period_us", "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us"),
+    "cpu_max": read("/sys/fs/cgroup/cpu.max"),
+    "uid": os.getuid(), "gid": os.getgid(),
+    "cap_eff": status.get("CapEff"), "cap_bnd": status.get("CapBnd"),
+    "no_new_privs": status.get("NoNewPrivs"), "seccomp": status.get("Seccomp"),
+    "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[1],
+    "nproc": resource.getrlimit(resource.RLIMIT_NPROC)[1],
+    "ifaces": [n for _, n in socket.if_nameindex()],
+    "rootfs": rootfs,
+    "tmp": mounts.get("/tmp"), "workspace": mounts.get("/workspace"),
+    "env": sorted(os.environ),
+}))`
+
+// probe is what probeCode prints.
+type probe struct {
+	Memory     *string  `json:"memory"`
+	MemSw      *string  `json:"memsw"`
+	Pids       *string  `json:"pids"`
+	CPUQuota   *string  `json:"cpu_quota"`
+	CPUPeriod  *string  `json:"cpu_period"`
+	CPUMax     *string  `json:"cpu_max"`
+	UID        int      `json:"uid"`
+	GID        int      `json:"gid"`
+	CapEff     string   `json:"cap_eff"`
+	CapBnd     string   `json:"cap_bnd"`
+	NoNewPrivs string   `json:"no_new_privs"`
+	Seccomp    string   `json:"seccomp"`
+	NoFile     int64    `json:"nofile"`
+	NProc      int64    `json:"nproc"`
+	Ifaces     []string `json:"ifaces"`
+	Rootfs     string   `json:"rootfs"`
+	Tmp        *string  `json:"tmp"`
+	Workspace  *string  `json:"workspace"`
+	Env        []string `json:"env"`
+}
+
+const fixLimits = "run the worker where Podman enforces limits: rootful Podman (run the worker as root, --podman unix:///run/podman/podman.sock) or rootless Podman on a cgroups v2 host with the memory, pids and cpu controllers delegated to the user"
+
+func checkSandbox(ctx context.Context, cfg podman.Config) []Check {
+	host, _ := os.Hostname()
+	cfg.Pool = 0
+	cfg.WorkerID = fmt.Sprintf("doctor-%s-%d", strings.NewReplacer(".", "_").Replace(host), os.Getpid())
+	if cfg.Limits == (sandbox.Limits{}) {
+		cfg.Limits = sandbox.DefaultLimits()
+	}
+	if cfg.Image == "" {
+		cfg.Image = podman.DefaultImage
+	}
+	var out []Check
+	start := time.Now()
+	rt, err := podman.New(ctx, cfg)
+	if errors.Is(err, podman.ErrNoImage) {
+		return append(out,
+			Check{Name: "podman api", Status: OK, Detail: "answered"},
+			Check{Name: "sandbox image", Status: Fail, Detail: cfg.Image + " is missing",
+				Fix: fmt.Sprintf("build it: sudo deploy/sandbox/build.sh %s (or `make image`; the worker builds it itself with --build-image)", cfg.Image)})
+	}
+	if err != nil {
+		return append(out, Check{Name: "podman api", Status: Fail, Detail: err.Error(),
+			Fix: "install Podman (apt-get install podman runc uidmap) and start its API: `podman system service --time=0` (rootless: as the worker's user; rootful: as root, socket /run/podman/podman.sock), or pass --podman URI"})
+	}
+	defer rt.Close()
+	info := rt.Info()
+	mode := "rootful"
+	if info.Rootless {
+		mode = "rootless"
+	}
+	started := ""
+	if info.StartedService {
+		started = ", service started by mcpexec"
+	}
+	out = append(out, Check{Name: "podman api", Status: OK,
+		Detail: fmt.Sprintf("%s (Podman %s, %s, cgroups %s, OCI runtime %s%s)", info.URI, info.ServerVersion, mode, info.CgroupsVersion, info.OCIRuntime, started)})
+	switch {
+	case !info.LimitsEnforced:
+		out = append(out, Check{Name: "podman mode", Status: Fail,
+			Detail: fmt.Sprintf("%s Podman on cgroups %s: memory, pids and CPU limits are NOT enforced", mode, info.CgroupsVersion), Fix: fixLimits})
+	case !info.Rootless:
+		out = append(out, Check{Name: "podman mode", Status: Warn,
+			Detail: "rootful Podman: limits are enforced, but the worker and Podman run as root (sandboxed code still runs as an unprivileged user with no capabilities)",
+			Fix:    "for defence in depth run the worker as a dedicated user with rootless Podman on a cgroups v2 host (rootless on cgroups v1 cannot enforce limits)"})
+	default:
+		out = append(out, Check{Name: "podman mode", Status: OK, Detail: "rootless, limits enforced by cgroups " + info.CgroupsVersion})
+	}
+	out = append(out, Check{Name: "sandbox image", Status: OK, Detail: cfg.Image})
+
+	res, err := rt.Run(ctx, sandbox.Job{ID: "doctor", Code: probeCode, Timeout: 30 * time.Second, OutputCap: 1 << 20}, nil)
+	if err == nil && res.Status != sandbox.StatusSuccess {
+		err = fmt.Errorf("probe ended %s: %s %s", res.Status, res.Error, strings.TrimSpace(res.Stderr))
+	}
+	if err != nil {
+		return append(out, Check{Name: "sandbox starts", Status: Fail, Detail: err.Error(),
+			Fix: "run `podman run --rm --runtime " + info.OCIRuntime + " " + cfg.Image + " python3 -c 'print(1)'` to see Podman's own error; on cgroups v1 hosts use --oci-runtime runc"})
+	}
+	out = append(out, Check{Name: "sandbox starts", Status: OK, Detail: fmt.Sprintf("a cold container ran the probe in %s", time.Since(start).Round(time.Millisecond))})
+	var p probe
+	if err := json.Unmarshal([]byte(res.Stdout), &p); err != nil {
+		return append(out, Check{Name: "sandbox probe", Status: Fail, Detail: fmt.Sprintf("unreadable probe output %q: %v", res.Stdout, err),
+			Fix: "the image's python3 must be Python 3.8 or later"})
+	}
+	return append(out, limitChecks(cfg.Limits, p)...)
+}
+
+// limitChecks compares what the container sees with the configured limits.
+func limitChecks(l sandbox.Limits, p probe) []Check {
+	var out []Check
+	add := func(name string, ok bool, detail, fix string) {
+		st := OK
+		if !ok {
+			st = Fail
+		}
+		out = append(out, Check{Name: name, Status: st, Detail: detail, Fix: fix})
+	}
+	num := func(s *string) (int64, bool) {
+		if s == nil {
+			return 0, false
+		}
+		n, err := strconv.ParseInt(*s, 10, 64)
+		return n, err == nil
+	}
+	show := func(s *string) string {
+		if s == nil {
+			return "unreadable"
+		}
+		return *s
+	}
+	if l.Memory > 0 {
+		n, ok := num(p.Memory)
+		add("memory limit", ok && n == l.Memory,
+			fmt.Sprintf("configured %s, the container's cgroup says %s", mib(l.Memory), mibOf(p.Memory)), fixLimits)
+		if p.MemSw != nil {
+			n, ok := num(p.MemSw)
+			add("swap limit", ok && (n == l.Memory || n == 0),
+				fmt.Sprintf("memory+swap limit %s (want %s: no swap beyond the memory limit)", mibOf(p.MemSw), mib(l.Memory)), fixLimits)
+		}
+	}
+	if l.Pids > 0 {
+		n, ok := num(p.Pids)
+		add("pids limit", ok && n == l.Pids, fmt.Sprintf("configured %d, the container's cgroup says %s", l.Pids, show(p.Pids)), fixLimits)
+	}
+	if l.CPUs > 0 {
+		got := "unreadable"
+		ok := false
+		if q, okq := num(p.CPUQuota); okq {
+			if per, okp := num(p.CPUPeriod); okp && per > 0 && q > 0 {
+				got = fmt.Sprintf("%.2f", float64(q)/float64(per))
+				ok = float64(q)/float64(per) <= l.CPUs*1.01
+			}
+		} else if p.CPUMax != nil {
+			f := strings.Fields(*p.CPUMax)
+			if len(f) == 2 {
+				q, e1 := strconv.ParseFloat(f[0], 64)
+				per, e2 := strconv.ParseFloat(f[1], 64)
+				if e1 == nil && e2 == nil && per > 0 {
+					got = fmt.Sprintf("%.2f", q/per)
+					ok = q/per <= l.CPUs*1.01
+				}
+			}
+		}
+		add("cpu limit", ok, fmt.Sprintf("configured %.2f CPUs, the container gets %s", l.CPUs, got), fixLimits)
+	}
+	wantUser := l.User
+	add("user", fmt.Sprintf("%d:%d", p.UID, p.GID) == wantUser, fmt.Sprintf("code runs as %d:%d (configured %s)", p.UID, p.GID, wantUser),
+		"set --container-user to an unprivileged numeric uid:gid such as 65534:65534")
+	add("capabilities", isZeroCaps(p.CapEff) && isZeroCaps(p.CapBnd), fmt.Sprintf("effective %s, bounding %s", p.CapEff, p.CapBnd),
+		"Podman must honour --cap-drop ALL: upgrade Podman")
+	add("no_new_privs", p.NoNewPrivs == "1", "NoNewPrivs "+p.NoNewPrivs, "Podman must honour no-new-privileges: upgrade Podman")
+	add("seccomp", p.Seccomp == "2", "Seccomp mode "+p.Seccomp+" (2: filter)",
+		"install Podman's default seccomp profile (containers-common, /usr/share/containers/seccomp.json)")
+	add("network", slices.Equal(p.Ifaces, []string{"lo"}), fmt.Sprintf("interfaces %v", p.Ifaces), "the sandbox must run with network none: upgrade Podman")
+	add("read-only root", p.Rootfs == "read-only", "root filesystem "+p.Rootfs, "Podman must honour --read-only: upgrade Podman")
+	for _, m := range []struct {
+		path string
+		opts *string
+	}{{"/tmp", p.Tmp}, {"/workspace", p.Workspace}} {
+		opts := show(m.opts)
+		ok := m.opts != nil && strings.Contains(opts, "noexec") && strings.Contains(opts, "nosuid") && strings.Contains(opts, "nodev")
+		add("tmpfs "+m.path, ok, opts, "the tmpfs must be mounted noexec,nosuid,nodev: upgrade Podman")
+	}
+	if l.NoFile > 0 {
+		add("rlimit nofile", p.NoFile == int64(l.NoFile), fmt.Sprintf("hard limit %d (configured %d)", p.NoFile, l.NoFile), fixLimits)
+	}
+	if l.NProc > 0 {
+		add("rlimit nproc", p.NProc == int64(l.NProc), fmt.Sprintf("hard limit %d (configured %d)", p.NProc, l.NProc), fixLimits)
+	}
+	var leaked []string
+	for _, k := range p.Env {
+		switch k {
+		// LC_CTYPE is set by Python itself (PEP 538 locale coercion).
+		case "PATH", "HOME", "PYTHONDONTWRITEBYTECODE", "HOSTNAME", "TERM", "container", "LC_CTYPE":
+		default:
+			leaked = append(leaked, k)
+		}
+	}
+	add("environment", len(leaked) == 0, fmt.Sprintf("variables %v", p.Env),
+		fmt.Sprintf("variables %v reach the sandbox: check containers.conf [containers] env and env_host", leaked))
+	return out
+}
+
+func mib(n int64) string { return fmt.Sprintf("%d MiB", n>>20) }
+
+// mibOf shows a cgroup limit file's content in MiB when it is a number.
+func mibOf(s *string) string {
+	if s == nil {
+		return "nothing (unreadable: no limit is applied)"
+	}
+	n, err := strconv.ParseInt(*s, 10, 64)
+	if err != nil || n >= 1<<50 {
+		return *s + " (no limit)"
+	}
+	return mib(n)
+}
+
+func isZeroCaps(s string) bool { return strings.Trim(s, "0") == "" && s != "" }
+
+func checkNATS(ctx context.Context, cfg Config) []Check {
+	var out []Check
+	opts := append([]nats.Option{nats.Name("mcpexec-doctor"), nats.Timeout(5 * time.Second)}, cfg.NATSOpts...)
+	nc, err := nats.Connect(cfg.NATSURL, opts...)
+	if err != nil {
+		return append(out, Check{Name: "nats", Status: Fail, Detail: fmt.Sprintf("%s: %v", cfg.NATSURL, err),
+			Fix: "start the broker (`broker --listen HOST:PORT`) or point --nats (MCPEXEC_NATS) at it; check firewalls and credentials"})
+	}
+	defer nc.Close()
+	rtt, _ := nc.RTT()
+	out = append(out, Check{Name: "nats", Status: OK, Detail: fmt.Sprintf("%s (server %s, round trip %s)", nc.ConnectedUrlRedacted(), nc.ConnectedServerVersion(), rtt.Round(time.Microsecond))})
+	js, err := jetstream.New(nc)
+	if err == nil {
+		_, err = js.AccountInfo(ctx)
+	}
+	if err != nil {
+		return append(out, Check{Name: "jetstream", Status: Fail, Detail: err.Error(),
+			Fix: "enable JetStream on the NATS server (the mcpexec broker does): use `broker`, or start nats-server with -js"})
+	}
+	out = append(out, Check{Name: "jetstream", Status: OK, Detail: "enabled"})
+	s := cfg.Queue.Subjects
+	fixStreams := "start (or restart) the mcpexec broker of this version: it creates and updates the streams"
+	if st, err := js.Stream(ctx, s.JobsStream()); err != nil {
+		out = append(out, Check{Name: "stream " + s.JobsStream(), Status: Fail, Detail: err.Error(), Fix: fixStreams})
+	} else {
+		c := st.CachedInfo().Config
+		var bad []string
+		if c.Retention != jetstream.WorkQueuePolicy {
+			bad = append(bad, "retention "+c.Retention.String()+" (want work queue)")
+		}
+		for _, want := range []string{s.AllJobs(), s.AllWorkerJobs()} {
+			if !slices.Contains(c.Subjects, want) {
+				bad = append(bad, "subject "+want+" missing")
+			}
+		}
+		if c.Duplicates <= 0 {
+			bad = append(bad, "no duplicate window")
+		}
+		if c.Discard != jetstream.DiscardNew {
+			bad = append(bad, "discard policy old (a full queue would drop accepted jobs)")
+		}
+		detail := fmt.Sprintf("work queue on %v, %d pending, max %d, dedupe %s, replicas %d",
+			c.Subjects, st.CachedInfo().State.Msgs, c.MaxMsgs, c.Duplicates, c.Replicas)
+		if len(bad) > 0 {
+			out = append(out, Check{Name: "stream " + s.JobsStream(), Status: Fail, Detail: strings.Join(bad, "; "), Fix: fixStreams})
+		} else {
+			out = append(out, Check{Name: "stream " + s.JobsStream(), Status: OK, Detail: detail})
+		}
+	}
+	if st, err := js.Stream(ctx, s.EventsStream()); err != nil {
+		out = append(out, Check{Name: "stream " + s.EventsStream(), Status: Fail, Detail: err.Error(), Fix: fixStreams})
+	} else {
+		c := st.CachedInfo().Config
+		if !slices.Contains(c.Subjects, s.AllEvents()) {
+			out = append(out, Check{Name: "stream " + s.EventsStream(), Status: Fail, Detail: "subject " + s.AllEvents() + " missing", Fix: fixStreams})
+		} else {
+			out = append(out, Check{Name: "stream " + s.EventsStream(), Status: OK,
+				Detail: fmt.Sprintf("%d events, kept %s, replicas %d", st.CachedInfo().State.Msgs, c.MaxAge, c.Replicas)})
+		}
+	}
+	if _, err := js.KeyValue(ctx, s.SessionsBucket()); err != nil {
+		out = append(out, Check{Name: "sessions bucket", Status: Fail, Detail: err.Error(), Fix: fixStreams})
+	} else {
+		out = append(out, Check{Name: "sessions bucket", Status: OK, Detail: s.SessionsBucket()})
+	}
+	if cfg.ExpectWorkers {
+		out = append(out, ping(ctx, nc, s.WorkerService(), "workers", "start at least one worker: `worker --nats "+cfg.NATSURL+"`"))
+		out = append(out, ping(ctx, nc, s.StateService(), "state service", "start the broker: it hosts the state service (jobs, results, memory)"))
+	}
+	return out
+}
+
+// ping counts the instances of a NATS micro service that answer within a second.
+func ping(ctx context.Context, nc *nats.Conn, service, name, fix string) Check {
+	inbox := nats.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return Check{Name: name, Status: Fail, Detail: err.Error(), Fix: fix}
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest("$SRV.PING."+service, inbox, nil); err != nil {
+		return Check{Name: name, Status: Fail, Detail: err.Error(), Fix: fix}
+	}
+	n := 0
+	deadline := time.Now().Add(time.Second)
+	for {
+		wait := time.Until(deadline)
+		if wait <= 0 || ctx.Err() != nil {
+			break
+		}
+		if _, err := sub.NextMsg(wait); err != nil {
+			break
+		}
+		n++
+	}
+	if n == 0 {
+		return Check{Name: name, Status: Fail, Detail: "none answered $SRV.PING." + service, Fix: fix}
+	}
+	return Check{Name: name, Status: OK, Detail: fmt.Sprintf("%d answering", n)}
+}

@@ -1,0 +1,159 @@
+package doctor
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
+	"github.com/mcpexec/mcpexec/internal/testutil"
+)
+
+func ptr(s string) *string { return &s }
+
+func enforced() probe {
+	return probe{
+		Memory: ptr("536870912"), MemSw: ptr("536870912"), Pids: ptr("128"),
+		UID: 65534, GID: 65534, CapEff: "0000000000000000", CapBnd: "0000000000000000",
+		NoNewPrivs: "1", Seccomp: "2", NoFile: 1024, NProc: 1024, Ifaces: []string{"lo"},
+		Rootfs: "read-only", Tmp: ptr("rw,nosuid,nodev,noexec"), Workspace: ptr("rw,nosuid,nodev,noexec"),
+		Env: []string{"HOME", "PATH"},
+	}
+}
+
+func statusOf(checks []Check, name string) Status {
+	for _, c := range checks {
+		if c.Name == name {
+			return c.Status
+		}
+	}
+	return ""
+}
+
+func TestLimitChecks(t *testing.T) {
+	l := sandbox.DefaultLimits()
+	if got := limitChecks(l, enforced()); len(got) == 0 {
+		t.Fatal("no checks")
+	} else {
+		for _, c := range got {
+			if c.Status != OK {
+				t.Errorf("%s: %s %s", c.Name, c.Status, c.Detail)
+			}
+		}
+	}
+	tests := []struct {
+		name  string
+		check string
+		edit  func(p *probe)
+	}{
+		{"memory not enforced (rootless on cgroups v1)", "memory limit", func(p *probe) { p.Memory = ptr("9223372036854771712") }},
+		{"memory unreadable", "memory limit", func(p *probe) { p.Memory = nil }},
+		{"swap allowed", "swap limit", func(p *probe) { p.MemSw = ptr("1073741824") }},
+		{"pids not enforced", "pids limit", func(p *probe) { p.Pids = ptr("max") }},
+		{"root user", "user", func(p *probe) { p.UID, p.GID = 0, 0 }},
+		{"capabilities kept", "capabilities", func(p *probe) { p.CapBnd = "00000000a80425fb" }},
+		{"no seccomp", "seccomp", func(p *probe) { p.Seccomp = "0" }},
+		{"network", "network", func(p *probe) { p.Ifaces = []string{"lo", "eth0"} }},
+		{"writable root", "read-only root", func(p *probe) { p.Rootfs = "writable" }},
+		{"exec tmp", "tmpfs /tmp", func(p *probe) { p.Tmp = ptr("rw,nosuid,nodev") }},
+		{"env leak", "environment", func(p *probe) { p.Env = append(p.Env, "NATS_PASSWORD") }},
+		{"nofile", "rlimit nofile", func(p *probe) { p.NoFile = 1 << 20 }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := enforced()
+			tt.edit(&p)
+			got := limitChecks(l, p)
+			if st := statusOf(got, tt.check); st != Fail {
+				t.Fatalf("check %q: %s, want FAIL", tt.check, st)
+			}
+			for _, c := range got {
+				if c.Status == Fail && c.Fix == "" {
+					t.Errorf("%s fails without a fix", c.Name)
+				}
+			}
+		})
+	}
+}
+
+func TestReport(t *testing.T) {
+	var b bytes.Buffer
+	err := Report(&b, "t", []Check{{Name: "a", Status: OK}, {Name: "b", Status: Fail, Detail: "broken", Fix: "mend it"}})
+	if !errors.Is(err, ErrFailed) || !strings.Contains(b.String(), "fix: mend it") || !strings.Contains(b.String(), "1 of 2 checks failed") {
+		t.Fatalf("err %v report:\n%s", err, b.String())
+	}
+	b.Reset()
+	if err := Report(&b, "t", []Check{{Name: "a", Status: OK}, {Name: "w", Status: Warn, Fix: "x"}}); err != nil {
+		t.Fatalf("warnings alone failed the report: %v", err)
+	}
+}
+
+func TestNATSChecks(t *testing.T) {
+	ctx := context.Background()
+	qcfg := queue.DefaultConfig()
+	b := testutil.Broker(t, "", qcfg)
+	checks := Run(ctx, Config{NATSURL: b.ClientURL(), Queue: qcfg})
+	for _, c := range checks {
+		if c.Status == Fail {
+			t.Errorf("%s failed against a fresh broker: %s", c.Name, c.Detail)
+		}
+	}
+	// A front-end also needs a worker: none runs here.
+	checks = Run(ctx, Config{NATSURL: b.ClientURL(), Queue: qcfg, ExpectWorkers: true})
+	if statusOf(checks, "workers") != Fail || statusOf(checks, "state service") != OK {
+		t.Fatalf("checks %+v", checks)
+	}
+	checks = Run(ctx, Config{NATSURL: "nats://127.0.0.1:1", Queue: qcfg})
+	if statusOf(checks, "nats") != Fail {
+		t.Fatalf("unreachable NATS: %+v", checks)
+	}
+}
+
+func podmanConfig(t *testing.T) *podman.Config {
+	t.Helper()
+	if _, err := exec.LookPath("podman"); err != nil {
+		testutil.SkipOrFail(t, "podman is not installed (make deps)")
+	}
+	return &podman.Config{URI: os.Getenv("MCPEXEC_PODMAN"), Image: os.Getenv("MCPEXEC_IMAGE"), Logger: testutil.Logger(t)}
+}
+
+func TestSandboxChecks(t *testing.T) {
+	cfg := podmanConfig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	checks := Run(ctx, Config{Sandbox: cfg})
+	var b bytes.Buffer
+	err := Report(&b, "doctor", checks)
+	t.Log(b.String())
+	if statusOf(checks, "podman api") == Fail {
+		testutil.SkipOrFail(t, "Podman unavailable: %s", b.String())
+	}
+	if statusOf(checks, "podman mode") == Fail {
+		// A host where limits are not enforced must say so, and fail.
+		if err == nil || statusOf(checks, "memory limit") != Fail {
+			t.Fatalf("limits not enforced but the report passed")
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("doctor failed on a working host: %v", err)
+	}
+	for _, name := range []string{"memory limit", "pids limit", "user", "network", "read-only root", "rlimit nofile"} {
+		if statusOf(checks, name) != OK {
+			t.Errorf("%s: %s", name, statusOf(checks, name))
+		}
+	}
+
+	cfg.Image = "localhost/mcpexec-no-such-image:doctor"
+	checks = Run(ctx, Config{Sandbox: cfg})
+	if statusOf(checks, "sandbox image") != Fail {
+		t.Fatalf("missing image not reported: %+v", checks)
+	}
+}

@@ -1,0 +1,137 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
+	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
+	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/worker"
+)
+
+// samples collects durations and reports percentiles.
+type samples []time.Duration
+
+func (s samples) pct(p int) time.Duration {
+	if len(s) == 0 {
+		return 0
+	}
+	c := slices.Clone(s)
+	slices.Sort(c)
+	return c[min(len(c)-1, len(c)*p/100)]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// BenchmarkRunPythonFleet measures run_python `print(1)` through the whole
+// fleet — MCP client (streamable HTTP) → front-end → JetStream → worker with a
+// warm pool → Podman — against one `podman run --rm` per call on the same
+// machine in the same run, and breaks the fleet's time down by stage.
+//
+// Calls are paced so that each finds the warm pool full (an agent's calls are
+// seconds apart and the pool refills in between; a refill running during a call
+// competes for the CPUs); back-to-back throughput is the batch benchmark's
+// subject. Run it with `make bench` or
+//
+//	go test -tags "$TAGS" -run '^$' -bench RunPythonFleet -benchtime 50x ./internal/e2e
+func BenchmarkRunPythonFleet(b *testing.B) {
+	bk := testutil.Broker(b, "", queue.DefaultConfig())
+	const pool = 2
+	rt := podmantest.New(b, podman.Config{Pool: pool})
+	testutil.Worker(b, bk, rt, worker.DefaultConfig("bench-worker"))
+	fe := testutil.Frontend(b, bk, "bench-fe")
+	c := testutil.MCPClient(b, fe)
+	ctx := context.Background()
+	waitWarm := func() {
+		deadline := time.Now().Add(time.Minute)
+		for rt.Warm() < pool && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	for range 3 { // warm up the connections and the page cache
+		waitWarm()
+		testutil.CallRunPython(b, c, map[string]any{"code": "print(1)"})
+	}
+
+	var total, queued, running, tail, sandboxRun samples
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		waitWarm()
+		b.StartTimer()
+		start := time.Now()
+		res := testutil.CallRunPython(b, c, map[string]any{"code": "print(1)"})
+		el := time.Since(start)
+		b.StopTimer()
+		if res.IsError || testutil.Text(res) != "1" {
+			b.Fatalf("run_python: %q", testutil.Text(res))
+		}
+		total = append(total, el)
+		rec := testutil.WaitRecord(b, bk, testutil.Structured(b, res).JobID, jobs.StatusSuccess)
+		if rec.StartedAt != nil && rec.FinishedAt != nil {
+			queued = append(queued, rec.StartedAt.Sub(rec.Job.SubmittedAt))
+			running = append(running, rec.FinishedAt.Sub(*rec.StartedAt))
+			tail = append(tail, el-rec.FinishedAt.Sub(rec.Job.SubmittedAt))
+		}
+		b.StartTimer()
+	}
+	b.StopTimer()
+
+	// The sandbox alone: a warm Run on the same runtime, no queue.
+	frontendOnly := samples{}
+	for range min(b.N, 30) {
+		waitWarm()
+		start := time.Now()
+		if _, err := rt.Run(ctx, sandbox.Job{ID: "bench", Code: "print(1)", Timeout: 10 * time.Second}, nil); err != nil {
+			b.Fatal(err)
+		}
+		sandboxRun = append(sandboxRun, time.Since(start))
+		// The front-end's Go API, without MCP and HTTP.
+		waitWarm()
+		start = time.Now()
+		if _, err := fe.Run(ctx, &jobs.Job{Code: "print(1)"}, nil); err != nil {
+			b.Fatal(err)
+		}
+		frontendOnly = append(frontendOnly, time.Since(start))
+	}
+
+	// The baseline: one `podman run --rm` per call, same image and runtime.
+	image := os.Getenv("MCPEXEC_IMAGE")
+	if image == "" {
+		image = podman.DefaultImage
+	}
+	var baseline samples
+	for range min(b.N, 20) {
+		start := time.Now()
+		out, err := exec.Command("podman", "run", "--rm", "--runtime", "runc", "--network", "none",
+			"--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
+			image, "python3", "-c", "print(1)").CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "1" {
+			b.Fatalf("podman run: %v %s", err, out)
+		}
+		baseline = append(baseline, time.Since(start))
+	}
+
+	b.ReportMetric(ms(total.pct(50)), "fleet-p50-ms")
+	b.ReportMetric(ms(total.pct(90)), "fleet-p90-ms")
+	b.ReportMetric(ms(baseline.pct(50)), "podman-run-p50-ms")
+	b.ReportMetric(ms(baseline.pct(90)), "podman-run-p90-ms")
+	b.ReportMetric(float64(baseline.pct(50))/float64(total.pct(50)), "speedup-p50-x")
+	b.Logf("run_python print(1), %d calls: fleet p50 %.2f ms p90 %.2f ms; podman run --rm (%d calls) p50 %.1f ms p90 %.1f ms; %.0fx at p50",
+		len(total), ms(total.pct(50)), ms(total.pct(90)), len(baseline), ms(baseline.pct(50)), ms(baseline.pct(90)),
+		float64(baseline.pct(50))/float64(total.pct(50)))
+	b.Logf("p50 by stage: submit→started %.2f ms (front-end records the submission, enqueues, worker fetches, checks cancellation, records start); "+
+		"started→finished %.2f ms (sandbox run and result record); finished→MCP reply %.2f ms (event to the front-end, MCP over HTTP)",
+		ms(queued.pct(50)), ms(running.pct(50)), ms(tail.pct(50)))
+	b.Logf("p50 of parts alone: warm sandbox Run %.2f ms; front-end Go API (no MCP/HTTP) %.2f ms; so MCP+HTTP ≈ %.2f ms, queue+events ≈ %.2f ms",
+		ms(sandboxRun.pct(50)), ms(frontendOnly.pct(50)), ms(total.pct(50)-frontendOnly.pct(50)), ms(frontendOnly.pct(50)-sandboxRun.pct(50)))
+}

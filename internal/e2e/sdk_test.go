@@ -1,0 +1,156 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/testutil"
+)
+
+// buildFrontend builds cmd/frontend with the Podman build tags.
+func buildFrontend(t *testing.T) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	bin := filepath.Join(t.TempDir(), "frontend")
+	cmd := exec.Command("go", "build", "-tags", "remote exclude_graphdriver_btrfs exclude_graphdriver_devicemapper containers_image_openpgp", "-o", bin, "./cmd/frontend")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build frontend: %v\n%s", err, out)
+	}
+	return bin
+}
+
+type sdkResult struct {
+	Tools         []string `json:"tools"`
+	ServersEnum   []string `json:"serversEnum"`
+	Text          string   `json:"text"`
+	IsError       bool     `json:"isError"`
+	Status        string   `json:"status"`
+	Progress      []string `json:"progress"`
+	ManualListsTs bool     `json:"manualListsTs"`
+}
+
+// TestOfficialTypeScriptSDK connects a client built on @modelcontextprotocol/sdk
+// to the real front-end binary over stdio and over streamable HTTP (with a
+// bearer token), and runs proxied code in Podman sandboxes.
+func TestOfficialTypeScriptSDK(t *testing.T) {
+	if _, err := exec.LookPath("podman"); err != nil {
+		testutil.SkipOrFail(t, "podman is not installed (make deps)")
+	}
+	npm := testutil.NodeModules(t)
+	script, err := os.ReadFile(filepath.Join("testdata", "sdk_client.mjs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// ESM resolves packages from the script's directory: run it from there.
+	scriptPath := filepath.Join(npm, fmt.Sprintf("sdk_client_%d.mjs", os.Getpid()))
+	if err := os.WriteFile(scriptPath, script, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(scriptPath) })
+	bin := buildFrontend(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "servers.json")
+	servers, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{
+		"ts": map[string]any{"command": testutil.TestServer(t), "description": "the test server"}}})
+	if err := os.WriteFile(cfg, servers, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	common := []string{"--servers", cfg, "--discover=false", "--pool", "1", "--log-level", "warn"}
+
+	check := func(t *testing.T, out []byte) {
+		t.Helper()
+		var r sdkResult
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+			t.Fatalf("client output %s: %v", out, err)
+		}
+		if !slices.Equal(r.Tools, []string{"run_python"}) || !slices.Equal(r.ServersEnum, []string{"ts"}) || !r.ManualListsTs {
+			t.Errorf("surface: %+v", r)
+		}
+		if r.IsError || r.Status != "success" || r.Text != "hello from the TS SDK\n1" {
+			t.Errorf("run_python: %+v", r)
+		}
+		if !slices.Contains(r.Progress, "queued") {
+			t.Errorf("progress %v", r.Progress)
+		}
+	}
+
+	t.Run("stdio", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		args := append([]string{scriptPath, "stdio", bin}, append(common, "--data", filepath.Join(dir, "stdio"), "--worker-id", "sdk-stdio")...)
+		out, err := exec.CommandContext(ctx, "node", args...).Output()
+		if err != nil {
+			t.Fatalf("node client: %v\n%s", err, out)
+		}
+		check(t, out)
+	})
+
+	t.Run("http", func(t *testing.T) {
+		tokens := filepath.Join(dir, "tokens")
+		if err := os.WriteFile(tokens, []byte("sdk-test-token-0123 sdk\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		fe := exec.Command(bin, append(common, "--data", filepath.Join(dir, "http"), "--worker-id", "sdk-http",
+			"--http", addr, "--auth-tokens-file", tokens)...)
+		fe.Stderr = os.Stderr
+		if err := fe.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = fe.Process.Signal(syscall.SIGTERM)
+			_ = fe.Wait()
+		})
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			resp, err := http.Get("http://" + addr + "/healthz")
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("front-end not healthy at %s: %v", addr, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "node", scriptPath, "http", "http://"+addr+"/mcp", "sdk-test-token-0123").Output()
+		if err != nil {
+			t.Fatalf("node client: %v\n%s", err, out)
+		}
+		check(t, out)
+		// Without the token the request is refused.
+		resp, err := http.Post("http://"+addr+"/mcp", "application/json", strings.NewReader(`{}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("no token: %d", resp.StatusCode)
+		}
+	})
+}

@@ -1,0 +1,306 @@
+package frontend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/queue"
+)
+
+// Policy caps the unfinished jobs of each namespace that one front-end
+// submits. Zero fields mean no cap. The caps are per front-end: with K
+// front-ends a namespace may hold up to K times each cap.
+type Policy struct {
+	// MaxQueued caps a namespace's jobs waiting for a worker.
+	MaxQueued int
+	// MaxActive caps a namespace's jobs queued or running, so it bounds the jobs
+	// the namespace runs at once.
+	MaxActive int
+}
+
+// Enabled reports whether any cap is set.
+func (p Policy) Enabled() bool { return p.MaxQueued > 0 || p.MaxActive > 0 }
+
+// ErrOverCap is the error of a submission that would exceed its namespace's
+// caps; the submission is refused and nothing is queued.
+var ErrOverCap = errors.New("namespace job cap reached")
+
+// ErrShuttingDown is the error of a submission to a front-end that is
+// shutting down, and of a wait it gave up (see ResumableError).
+var ErrShuttingDown = errors.New("the front-end is shutting down")
+
+// ResumableError is what Run returns for a job still unfinished when the
+// front-end shut down: the job goes on, and its result can be fetched by id
+// from any front-end.
+type ResumableError struct{ JobID string }
+
+func (e *ResumableError) Error() string {
+	return fmt.Sprintf("the front-end is shutting down; job %s goes on and its result is kept: fetch it with GET /api/jobs/%s/wait on any front-end", e.JobID, e.JobID)
+}
+
+// Is makes a ResumableError match ErrShuttingDown.
+func (e *ResumableError) Is(target error) bool { return target == ErrShuttingDown }
+
+// reconcileEvery is how often tracked jobs are looked up in the state service,
+// in case an event was missed.
+const reconcileEvery = 5 * time.Second
+
+// admission tracks the unfinished jobs this front-end submitted, per
+// namespace, and the front-end's shutdown.
+type admission struct {
+	f      *Frontend
+	policy Policy
+
+	mu       sync.Mutex // guards jobs, draining, sub, stop
+	jobs     map[string]*tracked
+	draining bool
+	sub      *nats.Subscription
+	stop     context.CancelFunc
+
+	waits    sync.WaitGroup // Run calls in flight
+	abandon  chan struct{}  // closed when Drain gives up waiting
+	abandonO sync.Once
+	loop     sync.WaitGroup // reconcile loop
+}
+
+type tracked struct {
+	namespace string
+	running   bool
+}
+
+func newAdmission(f *Frontend, p Policy) *admission {
+	return &admission{f: f, policy: p, jobs: map[string]*tracked{}, abandon: make(chan struct{})}
+}
+
+// start follows the lifecycle events of tracked jobs when caps are set.
+func (a *admission) start() error {
+	if !a.policy.Enabled() {
+		return nil
+	}
+	sub, err := a.f.nc.Subscribe(a.f.cfg.Subjects.AllEvents(), func(m *nats.Msg) {
+		// Subject: <prefix>.events.<job>.<kind>; no need to decode the body.
+		tok := strings.Split(m.Subject, ".")
+		if len(tok) < 2 {
+			return
+		}
+		a.observe(tok[len(tok)-2], jobs.EventKind(tok[len(tok)-1]))
+	})
+	if err != nil {
+		return fmt.Errorf("follow job events for namespace caps: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	a.mu.Lock()
+	a.sub, a.stop = sub, cancel
+	a.mu.Unlock()
+	a.loop.Add(1)
+	go func() {
+		defer a.loop.Done()
+		a.reconcileLoop(ctx)
+	}()
+	return nil
+}
+
+func (a *admission) close() {
+	a.mu.Lock()
+	sub, stop := a.sub, a.stop
+	a.sub, a.stop = nil, nil
+	a.mu.Unlock()
+	if sub != nil {
+		_ = sub.Unsubscribe()
+	}
+	if stop != nil {
+		stop()
+	}
+	a.loop.Wait()
+}
+
+func (a *admission) observe(id string, kind jobs.EventKind) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t := a.jobs[id]
+	if t == nil {
+		return
+	}
+	switch kind {
+	case jobs.EventStarted:
+		t.running = true
+	case jobs.EventFinished, jobs.EventCancelled:
+		delete(a.jobs, id)
+	}
+}
+
+func (a *admission) reconcileLoop(ctx context.Context) {
+	t := time.NewTicker(reconcileEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		a.mu.Lock()
+		ids := make([]string, 0, len(a.jobs))
+		for id := range a.jobs {
+			ids = append(ids, id)
+		}
+		a.mu.Unlock()
+		if len(ids) == 0 {
+			continue
+		}
+		recs, err := a.f.state.Jobs(ctx, ids)
+		if err != nil {
+			continue
+		}
+		for _, r := range recs {
+			switch {
+			case r.Status.Terminal():
+				a.observe(r.Job.ID, jobs.EventFinished)
+			case r.Status == jobs.StatusRunning:
+				a.observe(r.Job.ID, jobs.EventStarted)
+			}
+		}
+	}
+}
+
+// admit checks js (normalised, with namespaces set) against the caps and tracks
+// the admitted ones; refused[i] is the error of js[i] (nil when admitted): an
+// error wrapping ErrOverCap with the namespace's numbers, or ErrShuttingDown.
+func (a *admission) admit(js []*jobs.Job) (refused []error) {
+	refused = make([]error, len(js))
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.draining {
+		for i := range refused {
+			refused[i] = fmt.Errorf("%w: submit to another front-end", ErrShuttingDown)
+		}
+		return refused
+	}
+	if !a.policy.Enabled() {
+		return refused
+	}
+	type count struct{ queued, active int }
+	counts := map[string]*count{}
+	for _, t := range a.jobs {
+		c := counts[t.namespace]
+		if c == nil {
+			c = &count{}
+			counts[t.namespace] = c
+		}
+		c.active++
+		if !t.running {
+			c.queued++
+		}
+	}
+	for i, j := range js {
+		if _, dup := a.jobs[j.ID]; dup {
+			continue // a resubmission of a tracked job adds nothing
+		}
+		c := counts[j.Namespace]
+		if c == nil {
+			c = &count{}
+			counts[j.Namespace] = c
+		}
+		switch p := a.policy; {
+		case p.MaxQueued > 0 && c.queued >= p.MaxQueued:
+			refused[i] = fmt.Errorf("%w: namespace %q has %d jobs waiting for a worker (cap %d): wait for some to finish, then submit again", ErrOverCap, j.Namespace, c.queued, p.MaxQueued)
+		case p.MaxActive > 0 && c.active >= p.MaxActive:
+			refused[i] = fmt.Errorf("%w: namespace %q has %d jobs queued or running (cap %d): wait for some to finish, then submit again", ErrOverCap, j.Namespace, c.active, p.MaxActive)
+		default:
+			c.queued++
+			c.active++
+			a.jobs[j.ID] = &tracked{namespace: j.Namespace}
+		}
+	}
+	return refused
+}
+
+// forget stops tracking id (its submission failed, or it is done).
+func (a *admission) forget(id string) {
+	a.mu.Lock()
+	delete(a.jobs, id)
+	a.mu.Unlock()
+}
+
+// enter registers a Run call; it fails once the front-end is draining.
+func (a *admission) enter() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.draining {
+		return fmt.Errorf("%w: submit to another front-end", ErrShuttingDown)
+	}
+	a.waits.Add(1)
+	return nil
+}
+
+func (a *admission) leave() { a.waits.Done() }
+
+// Drain stops taking jobs and waits until every Run call in flight has its
+// job's outcome, or ctx ends: the calls still waiting then return a
+// *ResumableError naming their job, which goes on without them. Call it before
+// closing the HTTP server and the NATS connection.
+func (f *Frontend) Drain(ctx context.Context) {
+	a := f.adm
+	a.mu.Lock()
+	a.draining = true
+	a.mu.Unlock()
+	done := make(chan struct{})
+	go func() { a.waits.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		f.log.Warn("shutdown grace period over: answering waiting callers with their job ids")
+		a.abandonO.Do(func() { close(a.abandon) })
+		<-done
+	}
+}
+
+// enterRun admits the job of a Run call and registers the call.
+func (a *admission) enterRun(job *jobs.Job) error {
+	if err := a.enter(); err != nil {
+		return err
+	}
+	if err := a.admit([]*jobs.Job{job})[0]; err != nil {
+		a.leave()
+		return err
+	}
+	return nil
+}
+
+// leaveRun ends a Run call of job id.
+func (a *admission) leaveRun(id string) {
+	a.forget(id)
+	a.leave()
+}
+
+// admitBatch admits the jobs of a SubmitMany call: todo[k] is the job of
+// out[at[k]]; a refused job's error is set in out and it is left out of the
+// returned lists.
+func (a *admission) admitBatch(todo []*jobs.Job, at []int, out []Submitted) ([]*jobs.Job, []int) {
+	refused := a.admit(todo)
+	var keptJobs []*jobs.Job
+	var keptAt []int
+	for k, err := range refused {
+		if err != nil {
+			out[at[k]].Err = err
+			continue
+		}
+		keptJobs, keptAt = append(keptJobs, todo[k]), append(keptAt, at[k])
+	}
+	return keptJobs, keptAt
+}
+
+// submitted records the outcome of submitting id: a job that was not queued
+// is not tracked. A duplicate id stays tracked (it may be a job already counted;
+// the reconcile loop drops it once it is finished).
+func (a *admission) submitted(id string, err error) {
+	if err != nil && !errors.Is(err, queue.ErrDuplicate) {
+		a.forget(id)
+	}
+}

@@ -1,0 +1,129 @@
+package frontend_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/broker"
+	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/worker"
+)
+
+func setupAdmission(t *testing.T, p frontend.Policy, withWorker bool) (*broker.Broker, *frontend.Frontend, *testutil.FakeRuntime) {
+	t.Helper()
+	b := testutil.Broker(t, "", queue.DefaultConfig())
+	rt := testutil.NewFakeRuntime(16)
+	if withWorker {
+		cfg := worker.DefaultConfig("w1")
+		cfg.Grace = 100 * time.Millisecond
+		testutil.Worker(t, b, rt, cfg)
+	}
+	fe, err := frontend.New(testutil.Connect(t, b, "fe"), frontend.Config{ID: "fe1", Limits: jobs.DefaultLimits(), Policy: p, Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fe.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fe.Stop)
+	return b, fe, rt
+}
+
+func TestNamespaceQueuedCap(t *testing.T) {
+	t.Parallel()
+	_, fe, _ := setupAdmission(t, frontend.Policy{MaxQueued: 2}, false) // no worker: jobs stay queued
+	ctx := context.Background()
+	out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "a1", Code: "x"}, {ID: "a2", Code: "x"}, {ID: "a3", Code: "x"}}, "alice")
+	if out[0].Err != nil || out[1].Err != nil {
+		t.Fatalf("first two: %v, %v", out[0].Err, out[1].Err)
+	}
+	if !errors.Is(out[2].Err, frontend.ErrOverCap) || !strings.Contains(out[2].Err.Error(), `namespace "alice" has 2 jobs waiting`) {
+		t.Fatalf("third: want ErrOverCap naming the namespace, got %v", out[2].Err)
+	}
+	// Another namespace has its own cap; a resubmitted id adds nothing.
+	out = fe.SubmitMany(ctx, []*jobs.Job{{ID: "b1", Code: "x"}, {ID: "a1", Code: "x"}}, "bob")
+	if out[0].Err != nil {
+		t.Fatalf("bob's job: %v", out[0].Err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := fe.Run(rctx, &jobs.Job{ID: "a4", Code: "x", Namespace: "alice"}, nil); !errors.Is(err, frontend.ErrOverCap) {
+		t.Fatalf("Run over the cap: want ErrOverCap, got %v", err)
+	}
+}
+
+func TestNamespaceActiveCap(t *testing.T) {
+	t.Parallel()
+	_, fe, rt := setupAdmission(t, frontend.Policy{MaxActive: 2}, true)
+	ctx := context.Background()
+	out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "r1", Code: "block"}, {ID: "r2", Code: "block"}, {ID: "r3", Code: "block"}}, "alice")
+	if out[0].Err != nil || out[1].Err != nil || !errors.Is(out[2].Err, frontend.ErrOverCap) {
+		t.Fatalf("want two admitted and the third refused, got %v, %v, %v", out[0].Err, out[1].Err, out[2].Err)
+	}
+	for range 2 {
+		<-rt.Started
+	}
+	if err := fe.Cancel(ctx, "r1", "test"); err != nil {
+		t.Fatal(err)
+	}
+	// Once r1 has ended, alice may submit again.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		out = fe.SubmitMany(ctx, []*jobs.Job{{ID: "r4", Code: "done"}}, "alice")
+		if out[0].Err == nil {
+			break
+		}
+		if !errors.Is(out[0].Err, frontend.ErrOverCap) || time.Now().After(deadline) {
+			t.Fatalf("after a cancel: %v", out[0].Err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestDrainAnswersInFlightCalls(t *testing.T) {
+	t.Parallel()
+	_, fe, rt := setupAdmission(t, frontend.Policy{}, true)
+	ctx := context.Background()
+	type outcome struct {
+		rec *jobs.Record
+		err error
+	}
+	run := func(job *jobs.Job) chan outcome {
+		ch := make(chan outcome, 1)
+		go func() {
+			rec, err := fe.Run(ctx, job, nil)
+			ch <- outcome{rec, err}
+		}()
+		return ch
+	}
+	short := run(&jobs.Job{ID: "short", Code: "sleep 300ms"})
+	long := run(&jobs.Job{ID: "long", Code: "block"})
+	for range 2 {
+		<-rt.Started
+	}
+	dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	fe.Drain(dctx)
+
+	if o := <-short; o.err != nil || o.rec.Status != jobs.StatusSuccess {
+		t.Fatalf("short job: %+v, %v; want success within the grace period", o.rec, o.err)
+	}
+	o := <-long
+	var re *frontend.ResumableError
+	if !errors.As(o.err, &re) || re.JobID != "long" || !strings.Contains(o.err.Error(), "/api/jobs/long/wait") {
+		t.Fatalf("long job: want a ResumableError naming it, got %v", o.err)
+	}
+	// The job goes on: it was not cancelled.
+	if rec, err := fe.Get(ctx, "long"); err != nil || rec.Status != jobs.StatusRunning {
+		t.Fatalf("long job after drain: %+v, %v; want running", rec, err)
+	}
+	if _, err := fe.Run(ctx, &jobs.Job{Code: "x"}, nil); !errors.Is(err, frontend.ErrShuttingDown) {
+		t.Fatalf("Run while draining: want ErrShuttingDown, got %v", err)
+	}
+}

@@ -1,0 +1,185 @@
+package frontend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/state"
+)
+
+// ErrConflict is the error of a submission whose id belongs to a different job.
+var ErrConflict = errors.New("a different job with this id exists")
+
+// Submitted is the outcome of submitting one job with SubmitMany.
+type Submitted struct {
+	// Record is the job's record: a new queued one, the existing one for a
+	// resubmitted id, or the rejected one when the queue was full. Nil when Err
+	// is an *jobs.InvalidError or wraps ErrUnavailable.
+	Record *jobs.Record
+	// Existing says the id was submitted before and Record is that job's.
+	Existing bool
+	// Err is nil, an *jobs.InvalidError, ErrConflict (same id, different job:
+	// Record is the existing one), queue.ErrQueueFull (Record is rejected), or
+	// wraps ErrUnavailable.
+	Err error
+}
+
+// SubmitMany validates and submits jobs for namespace without waiting for them;
+// jobs that fail validation are not submitted. A job whose id exists already is
+// not submitted again, whatever the time since the first submission: the
+// existing record comes back instead (or ErrConflict when the resubmission asks
+// for something else).
+func (f *Frontend) SubmitMany(ctx context.Context, js []*jobs.Job, namespace string) []Submitted {
+	out := make([]Submitted, len(js))
+	now := time.Now()
+	var ids []string
+	for i, j := range js {
+		if err := j.Normalize(f.cfg.Limits, now); err != nil {
+			out[i].Err = err
+			continue
+		}
+		j.Namespace, j.Frontend = namespace, f.cfg.ID
+		ids = append(ids, j.ID)
+	}
+	// Ids already recorded (possibly beyond the events stream's retention).
+	known, err := f.state.Jobs(ctx, ids)
+	if err != nil {
+		return unavailable(out, err)
+	}
+	byID := map[string]*jobs.Record{}
+	for _, r := range known {
+		byID[r.Job.ID] = r
+	}
+	var todo []*jobs.Job
+	var at []int
+	for i, j := range js {
+		if out[i].Err != nil {
+			continue
+		}
+		if r := byID[j.ID]; r != nil {
+			out[i] = existing(r, j)
+			continue
+		}
+		todo, at = append(todo, j), append(at, i)
+	}
+	todo, at = f.adm.admitBatch(todo, at, out)
+	errs := f.client.SubmitMany(ctx, todo)
+	var dupIDs []string
+	for k, err := range errs {
+		i, j := at[k], todo[k]
+		f.adm.submitted(j.ID, err)
+		switch {
+		case err == nil:
+			out[i].Record = &jobs.Record{Job: *j, Status: jobs.StatusQueued, CreatedAt: j.SubmittedAt}
+		case errors.Is(err, queue.ErrQueueFull):
+			fin := time.Now().UTC()
+			out[i] = Submitted{Err: queue.ErrQueueFull, Record: &jobs.Record{Job: *j, Status: jobs.StatusRejected, CreatedAt: j.SubmittedAt, FinishedAt: &fin,
+				Result: &jobs.Result{Status: jobs.StatusRejected, Error: "the job queue is full: retry later with a new id, or add workers"}}}
+		case errors.Is(err, queue.ErrDuplicate):
+			dupIDs = append(dupIDs, j.ID)
+		default:
+			out[i].Err = fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+	}
+	if len(dupIDs) == 0 {
+		return out
+	}
+	// Raced with another submission of the same id: its record appears as soon
+	// as the state service applies it.
+	recs, err := f.waitRecords(ctx, dupIDs)
+	for k, j := range todo {
+		if !errors.Is(errs[k], queue.ErrDuplicate) {
+			continue
+		}
+		if r := recs[j.ID]; r != nil {
+			out[at[k]] = existing(r, j)
+		} else {
+			out[at[k]].Err = fmt.Errorf("%w: job %s was submitted before but its record is not available yet: %v", ErrUnavailable, j.ID, err)
+		}
+	}
+	return out
+}
+
+func (f *Frontend) waitRecords(ctx context.Context, ids []string) (map[string]*jobs.Record, error) {
+	got := map[string]*jobs.Record{}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var missing []string
+		for _, id := range ids {
+			if got[id] == nil {
+				missing = append(missing, id)
+			}
+		}
+		recs, err := f.state.Jobs(ctx, missing)
+		for _, r := range recs {
+			got[r.Job.ID] = r
+		}
+		if len(recs) == len(missing) || time.Now().After(deadline) || ctx.Err() != nil {
+			return got, err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func unavailable(out []Submitted, err error) []Submitted {
+	for i := range out {
+		if out[i].Err == nil {
+			out[i].Err = fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+	}
+	return out
+}
+
+// existing answers a resubmission of rec's id: the record, or ErrConflict when
+// the new submission asks for a different job.
+func existing(rec *jobs.Record, j *jobs.Job) Submitted {
+	if !sameJob(&rec.Job, j) {
+		return Submitted{Record: rec, Existing: true, Err: fmt.Errorf("%w: job %s was submitted before with different code, servers, timeout, attempts, session or labels: choose a new id", ErrConflict, j.ID)}
+	}
+	return Submitted{Record: rec, Existing: true}
+}
+
+func sameJob(a, b *jobs.Job) bool {
+	return a.Code == b.Code && slices.Equal(a.Servers, b.Servers) && a.Timeout == b.Timeout &&
+		a.MaxAttempts == b.MaxAttempts && a.Session == b.Session && a.Pool == b.Pool &&
+		a.Namespace == b.Namespace && maps.Equal(a.Labels, b.Labels)
+}
+
+// Wait returns job id's record once it is terminal, or its latest record when
+// ctx ends first (with ctx's error). It returns state.ErrNotFound for an
+// unknown id.
+func (f *Frontend) Wait(ctx context.Context, id string) (*jobs.Record, error) {
+	events, stop, err := f.client.WatchEvents(id)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	defer stop()
+	poll := time.NewTicker(time.Second)
+	defer poll.Stop()
+	for {
+		rec, err := f.Get(context.WithoutCancel(ctx), id)
+		if err != nil || rec.Status.Terminal() {
+			return rec, err
+		}
+		select {
+		case <-ctx.Done():
+			return rec, ctx.Err()
+		case ev := <-events:
+			if ev.Kind != jobs.EventFinished && ev.Kind != jobs.EventCancelled {
+				continue
+			}
+			// The state service applies the event within milliseconds.
+			time.Sleep(5 * time.Millisecond)
+		case <-poll.C:
+		}
+	}
+}
+
+// State returns the client of the state service (job records and memory).
+func (f *Frontend) State() *state.Client { return f.state }

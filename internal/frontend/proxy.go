@@ -1,0 +1,592 @@
+package frontend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/mcpexec/mcpexec/internal/discovery"
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/proxy"
+	"github.com/mcpexec/mcpexec/internal/state"
+	"github.com/mcpexec/mcpexec/internal/tooldocs"
+)
+
+// ToolSource is the MCP client pool as the proxy uses it; *mcpclients.Pool is one.
+type ToolSource interface {
+	Servers() []discovery.Server
+	Tools(ctx context.Context, server string) ([]mcp.Tool, error)
+	CallTool(ctx context.Context, server, tool string, args map[string]any) (*mcp.CallToolResult, error)
+}
+
+// MemoryStore is the state service's memory API; *state.Client is one.
+type MemoryStore interface {
+	MemoryGet(ctx context.Context, ns, key string) (*state.Memory, error)
+	MemoryPut(ctx context.Context, m state.Memory, ifVersion *uint64) (*state.Memory, error)
+	MemoryList(ctx context.Context, ns, prefix string) ([]state.Memory, error)
+	MemoryDelete(ctx context.Context, ns, key string) (bool, error)
+}
+
+// Proxy defaults.
+const (
+	DefaultCallTimeout    = 60 * time.Second
+	DefaultMaxCallsPerJob = 8
+	// DefaultNamespace is the memory namespace of callers without an identity
+	// (stdio, or HTTP without tokens).
+	DefaultNamespace = "default"
+)
+
+// registry holds the jobs this front-end submitted and that have not ended: only
+// their sandboxes' calls are answered.
+type registry struct {
+	mu   sync.Mutex // guards jobs
+	jobs map[string]*runningJob
+}
+
+type runningJob struct {
+	job     jobs.Job
+	servers map[string]bool
+	sem     chan struct{} // caps calls in flight
+
+	mu       sync.Mutex // guards deadline
+	deadline time.Time  // zero until the job starts (or first calls)
+}
+
+func newRegistry() *registry { return &registry{jobs: map[string]*runningJob{}} }
+
+// add registers job and returns progress wrapped to note when it starts.
+func (r *registry) add(job *jobs.Job, maxCalls int, progress func(jobs.Event)) func(jobs.Event) {
+	rj := &runningJob{job: *job, servers: map[string]bool{}, sem: make(chan struct{}, maxCalls)}
+	for _, s := range job.Servers {
+		rj.servers[s] = true
+	}
+	r.mu.Lock()
+	r.jobs[job.ID] = rj
+	r.mu.Unlock()
+	return func(ev jobs.Event) {
+		if ev.Kind == jobs.EventStarted {
+			// Each attempt gets the whole timeout; measured on our clock.
+			rj.mu.Lock()
+			rj.deadline = time.Now().Add(job.TimeoutDuration())
+			rj.mu.Unlock()
+		}
+		if progress != nil {
+			progress(ev)
+		}
+	}
+}
+
+func (r *registry) remove(id string) {
+	r.mu.Lock()
+	delete(r.jobs, id)
+	r.mu.Unlock()
+}
+
+func (r *registry) get(id string) *runningJob {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.jobs[id]
+}
+
+// Running returns the number of this front-end's jobs that have not ended.
+func (f *Frontend) Running() int {
+	f.running.mu.Lock()
+	defer f.running.mu.Unlock()
+	return len(f.running.jobs)
+}
+
+func (rj *runningJob) jobDeadline() time.Time {
+	rj.mu.Lock()
+	defer rj.mu.Unlock()
+	if rj.deadline.IsZero() {
+		// The started event has not reached us yet: the run began at most now.
+		rj.deadline = time.Now().Add(rj.job.TimeoutDuration())
+	}
+	return rj.deadline
+}
+
+func (rj *runningJob) namespace() string {
+	if rj.job.Namespace == "" {
+		return DefaultNamespace
+	}
+	return rj.job.Namespace
+}
+
+// proxyHandler answers the proxy calls of this front-end's running jobs.
+type proxyHandler struct {
+	f *Frontend
+}
+
+var _ proxy.Handler = (*proxyHandler)(nil)
+
+// Handle implements proxy.Handler.
+func (h *proxyHandler) Handle(ctx context.Context, req proxy.Request) (json.RawMessage, error) {
+	rj := h.f.running.get(req.Job)
+	if rj == nil {
+		return nil, fmt.Errorf("job %s is not running on front-end %s (it ended, was cancelled, or was submitted elsewhere): proxy calls are answered only while the job runs", req.Job, h.f.cfg.ID)
+	}
+	deadline := rj.jobDeadline()
+	if time.Until(deadline) <= 0 {
+		return nil, errors.New("the job's time limit has passed: no more proxy calls")
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	select {
+	case rj.sem <- struct{}{}:
+		defer func() { <-rj.sem }()
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%d proxy calls of this job are already in flight and none finished before the job's time limit: await calls before starting more", cap(rj.sem))
+	}
+	res, err := h.dispatch(ctx, rj, req.Method, req.Params)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(res)
+}
+
+func (h *proxyHandler) dispatch(ctx context.Context, rj *runningJob, method string, params json.RawMessage) (any, error) {
+	switch method {
+	case "call_tool":
+		var p struct {
+			Server    string         `json:"server"`
+			Tool      string         `json:"tool"`
+			Arguments map[string]any `json:"arguments"`
+			Raw       bool           `json:"raw"`
+			Timeout   float64        `json:"timeout"`
+		}
+		if err := decode(params, &p); err != nil {
+			return nil, err
+		}
+		return h.callTool(ctx, rj, p.Server, p.Tool, p.Arguments, p.Raw, p.Timeout)
+	case "list_servers":
+		return h.jobServers(rj), nil
+	case "discovered_servers":
+		var p struct {
+			Detailed bool `json:"detailed"`
+		}
+		if err := decode(params, &p); err != nil {
+			return nil, err
+		}
+		return h.discovered(rj, p.Detailed), nil
+	case "list_tools":
+		var p struct {
+			Server string `json:"server"`
+		}
+		if err := decode(params, &p); err != nil {
+			return nil, err
+		}
+		return h.listTools(ctx, rj, p.Server)
+	case "query_tool_docs":
+		var p struct {
+			Server string  `json:"server"`
+			Tool   *string `json:"tool"`
+			Detail string  `json:"detail"`
+		}
+		if err := decode(params, &p); err != nil {
+			return nil, err
+		}
+		return h.queryDocs(ctx, rj, p.Server, p.Tool, p.Detail)
+	case "search_tool_docs":
+		var p struct {
+			Query  string `json:"query"`
+			Limit  int    `json:"limit"`
+			Detail string `json:"detail"`
+		}
+		if err := decode(params, &p); err != nil {
+			return nil, err
+		}
+		return h.searchDocs(ctx, rj, p.Query, p.Limit, p.Detail)
+	case "capability_summary":
+		return h.summary(ctx, rj), nil
+	case "memory_get", "memory_put", "memory_delete", "memory_list":
+		return h.memory(ctx, rj, method, params)
+	}
+	return nil, fmt.Errorf("unknown proxy method %q", method)
+}
+
+func decode(params json.RawMessage, v any) error {
+	if len(params) == 0 || string(params) == "null" {
+		return nil
+	}
+	if err := json.Unmarshal(params, v); err != nil {
+		return fmt.Errorf("bad parameters: %v", err)
+	}
+	return nil
+}
+
+func (h *proxyHandler) tools() ToolSource { return h.f.cfg.Tools }
+
+// server checks that the job was given name.
+func (h *proxyHandler) server(rj *runningJob, name string) error {
+	if name == "" {
+		return errors.New("name a server: one of " + quoteList(h.jobServers(rj)))
+	}
+	if !rj.servers[name] {
+		given := h.jobServers(rj)
+		if len(given) == 0 {
+			return fmt.Errorf("server %q was not given to this run: run_python was called without servers; call it again with servers=[%q]", name, name)
+		}
+		return fmt.Errorf("server %q was not given to this run (it may use %s): add it to run_python's servers", name, quoteList(given))
+	}
+	if h.tools() == nil {
+		return fmt.Errorf("no MCP servers are configured on this front-end, so %q is unavailable: start it with --servers FILE", name)
+	}
+	return nil
+}
+
+func quoteList(names []string) string {
+	if len(names) == 0 {
+		return "none"
+	}
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = fmt.Sprintf("%q", n)
+	}
+	return strings.Join(q, ", ")
+}
+
+// jobServers are the job's servers, sorted.
+func (h *proxyHandler) jobServers(rj *runningJob) []string {
+	out := make([]string, 0, len(rj.servers))
+	for s := range rj.servers {
+		out = append(out, s)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (h *proxyHandler) callTool(ctx context.Context, rj *runningJob, server, tool string, args map[string]any, raw bool, timeout float64) (any, error) {
+	if err := h.server(rj, server); err != nil {
+		return nil, err
+	}
+	if tool == "" {
+		return nil, errors.New("name the tool to call")
+	}
+	d := h.f.cfg.CallTimeout
+	if timeout > 0 {
+		d = time.Duration(timeout * float64(time.Second))
+	}
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	if args == nil {
+		args = map[string]any{}
+	}
+	res, err := h.tools().CallTool(ctx, server, tool, args)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			left := time.Until(rj.jobDeadline())
+			if left <= 0 {
+				return nil, fmt.Errorf("%s.%s did not answer before the job's time limit", server, tool)
+			}
+			return nil, fmt.Errorf("%s.%s did not answer within %s (the per-call timeout): pass timeout=SECONDS to call_tool for slow tools", server, tool, d)
+		}
+		return nil, err
+	}
+	if raw {
+		return res, nil
+	}
+	return ToolValue(res), nil
+}
+
+// ToolValue is what sandbox code gets from a tool result: its text, JSON-decoded
+// when it parses; the structured content when there is no text; the whole result
+// when it has neither (images, resources).
+func ToolValue(res *mcp.CallToolResult) any {
+	var texts []string
+	for _, c := range res.Content {
+		if tc, ok := c.(mcp.TextContent); ok {
+			texts = append(texts, tc.Text)
+		}
+	}
+	if len(texts) == 0 {
+		if res.StructuredContent != nil {
+			return res.StructuredContent
+		}
+		if len(res.Content) == 0 {
+			return nil
+		}
+		return res
+	}
+	text := strings.Join(texts, "\n")
+	if t := strings.TrimSpace(text); t != "" && json.Valid([]byte(t)) {
+		return json.RawMessage(t)
+	}
+	return text
+}
+
+type serverInfo struct {
+	Name        string `json:"name"`
+	Alias       string `json:"alias"`
+	Description string `json:"description,omitempty"`
+	Transport   string `json:"transport"`
+	Available   bool   `json:"available"` // given to this run
+	Source      string `json:"source,omitempty"`
+}
+
+func (h *proxyHandler) discovered(rj *runningJob, detailed bool) any {
+	var all []discovery.Server
+	if h.tools() != nil {
+		all = h.tools().Servers()
+	}
+	if !detailed {
+		names := make([]string, 0, len(all))
+		for _, s := range all {
+			names = append(names, s.Name)
+		}
+		sort.Strings(names)
+		return names
+	}
+	out := make([]serverInfo, 0, len(all))
+	for _, s := range all {
+		out = append(out, serverInfo{Name: s.Name, Alias: tooldocs.Identifier(s.Name), Description: s.Description,
+			Transport: s.Type, Available: rj.servers[s.Name]})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+type toolInfo struct {
+	Name        string          `json:"name"`
+	Alias       string          `json:"alias"`
+	Description string          `json:"description"`
+	InputSchema json.RawMessage `json:"input_schema"`
+}
+
+func (h *proxyHandler) serverTools(ctx context.Context, rj *runningJob, server string) ([]tooldocs.Tool, map[string]string, error) {
+	if err := h.server(rj, server); err != nil {
+		return nil, nil, err
+	}
+	ts, err := h.tools().Tools(ctx, server)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := make([]tooldocs.Tool, 0, len(ts))
+	names := make([]string, 0, len(ts))
+	for _, t := range ts {
+		schema, _ := json.Marshal(t.InputSchema)
+		if len(t.RawInputSchema) > 0 {
+			schema = t.RawInputSchema
+		}
+		out = append(out, tooldocs.Tool{Server: server, Name: t.Name, Description: t.Description, InputSchema: schema})
+		names = append(names, t.Name)
+	}
+	return out, tooldocs.Aliases(names), nil
+}
+
+func (h *proxyHandler) listTools(ctx context.Context, rj *runningJob, server string) (any, error) {
+	ts, aliases, err := h.serverTools(ctx, rj, server)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]toolInfo, 0, len(ts))
+	for _, t := range ts {
+		out = append(out, toolInfo{Name: t.Name, Alias: aliases[t.Name], Description: t.Description, InputSchema: t.InputSchema})
+	}
+	return out, nil
+}
+
+func (h *proxyHandler) queryDocs(ctx context.Context, rj *runningJob, server string, tool *string, detail string) (any, error) {
+	full, err := fullDetail(detail)
+	if err != nil {
+		return nil, err
+	}
+	ts, aliases, err := h.serverTools(ctx, rj, server)
+	if err != nil {
+		return nil, err
+	}
+	if tool != nil && *tool != "" {
+		for _, t := range ts {
+			if t.Name == *tool || aliases[t.Name] == *tool {
+				return tooldocs.Document(t, aliases[t.Name], full), nil
+			}
+		}
+		names := make([]string, 0, len(ts))
+		for _, t := range ts {
+			names = append(names, t.Name)
+		}
+		return nil, fmt.Errorf("server %q has no tool %q; its tools are %s", server, *tool, quoteList(names))
+	}
+	docs := make([]tooldocs.Doc, 0, len(ts))
+	for _, t := range ts {
+		docs = append(docs, tooldocs.Document(t, aliases[t.Name], full))
+	}
+	return docs, nil
+}
+
+func fullDetail(detail string) (bool, error) {
+	switch detail {
+	case "", "summary":
+		return false, nil
+	case "full":
+		return true, nil
+	}
+	return false, fmt.Errorf("detail %q: want \"summary\" or \"full\"", detail)
+}
+
+const maxSearchLimit = 50
+
+func (h *proxyHandler) searchDocs(ctx context.Context, rj *runningJob, query string, limit int, detail string) (any, error) {
+	full, err := fullDetail(detail)
+	if err != nil {
+		return nil, err
+	}
+	if strings.TrimSpace(query) == "" {
+		return nil, errors.New("search_tool_docs needs a query, e.g. search_tool_docs(\"read a file\")")
+	}
+	if limit <= 0 {
+		limit = 5
+	}
+	limit = min(limit, maxSearchLimit)
+	var all []tooldocs.Tool
+	aliases := map[[2]string]string{}
+	var errs []string
+	for _, s := range h.jobServers(rj) {
+		ts, al, err := h.serverTools(ctx, rj, s)
+		if err != nil {
+			errs = append(errs, err.Error())
+			continue
+		}
+		for _, t := range ts {
+			aliases[[2]string{s, t.Name}] = al[t.Name]
+		}
+		all = append(all, ts...)
+	}
+	if len(all) == 0 && len(errs) > 0 {
+		return nil, errors.New(strings.Join(errs, "; "))
+	}
+	hits := tooldocs.NewIndex(all).Search(query, limit)
+	out := make([]tooldocs.Doc, 0, len(hits))
+	for _, hit := range hits {
+		d := tooldocs.Document(hit.Tool, aliases[[2]string{hit.Tool.Server, hit.Tool.Name}], full)
+		d.Score = hit.Score
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+func (h *proxyHandler) summary(ctx context.Context, rj *runningJob) string {
+	var b strings.Builder
+	given := h.jobServers(rj)
+	if len(given) == 0 {
+		b.WriteString("No MCP servers were given to this run.")
+	} else {
+		b.WriteString("MCP servers available to this run:\n")
+		for _, s := range given {
+			alias := tooldocs.Identifier(s)
+			ts, al, err := h.serverTools(ctx, rj, s)
+			if err != nil {
+				fmt.Fprintf(&b, "- %s (mcp_%s): unavailable: %v\n", s, alias, err)
+				continue
+			}
+			names := make([]string, 0, len(ts))
+			for _, t := range ts {
+				names = append(names, al[t.Name])
+			}
+			fmt.Fprintf(&b, "- %s (mcp_%s), %d tools: %s\n", s, alias, len(ts), strings.Join(names, ", "))
+		}
+	}
+	var others []string
+	if h.tools() != nil {
+		for _, s := range h.tools().Servers() {
+			if !rj.servers[s.Name] {
+				others = append(others, s.Name)
+			}
+		}
+	}
+	if len(others) > 0 {
+		sort.Strings(others)
+		fmt.Fprintf(&b, "\nOther servers (name them in run_python's servers to use them): %s\n", strings.Join(others, ", "))
+	}
+	b.WriteString("\nCall: await mcp_<alias>.<tool>(**kwargs) or await call_tool(server, tool, {...}) (raw=True for the whole result). " +
+		"Docs: query_tool_docs(server, tool=None, detail=\"summary\"|\"full\"), search_tool_docs(query, limit=5). " +
+		"Memory (kept across runs): save_memory, load_memory, update_memory, delete_memory, list_memories, memory_exists, get_memory_info.")
+	return b.String()
+}
+
+// memoryView is a memory as sandbox code sees it.
+type memoryView struct {
+	Key       string          `json:"key"`
+	Value     json.RawMessage `json:"value,omitempty"`
+	Metadata  json.RawMessage `json:"metadata,omitempty"`
+	CreatedAt time.Time       `json:"created_at"`
+	UpdatedAt time.Time       `json:"updated_at"`
+	Version   uint64          `json:"version"`
+}
+
+func view(m *state.Memory) memoryView {
+	return memoryView{Key: m.Key, Value: m.Value, Metadata: m.Metadata, CreatedAt: m.CreatedAt, UpdatedAt: m.UpdatedAt, Version: m.Version}
+}
+
+func (h *proxyHandler) memory(ctx context.Context, rj *runningJob, method string, params json.RawMessage) (any, error) {
+	store := h.f.memory
+	if store == nil {
+		return nil, errors.New("memory is not available on this front-end")
+	}
+	ns := rj.namespace()
+	var p struct {
+		Key       string          `json:"key"`
+		Prefix    string          `json:"prefix"`
+		Value     json.RawMessage `json:"value"`
+		Metadata  json.RawMessage `json:"metadata"`
+		IfVersion *uint64         `json:"if_version"`
+	}
+	if err := decode(params, &p); err != nil {
+		return nil, err
+	}
+	if method != "memory_list" && p.Key == "" {
+		return nil, errors.New("a memory key must be a non-empty string")
+	}
+	switch method {
+	case "memory_get":
+		m, err := store.MemoryGet(ctx, ns, p.Key)
+		if errors.Is(err, state.ErrNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, memErr(err)
+		}
+		return view(m), nil
+	case "memory_put":
+		if len(p.Value) == 0 {
+			p.Value = json.RawMessage("null")
+		}
+		if string(p.Metadata) == "null" {
+			p.Metadata = nil
+		}
+		m, err := store.MemoryPut(ctx, state.Memory{Namespace: ns, Key: p.Key, Value: p.Value, Metadata: p.Metadata}, p.IfVersion)
+		if errors.Is(err, state.ErrConflict) {
+			return map[string]any{"conflict": true}, nil
+		}
+		if err != nil {
+			return nil, memErr(err)
+		}
+		return view(m), nil
+	case "memory_delete":
+		ok, err := store.MemoryDelete(ctx, ns, p.Key)
+		if err != nil {
+			return nil, memErr(err)
+		}
+		return ok, nil
+	default: // memory_list
+		ms, err := store.MemoryList(ctx, ns, p.Prefix)
+		if err != nil {
+			return nil, memErr(err)
+		}
+		out := make([]memoryView, 0, len(ms))
+		for i := range ms {
+			out = append(out, view(&ms[i]))
+		}
+		return out, nil
+	}
+}
+
+func memErr(err error) error { return fmt.Errorf("memory: %v", err) }
+
+var _ MemoryStore = (*state.Client)(nil)

@@ -1,0 +1,410 @@
+package frontend_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/mcpexec/mcpexec/internal/broker"
+	"github.com/mcpexec/mcpexec/internal/discovery"
+	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/mcpclients"
+	"github.com/mcpexec/mcpexec/internal/mcpserver"
+	"github.com/mcpexec/mcpexec/internal/proxy"
+	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox/process"
+	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/worker"
+)
+
+type stack struct {
+	b    *broker.Broker
+	fe   *frontend.Frontend
+	pool *mcpclients.Pool
+	c    *client.Client
+}
+
+// setup starts a broker, a worker on the process runtime, a client pool of
+// servers, and a front-end with an MCP client, all joined over TCP NATS.
+func setup(t *testing.T, dir string, cfg frontend.Config, servers ...discovery.Server) *stack {
+	t.Helper()
+	b := testutil.Broker(t, dir, queue.DefaultConfig())
+	rt, err := process.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	testutil.Worker(t, b, rt, worker.DefaultConfig("w1"))
+	pool := testutil.Pool(t, mcpclients.Config{}, servers...)
+	if cfg.ID == "" {
+		cfg.ID = "fe1"
+	}
+	cfg.Tools = pool
+	fe := testutil.FrontendWith(t, b, cfg)
+	c := testutil.MCPClientWith(t, fe, mcpserver.Options{Servers: pool.Names, Catalog: pool.Servers}, mcpserver.HTTPOptions{})
+	return &stack{b: b, fe: fe, pool: pool, c: c}
+}
+
+func run(t *testing.T, c *client.Client, code string, servers ...string) (string, mcpserver.Structured) {
+	t.Helper()
+	args := map[string]any{"code": code}
+	if len(servers) > 0 {
+		args["servers"] = servers
+	}
+	res := testutil.CallRunPython(t, c, args)
+	return testutil.Text(res), testutil.Structured(t, res)
+}
+
+func mustRun(t *testing.T, c *client.Client, code string, servers ...string) string {
+	t.Helper()
+	out, st := run(t, c, code, servers...)
+	if st.Status != "success" {
+		t.Fatalf("status %s: %s", st.Status, out)
+	}
+	return out
+}
+
+// TestSandboxAPI exercises every way sandbox code reaches a proxied server.
+func TestSandboxAPI(t *testing.T) {
+	t.Parallel()
+	s := setup(t, "", frontend.Config{}, testutil.TestServerDef(t, "ts", nil), testutil.TestServerDef(t, "other-server", nil))
+	code := `import asyncio
+print(await mcp_ts.echo(text="a"))
+print((await call_tool("ts", "add", {"a": 2, "b": 3}))["sum"])
+print(await mcp_servers["ts"].echo(text="b"))
+print(await mcp_ts["search-files"](pattern="*.txt"))
+print(await mcp_ts.search_files(pattern="*"))
+from mcp.servers.ts import echo as e2
+print(await e2(text="c"))
+from mcp.servers.ts import *
+print(await big(bytes=3))
+import runtime
+from mcp import runtime as rt2
+print(runtime is rt2, runtime.list_servers(), await list_servers())
+print(discovered_servers(), [(s["name"], s["available"]) for s in await discovered_servers(detailed=True)])
+raw = await call_tool("ts", "echo", {"text": "r"}, raw=True)
+print(raw["content"][0]["text"], raw.get("isError", False))
+try:
+    await mcp_ts.fail(message="disk on fire")
+except MCPError as e:
+    print("MCPError:", e)
+try:
+    mcp_ts.no_such_tool
+except AttributeError as e:
+    print("AttributeError:", str(e)[:40])
+tools = await mcp_ts.list_tools()
+print(sorted(t["alias"] for t in tools)[:3])
+docs = query_tool_docs("ts")
+print(len(docs) >= 8, set(docs[0]) >= {"tool", "summary", "signature"}, "input_schema" in docs[0])
+d = await query_tool_docs("ts", "echo", detail="full")
+print(d["signature"], "input_schema" in d)
+print(search_tool_docs("find files matching a pattern", limit=2)[0]["tool"])
+print("mcp_ts" in capability_summary(), "other-server" in capability_summary())
+r = await asyncio.gather(*[mcp_ts.echo(text=str(i)) for i in range(20)])
+print(r == list(range(20)))  # "7" is JSON: it comes back as 7
+print(await mcp_ts.echo(text='{"json": [1, 2]}'))
+`
+	want := `a
+5
+b
+['a.txt', 'b.txt']
+['a.txt', 'b.txt']
+c
+xxx
+True ['ts'] ['ts']
+['other-server', 'ts'] [('other-server', False), ('ts', True)]
+r False
+MCPError: disk on fire
+AttributeError: MCP server 'ts' has no tool 'no_such_too
+['add', 'add_tool', 'big']
+True True False
+echo(text: str) True
+search-files
+True True
+True
+{'json': [1, 2]}`
+	if got := mustRun(t, s.c, code, "ts"); got != want {
+		t.Fatalf("got:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestLargeResults sends results far above the seed's 64 KiB frame limit.
+func TestLargeResults(t *testing.T) {
+	t.Parallel()
+	s := setup(t, "", frontend.Config{}, testutil.TestServerDef(t, "ts", nil))
+	got := mustRun(t, s.c, `for n in (65537, 200_000, 4 << 20):
+    r = await mcp_ts.big(bytes=n)
+    print(len(r), r == "x" * n)`, "ts")
+	if got != "65537 True\n200000 True\n4194304 True" {
+		t.Fatalf("got %q", got)
+	}
+}
+
+func TestRefusedServers(t *testing.T) {
+	t.Parallel()
+	s := setup(t, "", frontend.Config{}, testutil.TestServerDef(t, "ts", nil), testutil.TestServerDef(t, "locked", nil))
+	got := mustRun(t, s.c, `for f in (lambda: call_tool("locked", "echo", {"text": "x"}), lambda: mcp_servers["locked"]):
+    try:
+        r = f()
+        if hasattr(r, "__await__"):
+            await r
+        print("no error")
+    except (MCPError, KeyError) as e:
+        print(type(e).__name__, str(e)[:60])
+try:
+    from mcp.servers.locked import *
+except ImportError as e:
+    print("ImportError", str(e)[:30])`, "ts")
+	want := "MCPError server \"locked\" was not given to this run (it may use \"ts\"):\n" +
+		"KeyError \"MCP server 'locked' was not given to this run; it may use: \n" +
+		"ImportError no MCP server 'locked' in this"
+	if got != want {
+		t.Fatalf("got:\n%s\nwant:\n%s", got, want)
+	}
+	res := testutil.CallRunPython(t, s.c, map[string]any{"code": "print(1)", "servers": []string{"nope"}})
+	if !res.IsError || !strings.Contains(testutil.Text(res), `"nope" is not a proxied MCP server; known servers: locked, ts`) {
+		t.Fatalf("unknown server accepted: %q", testutil.Text(res))
+	}
+	// A worker (or anyone on NATS) asking for a job this front-end is not running.
+	nc := testutil.Connect(t, s.b, "intruder")
+	_, err := proxy.Call(context.Background(), nc, jobs.Subjects{}.Proxy("fe1"), proxy.Request{Job: jobs.NewID(), Method: "call_tool",
+		Params: json.RawMessage(`{"server":"ts","tool":"echo","arguments":{"text":"x"}}`)})
+	if err == nil || !strings.Contains(err.Error(), "is not running on front-end fe1") {
+		t.Fatalf("call for a job not running: %v", err)
+	}
+}
+
+func TestCrashingServer(t *testing.T) {
+	t.Parallel()
+	s := setup(t, "", frontend.Config{}, testutil.TestServerDef(t, "ts", nil))
+	got := mustRun(t, s.c, `pid = await mcp_ts.pid()
+try:
+    await mcp_ts.crash()
+except MCPError as e:
+    print("MCPError:", str(e)[:60])
+print(await mcp_ts.pid() != pid)`, "ts")
+	if got != "MCPError: MCP server \"ts\" exited during the call to crash (it is resta\nTrue" {
+		t.Fatalf("got %q", got)
+	}
+}
+
+func TestSlowServerHitsPerCallTimeout(t *testing.T) {
+	t.Parallel()
+	s := setup(t, "", frontend.Config{CallTimeout: 500 * time.Millisecond}, testutil.TestServerDef(t, "ts", nil))
+	got := mustRun(t, s.c, `import time
+t0 = time.monotonic()
+try:
+    await mcp_ts.slow(seconds=10)
+except MCPError as e:
+    print("MCPError:", e)
+print(round(time.monotonic() - t0) < 3)
+print(await call_tool("ts", "slow", {"seconds": 1}, timeout=5))`, "ts")
+	if got != "MCPError: ts.slow did not answer within 500ms (the per-call timeout): pass timeout=SECONDS to call_tool for slow tools\nTrue\ndone" {
+		t.Fatalf("got %q", got)
+	}
+	// The job's deadline bounds a call that asks for more: the call ends with
+	// the job, whichever of the two is noticed first.
+	start := time.Now()
+	res := testutil.CallRunPython(t, s.c, map[string]any{"code": `await call_tool("ts", "slow", {"seconds": 30}, timeout=60)`,
+		"servers": []string{"ts"}, "timeout": 2})
+	st := testutil.Structured(t, res)
+	if !(st.Status == "timeout" || strings.Contains(testutil.Text(res), "did not answer before the job's time limit")) || time.Since(start) > 10*time.Second {
+		t.Fatalf("status %s after %s: %s", st.Status, time.Since(start), testutil.Text(res))
+	}
+}
+
+func TestConcurrentCallsPerJobAreCapped(t *testing.T) {
+	t.Parallel()
+	s := setup(t, "", frontend.Config{MaxCallsPerJob: 2}, testutil.TestServerDef(t, "ts", nil))
+	got := mustRun(t, s.c, `import asyncio, time
+t0 = time.monotonic()
+r = await asyncio.gather(*[mcp_ts.slow(seconds=0.3) for _ in range(6)])
+print(r.count("done"), time.monotonic() - t0 >= 0.85)`, "ts")
+	if got != "6 True" {
+		t.Fatalf("got %q", got)
+	}
+}
+
+// TestMemory keeps memory across runs, updates it atomically from concurrent
+// runs, keeps namespaces apart, and survives a broker restart.
+func TestMemory(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s := setup(t, dir, frontend.Config{}, testutil.TestServerDef(t, "ts", nil))
+	got := mustRun(t, s.c, `print(save_memory("notes/a b", {"x": [1, 2]}, metadata={"tag": "t"})["version"])
+print(memory_exists("notes/a b"), memory_exists("notes/a_b"))
+save_memory("notes/a_b", "different key, same after sanitising")`)
+	if got != "1\nTrue False" {
+		t.Fatalf("got %q", got)
+	}
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mustRun(t, s.c, `for _ in range(5):
+    update_memory("counter", lambda v: v + 1, default=0)`)
+		}()
+	}
+	wg.Wait()
+	got = mustRun(t, s.c, `print(load_memory("notes/a b"), load_memory("notes/a_b"), load_memory("counter"), load_memory("missing", "dflt"))
+info = get_memory_info("notes/a b")
+print(info["metadata"], info["version"], "value" in info)
+print([m["key"] for m in list_memories("notes/")])
+print(delete_memory("notes/a_b"), delete_memory("notes/a_b"))`)
+	want := "{'x': [1, 2]} different key, same after sanitising 15 dflt\n{'tag': 't'} 1 False\n['notes/a b', 'notes/a_b']\nTrue False"
+	if got != want {
+		t.Fatalf("got:\n%s\nwant:\n%s", got, want)
+	}
+
+	// Another caller (another token) sees its own namespace.
+	tokens := map[string]string{"token-alice-123": "alice", "token-bob-4567": "bob"}
+	alice := testutil.MCPClientWith(t, s.fe, mcpserver.Options{Namespace: mcpserver.NamespaceFromContext}, mcpserver.HTTPOptions{Tokens: tokens},
+		transportHeader("Bearer token-alice-123"))
+	if got := mustRun(t, alice, `print(load_memory("counter")); save_memory("mine", 1)`); got != "None" {
+		t.Fatalf("alice sees the default namespace: %q", got)
+	}
+
+	// The broker restarts on the same data: memory is still there.
+	s.b.Close()
+	s2 := setup(t, dir, frontend.Config{ID: "fe2"}, testutil.TestServerDef(t, "ts", nil))
+	if got := mustRun(t, s2.c, `print(load_memory("counter"), load_memory("mine"))`); got != "15 None" {
+		t.Fatalf("after broker restart: %q", got)
+	}
+}
+
+func TestFigures(t *testing.T) {
+	if testing.Short() {
+		t.Skip("figures")
+	}
+	servers := []discovery.Server{testutil.TestServerDef(t, "ts", nil)}
+	if dir := npmDir(t); dir != "" {
+		servers = append(servers, discovery.Server{Name: "everything", Type: "stdio", Command: "node",
+			Args: []string{dir + "/node_modules/@modelcontextprotocol/server-everything/dist/index.js", "stdio"}})
+	}
+	s := setup(t, "", frontend.Config{}, servers...)
+	ctx := context.Background()
+	feTools, err := s.c.ListTools(ctx, mcp.ListToolsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	feBytes := jsonLen(t, feTools)
+	sum := 0
+	var parts []string
+	for _, srv := range servers {
+		ts, err := s.pool.Tools(ctx, srv.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := jsonLen(t, mcp.ListToolsResult{Tools: ts})
+		sum += n
+		parts = append(parts, fmt.Sprintf("%s %d tools %d B", srv.Name, len(ts), n))
+	}
+	t.Logf("FIGURE tools/list: front-end %d B (1 tool) vs proxied servers %d B (%s)", feBytes, sum, strings.Join(parts, "; "))
+
+	out := mustRun(t, s.c, `import time, statistics
+await mcp_ts.echo(text="warm")
+ts = []
+for _ in range(300):
+    t0 = time.perf_counter()
+    await mcp_ts.echo(text="x")
+    ts.append((time.perf_counter() - t0) * 1000)
+ts.sort()
+print("p50 %.3f ms p90 %.3f ms p99 %.3f ms" % (ts[150], ts[270], ts[297]))`, "ts")
+	t.Logf("FIGURE proxied call round trip from sandbox code (process runtime, 300 calls): %s", out)
+}
+
+func jsonLen(t *testing.T, v any) int {
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(b)
+}
+
+// TestProgressNotifications checks queued, started and output-line progress
+// notifications reach a client that sent a progress token.
+func TestProgressNotifications(t *testing.T) {
+	t.Parallel()
+	s := setup(t, "", frontend.Config{})
+	var mu sync.Mutex
+	var msgs []string
+	s.c.OnNotification(func(n mcp.JSONRPCNotification) {
+		if n.Method == "notifications/progress" {
+			mu.Lock()
+			msgs = append(msgs, fmt.Sprint(n.Params.AdditionalFields["message"]))
+			mu.Unlock()
+		}
+	})
+	req := mcp.CallToolRequest{}
+	req.Params.Name = mcpserver.ToolName
+	req.Params.Arguments = map[string]any{"code": "import sys, time\nprint('line one')\nprint('oops', file=sys.stderr)\ntime.sleep(0.5)\nprint('line two')\ntime.sleep(0.3)"}
+	req.Params.Meta = &mcp.Meta{ProgressToken: "p1"}
+	res, err := s.c.CallTool(context.Background(), req)
+	if err != nil || res.IsError {
+		t.Fatalf("call: %v %v", err, testutil.Text(res))
+	}
+	mu.Lock()
+	got := strings.Join(msgs, "|")
+	mu.Unlock()
+	for _, want := range []string{"queued", "started on w1", "stdout: line one", "stderr: oops", "stdout: line two"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("progress lacks %q: %s", want, got)
+		}
+	}
+}
+
+// TestClientCancelCancelsJob cancels a running call the two ways clients do:
+// over stdio with notifications/cancelled, over streamable HTTP by closing the
+// request; either way the job ends cancelled.
+func TestClientCancelCancelsJob(t *testing.T) {
+	t.Parallel()
+	s := setup(t, "", frontend.Config{})
+	stdio := stdioClient(t, s.fe)
+	for name, c := range map[string]*client.Client{"stdio": stdio, "http": s.c} {
+		t.Run(name, func(t *testing.T) {
+			id := make(chan string, 1)
+			ctx, cancel := context.WithCancel(context.Background())
+			c.OnNotification(func(n mcp.JSONRPCNotification) {
+				if m := fmt.Sprint(n.Params.AdditionalFields["message"]); strings.HasPrefix(m, "started") {
+					cancel()
+				}
+			})
+			req := mcp.CallToolRequest{}
+			req.Params.Name = mcpserver.ToolName
+			req.Params.Arguments = map[string]any{"code": "import time\nprint('tick', flush=True)\ntime.sleep(60)"}
+			req.Params.Meta = &mcp.Meta{ProgressToken: name}
+			go func() {
+				// Find the job: it is the only running one of this front-end.
+				for s.fe.Running() == 0 {
+					time.Sleep(5 * time.Millisecond)
+				}
+				id <- ""
+			}()
+			start := time.Now()
+			_, err := c.CallTool(ctx, req)
+			if err == nil {
+				t.Fatal("call returned a result after cancellation")
+			}
+			<-id
+			deadline := time.Now().Add(15 * time.Second)
+			for s.fe.Running() != 0 {
+				if time.Now().After(deadline) {
+					t.Fatal("job still running 15s after the client cancelled")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if d := time.Since(start); d > 20*time.Second {
+				t.Fatalf("took %s", d)
+			}
+		})
+	}
+}

@@ -1,0 +1,417 @@
+// Package jobsapi is the front-end's HTTP jobs API, for batch workflows and the
+// web UI: submit jobs (one or many), look them up, list and filter them, cancel
+// them, wait for their results, and list and re-run dead letters. Every answer is
+// JSON; errors are {"error": {"code": ..., "message": ...}}.
+//
+//	POST /api/jobs                 one job object or an array of them → records
+//	GET  /api/jobs?status=&prefix=&label=k=v&limit=&cursor=  → {"jobs": [...], "next": ...}
+//	GET  /api/jobs/{id}            → record
+//	POST /api/jobs/{id}/cancel     → record (cancelled)
+//	GET  /api/jobs/{id}/wait?timeout=30s → record, terminal unless the timeout passed
+//	POST /api/jobs/{id}/retry      {"id": optional new id} → record of the re-run
+//	GET  /api/deadletters?limit=&cursor= → {"jobs": [...], "next": ...}
+package jobsapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/state"
+)
+
+// Backend is what the API needs of a front-end; *frontend.Frontend is one.
+type Backend interface {
+	SubmitMany(ctx context.Context, js []*jobs.Job, namespace string) []frontend.Submitted
+	Get(ctx context.Context, id string) (*jobs.Record, error)
+	Cancel(ctx context.Context, id, reason string) error
+	Wait(ctx context.Context, id string) (*jobs.Record, error)
+	Limits() jobs.Limits
+	State() *state.Client
+}
+
+var _ Backend = (*frontend.Frontend)(nil)
+
+// Limits of the API.
+const (
+	MaxBatch       = 10_000           // jobs in one POST /api/jobs
+	DefaultWait    = 30 * time.Second // wait timeout unless given
+	MaxWait        = 5 * time.Minute
+	cancelSettling = 3 * time.Second // how long cancel waits for the terminal record
+)
+
+// Config configures the API handler.
+type Config struct {
+	Backend Backend
+	// Namespace returns the authenticated caller's namespace ("" when the server
+	// has no auth: the caller then sees every job). Jobs are submitted in it and
+	// only its jobs are visible. Nil means "".
+	Namespace func(ctx context.Context) string
+	Logger    *slog.Logger
+}
+
+// New returns the API handler; mount it at /api/.
+func New(cfg Config) http.Handler {
+	if cfg.Namespace == nil {
+		cfg.Namespace = func(context.Context) string { return "" }
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	a := &api{cfg: cfg, be: cfg.Backend}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /api/jobs", a.submit)
+	mux.HandleFunc("GET /api/jobs", a.list)
+	mux.HandleFunc("GET /api/jobs/{id}", a.get)
+	mux.HandleFunc("POST /api/jobs/{id}/cancel", a.cancel)
+	mux.HandleFunc("GET /api/jobs/{id}/wait", a.wait)
+	mux.HandleFunc("POST /api/jobs/{id}/retry", a.retry)
+	mux.HandleFunc("GET /api/deadletters", a.deadLetters)
+	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no API route %s %s: see the routes of GET/POST /api/jobs and GET /api/deadletters", r.Method, r.URL.Path), nil)
+	})
+	return mux
+}
+
+type api struct {
+	cfg Config
+	be  Backend
+}
+
+// JobRequest is one job as submitted to POST /api/jobs.
+type JobRequest struct {
+	ID          string            `json:"id,omitempty"`
+	Code        string            `json:"code"`
+	Servers     []string          `json:"servers,omitempty"`
+	Timeout     int               `json:"timeout,omitempty"`
+	MaxAttempts int               `json:"max_attempts,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Session     string            `json:"session,omitempty"`
+	Pool        string            `json:"pool,omitempty"`
+}
+
+// Item is the answer for one submitted job: its record, flagged when the id
+// existed already, with the error of a job that was not accepted.
+type Item struct {
+	*jobs.Record
+	Existing bool       `json:"existing,omitempty"`
+	Error    *ErrorBody `json:"error,omitempty"`
+}
+
+// ErrorBody is the error object of every failed answer.
+type ErrorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// ErrorResponse is the body of a failed answer; Job is set where a record is
+// relevant (a conflicting or rejected job).
+type ErrorResponse struct {
+	Error ErrorBody    `json:"error"`
+	Job   *jobs.Record `json:"job,omitempty"`
+}
+
+// ListResponse is the body of the list answers.
+type ListResponse struct {
+	Jobs []*jobs.Record `json:"jobs"`
+	Next string         `json:"next,omitempty"`
+}
+
+func (a *api) submit(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
+		writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("the body is over %d bytes: submit fewer jobs per request", tooLarge.Limit), nil)
+		return
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "bad_body", "could not read the request body: "+err.Error(), nil)
+		return
+	}
+	body = bytes.TrimSpace(body)
+	batch := len(body) > 0 && body[0] == '['
+	var reqs []JobRequest
+	if batch {
+		err = decodeStrict(body, &reqs)
+	} else {
+		var one JobRequest
+		err = decodeStrict(body, &one)
+		reqs = []JobRequest{one}
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "bad_json", "the body must be a job object or an array of them, with fields id, code, servers, timeout, max_attempts, labels: "+err.Error(), nil)
+		return
+	}
+	if len(reqs) == 0 || len(reqs) > MaxBatch {
+		writeError(w, http.StatusBadRequest, "bad_batch", fmt.Sprintf("submit 1 to %d jobs at once, got %d", MaxBatch, len(reqs)), nil)
+		return
+	}
+	js := make([]*jobs.Job, len(reqs))
+	now := time.Now()
+	for i, q := range reqs {
+		js[i] = &jobs.Job{ID: q.ID, Code: q.Code, Servers: q.Servers, Timeout: q.Timeout, MaxAttempts: q.MaxAttempts,
+			Labels: q.Labels, Session: q.Session, Pool: q.Pool}
+		// Validate every job before submitting any.
+		if err := js[i].Normalize(a.be.Limits(), now); err != nil {
+			msg := err.Error()
+			if batch {
+				msg = fmt.Sprintf("job %d: %s (no job of this batch was submitted)", i, msg)
+			}
+			writeError(w, http.StatusBadRequest, "invalid_job", msg, nil)
+			return
+		}
+	}
+	res := a.be.SubmitMany(r.Context(), js, a.cfg.Namespace(r.Context()))
+	if !batch {
+		a.submitOne(w, res[0])
+		return
+	}
+	items := make([]Item, len(res))
+	unavailable := 0
+	for i, s := range res {
+		items[i] = Item{Record: s.Record, Existing: s.Existing}
+		if s.Err != nil {
+			_, code, msg := classify(s.Err)
+			items[i].Error = &ErrorBody{Code: code, Message: msg}
+			if errors.Is(s.Err, frontend.ErrUnavailable) {
+				unavailable++
+			}
+		}
+	}
+	if unavailable == len(items) {
+		writeError(w, http.StatusServiceUnavailable, "unavailable", res[0].Err.Error(), nil)
+		return
+	}
+	writeJSON(w, http.StatusOK, items)
+}
+
+func (a *api) submitOne(w http.ResponseWriter, s frontend.Submitted) {
+	if s.Err != nil {
+		status, code, msg := classify(s.Err)
+		if status == http.StatusServiceUnavailable && errors.Is(s.Err, queue.ErrQueueFull) {
+			w.Header().Set("Retry-After", "5")
+		}
+		writeError(w, status, code, msg, s.Record)
+		return
+	}
+	status := http.StatusCreated
+	if s.Existing {
+		status = http.StatusOK
+	}
+	writeJSON(w, status, Item{Record: s.Record, Existing: s.Existing})
+}
+
+func (a *api) lookup(w http.ResponseWriter, r *http.Request) (*jobs.Record, bool) {
+	id := r.PathValue("id")
+	if !jobs.ValidID(id) {
+		writeError(w, http.StatusBadRequest, "bad_id", fmt.Sprintf("%q is not a job id: ids are 1-128 letters, digits, '-' or '_'", id), nil)
+		return nil, false
+	}
+	rec, err := a.be.Get(r.Context(), id)
+	if err == nil && !a.visible(r, rec) {
+		err = state.ErrNotFound
+	}
+	if err != nil {
+		status, code, msg := classify(err)
+		if status == http.StatusNotFound {
+			msg = fmt.Sprintf("no job with id %q", id)
+		}
+		writeError(w, status, code, msg, nil)
+		return nil, false
+	}
+	return rec, true
+}
+
+func (a *api) visible(r *http.Request, rec *jobs.Record) bool {
+	ns := a.cfg.Namespace(r.Context())
+	return ns == "" || rec.Job.Namespace == ns
+}
+
+func (a *api) get(w http.ResponseWriter, r *http.Request) {
+	if rec, ok := a.lookup(w, r); ok {
+		writeJSON(w, http.StatusOK, rec)
+	}
+}
+
+func (a *api) cancel(w http.ResponseWriter, r *http.Request) {
+	rec, ok := a.lookup(w, r)
+	if !ok {
+		return
+	}
+	if rec.Status.Terminal() {
+		writeError(w, http.StatusConflict, "finished", fmt.Sprintf("job %s already ended with status %s: nothing to cancel", rec.Job.ID, rec.Status), rec)
+		return
+	}
+	if err := a.be.Cancel(r.Context(), rec.Job.ID, "cancelled through the jobs API"); err != nil {
+		status, code, msg := classify(err)
+		writeError(w, status, code, msg, nil)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), cancelSettling)
+	defer cancel()
+	if got, err := a.be.Wait(ctx, rec.Job.ID); got != nil && (err == nil || ctx.Err() != nil) {
+		rec = got
+	}
+	writeJSON(w, http.StatusOK, rec)
+}
+
+func (a *api) wait(w http.ResponseWriter, r *http.Request) {
+	timeout := DefaultWait
+	if s := r.URL.Query().Get("timeout"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			n, nerr := strconv.Atoi(s)
+			d, err = time.Duration(n)*time.Second, nerr
+		}
+		if err != nil || d < 0 || d > MaxWait {
+			writeError(w, http.StatusBadRequest, "bad_timeout", fmt.Sprintf("timeout %q must be a duration (e.g. 30s) or seconds, at most %s", s, MaxWait), nil)
+			return
+		}
+		timeout = d
+	}
+	rec, ok := a.lookup(w, r)
+	if !ok {
+		return
+	}
+	if !rec.Status.Terminal() {
+		ctx, cancel := context.WithTimeout(r.Context(), timeout)
+		defer cancel()
+		got, err := a.be.Wait(ctx, rec.Job.ID)
+		if err != nil && ctx.Err() == nil {
+			status, code, msg := classify(err)
+			writeError(w, status, code, msg, nil)
+			return
+		}
+		if got != nil {
+			rec = got
+		}
+	}
+	writeJSON(w, http.StatusOK, rec)
+}
+
+// RetryRequest is the optional body of POST /api/jobs/{id}/retry.
+type RetryRequest struct {
+	ID string `json:"id,omitempty"` // the re-run's id; default a new one
+}
+
+func (a *api) retry(w http.ResponseWriter, r *http.Request) {
+	var req RetryRequest
+	if body, err := io.ReadAll(r.Body); err != nil || (len(bytes.TrimSpace(body)) > 0 && decodeStrict(body, &req) != nil) {
+		writeError(w, http.StatusBadRequest, "bad_json", `the body must be empty or {"id": "<new job id>"}`, nil)
+		return
+	}
+	rec, ok := a.lookup(w, r)
+	if !ok {
+		return
+	}
+	if !rec.Status.Terminal() {
+		writeError(w, http.StatusConflict, "not_finished", fmt.Sprintf("job %s is still %s: only a finished job can be re-run", rec.Job.ID, rec.Status), rec)
+		return
+	}
+	if req.ID == "" {
+		req.ID = jobs.NewID()
+	}
+	j := rec.RetryJob(req.ID)
+	res := a.be.SubmitMany(r.Context(), []*jobs.Job{&j}, rec.Job.Namespace)
+	a.submitOne(w, res[0])
+}
+
+func (a *api) list(w http.ResponseWriter, r *http.Request) {
+	a.listWith(w, r, a.be.State().List)
+}
+
+func (a *api) deadLetters(w http.ResponseWriter, r *http.Request) {
+	a.listWith(w, r, a.be.State().DeadLetters)
+}
+
+func (a *api) listWith(w http.ResponseWriter, r *http.Request, fn func(context.Context, state.JobFilter) ([]*jobs.Record, string, error)) {
+	q := r.URL.Query()
+	f := state.JobFilter{
+		Namespace: a.cfg.Namespace(r.Context()),
+		Status:    jobs.Status(q.Get("status")),
+		Prefix:    q.Get("prefix"),
+		Cursor:    q.Get("cursor"),
+	}
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > state.MaxListLimit {
+			writeError(w, http.StatusBadRequest, "bad_limit", fmt.Sprintf("limit %q must be a whole number from 1 to %d", s, state.MaxListLimit), nil)
+			return
+		}
+		f.Limit = n
+	}
+	for _, l := range q["label"] {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			writeError(w, http.StatusBadRequest, "bad_label", fmt.Sprintf("label %q must be KEY=VALUE", l), nil)
+			return
+		}
+		if f.Labels == nil {
+			f.Labels = map[string]string{}
+		}
+		f.Labels[k] = v
+	}
+	if err := f.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, "bad_filter", err.Error(), nil)
+		return
+	}
+	recs, next, err := fn(r.Context(), f)
+	if err != nil {
+		status, code, msg := classify(err)
+		writeError(w, status, code, msg, nil)
+		return
+	}
+	writeJSON(w, http.StatusOK, ListResponse{Jobs: recs, Next: next})
+}
+
+// classify maps an error to its HTTP status, code and message.
+func classify(err error) (int, string, string) {
+	var inv *jobs.InvalidError
+	switch {
+	case errors.As(err, &inv):
+		return http.StatusBadRequest, "invalid_job", err.Error()
+	case errors.Is(err, state.ErrInvalid):
+		return http.StatusBadRequest, "invalid", err.Error()
+	case errors.Is(err, state.ErrNotFound):
+		return http.StatusNotFound, "not_found", err.Error()
+	case errors.Is(err, frontend.ErrConflict):
+		return http.StatusConflict, "conflict", err.Error()
+	case errors.Is(err, queue.ErrQueueFull):
+		return http.StatusServiceUnavailable, "queue_full", "the job queue is full, so the job was rejected: retry later with a new id, or add workers"
+	case errors.Is(err, frontend.ErrUnavailable), errors.Is(err, state.ErrUnavailable):
+		return http.StatusServiceUnavailable, "unavailable", err.Error()
+	}
+	return http.StatusInternalServerError, "internal", err.Error()
+}
+
+func decodeStrict(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return errors.New("unexpected data after the JSON value")
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string, rec *jobs.Record) {
+	writeJSON(w, status, ErrorResponse{Error: ErrorBody{Code: code, Message: msg}, Job: rec})
+}

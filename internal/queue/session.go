@@ -1,0 +1,173 @@
+package queue
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+)
+
+// Sessions pin a sandbox, and the Python globals in it, to one worker. The first
+// job of a session goes to its pool; the worker that takes it records
+// session → worker in the sessions bucket, and front-ends publish the session's
+// later jobs on that worker's own subject (jobs.Subjects.WorkerJobs), which only
+// that worker consumes. Before routing there, a front-end asks the worker whether
+// it still holds the session (jobs.Subjects.WorkerSessions); when it does not
+// (idle timeout, worker gone), the job ends with SessionGoneMessage.
+
+// SessionTTL is how long a session's entry outlives its worker's last refresh.
+// Workers refresh the entries of their live sessions every SessionTTL/3, so the
+// entries of a worker that died vanish within SessionTTL (front-ends ask the
+// worker before routing to it, so a stale entry costs no job). An ended session's
+// entry stays as a tombstone for SessionTTL, so that its next job is told the
+// session is gone rather than silently starting afresh.
+const SessionTTL = 15 * time.Minute
+
+// sessionAskTimeout bounds a front-end's question to a session's worker.
+const sessionAskTimeout = 2 * time.Second
+
+// ErrSessionGone says a job's session is no longer held by any worker.
+var ErrSessionGone = errors.New("session has expired or its worker is gone")
+
+// SessionGoneMessage is the error of a job whose session is gone.
+func SessionGoneMessage(session string) string {
+	return fmt.Sprintf("session %s has expired or its worker is gone; start a new session "+
+		"(calling again with this name starts it afresh, without the old globals)", session)
+}
+
+// SessionEntry is the value of a session's key in the sessions bucket.
+type SessionEntry struct {
+	Worker  string    `json:"worker"`
+	Session string    `json:"session"`
+	Since   time.Time `json:"since"`
+	// Ended is set when the worker ended the session (idle timeout, worker
+	// stop): the entry is a tombstone.
+	Ended bool `json:"ended,omitempty"`
+}
+
+// SessionKey is the key of session in namespace in the sessions bucket (and the
+// session's name in the worker's sandbox runtime). Sessions of different
+// namespaces never meet.
+func SessionKey(namespace, session string) string {
+	// Namespaces may hold any text; keys may not. '=' never occurs in a valid
+	// id, so the hex form (and "=" for no namespace) cannot collide with a plain one.
+	ns := "=" + hex.EncodeToString([]byte(namespace))
+	if jobs.ValidID(namespace) {
+		ns = namespace
+	}
+	return ns + "." + session
+}
+
+// SessionsBucket creates or updates the sessions bucket and returns it.
+func SessionsBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.KeyValue, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      cfg.Subjects.SessionsBucket(),
+		Description: "mcpexec sessions: which worker holds each",
+		History:     1,
+		TTL:         SessionTTL,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(cfg.Replicas, 1),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create key-value bucket %s: %w", cfg.Subjects.SessionsBucket(), err)
+	}
+	return kv, nil
+}
+
+// WorkerJobsConsumer creates or updates the durable consumer of the jobs routed
+// to one worker (its sessions' jobs). It is deleted by JetStream after an hour
+// without the worker.
+func WorkerJobsConsumer(ctx context.Context, js jetstream.JetStream, cfg Config, worker string) (jetstream.Consumer, error) {
+	s := cfg.Subjects
+	c, err := js.CreateOrUpdateConsumer(ctx, s.JobsStream(), jetstream.ConsumerConfig{
+		Durable:           s.WorkerConsumer(worker),
+		Description:       "mcpexec jobs routed to worker " + worker,
+		FilterSubject:     s.WorkerJobs(worker),
+		AckPolicy:         jetstream.AckExplicitPolicy,
+		AckWait:           cfg.AckWait,
+		BackOff:           cfg.BackOff,
+		MaxDeliver:        cfg.MaxDeliver,
+		MaxAckPending:     cfg.MaxAckPending,
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		InactiveThreshold: time.Hour,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create consumer %s: %w", s.WorkerConsumer(worker), err)
+	}
+	return c, nil
+}
+
+// Route returns the subject job is to be published on: its pool's, or, for a
+// job of a session a live worker holds, that worker's. It returns an error
+// wrapping ErrSessionGone when the session's worker no longer holds it (and
+// forgets the session, so that the next job of that name starts it afresh).
+func (c *Client) Route(ctx context.Context, job *jobs.Job) (string, error) {
+	pool := c.sub.Job(job.Pool)
+	if job.Session == "" {
+		return pool, nil
+	}
+	kv, err := c.js.KeyValue(ctx, c.sub.SessionsBucket())
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return pool, nil // a broker without sessions support: run it fresh
+	}
+	if err != nil {
+		return "", fmt.Errorf("open sessions bucket: %w", err)
+	}
+	key := SessionKey(job.Namespace, job.Session)
+	e, err := kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return pool, nil // the session's first job: whichever worker takes it keeps it
+	}
+	if err != nil {
+		return "", fmt.Errorf("look up session %s: %w", job.Session, err)
+	}
+	var ent SessionEntry
+	if json.Unmarshal(e.Value(), &ent) != nil || !jobs.ValidID(ent.Worker) {
+		_ = kv.Delete(ctx, key, jetstream.LastRevision(e.Revision()))
+		return pool, nil
+	}
+	if !ent.Ended && HoldsSession(ctx, c.nc, c.sub, ent.Worker, key) {
+		return c.sub.WorkerJobs(ent.Worker), nil
+	}
+	_ = kv.Delete(ctx, key, jetstream.LastRevision(e.Revision()))
+	return "", fmt.Errorf("%w: %s", ErrSessionGone, SessionGoneMessage(job.Session))
+}
+
+// HoldsSession asks worker whether it holds the session with key; no answer
+// means no.
+func HoldsSession(ctx context.Context, nc *nats.Conn, s jobs.Subjects, worker, key string) bool {
+	ctx, cancel := context.WithTimeout(ctx, sessionAskTimeout)
+	defer cancel()
+	msg, err := nc.RequestWithContext(ctx, s.WorkerSessions(worker), []byte(key))
+	return err == nil && string(msg.Data) == SessionHeld
+}
+
+// SessionHeld is a worker's answer when it holds the session asked about.
+const SessionHeld = "held"
+
+// route is Route for SubmitMany. done reports that the job must not be
+// enqueued: its session is gone and its terminal record was written (err says
+// when writing it failed), or it could not be routed (err).
+func (c *Client) route(ctx context.Context, job *jobs.Job) (subject string, done bool, err error) {
+	subject, err = c.Route(ctx, job)
+	if err == nil {
+		return subject, false, nil
+	}
+	if !errors.Is(err, ErrSessionGone) {
+		return "", true, fmt.Errorf("route job %s: %w", job.ID, err)
+	}
+	ev := jobs.Event{Job: job.ID, Kind: jobs.EventFinished, Result: &jobs.Result{
+		Status: jobs.StatusError, ExitCode: -1, Error: SessionGoneMessage(job.Session),
+	}}
+	if perr := c.PublishEvent(ctx, ev); perr != nil {
+		return "", true, fmt.Errorf("record that the session of job %s is gone: %w", job.ID, perr)
+	}
+	return "", true, nil
+}

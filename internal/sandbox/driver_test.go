@@ -1,0 +1,153 @@
+package sandbox_test
+
+import (
+	"context"
+	"encoding/binary"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/proxy"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+)
+
+// fakeRunner is the sandbox end of a RunnerConn, driven by the test: a hostile
+// runner that may send anything.
+type fakeRunner struct {
+	t    *testing.T
+	conn net.Conn
+	r    *proxy.Reader
+	w    *proxy.Writer
+}
+
+// setup returns a handshaken RunnerConn whose runner the test plays.
+func setup(t *testing.T, maxFrame int) (*sandbox.RunnerConn, *fakeRunner) {
+	t.Helper()
+	host, sb := net.Pipe()
+	fr := &fakeRunner{t: t, conn: sb, r: proxy.NewReader(sb, 0), w: proxy.NewWriter(sb, 0)}
+	rc := sandbox.NewRunnerConn(host, maxFrame)
+	t.Cleanup(func() { rc.Close(); sb.Close() })
+	go func() { _ = fr.w.Write(&proxy.Frame{Type: proxy.TypeHello, Version: 1}) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := rc.Handshake(ctx); err != nil {
+		t.Fatalf("handshake: %v", err)
+	}
+	return rc, fr
+}
+
+// drive runs a job on rc while the fake runner does act after reading the exec.
+func drive(t *testing.T, rc *sandbox.RunnerConn, fr *fakeRunner, act func()) sandbox.Result {
+	t.Helper()
+	go func() {
+		if _, err := fr.r.Read(); err != nil {
+			return
+		}
+		act()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	res, err := rc.Drive(ctx, sandbox.Job{ID: "j", Code: "print(1)", Timeout: 10 * time.Second}, nil)
+	if err != nil {
+		t.Fatalf("Drive: %v", err)
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("Drive took %s against a hostile runner", el)
+	}
+	return res
+}
+
+func TestDriveCleanDoneIsReusable(t *testing.T) {
+	rc, fr := setup(t, 0)
+	res := drive(t, rc, fr, func() {
+		_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeOut, Stream: "stdout", Data: "1\n"})
+		_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeDone, Status: "success"})
+	})
+	if res.Status != sandbox.StatusSuccess || res.Stdout != "1\n" || !rc.Reusable() {
+		t.Fatalf("result %+v reusable %v", res, rc.Reusable())
+	}
+}
+
+func TestDriveHostileRunner(t *testing.T) {
+	raw := func(b []byte) func(fr *fakeRunner) {
+		return func(fr *fakeRunner) { _, _ = fr.conn.Write(b) }
+	}
+	header := func(n uint32) []byte { return binary.BigEndian.AppendUint32(nil, n) }
+	body := func(s string) []byte { return append(header(uint32(len(s))), s...) }
+	tests := []struct {
+		name string
+		act  func(fr *fakeRunner)
+		want string
+	}{
+		{"GiantFrameHeader", raw(header(0xFFFFFFFF)), "exceeds size limit"},
+		{"OverLimitFrame", raw(header(proxy.DefaultMaxFrame + 1)), "exceeds size limit"},
+		{"GarbageBody", raw(body("\x00\xffnot json")), "malformed frame"},
+		{"JSONArray", raw(body(`[1,2,3]`)), "malformed frame"},
+		{"UnknownType", raw(body(`{"type":"exec!"}`)), "unknown type"},
+		{"BadStream", raw(body(`{"type":"out","stream":"stdin","data":"x"}`)), "stream"},
+		{"CallWithoutID", raw(body(`{"type":"call","method":"call_tool"}`)), "needs id"},
+		{"SecondHello", func(fr *fakeRunner) { _ = fr.w.Write(&proxy.Frame{Type: proxy.TypeHello}) }, "unexpected"},
+		{"ExecFromSandbox", func(fr *fakeRunner) { _ = fr.w.Write(&proxy.Frame{Type: proxy.TypeExec, Code: "x"}) }, "unexpected"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rc, fr := setup(t, 0)
+			res := drive(t, rc, fr, func() { tt.act(fr) })
+			if res.Status != sandbox.StatusError || !strings.Contains(res.Error, tt.want) {
+				t.Fatalf("result %+v, want error containing %q", res, tt.want)
+			}
+			if rc.Reusable() {
+				t.Fatal("a runner that broke the protocol is still marked reusable")
+			}
+		})
+	}
+}
+
+func TestDriveLostRunner(t *testing.T) {
+	rc, fr := setup(t, 0)
+	go func() {
+		_, _ = fr.r.Read()
+		_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeOut, Stream: "stderr", Data: "dying"})
+		fr.conn.Close()
+	}()
+	res, err := rc.Drive(context.Background(), sandbox.Job{ID: "j", Code: "x", Timeout: time.Second}, nil)
+	if err != sandbox.ErrRunnerLost || res.Stderr != "dying" || rc.Reusable() {
+		t.Fatalf("err %v result %+v", err, res)
+	}
+}
+
+func TestDriveCodeOverFrameLimit(t *testing.T) {
+	rc, fr := setup(t, 1<<20)
+	got := make(chan struct{}, 1)
+	go func() {
+		if _, err := fr.r.Read(); err == nil {
+			got <- struct{}{}
+		}
+	}()
+	code := strings.Repeat("#", 2<<20)
+	res, err := rc.Drive(context.Background(), sandbox.Job{ID: "j", Code: code, Timeout: time.Second}, nil)
+	if err != nil || res.Status != sandbox.StatusError || !strings.Contains(res.Error, "too large") {
+		t.Fatalf("err %v result %+v", err, res)
+	}
+	if !rc.Reusable() {
+		t.Fatal("runner not reusable although nothing was sent")
+	}
+	select {
+	case <-got:
+		t.Fatal("an oversized exec frame reached the runner")
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+func TestDriveTimeoutNotReusable(t *testing.T) {
+	rc, fr := setup(t, 0)
+	go func() { _, _ = fr.r.Read() }()
+	ctx, cancel := context.WithTimeoutCause(context.Background(), 100*time.Millisecond, sandbox.ErrTimeout)
+	defer cancel()
+	res, err := rc.Drive(ctx, sandbox.Job{ID: "j", Code: "x", Timeout: 100 * time.Millisecond}, nil)
+	if err != nil || res.Status != sandbox.StatusTimeout || rc.Reusable() {
+		t.Fatalf("err %v result %+v reusable %v", err, res, rc.Reusable())
+	}
+}

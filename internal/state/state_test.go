@@ -1,0 +1,211 @@
+package state_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/state"
+	"github.com/mcpexec/mcpexec/internal/testutil"
+)
+
+func openStore(t *testing.T) *state.Store {
+	t.Helper()
+	s, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// client starts a broker (with the state service) and returns a state client.
+func client(t *testing.T) *state.Client {
+	t.Helper()
+	b := testutil.Broker(t, "", queue.DefaultConfig())
+	return state.NewClient(testutil.Connect(t, b, "state-client"), jobs.Subjects{})
+}
+
+func u64(v uint64) *uint64 { return &v }
+
+func TestMemoryThroughService(t *testing.T) {
+	t.Parallel()
+	c := client(t)
+	ctx := context.Background()
+	if _, err := c.MemoryGet(ctx, "ns", "k"); !errors.Is(err, state.ErrNotFound) {
+		t.Fatalf("get missing: %v, want ErrNotFound", err)
+	}
+	m, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "k", Value: json.RawMessage(`{"a":1}`), Metadata: json.RawMessage(`{"tag":"x"}`)}, u64(0))
+	if err != nil || m.Version != 1 || m.CreatedAt.IsZero() {
+		t.Fatalf("create: %+v %v", m, err)
+	}
+	if _, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "k", Value: json.RawMessage(`2`)}, u64(0)); !errors.Is(err, state.ErrConflict) {
+		t.Fatalf("create existing: %v, want ErrConflict", err)
+	}
+	if _, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "k", Value: json.RawMessage(`2`)}, u64(7)); !errors.Is(err, state.ErrConflict) {
+		t.Fatalf("stale CAS: %v, want ErrConflict", err)
+	}
+	m2, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "k", Value: json.RawMessage(`2`)}, u64(1))
+	if err != nil || m2.Version != 2 || !m2.CreatedAt.Equal(m.CreatedAt) {
+		t.Fatalf("CAS: %+v %v", m2, err)
+	}
+	got, err := c.MemoryGet(ctx, "ns", "k")
+	if err != nil || string(got.Value) != "2" || got.Version != 2 {
+		t.Fatalf("get: %+v %v", got, err)
+	}
+	if _, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "big", Value: json.RawMessage(`"` + strings.Repeat("x", state.MaxMemoryValue) + `"`)}, nil); !errors.Is(err, state.ErrInvalid) || !strings.Contains(err.Error(), "over the limit") {
+		t.Fatalf("oversized value: %v", err)
+	}
+	if _, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: strings.Repeat("k", state.MaxMemoryKeyBytes+1), Value: json.RawMessage(`1`)}, nil); !errors.Is(err, state.ErrInvalid) {
+		t.Fatalf("oversized key: %v", err)
+	}
+	if _, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "bad", Value: json.RawMessage(`{`)}, nil); !errors.Is(err, state.ErrInvalid) {
+		t.Fatalf("invalid JSON: %v", err)
+	}
+	list, err := c.MemoryList(ctx, "ns", "")
+	if err != nil || len(list) != 1 || list[0].Key != "k" || list[0].Value != nil {
+		t.Fatalf("list: %+v %v", list, err)
+	}
+	ok, err := c.MemoryDelete(ctx, "ns", "k")
+	if err != nil || !ok {
+		t.Fatalf("delete: %v %v", ok, err)
+	}
+	if ok, err := c.MemoryDelete(ctx, "ns", "k"); err != nil || ok {
+		t.Fatalf("delete again: %v %v", ok, err)
+	}
+	if _, err := c.Job(ctx, "nope"); !errors.Is(err, state.ErrNotFound) {
+		t.Fatalf("job get missing: %v", err)
+	}
+}
+
+// TestMemoryKeysNeverCollide checks keys and namespaces are stored as exact
+// bytes: no two distinct (namespace, key) pairs share an entry.
+func TestMemoryKeysNeverCollide(t *testing.T) {
+	t.Parallel()
+	s := openStore(t)
+	pairs := [][2]string{{"a", "b:c"}, {"a:b", "c"}, {"", "ab"}, {"a", "b"}, {"a", "b/c"}, {"a", "b_c"}, {"a", "B"}, {"a", "b "}, {"a", "ü"}, {"a", "u\u0308"}}
+	for i, p := range pairs {
+		if _, err := s.MemoryPut(state.Memory{Namespace: p[0], Key: p[1], Value: json.RawMessage(fmt.Sprint(i))}, nil, time.Now()); err != nil {
+			t.Fatalf("put %q: %v", p, err)
+		}
+	}
+	for i, p := range pairs {
+		m, err := s.MemoryGet(p[0], p[1])
+		if err != nil || string(m.Value) != fmt.Sprint(i) || m.Version != 1 {
+			t.Fatalf("get %q = %+v %v, want value %d version 1", p, m, err, i)
+		}
+	}
+}
+
+// TestMemoryCompareAndSetIsAtomic runs concurrent read-modify-write increments
+// (what update_memory does) and checks none is lost.
+func TestMemoryCompareAndSetIsAtomic(t *testing.T) {
+	t.Parallel()
+	c := client(t)
+	ctx := context.Background()
+	const workers, each = 8, 15
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for range each {
+				for {
+					var n int
+					var ver uint64
+					if m, err := c.MemoryGet(ctx, "ns", "counter"); err == nil {
+						_ = json.Unmarshal(m.Value, &n)
+						ver = m.Version
+					} else if !errors.Is(err, state.ErrNotFound) {
+						t.Error(err)
+						return
+					}
+					_, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "counter", Value: json.RawMessage(fmt.Sprint(n + 1))}, &ver)
+					if err == nil {
+						break
+					}
+					if !errors.Is(err, state.ErrConflict) {
+						t.Error(err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	m, err := c.MemoryGet(ctx, "ns", "counter")
+	if err != nil || string(m.Value) != fmt.Sprint(workers*each) || m.Version != workers*each {
+		t.Fatalf("counter %+v %v, want %d", m, err, workers*each)
+	}
+}
+
+func finished(id string, at time.Time, st jobs.Status) []jobs.Event {
+	return []jobs.Event{
+		{Job: id, Kind: jobs.EventSubmitted, Spec: &jobs.Job{ID: id, Code: "x", Labels: map[string]string{"batch": "b1"}}, At: at},
+		{Job: id, Kind: jobs.EventFinished, Attempt: 1, Result: &jobs.Result{Status: st}, At: at},
+	}
+}
+
+func TestRetentionAndListing(t *testing.T) {
+	t.Parallel()
+	s := openStore(t)
+	now := time.Now()
+	var evs []jobs.Event
+	for i := range 10 {
+		evs = append(evs, finished(fmt.Sprintf("old%02d", i), now.Add(-48*time.Hour), jobs.StatusSuccess)...)
+		evs = append(evs, finished(fmt.Sprintf("new%02d", i), now.Add(time.Duration(i)*time.Second), jobs.StatusWorkerLost)...)
+	}
+	evs = append(evs, jobs.Event{Job: "queued1", Kind: jobs.EventSubmitted, Spec: &jobs.Job{ID: "queued1", Code: "x"}, At: now})
+	if _, err := s.ApplyEvents(evs); err != nil {
+		t.Fatal(err)
+	}
+	// Paging with a prefix and a status filter.
+	var all []string
+	cursor := ""
+	for {
+		recs, next, err := s.List(state.JobFilter{Prefix: "new", Status: jobs.StatusWorkerLost, Limit: 3, Cursor: cursor, Labels: map[string]string{"batch": "b1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			all = append(all, r.Job.ID)
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	if len(all) != 10 || all[0] != "new00" || all[9] != "new09" {
+		t.Fatalf("paged list = %v", all)
+	}
+	dls, _, err := s.List(state.JobFilter{DeadLetter: true, Limit: 100})
+	if err != nil || len(dls) != 10 {
+		t.Fatalf("dead letters: %d %v", len(dls), err)
+	}
+	// Age: the ten old records go; count: then the oldest new ones beyond 6.
+	n, err := s.Prune(state.Retention{MaxAge: 24 * time.Hour}, now)
+	if err != nil || n != 10 {
+		t.Fatalf("prune by age: %d %v", n, err)
+	}
+	n, err = s.Prune(state.Retention{MaxCount: 6}, now)
+	if err != nil || n != 4 {
+		t.Fatalf("prune by count: %d %v", n, err)
+	}
+	if _, err := s.Job("new03"); !errors.Is(err, state.ErrNotFound) {
+		t.Fatalf("new03 should be pruned: %v", err)
+	}
+	for _, id := range []string{"new04", "new09", "queued1"} {
+		if _, err := s.Job(id); err != nil {
+			t.Fatalf("%s should be kept: %v", id, err)
+		}
+	}
+	if dls, _, _ := s.List(state.JobFilter{DeadLetter: true}); len(dls) != 6 {
+		t.Fatalf("dead letters after prune: %d", len(dls))
+	}
+}

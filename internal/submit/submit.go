@@ -1,0 +1,294 @@
+// Package submit is the `frontend submit` command: it pushes a JSONL file of jobs
+// through a front-end's HTTP jobs API, shows progress on the terminal, waits for
+// every job, and writes the final records as JSONL.
+package submit
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/cli"
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/jobsapi"
+)
+
+// Config is the parsed command line of `frontend submit`.
+type Config struct {
+	URL         string        // front-end base URL
+	Token       string        // bearer token
+	In          string        // JSONL file of jobs; "-" is stdin
+	Out         string        // JSONL file of records; "-" is stdout
+	Batch       int           // jobs per POST
+	Concurrency int           // jobs waited for at once
+	Wait        time.Duration // long-poll timeout of one wait request
+	Progress    time.Duration // how often progress is printed; 0 never
+}
+
+// Run parses args and runs the command.
+func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("frontend submit", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c := Config{}
+	fs.StringVar(&c.URL, "url", "http://127.0.0.1:8080", "base URL of the front-end (its --http address)")
+	fs.StringVar(&c.Token, "token", "", "bearer token, when the front-end requires one (env MCPEXEC_TOKEN)")
+	fs.StringVar(&c.Out, "out", "-", "where to write the final job records as JSONL; - is stdout")
+	fs.IntVar(&c.Batch, "batch", 500, "jobs per submission request")
+	fs.IntVar(&c.Concurrency, "concurrency", 64, "jobs waited for at once")
+	fs.DurationVar(&c.Wait, "wait", 30*time.Second, "long-poll timeout of one wait request")
+	fs.DurationVar(&c.Progress, "progress", time.Second, "how often progress is printed to stderr; 0 disables it")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: frontend submit [flags] JOBS.jsonl   (one job object per line: id, code, servers, timeout, max_attempts, labels; - reads stdin)")
+		fs.PrintDefaults()
+	}
+	if err := cli.Parse(fs, args, nil); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return cli.Usagef("submit needs exactly one JSONL file of jobs (or - for stdin), got %d arguments", fs.NArg())
+	}
+	c.In = fs.Arg(0)
+	if c.Token == "" {
+		c.Token = os.Getenv("MCPEXEC_TOKEN")
+	}
+	if c.Batch < 1 || c.Batch > jobsapi.MaxBatch {
+		return cli.Usagef("--batch must be 1..%d, got %d", jobsapi.MaxBatch, c.Batch)
+	}
+	if c.Concurrency < 1 {
+		return cli.Usagef("--concurrency must be at least 1, got %d", c.Concurrency)
+	}
+	in := stdin
+	if c.In != "-" {
+		f, err := os.Open(c.In)
+		if err != nil {
+			return cli.Usagef("open jobs file: %v", err)
+		}
+		defer f.Close()
+		in = f
+	}
+	out := stdout
+	if c.Out != "-" {
+		f, err := os.Create(c.Out)
+		if err != nil {
+			return fmt.Errorf("create results file: %w (check the directory exists and is writable)", err)
+		}
+		defer f.Close()
+		out = f
+	}
+	reqs, err := ReadJobs(in)
+	if err != nil {
+		return cli.Usagef("%v", err)
+	}
+	sum, err := c.Submit(ctx, reqs, out, stderr)
+	if err != nil {
+		return err
+	}
+	if sum.Failed > 0 {
+		return fmt.Errorf("%d of %d jobs did not succeed (see their records in the output)", sum.Failed, sum.Total)
+	}
+	return nil
+}
+
+// ReadJobs reads one job object per line, skipping blank lines; every line gets
+// an id (generated when absent) so the run can be resumed by submitting the same
+// file again.
+func ReadJobs(r io.Reader) ([]jobsapi.JobRequest, error) {
+	var out []jobsapi.JobRequest
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 8<<20)
+	for line := 1; sc.Scan(); line++ {
+		b := bytes.TrimSpace(sc.Bytes())
+		if len(b) == 0 {
+			continue
+		}
+		var j jobsapi.JobRequest
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&j); err != nil {
+			return nil, fmt.Errorf("jobs file line %d: %v (want a JSON object with code, and optionally id, servers, timeout, max_attempts, labels)", line, err)
+		}
+		if j.ID == "" {
+			j.ID = jobs.NewID()
+		}
+		out = append(out, j)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read jobs file: %w", err)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("the jobs file has no jobs")
+	}
+	return out, nil
+}
+
+// Summary counts the outcomes of a run.
+type Summary struct {
+	Total, Submitted, Done, Succeeded, Failed int
+}
+
+// Submit submits reqs in batches, waits for each job, and writes each final
+// record to out as one JSON line, in completion order. Progress goes to status.
+func (c *Config) Submit(ctx context.Context, reqs []jobsapi.JobRequest, out, status io.Writer) (Summary, error) {
+	var submitted, done, failed atomic.Int64
+	stopProgress := c.progress(len(reqs), &submitted, &done, &failed, status)
+	defer stopProgress()
+
+	ids := make(chan string, len(reqs))
+	var outMu sync.Mutex // guards out
+	enc := json.NewEncoder(out)
+	write := func(v any) error {
+		outMu.Lock()
+		defer outMu.Unlock()
+		return enc.Encode(v)
+	}
+	var wg sync.WaitGroup
+	var firstErr error
+	var errOnce sync.Once
+	fail := func(err error) { errOnce.Do(func() { firstErr = err }) }
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for range c.Concurrency {
+		wg.Go(func() {
+			for id := range ids {
+				rec, err := c.waitJob(ctx, id)
+				if err != nil {
+					fail(err)
+					cancel()
+					return
+				}
+				if rec.Status != jobs.StatusSuccess {
+					failed.Add(1)
+				}
+				done.Add(1)
+				if err := write(rec); err != nil {
+					fail(fmt.Errorf("write result: %w", err))
+					cancel()
+					return
+				}
+			}
+		})
+	}
+	for lo := 0; lo < len(reqs) && ctx.Err() == nil; lo += c.Batch {
+		batch := reqs[lo:min(lo+c.Batch, len(reqs))]
+		var items []jobsapi.Item
+		if err := c.do(ctx, http.MethodPost, "/api/jobs", batch, &items); err != nil {
+			fail(err)
+			break
+		}
+		for i, it := range items {
+			submitted.Add(1)
+			if it.Error != nil && (it.Record == nil || !it.Status.Terminal()) {
+				// Not accepted (conflict without a record, broker trouble): report it.
+				failed.Add(1)
+				done.Add(1)
+				_ = write(map[string]any{"job": map[string]string{"id": batch[i].ID}, "error": it.Error})
+				continue
+			}
+			ids <- batch[i].ID
+		}
+	}
+	close(ids)
+	wg.Wait()
+	stopProgress()
+	s := Summary{Total: len(reqs), Submitted: int(submitted.Load()), Done: int(done.Load()), Failed: int(failed.Load())}
+	s.Succeeded = s.Done - s.Failed
+	return s, firstErr
+}
+
+func (c *Config) waitJob(ctx context.Context, id string) (*jobs.Record, error) {
+	for {
+		var rec jobs.Record
+		if err := c.do(ctx, http.MethodGet, "/api/jobs/"+id+"/wait?timeout="+c.Wait.String(), nil, &rec); err != nil {
+			return nil, err
+		}
+		if rec.Status.Terminal() {
+			return &rec, nil
+		}
+	}
+}
+
+func (c *Config) progress(total int, submitted, done, failed *atomic.Int64, w io.Writer) (stop func()) {
+	if c.Progress <= 0 {
+		return func() {}
+	}
+	start := time.Now()
+	print := func(end string) {
+		el := time.Since(start).Seconds()
+		fmt.Fprintf(w, "\rsubmitted %d/%d  done %d  failed %d  %.0f jobs/s%s", submitted.Load(), total, done.Load(), failed.Load(), float64(done.Load())/max(el, 0.001), end)
+	}
+	t := time.NewTicker(c.Progress)
+	quit := make(chan struct{})
+	var once sync.Once
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-t.C:
+				print("")
+			case <-quit:
+				return
+			}
+		}
+	})
+	return func() {
+		once.Do(func() {
+			t.Stop()
+			close(quit)
+			wg.Wait()
+			print("\n")
+		})
+	}
+}
+
+// do sends one API request and decodes the answer; an API error becomes an error
+// with its code and message.
+func (c *Config) do(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.URL, "/")+path, rd)
+	if err != nil {
+		return fmt.Errorf("bad --url %q: %w", c.URL, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w (is the front-end running with --http at %s?)", method, path, err, c.URL)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("%s %s: read answer: %w", method, path, err)
+	}
+	if resp.StatusCode >= 300 {
+		var e jobsapi.ErrorResponse
+		if json.Unmarshal(data, &e) == nil && e.Error.Code != "" {
+			return fmt.Errorf("%s %s: %s (%s): %s", method, path, resp.Status, e.Error.Code, e.Error.Message)
+		}
+		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(data))
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("%s %s: decode answer: %w", method, path, err)
+	}
+	return nil
+}

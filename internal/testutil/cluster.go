@@ -1,0 +1,177 @@
+package testutil
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/mcpexec/mcpexec/internal/broker"
+	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/worker"
+)
+
+// Cluster is an in-process NATS cluster of brokers on loopback. Node 0 runs the
+// state service; the others run with NoState.
+type Cluster struct {
+	Nodes []*broker.Broker
+	URLs  []string // client URL of each node
+
+	mu     sync.Mutex // guards closed
+	closed []bool
+}
+
+// StartCluster starts n brokers clustered on random loopback ports, with
+// streams of qcfg.Replicas replicas (3 when zero and n ≥ 3), and waits until the
+// streams exist. Each node has its own data dir and server name; each mutate
+// function may change node i's configuration before it starts.
+func StartCluster(t testing.TB, n int, qcfg queue.Config, mutate ...func(i int, cfg *broker.Config)) *Cluster {
+	t.Helper()
+	if qcfg.Replicas <= 1 {
+		qcfg.Replicas = min(n, 3)
+	}
+	ports := freePorts(t, n)
+	routes := make([]string, n)
+	for i, p := range ports {
+		routes[i] = fmt.Sprintf("nats-route://127.0.0.1:%d", p)
+	}
+	c := &Cluster{Nodes: make([]*broker.Broker, n), URLs: make([]string, n), closed: make([]bool, n)}
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	defer cancel()
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cfg := broker.Config{
+				DataDir:    t.TempDir(),
+				Listen:     "127.0.0.1:-1",
+				Queue:      qcfg,
+				Logger:     Logger(t).With("node", i),
+				ServerName: fmt.Sprintf("node%d", i),
+				Cluster:    broker.ClusterConfig{Name: "mcpexec-test", Listen: fmt.Sprintf("127.0.0.1:%d", ports[i]), Routes: routes},
+				NoState:    i != 0,
+			}
+			for _, m := range mutate {
+				m(i, &cfg)
+			}
+			c.Nodes[i], errs[i] = broker.Start(ctx, cfg)
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		if c.Nodes[i] != nil {
+			t.Cleanup(func() { c.Kill(i) })
+			c.URLs[i] = c.Nodes[i].ClientURL()
+		}
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("start cluster node %d: %v", i, err)
+		}
+	}
+	return c
+}
+
+// URL is the comma-separated client URL of every node, as a fleet process is
+// configured.
+func (c *Cluster) URL() string { return strings.Join(c.URLs, ",") }
+
+// State is the node that runs the state service.
+func (c *Cluster) State() *broker.Broker { return c.Nodes[0] }
+
+// Kill stops node i (its clients see their connection drop). Idempotent.
+func (c *Cluster) Kill(i int) {
+	c.mu.Lock()
+	if c.closed[i] {
+		c.mu.Unlock()
+		return
+	}
+	c.closed[i] = true
+	c.mu.Unlock()
+	_ = c.Nodes[i].Close()
+}
+
+// Index returns the index of the node whose server name is name, or -1.
+func (c *Cluster) Index(name string) int {
+	for i, b := range c.Nodes {
+		if b.Server().Name() == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// ConnectAll opens a client connection that knows every node's URL and
+// reconnects quickly, as a worker or front-end of a fleet is configured.
+func (c *Cluster) ConnectAll(t testing.TB, name string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(c.URL(), nats.Name(name), nats.MaxReconnects(-1),
+		nats.ReconnectWait(100*time.Millisecond), nats.ReconnectJitter(50*time.Millisecond, 50*time.Millisecond))
+	if err != nil {
+		t.Fatalf("connect %s to %s: %v", name, c.URL(), err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// freePorts returns n distinct loopback ports that were free a moment ago.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	ports := make([]int, n)
+	for i := range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("find a free port: %v", err)
+		}
+		ls = append(ls, l)
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+	}
+	return ports
+}
+
+// WorkerOn starts a worker on rt over the connection nc.
+func WorkerOn(t testing.TB, nc *nats.Conn, rt sandbox.Runtime, cfg worker.Config) *worker.Worker {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = Logger(t)
+	}
+	w, err := worker.New(nc, rt, cfg)
+	if err != nil {
+		t.Fatalf("new worker: %v", err)
+	}
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatalf("start worker: %v", err)
+	}
+	t.Cleanup(w.Stop)
+	return w
+}
+
+// FrontendOn starts a front-end with id over the connection nc.
+func FrontendOn(t testing.TB, nc *nats.Conn, id string) *frontend.Frontend {
+	t.Helper()
+	fe, err := frontend.New(nc, frontend.Config{ID: id, Limits: jobs.DefaultLimits(), Logger: Logger(t)})
+	if err != nil {
+		t.Fatalf("new frontend: %v", err)
+	}
+	if err := fe.Start(context.Background()); err != nil {
+		t.Fatalf("start frontend: %v", err)
+	}
+	t.Cleanup(fe.Stop)
+	return fe
+}

@@ -1,0 +1,133 @@
+package testutil
+
+import (
+	"context"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/client/transport"
+	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/mcpexec/mcpexec/internal/broker"
+	"github.com/mcpexec/mcpexec/internal/discovery"
+	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/mcpclients"
+	"github.com/mcpexec/mcpexec/internal/mcpserver"
+)
+
+// FrontendWith starts a front-end configured by cfg (ID, Tools, ...) on b.
+// Limits and Logger default like Frontend's.
+func FrontendWith(t testing.TB, b *broker.Broker, cfg frontend.Config) *frontend.Frontend {
+	t.Helper()
+	if cfg.Limits == (jobs.Limits{}) {
+		cfg.Limits = jobs.DefaultLimits()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = Logger(t)
+	}
+	fe, err := frontend.New(Connect(t, b, "frontend-"+cfg.ID), cfg)
+	if err != nil {
+		t.Fatalf("new frontend: %v", err)
+	}
+	if err := fe.Start(context.Background()); err != nil {
+		t.Fatalf("start frontend: %v", err)
+	}
+	t.Cleanup(fe.Stop)
+	return fe
+}
+
+// MCPClientWith serves an MCP server made with opts over streamable HTTP (with
+// hopts) and returns an initialised client of it.
+func MCPClientWith(t testing.TB, fe *frontend.Frontend, opts mcpserver.Options, hopts mcpserver.HTTPOptions, copts ...transport.StreamableHTTPCOption) *client.Client {
+	t.Helper()
+	srv := mcpserver.New(fe, opts)
+	if hopts.Health == nil {
+		hopts.Health = fe.Health
+	}
+	hs := httptest.NewServer(mcpserver.Handler(srv, hopts))
+	t.Cleanup(hs.Close)
+	c, err := client.NewStreamableHttpClient(hs.URL+"/mcp", append([]transport.StreamableHTTPCOption{transport.WithHTTPTimeout(5 * time.Minute)}, copts...)...)
+	if err != nil {
+		t.Fatalf("new MCP client: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ctx := context.Background()
+	if err := c.Start(ctx); err != nil {
+		t.Fatalf("start MCP client: %v", err)
+	}
+	init := mcp.InitializeRequest{}
+	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
+	init.Params.ClientInfo = mcp.Implementation{Name: "mcpexec-test", Version: "0"}
+	if _, err := c.Initialize(ctx, init); err != nil {
+		t.Fatalf("initialize MCP client: %v", err)
+	}
+	return c
+}
+
+var (
+	testServerOnce sync.Once
+	testServerPath string
+	testServerErr  error
+)
+
+// TestServer builds the stdio MCP test server (internal/mcpclients/testserver)
+// once per test process and returns its path.
+func TestServer(t testing.TB) string {
+	t.Helper()
+	testServerOnce.Do(func() {
+		_, file, _, _ := runtime.Caller(0)
+		root := filepath.Join(filepath.Dir(file), "..", "..")
+		dir, err := os.MkdirTemp("", "mcpexec-testserver-")
+		if err != nil {
+			testServerErr = err
+			return
+		}
+		testServerPath = filepath.Join(dir, "testserver")
+		cmd := exec.Command("go", "build", "-o", testServerPath, "./internal/mcpclients/testserver")
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			testServerErr = &buildError{out: string(out), err: err}
+		}
+	})
+	if testServerErr != nil {
+		t.Fatalf("build the MCP test server: %v", testServerErr)
+	}
+	return testServerPath
+}
+
+type buildError struct {
+	out string
+	err error
+}
+
+func (e *buildError) Error() string { return e.err.Error() + ": " + e.out }
+
+// TestServerDef is a discovery entry launching the test server as name.
+func TestServerDef(t testing.TB, name string, env map[string]string) discovery.Server {
+	t.Helper()
+	return discovery.Server{Name: name, Type: "stdio", Command: TestServer(t), Args: []string{"-name", name},
+		Env: env, Description: "test server " + name}
+}
+
+// Pool returns a started client pool of servers, stopped when the test ends.
+func Pool(t testing.TB, cfg mcpclients.Config, servers ...discovery.Server) *mcpclients.Pool {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = Logger(t)
+	}
+	p := mcpclients.New(servers, cfg)
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatalf("start pool: %v", err)
+	}
+	t.Cleanup(p.Stop)
+	return p
+}

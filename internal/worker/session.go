@@ -1,0 +1,339 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+)
+
+// Session defaults (DESIGN.md §7).
+const (
+	DefaultSessionIdle = 300 * time.Second
+	DefaultMaxSessions = 16
+)
+
+// sessionTable holds the sessions this worker keeps (see package queue for the
+// routing). The sandbox runtime keeps each session's sandbox; the table tracks
+// use, announces the sessions in the sessions bucket, answers front-ends' "do
+// you hold it?" and ends sessions left idle.
+type sessionTable struct {
+	w    *Worker
+	rt   sandbox.SessionRuntime // nil: the runtime keeps no sessions
+	kv   jetstream.KeyValue
+	idle time.Duration
+	max  int
+
+	sub  *nats.Subscription
+	stop chan struct{} // closed by close
+	done chan struct{} // closed when the janitor returns
+	once sync.Once     // guards the shutdown
+
+	mu   sync.Mutex // guards held
+	held map[string]*heldSession
+}
+
+// heldSession is one session this worker holds.
+type heldSession struct {
+	name     string    // the session as jobs name it
+	since    time.Time // when this worker took it
+	lastUsed time.Time // when its last job ended
+	busy     int       // its jobs admitted and not yet released
+	fresh    bool      // no job has run in it yet
+}
+
+// openSessions creates the sessions bucket and this worker's routed-jobs
+// consumer.
+func (w *Worker) openSessions(ctx context.Context) (jetstream.Consumer, error) {
+	st := &sessionTable{w: w, idle: w.cfg.SessionIdle, max: w.cfg.MaxSessions,
+		stop: make(chan struct{}), done: make(chan struct{}), held: map[string]*heldSession{}}
+	if st.idle <= 0 {
+		st.idle = DefaultSessionIdle
+	}
+	if st.max <= 0 {
+		st.max = DefaultMaxSessions
+	}
+	st.rt, _ = w.rt.(sandbox.SessionRuntime)
+	kv, err := queue.SessionsBucket(ctx, w.client.JetStream(), w.cfg.Queue)
+	if err != nil {
+		return nil, err
+	}
+	st.kv = kv
+	cons, err := queue.WorkerJobsConsumer(ctx, w.client.JetStream(), w.cfg.Queue, w.cfg.ID)
+	if err != nil {
+		return nil, err
+	}
+	st.sub, err = w.nc.Subscribe(w.client.Subjects().WorkerSessions(w.cfg.ID), st.answer)
+	if err != nil {
+		return nil, fmt.Errorf("answer session look-ups: %w", err)
+	}
+	w.sess = st
+	return cons, nil
+}
+
+// startSessions starts taking the jobs routed to this worker, and the janitor.
+func (w *Worker) startSessions(loopCtx, jobsCtx context.Context, cons jetstream.Consumer) {
+	w.loop.Add(1)
+	go func() {
+		defer w.loop.Done()
+		w.fetchLoop(loopCtx, jobsCtx, cons)
+	}()
+	go w.sess.janitor()
+}
+
+// answer replies to a front-end asking whether this worker holds a session.
+func (st *sessionTable) answer(m *nats.Msg) {
+	st.mu.Lock()
+	_, ok := st.held[string(m.Data)]
+	st.mu.Unlock()
+	reply := "gone"
+	if ok {
+		reply = queue.SessionHeld
+	}
+	_ = m.Respond([]byte(reply))
+}
+
+// admit decides whether this worker runs a job of a session. When it does not,
+// admit has disposed of the message (finished the job with an error, or
+// forwarded it to the worker holding the session) and returns false. A true
+// return must be paired with releaseSession.
+func (w *Worker) admit(ctx context.Context, msg jetstream.Msg, job *jobs.Job, attempt int) bool {
+	st := w.sess
+	fail := func(text string) bool {
+		w.finish(ctx, msg, job, attempt, jobs.Result{Status: jobs.StatusError, ExitCode: -1, Error: text})
+		return false
+	}
+	if st == nil || st.rt == nil {
+		return fail(fmt.Sprintf("worker %s cannot keep sessions (its sandbox runtime has none): run the job without a session", w.cfg.ID))
+	}
+	key := queue.SessionKey(job.Namespace, job.Session)
+	now := time.Now()
+	st.mu.Lock()
+	if h := st.held[key]; h != nil {
+		h.busy++
+		h.lastUsed = now
+		st.mu.Unlock()
+		return true
+	}
+	st.mu.Unlock()
+	if msg.Subject() == w.client.Subjects().WorkerJobs(w.cfg.ID) {
+		// Routed here for a session this worker (or its previous life) no
+		// longer holds.
+		st.forget(ctx, key, false)
+		return fail(queue.SessionGoneMessage(job.Session))
+	}
+	// From the pool: the session's first job, or a race with another worker.
+	for range 2 {
+		e, err := st.kv.Get(ctx, key)
+		if err == nil {
+			var ent queue.SessionEntry
+			if json.Unmarshal(e.Value(), &ent) == nil && ent.Worker != w.cfg.ID && !ent.Ended &&
+				queue.HoldsSession(ctx, w.nc, w.client.Subjects(), ent.Worker, key) {
+				return w.forward(ctx, msg, job, attempt, ent.Worker)
+			}
+			_ = st.kv.Delete(ctx, key, jetstream.LastRevision(e.Revision()))
+		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			w.log.Warn("look up session", "job", job.ID, "session", job.Session, "err", err)
+		}
+		st.mu.Lock()
+		if len(st.held) >= st.max {
+			st.mu.Unlock()
+			return fail(fmt.Sprintf("worker %s already holds its maximum of %d sessions: retry when one has ended "+
+				"(sessions end after %s idle), run the job without a session, or add workers", w.cfg.ID, st.max, st.idle))
+		}
+		st.held[key] = &heldSession{name: job.Session, since: now, lastUsed: now, busy: 1, fresh: true}
+		st.mu.Unlock()
+		data, _ := json.Marshal(queue.SessionEntry{Worker: w.cfg.ID, Session: job.Session, Since: now.UTC()})
+		if _, err := st.kv.Create(ctx, key, data); err == nil || !errors.Is(err, jetstream.ErrKeyExists) {
+			if err != nil {
+				w.log.Warn("announce session", "job", job.ID, "session", job.Session, "err", err)
+			}
+			return true
+		}
+		// Another worker took the session meanwhile: run it there.
+		st.mu.Lock()
+		delete(st.held, key)
+		st.mu.Unlock()
+	}
+	return fail(fmt.Sprintf("session %s is being started by several workers at once: retry", job.Session))
+}
+
+// forward hands a pool-delivered job of a session to the worker holding it.
+func (w *Worker) forward(ctx context.Context, msg jetstream.Msg, job *jobs.Job, attempt int, worker string) bool {
+	data, err := json.Marshal(job)
+	if err == nil {
+		_, err = w.client.JetStream().Publish(ctx, w.client.Subjects().WorkerJobs(worker), data,
+			jetstream.WithMsgID(job.ID+".session"))
+	}
+	if err != nil {
+		w.log.Warn("forward session job", "job", job.ID, "to", worker, "err", err)
+		_ = msg.NakWithDelay(w.cfg.RetryDelay)
+		return false
+	}
+	w.log.Debug("forwarded session job", "job", job.ID, "session", job.Session, "to", worker)
+	_ = msg.Ack()
+	return false
+}
+
+// releaseSession ends what admit began.
+func (w *Worker) releaseSession(job *jobs.Job) {
+	key := queue.SessionKey(job.Namespace, job.Session)
+	st := w.sess
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if h := st.held[key]; h != nil {
+		h.busy--
+		h.lastUsed = time.Now()
+	}
+}
+
+// runSandbox runs a job: in its session's sandbox when it names one, else in a
+// fresh one.
+func (w *Worker) runSandbox(ctx context.Context, job *jobs.Job, sj sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
+	if job.Session == "" || w.sess == nil || w.sess.rt == nil {
+		return w.rt.Run(ctx, sj, host)
+	}
+	st := w.sess
+	key := queue.SessionKey(job.Namespace, job.Session)
+	st.mu.Lock()
+	h := st.held[key]
+	fresh := h != nil && h.fresh
+	if h != nil {
+		h.fresh = false
+	}
+	st.mu.Unlock()
+	if !fresh && !st.rt.HasSession(key) {
+		// Its sandbox ended (a timeout or crash of an earlier job) while this
+		// job waited: do not start a blank one behind the caller's back.
+		st.forget(context.WithoutCancel(ctx), key, false)
+		return sandbox.Result{Status: sandbox.StatusError, ExitCode: -1, Error: queue.SessionGoneMessage(job.Session)}, nil
+	}
+	res, err := st.rt.RunInSession(ctx, key, sj, host)
+	if !st.rt.HasSession(key) {
+		st.forget(context.WithoutCancel(ctx), key, false)
+		if err == nil {
+			note := fmt.Sprintf("session %s ended with this job (its sandbox could not go on); the next call with this name starts it afresh", job.Session)
+			if res.Error == "" {
+				res.Error = note
+			} else {
+				res.Error += "; " + note
+			}
+		}
+	}
+	return res, err
+}
+
+// forget drops a session from the table, the runtime and the bucket. With
+// tombstone, the bucket keeps an ended entry so the session's next job is told
+// it is gone; without, the next job starts the session afresh.
+func (st *sessionTable) forget(ctx context.Context, key string, tombstone bool) {
+	st.mu.Lock()
+	delete(st.held, key)
+	st.mu.Unlock()
+	if st.rt != nil {
+		if err := st.rt.EndSession(key); err != nil {
+			st.w.log.Warn("end session", "session", key, "err", err)
+		}
+	}
+	st.unannounce(ctx, key, tombstone)
+}
+
+// unannounce deletes key from the bucket, or marks it ended, if it still names
+// this worker.
+func (st *sessionTable) unannounce(ctx context.Context, key string, tombstone bool) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	e, err := st.kv.Get(ctx, key)
+	if err != nil {
+		return
+	}
+	var ent queue.SessionEntry
+	if json.Unmarshal(e.Value(), &ent) != nil || ent.Worker != st.w.cfg.ID {
+		return
+	}
+	if !tombstone {
+		_ = st.kv.Delete(ctx, key, jetstream.LastRevision(e.Revision()))
+		return
+	}
+	ent.Ended = true
+	data, _ := json.Marshal(ent)
+	_, _ = st.kv.Update(ctx, key, data, e.Revision())
+}
+
+// janitor ends idle sessions and keeps the bucket's entries of the others alive.
+func (st *sessionTable) janitor() {
+	defer close(st.done)
+	sweep := time.NewTicker(min(max(st.idle/4, 50*time.Millisecond), 5*time.Second))
+	defer sweep.Stop()
+	refresh := time.NewTicker(queue.SessionTTL / 3)
+	defer refresh.Stop()
+	ctx := context.Background()
+	for {
+		select {
+		case <-st.stop:
+			return
+		case now := <-sweep.C:
+			var idle []string
+			st.mu.Lock()
+			for key, h := range st.held {
+				if h.busy == 0 && now.Sub(h.lastUsed) >= st.idle {
+					idle = append(idle, key)
+				}
+			}
+			st.mu.Unlock()
+			for _, key := range idle {
+				st.w.log.Info("session idle: ending it", "session", key, "idle", st.idle)
+				st.forget(ctx, key, true)
+			}
+		case <-refresh.C:
+			st.mu.Lock()
+			entries := map[string]queue.SessionEntry{}
+			for key, h := range st.held {
+				entries[key] = queue.SessionEntry{Worker: st.w.cfg.ID, Session: h.name, Since: h.since.UTC()}
+			}
+			st.mu.Unlock()
+			for key, ent := range entries {
+				data, _ := json.Marshal(ent)
+				pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				if _, err := st.kv.Put(pctx, key, data); err != nil {
+					st.w.log.Warn("refresh session entry", "session", key, "err", err)
+				}
+				cancel()
+			}
+		}
+	}
+}
+
+// closeSessions ends every session: called by Stop once no job runs.
+func (w *Worker) closeSessions() {
+	st := w.sess
+	if st == nil {
+		return
+	}
+	st.once.Do(func() {
+		close(st.stop)
+		_ = st.sub.Unsubscribe()
+		select {
+		case <-st.done:
+		case <-time.After(10 * time.Second):
+		}
+		st.mu.Lock()
+		keys := make([]string, 0, len(st.held))
+		for key := range st.held {
+			keys = append(keys, key)
+		}
+		st.mu.Unlock()
+		for _, key := range keys {
+			st.forget(context.Background(), key, true)
+		}
+	})
+}

@@ -1,0 +1,95 @@
+package worker_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/worker"
+)
+
+func shutdownQueue() queue.Config {
+	q := queue.DefaultConfig()
+	q.AckWait = time.Second
+	q.BackOff = []time.Duration{time.Second, time.Second}
+	return q
+}
+
+// TestStopLetsRunningJobsFinish stops a worker (as SIGTERM does) while it runs
+// a job: the job finishes within the grace period, and the worker takes no
+// job after Stop began.
+func TestStopLetsRunningJobsFinish(t *testing.T) {
+	t.Parallel()
+	q := shutdownQueue()
+	b := testutil.Broker(t, "", q)
+	fe := testutil.Frontend(t, b, "fe1")
+	rt := testutil.NewFakeRuntime(4)
+	cfg := worker.DefaultConfig("w1")
+	cfg.Queue, cfg.Grace = q, 20*time.Second
+	w := testutil.Worker(t, b, rt, cfg)
+
+	ctx := context.Background()
+	if out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "running", Code: "sleep 500ms"}}, "ns"); out[0].Err != nil {
+		t.Fatal(out[0].Err)
+	}
+	<-rt.Started
+	stopped := make(chan struct{})
+	go func() { w.Stop(); close(stopped) }()
+	time.Sleep(50 * time.Millisecond) // Stop has begun
+	if out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "later", Code: "x"}}, "ns"); out[0].Err != nil {
+		t.Fatal(out[0].Err)
+	}
+	<-stopped
+	if rec := testutil.WaitRecord(t, b, "running", jobs.StatusSuccess); rec.Worker != "w1" {
+		t.Fatalf("record %+v", rec)
+	}
+	if rt.Runs() != 1 {
+		t.Fatalf("the stopping worker ran %d jobs, want 1", rt.Runs())
+	}
+	if rec, err := b.Store().Job("later"); err != nil || rec.Status != jobs.StatusQueued {
+		t.Fatalf("job submitted during Stop: %+v, %v; want queued", rec, err)
+	}
+}
+
+// TestStopHandsBackJobsAfterGrace stops a worker whose job outlasts the grace
+// period: the job is handed back and another worker runs it.
+func TestStopHandsBackJobsAfterGrace(t *testing.T) {
+	t.Parallel()
+	q := shutdownQueue()
+	b := testutil.Broker(t, "", q)
+	fe := testutil.Frontend(t, b, "fe1")
+	rt := testutil.NewFakeRuntime(4)
+	cfg := worker.DefaultConfig("w1")
+	cfg.Queue, cfg.Grace = q, 200*time.Millisecond
+	w := testutil.Worker(t, b, rt, cfg)
+
+	ctx := context.Background()
+	if out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "long", Code: "block", MaxAttempts: 2}}, "ns"); out[0].Err != nil {
+		t.Fatal(out[0].Err)
+	}
+	<-rt.Started
+	w.Stop()
+	if rec, err := b.Store().Job("long"); err != nil || rec.Status.Terminal() {
+		t.Fatalf("handed-back job: %+v, %v; want it not finished", rec, err)
+	}
+	// Another worker takes the handed-back job (its second attempt).
+	cfg2 := worker.DefaultConfig("w2")
+	cfg2.Queue = q
+	testutil.Worker(t, b, &doneRuntime{testutil.NewFakeRuntime(1)}, cfg2)
+	rec := testutil.WaitRecord(t, b, "long", jobs.StatusSuccess)
+	if rec.Worker != "w2" || rec.Attempt != 2 {
+		t.Fatalf("record %+v, want success on w2 at attempt 2", rec)
+	}
+}
+
+// doneRuntime finishes every job at once.
+type doneRuntime struct{ *testutil.FakeRuntime }
+
+func (r *doneRuntime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
+	job.Code = "done"
+	return r.FakeRuntime.Run(ctx, job, host)
+}
