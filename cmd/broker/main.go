@@ -4,18 +4,17 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/cli"
+	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/queue"
 )
 
@@ -34,7 +33,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	data := fs.String("data", "./data/broker", "directory of the JetStream store and the state file")
 	listen := fs.String("listen", "127.0.0.1:4222", "NATS client listen address HOST:PORT")
-	httpAddr := fs.String("http", "", "serve /healthz on HOST:PORT (optional)")
+	httpAddr := fs.String("http", "", "serve /healthz and /metrics on HOST:PORT (optional)")
 	maxQueued := fs.Int64("max-queued", queue.DefaultConfig().MaxQueued, "pending jobs held before new ones are rejected")
 	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	fl := registerFleetFlags(fs)
@@ -50,7 +49,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	qcfg := queue.DefaultConfig()
 	qcfg.MaxQueued = *maxQueued
-	bcfg := broker.Config{DataDir: *data, Listen: *listen, Queue: qcfg, Logger: log}
+	m := metrics.New("broker")
+	bcfg := broker.Config{DataDir: *data, Listen: *listen, Queue: qcfg, Logger: log, Metrics: m}
 	if err := fl.apply(&bcfg, log); err != nil {
 		return err
 	}
@@ -62,23 +62,16 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	log.Info("broker ready", "nats", b.ClientURL(), "data", *data, "cluster", bcfg.Cluster.Name,
 		"replicas", bcfg.Queue.Replicas, "state_service", b.StateService())
 	if *httpAddr != "" {
-		mux := http.NewServeMux()
-		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Content-Type", "application/json")
+		_, stopOps, err := cli.ServeOps(*httpAddr, func() error {
 			if !b.Server().JetStreamEnabled() {
-				w.WriteHeader(http.StatusServiceUnavailable)
-				_ = json.NewEncoder(w).Encode(map[string]string{"status": "unavailable", "error": "JetStream is not enabled"})
-				return
+				return errors.New("JetStream is not enabled")
 			}
-			_ = json.NewEncoder(w).Encode(map[string]string{"status": "ok"})
-		})
-		srv := &http.Server{Addr: *httpAddr, Handler: mux}
-		go func() {
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("http", "err", err)
-			}
-		}()
-		defer srv.Close()
+			return nil
+		}, m.Handler(), log)
+		if err != nil {
+			return err
+		}
+		defer stopOps()
 	}
 	<-ctx.Done()
 	log.Info("broker stopping")

@@ -31,6 +31,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
+	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/submit"
 	"github.com/mcpexec/mcpexec/internal/worker"
@@ -156,8 +157,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return err
 	}
 	defer pool.Stop()
+	m := metrics.New("frontend")
 	wcfg := worker.DefaultConfig(c.workerID)
-	wcfg.Slots, wcfg.Logger, wcfg.Grace = c.slots, log, c.fleet.grace
+	wcfg.Slots, wcfg.Logger, wcfg.Grace, wcfg.Metrics = c.slots, log, c.fleet.grace, m
 	if err := c.sandbox.ConfigureWorker(&wcfg); err != nil {
 		return err
 	}
@@ -171,12 +173,14 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		DataDir:    c.data,
 		BrokerAddr: c.brokerListen,
 		Frontend: frontend.Config{ID: c.id, Limits: c.limits, Logger: log, Tools: pool,
-			CallTimeout: c.servers.callTimeout, MaxCallsPerJob: c.servers.maxCalls, Policy: c.fleet.policy},
+			CallTimeout: c.servers.callTimeout, MaxCallsPerJob: c.servers.maxCalls, Policy: c.fleet.policy,
+			Metrics: m},
 		Worker: wcfg,
 		NewRuntime: func(ctx context.Context) (sandbox.Runtime, error) {
 			return c.sandbox.Open(ctx, wcfg.ID, log)
 		},
-		Logger: log,
+		Logger:  log,
+		Metrics: m,
 	})
 	if err != nil {
 		return err
@@ -186,7 +190,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if c.nats == "" {
 		mode = "embedded"
 	}
-	mopts := mcpserver.Options{Servers: pool.Names, Catalog: pool.Servers, OutputMode: c.servers.outputMode}
+	mopts := mcpserver.Options{Servers: pool.Names, Catalog: pool.Servers, OutputMode: c.servers.outputMode, Metrics: m}
 	if c.httpAddr == "" {
 		// One caller on stdio: the default memory namespace.
 		mopts.Namespace = func(context.Context) string { return mcpserver.DefaultNamespace }
@@ -198,7 +202,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		log.Info("serving MCP on stdio", "frontend", c.id, "mode", mode)
 		return serveStdio(ctx, srv, stack.Frontend, c.fleet.grace, stdin, stdout, log)
 	}
-	return serveHTTP(ctx, c, srv, stack.Frontend, log, mode)
+	return serveHTTP(ctx, c, srv, stack.Frontend, m, log, mode)
 }
 
 func serveStdio(ctx context.Context, srv *server.MCPServer, fe *frontend.Frontend, grace time.Duration, stdin io.Reader, stdout io.Writer, log *slog.Logger) error {
@@ -225,8 +229,9 @@ func serveStdio(ctx context.Context, srv *server.MCPServer, fe *frontend.Fronten
 	return err
 }
 
-func serveHTTP(ctx context.Context, c *config, srv *server.MCPServer, fe *frontend.Frontend, log *slog.Logger, mode string) error {
-	opts := mcpserver.HTTPOptions{Health: fe.Health, Tokens: map[string]string{}}
+func serveHTTP(ctx context.Context, c *config, srv *server.MCPServer, fe *frontend.Frontend, m *metrics.Metrics, log *slog.Logger, mode string) error {
+	opts := mcpserver.HTTPOptions{Health: fe.Health, Tokens: map[string]string{},
+		Extra: map[string]http.Handler{"GET /metrics": m.Handler()}}
 	opts.API = jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext, Logger: log})
 	for tok, ns := range c.servers.tokens {
 		opts.Tokens[tok] = ns

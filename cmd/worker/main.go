@@ -4,12 +4,10 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -20,8 +18,10 @@ import (
 	"github.com/mcpexec/mcpexec/cmd/internal/doctorcmd"
 	"github.com/mcpexec/mcpexec/cmd/internal/natsflags"
 	"github.com/mcpexec/mcpexec/cmd/internal/sandboxflags"
+	"github.com/mcpexec/mcpexec/internal/app"
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
@@ -47,7 +47,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	slots := fs.Int("slots", 4, "jobs run at once")
 	pool := fs.String("job-pool", jobs.DefaultPool, "job pool to take jobs from")
 	grace := fs.Duration("grace", 30*time.Second, "on SIGTERM, how long running jobs may finish before they are handed back")
-	httpAddr := fs.String("http", "", "serve /healthz on HOST:PORT (optional)")
+	httpAddr := fs.String("http", "", "serve /healthz and /metrics on HOST:PORT (optional)")
 	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	sb := sandboxflags.Register(fs)
 	nf := natsflags.Register(fs)
@@ -81,8 +81,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer rt.Close()
+	m := metrics.New("worker")
+	app.InstrumentRuntime(m, rt)
 	cfg := worker.DefaultConfig(*id)
-	cfg.Slots, cfg.Pool, cfg.Grace, cfg.Logger = *slots, *pool, *grace, log
+	cfg.Slots, cfg.Pool, cfg.Grace, cfg.Logger, cfg.Metrics = *slots, *pool, *grace, log, m
 	if err := sb.ConfigureWorker(&cfg); err != nil {
 		return err
 	}
@@ -95,23 +97,16 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer w.Stop()
 	if *httpAddr != "" {
-		mux := http.NewServeMux()
-		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Content-Type", "application/json")
+		_, stopOps, err := cli.ServeOps(*httpAddr, func() error {
 			if !nc.IsConnected() {
-				w.WriteHeader(http.StatusServiceUnavailable)
-				_ = json.NewEncoder(w).Encode(map[string]string{"status": "unavailable", "error": "not connected to NATS"})
-				return
+				return errors.New("not connected to NATS")
 			}
-			_ = json.NewEncoder(w).Encode(map[string]string{"status": "ok"})
-		})
-		srv := &http.Server{Addr: *httpAddr, Handler: mux}
-		go func() {
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("http", "err", err)
-			}
-		}()
-		defer srv.Close()
+			return nil
+		}, m.Handler(), log)
+		if err != nil {
+			return err
+		}
+		defer stopOps()
 	}
 	<-ctx.Done()
 	log.Info("worker stopping: draining running jobs", "grace", *grace)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
@@ -30,6 +31,7 @@ type FrontendConfig struct {
 	Worker     worker.Config // embedded worker
 	NewRuntime RuntimeFactory
 	Logger     *slog.Logger
+	Metrics    *metrics.Metrics // nil: no metrics
 }
 
 // Stack is a running front-end with whatever it embeds.
@@ -59,6 +61,7 @@ func StartFrontend(ctx context.Context, cfg FrontendConfig) (_ *Stack, err error
 			Listen:  cfg.BrokerAddr,
 			Queue:   cfg.Worker.Queue,
 			Logger:  cfg.Logger.With("component", "broker"),
+			Metrics: cfg.Metrics,
 		})
 		if err != nil {
 			return nil, err
@@ -73,6 +76,7 @@ func StartFrontend(ctx context.Context, cfg FrontendConfig) (_ *Stack, err error
 		if s.Runtime, err = cfg.NewRuntime(ctx); err != nil {
 			return nil, err
 		}
+		InstrumentRuntime(cfg.Metrics, s.Runtime)
 		wnc, err := s.Broker.Connect("mcpexec-worker")
 		if err != nil {
 			return nil, fmt.Errorf("connect worker: %w", err)
@@ -121,4 +125,16 @@ func (s *Stack) Close() {
 		_ = s.Broker.Close()
 		s.Broker = nil
 	}
+}
+
+// InstrumentRuntime exports rt's sandbox counters (container starts and failures,
+// warm pool size) when it reports them.
+func InstrumentRuntime(m *metrics.Metrics, rt sandbox.Runtime) {
+	sr, ok := rt.(sandbox.StatsReporter)
+	if m == nil || !ok {
+		return
+	}
+	m.Counter("mcpexec_container_starts_total", "Sandbox containers started.", func() float64 { return float64(sr.Stats().Started) })
+	m.Counter("mcpexec_container_start_failures_total", "Sandbox containers that failed to start.", func() float64 { return float64(sr.Stats().StartFailures) })
+	m.Gauge("mcpexec_warm_pool_size", "Started sandboxes waiting for a job.", func() float64 { return float64(sr.Stats().Warm) })
 }

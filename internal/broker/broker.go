@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/state"
 )
@@ -43,6 +44,9 @@ type Config struct {
 	// ClientOptions are added to the broker's own in-process connections, e.g.
 	// the credentials it needs under a --nats-config authorization.
 	ClientOptions []nats.Option
+	// Metrics, when set, receives the state service's job metrics and the queue
+	// depth gauge.
+	Metrics *metrics.Metrics
 }
 
 // Broker is a running NATS server with the mcpexec streams and state service.
@@ -119,6 +123,15 @@ func (b *Broker) init(ctx context.Context) error {
 	if err := b.setupStreams(ctx, js); err != nil {
 		return err
 	}
+	b.cfg.Metrics.Gauge("mcpexec_queue_depth", "Jobs waiting in the jobs stream.", func() float64 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		st, err := js.Stream(ctx, b.cfg.Queue.Subjects.JobsStream())
+		if err != nil {
+			return -1
+		}
+		return float64(st.CachedInfo().State.Msgs)
+	})
 	if b.cfg.NoState {
 		return nil
 	}

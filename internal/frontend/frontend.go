@@ -5,6 +5,7 @@ package frontend
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/state"
@@ -41,6 +43,8 @@ type Config struct {
 	MaxCallsPerJob int
 	// Policy caps each namespace's unfinished jobs (zero: no caps).
 	Policy Policy
+	// Metrics, when set, records submissions and proxy call latency.
+	Metrics *metrics.Metrics
 }
 
 // Frontend submits jobs and waits for them.
@@ -84,6 +88,15 @@ func New(nc *nats.Conn, cfg Config) (*Frontend, error) {
 	h := cfg.Proxy
 	if h == nil {
 		h = &proxyHandler{f: f}
+	}
+	if m := cfg.Metrics; m != nil {
+		inner := h
+		h = proxy.HandlerFunc(func(ctx context.Context, req proxy.Request) (json.RawMessage, error) {
+			start := time.Now()
+			res, err := inner.Handle(ctx, req)
+			m.ProxyCall(req.Method, err, time.Since(start))
+			return res, err
+		})
 	}
 	f.responder = proxy.NewResponder(nc, cfg.Subjects.Proxy(cfg.ID), h)
 	return f, nil
@@ -132,11 +145,14 @@ func (f *Frontend) Run(ctx context.Context, job *jobs.Job, progress func(jobs.Ev
 	defer stop()
 	if err := f.client.Submit(ctx, job); err != nil && !errors.Is(err, queue.ErrDuplicate) {
 		if errors.Is(err, queue.ErrQueueFull) {
+			f.cfg.Metrics.Submitted("rejected")
 			return f.Get(context.WithoutCancel(ctx), job.ID)
 		}
+		f.cfg.Metrics.Submitted("error")
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	f.log.Debug("job submitted", "job", job.ID)
+	f.cfg.Metrics.Submitted("accepted")
+	f.log.Debug("job submitted", "job", job.ID, "trace_id", jobs.TraceID(jobs.TraceParent(job.ID)))
 	poll := time.NewTicker(5 * time.Second)
 	defer poll.Stop()
 	for {

@@ -386,6 +386,10 @@ func classify(err error) (int, string, string) {
 		return http.StatusNotFound, "not_found", err.Error()
 	case errors.Is(err, frontend.ErrConflict):
 		return http.StatusConflict, "conflict", err.Error()
+	case errors.Is(err, frontend.ErrOverCap):
+		return http.StatusTooManyRequests, "over_cap", err.Error()
+	case errors.Is(err, frontend.ErrShuttingDown):
+		return http.StatusServiceUnavailable, "shutting_down", err.Error()
 	case errors.Is(err, queue.ErrQueueFull):
 		return http.StatusServiceUnavailable, "queue_full", "the job queue is full, so the job was rejected: retry later with a new id, or add workers"
 	case errors.Is(err, frontend.ErrUnavailable), errors.Is(err, state.ErrUnavailable):

@@ -17,6 +17,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/metrics"
 )
 
 // Runner runs a job to its end; *frontend.Frontend is one.
@@ -47,6 +48,8 @@ type Options struct {
 	// MaxProgress caps the output-line progress notifications of one call
 	// (default 500).
 	MaxProgress int
+	// Metrics, when set, counts MCP requests by method.
+	Metrics *metrics.Metrics
 }
 
 // Output modes of run_python's text content.
@@ -75,7 +78,14 @@ func New(r Runner, opts Options) *server.MCPServer {
 	if opts.MaxProgress <= 0 {
 		opts.MaxProgress = 500
 	}
+	hooks := &server.Hooks{}
+	if m := opts.Metrics; m != nil {
+		hooks.AddBeforeAny(func(_ context.Context, _ any, method mcp.MCPMethod, _ any) {
+			m.MCPRequest(string(method))
+		})
+	}
 	s := server.NewMCPServer(opts.Name, opts.Version,
+		server.WithHooks(hooks),
 		server.WithToolCapabilities(false),
 		server.WithResourceCapabilities(false, false),
 		server.WithInstructions("Run Python with "+ToolName+"; read "+CapabilitiesURI+" for the in-sandbox API."),

@@ -3,6 +3,7 @@
 package metrics
 
 import (
+	"errors"
 	"net/http"
 	"time"
 
@@ -17,7 +18,8 @@ type Metrics struct {
 	Registry *prometheus.Registry
 
 	JobsSubmitted *prometheus.CounterVec   // outcome: accepted, rejected, invalid, error
-	JobsFinished  *prometheus.CounterVec   // status
+	JobsFinished  *prometheus.CounterVec   // status, recorded by the state service
+	WorkerJobs    *prometheus.CounterVec   // status, recorded by the worker that ran the job
 	JobQueued     prometheus.Histogram     // seconds from submission to start
 	JobRunning    prometheus.Histogram     // seconds in the sandbox
 	JobTotal      prometheus.Histogram     // seconds from submission to the end
@@ -40,6 +42,9 @@ func New(component string) *Metrics {
 		JobsFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mcpexec_jobs_finished_total", Help: "Jobs finished by terminal status.",
 		}, []string{"status"}),
+		WorkerJobs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mcpexec_worker_jobs_total", Help: "Jobs this worker ended, by status.",
+		}, []string{"status"}),
 		JobQueued: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "mcpexec_job_queued_seconds", Help: "Time from submission to start.", Buckets: buckets,
 		}),
@@ -56,7 +61,7 @@ func New(component string) *Metrics {
 			Name: "mcpexec_mcp_requests_total", Help: "MCP requests by method.",
 		}, []string{"method"}),
 	}
-	f.MustRegister(m.JobsSubmitted, m.JobsFinished, m.JobQueued, m.JobRunning, m.JobTotal, m.ProxyCalls, m.MCPRequests)
+	f.MustRegister(m.JobsSubmitted, m.JobsFinished, m.WorkerJobs, m.JobQueued, m.JobRunning, m.JobTotal, m.ProxyCalls, m.MCPRequests)
 	return m
 }
 
@@ -66,7 +71,21 @@ func (m *Metrics) Gauge(name, help string, fn func() float64) {
 	if m == nil {
 		return
 	}
-	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, fn))
+	m.replace(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, fn))
+}
+
+// replace registers c, replacing an earlier collector of the same name (a
+// component restarted in the same process).
+func (m *Metrics) replace(c prometheus.Collector) {
+	if err := m.Registry.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			m.Registry.Unregister(are.ExistingCollector)
+			m.Registry.MustRegister(c)
+			return
+		}
+		panic(err)
+	}
 }
 
 // Counter registers a counter whose value fn reads at scrape time (container
@@ -75,7 +94,7 @@ func (m *Metrics) Counter(name, help string, fn func() float64) {
 	if m == nil {
 		return
 	}
-	m.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, fn))
+	m.replace(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, fn))
 }
 
 // Handler serves the registry in the Prometheus text format.
@@ -104,6 +123,13 @@ func (m *Metrics) Finished(status string, submitted, started, finished time.Time
 	}
 	if !submitted.IsZero() {
 		m.JobTotal.Observe(finished.Sub(submitted).Seconds())
+	}
+}
+
+// WorkerJob counts a job a worker ended.
+func (m *Metrics) WorkerJob(status string) {
+	if m != nil {
+		m.WorkerJobs.WithLabelValues(status).Inc()
 	}
 }
 

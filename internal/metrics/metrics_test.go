@@ -17,7 +17,8 @@ func TestMetricsExposed(t *testing.T) {
 	m.ProxyCall("call_tool", errors.New("x"), time.Millisecond)
 	m.MCPRequest("tools/call")
 	depth := 7.0
-	m.Gauge("mcpexec_queue_depth", "Pending jobs.", func() float64 { return depth })
+	m.Gauge("mcpexec_queue_depth", "Pending jobs.", func() float64 { return 1 })
+	m.Gauge("mcpexec_queue_depth", "Pending jobs.", func() float64 { return depth }) // replaces
 	m.Counter("mcpexec_container_starts_total", "Containers started.", func() float64 { return 3 })
 
 	rec := httptest.NewRecorder()

@@ -114,12 +114,20 @@ func (r *Responder) Stop() {
 var ErrNoResponder = errors.New("the front-end that submitted this job is not reachable")
 
 // Call sends req to subject and returns the result.
-func Call(ctx context.Context, nc *nats.Conn, subject string, req Request) (json.RawMessage, error) {
+// hdr, when given, travels with the request (e.g. the job's trace context).
+func Call(ctx context.Context, nc *nats.Conn, subject string, req Request, hdr ...nats.Header) (json.RawMessage, error) {
 	data, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("encode proxy request: %w", err)
 	}
-	msg, err := nc.RequestWithContext(ctx, subject, data)
+	out := nats.NewMsg(subject)
+	out.Data = data
+	for _, h := range hdr {
+		for k, v := range h {
+			out.Header[k] = v
+		}
+	}
+	msg, err := nc.RequestMsgWithContext(ctx, out)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return nil, ErrNoResponder
 	}

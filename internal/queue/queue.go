@@ -194,6 +194,7 @@ func (c *Client) eventMsg(ev *jobs.Event) (*nats.Msg, error) {
 	m := nats.NewMsg(c.sub.Event(ev.Job, ev.Kind))
 	m.Data = data
 	m.Header.Set(jetstream.MsgIDHeader, EventMsgID(*ev))
+	m.Header.Set(jobs.TraceHeader, jobs.TraceParent(ev.Job))
 	return m, nil
 }
 
@@ -283,7 +284,10 @@ func (c *Client) submitChunk(ctx context.Context, js []*jobs.Job, errs []error) 
 		}
 		data, err := json.Marshal(job)
 		if err == nil {
-			enq[i], err = c.js.PublishAsync(subject, data, jetstream.WithMsgID(job.ID))
+			m := nats.NewMsg(subject)
+			m.Data = data
+			m.Header.Set(jobs.TraceHeader, jobs.TraceParent(job.ID))
+			enq[i], err = c.js.PublishMsgAsync(m, jetstream.WithMsgID(job.ID))
 		}
 		if err != nil && errs[i] == nil {
 			errs[i] = fmt.Errorf("publish job %s: %w", job.ID, err)

@@ -112,3 +112,15 @@ func (NopHost) Call(context.Context, string, json.RawMessage) (json.RawMessage, 
 
 // Output implements Host.
 func (NopHost) Output(string, string) {}
+
+// Stats are a runtime's counters, exported as metrics.
+type Stats struct {
+	Started       uint64 // sandboxes started
+	StartFailures uint64 // sandboxes that failed to start
+	Warm          int    // started sandboxes waiting for a job
+}
+
+// StatsReporter is implemented by runtimes that count their sandboxes.
+type StatsReporter interface {
+	Stats() Stats
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/metrics"
 )
 
 // Error codes answered on request/reply (Nats-Service-Error-Code).
@@ -52,6 +53,9 @@ type Service struct {
 	// Start.
 	Retention      Retention
 	RetentionEvery time.Duration
+	// Metrics, when set before Start, records each job that reaches its terminal
+	// status: the count by status and its queued, running and total times.
+	Metrics *metrics.Metrics
 
 	mu     sync.Mutex // guards cancel, svc, advSub
 	cancel context.CancelFunc
@@ -211,12 +215,14 @@ func (s *Service) applyLoop(ctx context.Context, cons jetstream.Consumer) {
 			}
 		}
 		if len(evs) > 0 {
-			if _, err := s.store.ApplyEvents(evs); err != nil {
+			changed, err := s.store.ApplyEvents(evs)
+			if err != nil {
 				// Not acknowledged: JetStream redelivers the batch after AckWait.
 				s.logger.Error("apply events", "count", len(evs), "err", err)
 				s.sleep(ctx, time.Second)
 				continue
 			}
+			s.observe(changed)
 		}
 		_ = last.Ack()
 	}
@@ -403,5 +409,29 @@ func (s *Service) concurrently(h micro.HandlerFunc) micro.HandlerFunc {
 			defer func() { <-s.writes }()
 			h(req)
 		}()
+	}
+}
+
+// observe records the jobs that a batch brought to their terminal status (a
+// terminal record never changes again, so a changed terminal record just ended).
+func (s *Service) observe(changed []*jobs.Record) {
+	if s.Metrics == nil {
+		return
+	}
+	for _, rec := range changed {
+		if !rec.Status.Terminal() {
+			continue
+		}
+		var started, finished time.Time
+		if rec.StartedAt != nil {
+			started = *rec.StartedAt
+		}
+		if rec.FinishedAt != nil {
+			finished = *rec.FinishedAt
+		}
+		if finished.IsZero() {
+			finished = time.Now()
+		}
+		s.Metrics.Finished(string(rec.Status), rec.Job.SubmittedAt, started, finished)
 	}
 }

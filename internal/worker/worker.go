@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
@@ -37,6 +38,8 @@ type Config struct {
 	// MaxSessions caps the sessions this worker holds at once (0: 16).
 	SessionIdle time.Duration
 	MaxSessions int
+	// Metrics, when set, counts the jobs this worker ends by status.
+	Metrics *metrics.Metrics
 }
 
 // DefaultConfig returns a worker configuration with the given id.
@@ -234,7 +237,11 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.TermWithReason("undecodable job")
 		return
 	}
-	log := w.log.With("job", job.ID, "attempt", attempt)
+	trace := msg.Headers().Get(jobs.TraceHeader)
+	if trace == "" {
+		trace = jobs.TraceParent(job.ID)
+	}
+	log := w.log.With("job", job.ID, "attempt", attempt, "trace_id", jobs.TraceID(trace))
 	if job.MaxAttempts < 1 {
 		job.MaxAttempts = 1
 	}
@@ -345,6 +352,7 @@ func (w *Worker) finish(ctx context.Context, msg jetstream.Msg, job *jobs.Job, a
 		_ = msg.NakWithDelay(w.cfg.RetryDelay)
 		return
 	}
+	w.cfg.Metrics.WorkerJob(string(res.Status))
 	if err := msg.DoubleAck(pubCtx); err != nil {
 		w.log.Warn("ack job", "job", job.ID, "err", err)
 	}
@@ -390,7 +398,8 @@ func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessa
 	if h.job.Frontend == "" {
 		return nil, errors.New("this job has no front-end to answer proxy calls")
 	}
-	return proxy.Call(ctx, h.nc, h.subj.Proxy(h.job.Frontend), proxy.Request{Job: h.job.ID, Method: method, Params: params})
+	return proxy.Call(ctx, h.nc, h.subj.Proxy(h.job.Frontend), proxy.Request{Job: h.job.ID, Method: method, Params: params},
+		nats.Header{jobs.TraceHeader: []string{jobs.TraceParent(h.job.ID)}})
 }
 
 func (h *natsHost) Output(stream, data string) {
