@@ -138,19 +138,26 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 // WorkerConsumer creates or updates the durable consumer shared by pool's workers.
 func WorkerConsumer(ctx context.Context, js jetstream.JetStream, cfg Config, pool string) (jetstream.Consumer, error) {
 	s := cfg.Subjects
-	c, err := js.CreateOrUpdateConsumer(ctx, s.JobsStream(), jetstream.ConsumerConfig{
-		Durable:       s.Consumer(pool),
-		Description:   "mcpexec workers of pool " + pool,
-		FilterSubject: s.Job(pool),
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       cfg.AckWait,
-		BackOff:       cfg.BackOff,
-		MaxDeliver:    cfg.MaxDeliver,
-		MaxAckPending: cfg.MaxAckPending,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
+	return jobConsumer(ctx, js, cfg, s.Consumer(pool), "mcpexec workers of pool "+pool, s.Job(pool), 0)
+}
+
+// jobConsumer creates or updates a durable consumer of the jobs stream with the
+// delivery settings of cfg: every field explicit, none left to library defaults.
+func jobConsumer(ctx context.Context, js jetstream.JetStream, cfg Config, durable, desc, filter string, inactive time.Duration) (jetstream.Consumer, error) {
+	c, err := js.CreateOrUpdateConsumer(ctx, cfg.Subjects.JobsStream(), jetstream.ConsumerConfig{
+		Durable:           durable,
+		Description:       desc,
+		FilterSubject:     filter,
+		AckPolicy:         jetstream.AckExplicitPolicy,
+		AckWait:           cfg.AckWait,
+		BackOff:           cfg.BackOff,
+		MaxDeliver:        cfg.MaxDeliver,
+		MaxAckPending:     cfg.MaxAckPending,
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		InactiveThreshold: inactive,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("create consumer %s: %w", s.Consumer(pool), err)
+		return nil, fmt.Errorf("create consumer %s: %w", durable, err)
 	}
 	return c, nil
 }

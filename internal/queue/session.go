@@ -86,22 +86,7 @@ func SessionsBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (je
 // without the worker.
 func WorkerJobsConsumer(ctx context.Context, js jetstream.JetStream, cfg Config, worker string) (jetstream.Consumer, error) {
 	s := cfg.Subjects
-	c, err := js.CreateOrUpdateConsumer(ctx, s.JobsStream(), jetstream.ConsumerConfig{
-		Durable:           s.WorkerConsumer(worker),
-		Description:       "mcpexec jobs routed to worker " + worker,
-		FilterSubject:     s.WorkerJobs(worker),
-		AckPolicy:         jetstream.AckExplicitPolicy,
-		AckWait:           cfg.AckWait,
-		BackOff:           cfg.BackOff,
-		MaxDeliver:        cfg.MaxDeliver,
-		MaxAckPending:     cfg.MaxAckPending,
-		DeliverPolicy:     jetstream.DeliverAllPolicy,
-		InactiveThreshold: time.Hour,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("create consumer %s: %w", s.WorkerConsumer(worker), err)
-	}
-	return c, nil
+	return jobConsumer(ctx, js, cfg, s.WorkerConsumer(worker), "mcpexec jobs routed to worker "+worker, s.WorkerJobs(worker), time.Hour)
 }
 
 // Route returns the subject job is to be published on: its pool's, or, for a
