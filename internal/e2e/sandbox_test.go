@@ -1,6 +1,9 @@
 package e2e
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os/exec"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -208,7 +212,9 @@ func TestSessionsThroughFleet(t *testing.T) {
 	for _, id := range []string{"e2e-sess-a", "e2e-sess-b"} {
 		rt := podmantest.New(t, podman.Config{Pool: 0, WorkerID: id})
 		cfg := worker.DefaultConfig(id)
-		cfg.SessionIdle, cfg.MaxSessions, cfg.Grace = 3*time.Second, 2, time.Second
+		// Idle long enough that a loaded host's round trips between a
+		// session's jobs never end it by accident.
+		cfg.SessionIdle, cfg.MaxSessions, cfg.Grace = 10*time.Second, 2, time.Second
 		workers[id] = testutil.Worker(t, b, rt, cfg)
 		runtimes[id] = rt
 	}
@@ -242,8 +248,12 @@ func TestSessionsThroughFleet(t *testing.T) {
 		t.Fatalf("another session saw s1's globals: %q", out)
 	}
 
-	// Idle timeout: the session, and its container, go away.
-	time.Sleep(4 * time.Second)
+	// Idle timeout: the sessions, and their containers, go away; the worker
+	// leaves a tombstone that tells a session's next job so. (s2 must be gone
+	// too: a worker holds at most two sessions, and a new one taken by a
+	// worker at its maximum fails.)
+	waitSessionEnded(t, b, "s1", time.Minute)
+	waitSessionEnded(t, b, "s2", time.Minute)
 	out, rec := run(t, "s1", "print(x)")
 	if rec.Status != jobs.StatusError || !strings.Contains(rec.Result.Error, "session s1 has expired or its worker is gone; start a new session") {
 		t.Fatalf("job of an expired session: %s %q %q", rec.Status, rec.Result.Error, out)
@@ -270,10 +280,43 @@ func TestSessionsThroughFleet(t *testing.T) {
 	}
 }
 
+// waitSessionEnded waits until the sessions bucket marks session ended (the
+// worker holding it ended it), failing the test after limit.
+func waitSessionEnded(t *testing.T, b *broker.Broker, session string, limit time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	js, err := jetstream.New(testutil.Connect(t, b, "sessions-check"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, jobs.Subjects{}.SessionsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		keys, err := kv.Keys(ctx)
+		if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) && ctx.Err() == nil {
+			t.Fatalf("list sessions: %v", err)
+		}
+		for _, key := range keys {
+			var ent queue.SessionEntry
+			if e, err := kv.Get(ctx, key); err == nil && json.Unmarshal(e.Value(), &ent) == nil && ent.Session == session && ent.Ended {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("session %s not ended within %s", session, limit)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // containersOf lists the containers labelled with worker, by the Podman CLI.
 func containersOf(t *testing.T, worker string) string {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		out, err := exec.Command("podman", "ps", "-aq", "--filter", "label="+podman.LabelWorker+"="+worker).CombinedOutput()
 		if err != nil {

@@ -56,7 +56,7 @@ type runningJob struct {
 	sem     chan struct{} // caps calls in flight
 
 	mu       sync.Mutex // guards deadline
-	deadline time.Time  // zero until the job starts (or first calls)
+	deadline time.Time  // zero until the current attempt's first call
 }
 
 func newRegistry() *registry { return &registry{jobs: map[string]*runningJob{}} }
@@ -72,9 +72,10 @@ func (r *registry) add(job *jobs.Job, maxCalls int, progress func(jobs.Event)) f
 	r.mu.Unlock()
 	return func(ev jobs.Event) {
 		if ev.Kind == jobs.EventStarted {
-			// Each attempt gets the whole timeout; measured on our clock.
+			// Each attempt gets the whole timeout: its clock starts anew with
+			// its first call (see jobDeadline).
 			rj.mu.Lock()
-			rj.deadline = time.Now().Add(job.TimeoutDuration())
+			rj.deadline = time.Time{}
 			rj.mu.Unlock()
 		}
 		if progress != nil {
@@ -106,7 +107,11 @@ func (rj *runningJob) jobDeadline() time.Time {
 	rj.mu.Lock()
 	defer rj.mu.Unlock()
 	if rj.deadline.IsZero() {
-		// The started event has not reached us yet: the run began at most now.
+		// The attempt's first call. The sandbox's own time limit runs from
+		// when its code began, which is after the started event (the worker
+		// announces the attempt before its sandbox is up, which may take
+		// seconds on a loaded host) and at most now: measured on our clock
+		// from now, the limit never ends before the sandbox's does.
 		rj.deadline = time.Now().Add(rj.job.TimeoutDuration())
 	}
 	return rj.deadline

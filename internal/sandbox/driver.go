@@ -23,6 +23,7 @@ type RunnerConn struct {
 	r      *proxy.Reader
 	frames chan readResult // filled by the reader goroutine started in Handshake
 	done   chan struct{}   // closed by Close
+	ended  chan struct{}   // closed when the reader goroutine returns
 	once   sync.Once
 
 	wmu sync.Mutex // guards w
@@ -48,6 +49,7 @@ func NewRunnerConn(conn net.Conn, maxFrame int) *RunnerConn {
 		w:      proxy.NewWriter(conn, maxFrame),
 		frames: make(chan readResult),
 		done:   make(chan struct{}),
+		ended:  make(chan struct{}),
 	}
 }
 
@@ -68,6 +70,7 @@ func (c *RunnerConn) Close() error {
 
 // readLoop hands frames to Drive until the connection fails or is closed.
 func (c *RunnerConn) readLoop() {
+	defer close(c.ended)
 	for {
 		f, err := c.r.Read()
 		select {
@@ -77,6 +80,35 @@ func (c *RunnerConn) readLoop() {
 		}
 		if err != nil {
 			return
+		}
+	}
+}
+
+// Finish ends a runner without a signal: it closes the host's side of the
+// connection for writing, which makes the runner exit by itself (its reader
+// ends the process on EOF), and waits up to d for the runner's side to close,
+// which happens when its process has ended. It reports whether that happened
+// within d (false also when the connection had already failed for another
+// reason); the connection is closed in any case. Frames the runner still sends
+// are dropped. Call it only after Handshake succeeded and no Drive is running.
+func (c *RunnerConn) Finish(d time.Duration) bool {
+	defer c.Close()
+	cw, ok := c.conn.(interface{ CloseWrite() error })
+	if !ok || cw.CloseWrite() != nil {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case rd := <-c.frames:
+			if rd.err != nil {
+				return errors.Is(rd.err, io.EOF) || errors.Is(rd.err, io.ErrUnexpectedEOF)
+			}
+		case <-c.ended: // the reader already gave its error to Drive
+			return true
+		case <-t.C:
+			return false
 		}
 	}
 }

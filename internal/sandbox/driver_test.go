@@ -151,3 +151,64 @@ func TestDriveTimeoutNotReusable(t *testing.T) {
 		t.Fatalf("err %v result %+v reusable %v", err, res, rc.Reusable())
 	}
 }
+
+// unixPair returns both ends of a connected Unix socket (net.Pipe has no
+// half-close).
+func unixPair(t *testing.T) (host, sb net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("unix", t.TempDir()+"/s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		acc <- c
+	}()
+	sb, err = net.Dial("unix", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	host = <-acc
+	t.Cleanup(func() { host.Close(); sb.Close() })
+	return host, sb
+}
+
+func TestFinish(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		exits bool // the runner closes its side on EOF
+		want  bool
+	}{{"RunnerExits", true, true}, {"RunnerStays", false, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			host, sb := unixPair(t)
+			w := proxy.NewWriter(sb, 0)
+			rc := sandbox.NewRunnerConn(host, 0)
+			go func() {
+				_ = w.Write(&proxy.Frame{Type: proxy.TypeHello, Version: 1})
+				// A frame the host no longer reads, then EOF from the host.
+				_ = w.Write(&proxy.Frame{Type: proxy.TypeOut, Stream: "stdout", Data: "late"})
+				buf := make([]byte, 16)
+				if _, err := sb.Read(buf); err == nil {
+					t.Error("runner read data, want EOF")
+				}
+				if tc.exits {
+					sb.Close()
+				}
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := rc.Handshake(ctx); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			if got := rc.Finish(300 * time.Millisecond); got != tc.want {
+				t.Fatalf("Finish = %v, want %v", got, tc.want)
+			}
+			if el := time.Since(start); tc.want && el > 250*time.Millisecond {
+				t.Fatalf("Finish took %s", el)
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"context"
+	"fmt"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -79,24 +80,31 @@ var (
 )
 
 // TestServer builds the stdio MCP test server (internal/mcpclients/testserver)
-// once per test process and returns its path.
+// once per test process and returns its path. Every test process shares one
+// path (a process-wide build has no test to clean it up after, so a directory
+// per process would outlive each run): each builds to a file of its own and
+// renames it into place, which leaves a running copy undisturbed.
 func TestServer(t testing.TB) string {
 	t.Helper()
 	testServerOnce.Do(func() {
 		_, file, _, _ := runtime.Caller(0)
 		root := filepath.Join(filepath.Dir(file), "..", "..")
-		dir, err := os.MkdirTemp("", "mcpexec-testserver-")
-		if err != nil {
+		dir := filepath.Join(os.TempDir(), fmt.Sprintf("mcpexec-testserver-%d", os.Getuid()))
+		if err := os.MkdirAll(dir, 0o700); err != nil {
 			testServerErr = err
 			return
 		}
 		testServerPath = filepath.Join(dir, "testserver")
-		cmd := exec.Command("go", "build", "-o", testServerPath, "./internal/mcpclients/testserver")
+		tmp := fmt.Sprintf("%s.%d", testServerPath, os.Getpid())
+		cmd := exec.Command("go", "build", "-o", tmp, "./internal/mcpclients/testserver")
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
+			os.Remove(tmp)
 			testServerErr = &buildError{out: string(out), err: err}
+			return
 		}
+		testServerErr = os.Rename(tmp, testServerPath)
 	})
 	if testServerErr != nil {
 		t.Fatalf("build the MCP test server: %v", testServerErr)

@@ -170,10 +170,11 @@ func SkipOrFail(t testing.TB, reason string, args ...any) {
 	t.Skip(msg)
 }
 
-// WaitRecord waits until the broker's state holds job id with status.
+// WaitRecord waits until the broker's state holds job id with status; it fails
+// the test after 30 s (generous: a loaded CI host may take seconds).
 func WaitRecord(t testing.TB, b *broker.Broker, id string, status jobs.Status) *jobs.Record {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		rec, err := b.Store().Job(id)
 		if err == nil && rec.Status == status {

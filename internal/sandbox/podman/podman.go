@@ -65,6 +65,9 @@ const (
 	handshakeTimeout = 30 * time.Second
 	removeTimeout    = 30 * time.Second
 	serviceTimeout   = 15 * time.Second
+	// finishTimeout bounds the wait for a runner to exit by itself once its
+	// connection is closed; a runner still running then is killed.
+	finishTimeout = 2 * time.Second
 )
 
 // Config configures a Runtime.
@@ -95,6 +98,13 @@ type Config struct {
 	Logger *slog.Logger
 	// MaxFrame bounds a protocol frame; 0 means proxy.DefaultMaxFrame.
 	MaxFrame int
+	// KeepExitCommand keeps conmon's exit command in a Podman service that New
+	// starts itself. By default that service runs conmon through a wrapper that
+	// drops it: the exit command is a `podman container cleanup` process at each
+	// container exit (about 45 ms of CPU, mostly the start of the podman binary),
+	// and is redundant here since the Runtime removes every container it started
+	// (which cleans it up). Has no effect on a service it did not start.
+	KeepExitCommand bool
 }
 
 // Info describes the Podman connection of a Runtime.
@@ -125,6 +135,9 @@ type Runtime struct {
 	serviceDir  string
 
 	seq atomic.Uint64
+
+	started       atomic.Uint64 // containers whose runner completed its handshake
+	startFailures atomic.Uint64 // containers that failed to start
 
 	mu       sync.Mutex // guards warm, starting, closed, sessions
 	warm     []*box
@@ -320,7 +333,18 @@ func (r *Runtime) startService(ctx context.Context) error {
 	r.serviceDir = dir
 	sock := filepath.Join(dir, "podman.sock")
 	uri := "unix://" + sock
-	cmd := exec.Command(podman, "system", "service", "--time=0", uri)
+	// No events: nothing here reads them, and each container would write six
+	// (`podman events` does not show this service's containers).
+	args := []string{"--events-backend", "none"}
+	if !r.cfg.KeepExitCommand {
+		if w, err := conmonWrapper(dir); err != nil {
+			r.log.Debug("podman sandbox: keeping conmon's exit command", "reason", err)
+		} else {
+			args = append(args, "--conmon", w)
+		}
+	}
+	args = append(args, "system", "service", "--time=0", uri)
+	cmd := exec.Command(podman, args...)
 	// conmon (Podman 4.3, cgroups v1) drops an empty "oom" file in its working
 	// directory when a container is OOM-killed: keep that out of the caller's.
 	cmd.Dir = dir
@@ -356,6 +380,71 @@ func (r *Runtime) startService(ctx context.Context) error {
 			return fmt.Errorf("podman system service did not answer on %s within %s", uri, serviceTimeout)
 		}
 	}
+}
+
+// conmonWrapperScript runs conmon without its exit command (see
+// Config.KeepExitCommand); %s is conmon's path.
+const conmonWrapperScript = `#!/bin/sh
+# conmon for mcpexec's Podman service, without --exit-command: the worker removes
+# each container itself, so the podman cleanup process at each exit is redundant.
+skip=0
+for a do
+	shift
+	if [ "$skip" = 1 ]; then skip=0; continue; fi
+	case "$a" in
+	--exit-command | --exit-command-arg) skip=1; continue ;;
+	--exit-command=* | --exit-command-arg=*) continue ;;
+	esac
+	set -- "$@" "$a"
+done
+exec %s "$@"
+`
+
+// conmonWrapper writes the wrapper of the host's conmon into dir and checks
+// that it runs.
+func conmonWrapper(dir string) (string, error) {
+	conmon, err := findConmon()
+	if err != nil {
+		return "", err
+	}
+	return writeConmonWrapper(dir, conmon)
+}
+
+// findConmon returns the path of conmon.
+func findConmon() (string, error) {
+	conmon := ""
+	// Podman's own search order (containers.conf conmon_path), then PATH.
+	for _, p := range []string{"/usr/libexec/podman/conmon", "/usr/local/libexec/podman/conmon", "/usr/local/lib/podman/conmon", "/usr/bin/conmon", "/usr/sbin/conmon", "/usr/local/bin/conmon", "/usr/local/sbin/conmon"} {
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			conmon = p
+			break
+		}
+	}
+	if conmon == "" {
+		p, err := exec.LookPath("conmon")
+		if err != nil {
+			return "", errors.New("conmon not found")
+		}
+		conmon = p
+	}
+	return conmon, nil
+}
+
+// writeConmonWrapper writes a wrapper of conmon into dir and checks that it
+// runs (`WRAPPER --version`).
+func writeConmonWrapper(dir, conmon string) (string, error) {
+	if strings.ContainsAny(conmon, "'\"\\$`\n ") {
+		return "", fmt.Errorf("conmon path %q needs quoting", conmon)
+	}
+	w := filepath.Join(dir, "conmon")
+	if err := os.WriteFile(w, fmt.Appendf(nil, conmonWrapperScript, conmon), 0o755); err != nil {
+		return "", err
+	}
+	// A noexec temp dir, or no /bin/sh: keep the real conmon.
+	if out, err := exec.Command(w, "--version").CombinedOutput(); err != nil {
+		return "", fmt.Errorf("%s --version: %w: %s", w, err, strings.TrimSpace(string(out)))
+	}
+	return w, nil
 }
 
 func (r *Runtime) checkImage(ctx context.Context) error {
@@ -442,12 +531,14 @@ func (r *Runtime) discard(b *box) {
 	r.removals.Add(1)
 	go func() {
 		defer r.removals.Done()
-		// Kill first, then close the connection: a runner that sees its host go
-		// away exits by itself, racing the kill.
+		// Closing the connection makes the runner exit by itself (within
+		// milliseconds, even mid-job): the removal then finds a stopped container
+		// and needs no kill (a runc process and a SIGKILL fewer). A runner that
+		// does not exit in time is killed by the forced removal.
+		b.rc.Finish(finishTimeout)
 		if err := r.remove(context.Background(), b.id); err != nil {
 			r.log.Error("podman sandbox: remove container", "id", shortID(b.id), "err", err)
 		}
-		b.rc.Close()
 		b.ln.Close()
 		_ = os.RemoveAll(b.dir)
 	}()
@@ -467,6 +558,11 @@ func (r *Runtime) start(ctx context.Context, jobLabel string) (_ *box, err error
 	}
 	b := &box{dir: dir}
 	defer func() {
+		if err == nil {
+			r.started.Add(1)
+		} else {
+			r.startFailures.Add(1)
+		}
 		if err != nil {
 			if b.ln != nil {
 				b.ln.Close()
@@ -620,12 +716,18 @@ func (r *Runtime) poke() {
 	}
 }
 
-// fill keeps cfg.Pool warm containers ready until Close.
+// fill keeps cfg.Pool warm containers ready until Close. It starts up to
+// cfg.Pool containers at once: a batch of jobs drains the pool as fast as the
+// worker's slots take containers, and one start at a time would leave the slots
+// starting containers themselves.
 func (r *Runtime) fill() {
 	defer close(r.fillerDone)
 	if r.cfg.Pool == 0 {
 		return
 	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	results := make(chan error, r.cfg.Pool) // each start's outcome
 	backoff := time.Duration(0)
 	for {
 		r.mu.Lock()
@@ -634,36 +736,27 @@ func (r *Runtime) fill() {
 			r.starting++
 		}
 		r.mu.Unlock()
-		if !need {
-			select {
-			case <-r.stop:
-				return
-			case <-r.wake:
+		if need {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				err := r.fillOne()
+				select {
+				case results <- err:
+				case <-r.stop:
+				}
+			}()
+			continue
+		}
+		select {
+		case <-r.stop:
+			return
+		case <-r.wake:
+		case err := <-results:
+			if err == nil {
+				backoff = 0
 				continue
 			}
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		go func() {
-			select {
-			case <-r.stop:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
-		b, err := r.start(ctx, "pool")
-		cancel()
-		r.mu.Lock()
-		r.starting--
-		keep := err == nil && !r.closed
-		if keep {
-			r.warm = append(r.warm, b)
-		}
-		r.mu.Unlock()
-		if err == nil && !keep {
-			r.discard(b)
-			return
-		}
-		if err != nil {
 			select {
 			case <-r.stop:
 				return
@@ -676,10 +769,34 @@ func (r *Runtime) fill() {
 				return
 			case <-time.After(backoff):
 			}
-			continue
 		}
-		backoff = 0
 	}
+}
+
+// fillOne starts one warm container (r.starting counts it already) and adds it
+// to the pool.
+func (r *Runtime) fillOne() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-r.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	b, err := r.start(ctx, "pool")
+	r.mu.Lock()
+	r.starting--
+	keep := err == nil && !r.closed
+	if keep {
+		r.warm = append(r.warm, b)
+	}
+	r.mu.Unlock()
+	if err == nil && !keep {
+		r.discard(b)
+	}
+	return err
 }
 
 // ErrClosed is returned by Run and RunInSession after Close.
@@ -849,6 +966,13 @@ func (r *Runtime) EndSession(key string) error {
 	return nil
 }
 
+// Stats implements sandbox.StatsReporter.
+func (r *Runtime) Stats() sandbox.Stats {
+	return sandbox.Stats{Started: r.started.Load(), StartFailures: r.startFailures.Load(), Warm: r.Warm()}
+}
+
+var _ sandbox.StatsReporter = (*Runtime)(nil)
+
 // Warm returns how many started containers wait in the pool.
 func (r *Runtime) Warm() int {
 	r.mu.Lock()
@@ -863,12 +987,26 @@ func (r *Runtime) lost(b *box, res sandbox.Result) sandbox.Result {
 	res.Error = "sandbox exited unexpectedly"
 	c, cancel := r.callCtx(context.Background(), 10*time.Second)
 	defer cancel()
-	// The socket closes as the process dies; the container's state follows shortly.
-	_, _ = containers.Wait(c, b.id, new(containers.WaitOptions).
-		WithCondition([]define.ContainerStatus{define.ContainerStateExited, define.ContainerStateStopped}).
-		WithInterval("50ms"))
-	data, err := containers.Inspect(c, b.id, nil)
-	if err != nil || data.State == nil {
+	// The socket closes as the process dies; the container's state follows
+	// shortly. Poll Inspect rather than Wait: Podman 4.3's Wait returns only once
+	// the container is cleaned up ("exited"), and without conmon's exit command
+	// (Config.KeepExitCommand) nothing cleans it up before its removal; a
+	// "stopped" container already has its exit code.
+	var data *define.InspectContainerData
+	var err error
+	for {
+		data, err = containers.Inspect(c, b.id, nil)
+		if err != nil || data.State == nil || !data.State.Running {
+			break
+		}
+		select {
+		case <-c.Done():
+		case <-time.After(50 * time.Millisecond):
+			continue
+		}
+		break
+	}
+	if err != nil || data.State == nil || data.State.Running {
 		r.log.Warn("podman sandbox: inspect lost container", "id", shortID(b.id), "err", err)
 		return res
 	}

@@ -206,6 +206,9 @@ func TestWarmPool(t *testing.T) {
 	}
 	// ...and the pool refills.
 	waitWarm(t, rt, 2)
+	if st := rt.Stats(); st.Started < 4 || st.StartFailures != 0 || st.Warm != 2 {
+		t.Fatalf("stats after two runs and a refill: %+v, want >=4 started, 0 failures, 2 warm", st)
+	}
 
 	// A cold start, for comparison.
 	cold0 := time.Now()
@@ -377,5 +380,27 @@ func TestSessionContainerLifecycle(t *testing.T) {
 	}
 	if _, err := rt.RunInSession(ctx, "d", job, nil); !errors.Is(err, ErrClosed) {
 		t.Fatalf("RunInSession after Close: %v", err)
+	}
+}
+
+func TestConmonWrapperDropsExitCommand(t *testing.T) {
+	dir := t.TempDir()
+	fake := dir + "/fake-conmon"
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\nfor a do echo \"[$a]\"; done\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	w, err := writeConmonWrapper(dir, fake)
+	if err != nil {
+		t.Skipf("wrapper does not run here: %v", err)
+	}
+	out, err := exec.Command(w, "--api-version", "1", "-c", "id", "--exit-dir", "/run/x",
+		"--exit-command", "/usr/bin/podman", "--exit-command-arg", "--root", "--exit-command-arg", "",
+		"--exit-command-arg", "a b", "--exit-command=x", "--log-level", "warning", "arg with space").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "[--api-version]\n[1]\n[-c]\n[id]\n[--exit-dir]\n[/run/x]\n[--log-level]\n[warning]\n[arg with space]\n"
+	if string(out) != want {
+		t.Fatalf("conmon got\n%s\nwant\n%s", out, want)
 	}
 }
