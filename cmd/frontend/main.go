@@ -190,7 +190,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if c.nats == "" {
 		mode = "embedded"
 	}
-	mopts := mcpserver.Options{Servers: pool.Names, Catalog: pool.Servers, OutputMode: c.servers.outputMode, Metrics: m}
+	mopts := mcpserver.Options{Servers: pool.Names, Catalog: pool.Servers, OutputMode: c.servers.outputMode, Metrics: m, Logger: log}
 	if c.httpAddr == "" {
 		// One caller on stdio: the default memory namespace.
 		mopts.Namespace = func(context.Context) string { return mcpserver.DefaultNamespace }

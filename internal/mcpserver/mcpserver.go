@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -50,6 +51,9 @@ type Options struct {
 	MaxProgress int
 	// Metrics, when set, counts MCP requests by method.
 	Metrics *metrics.Metrics
+	// Logger receives one line when a run_python call is accepted and one when it
+	// ends, each with the job id and the MCP session id; nil logs nothing.
+	Logger *slog.Logger
 }
 
 // Output modes of run_python's text content.
@@ -196,10 +200,12 @@ func (h *handler) call(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 			job.Namespace = ns
 		}
 	}
+	job.ID = jobs.NewID()
+	log := h.logger(ctx, job.ID)
+	log.Info("run_python accepted", "namespace", job.Namespace, "servers", job.Servers, "session", job.Session)
 	progress := progressSender(ctx, req, h.opts.MaxProgress)
 	if progress != nil {
 		if w, ok := h.r.(OutputWatcher); ok {
-			job.ID = jobs.NewID()
 			if stop, err := w.WatchOutput(job.ID, progress.output); err == nil {
 				defer stop()
 			}
@@ -208,12 +214,29 @@ func (h *handler) call(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	rec, err := h.r.Run(ctx, job, progress.event)
 	var inv *jobs.InvalidError
 	if errors.As(err, &inv) {
+		log.Info("run_python refused", "err", err)
 		return mcp.NewToolResultError(err.Error()), nil
 	}
 	if err != nil {
+		log.Warn("run_python failed", "err", err)
 		return mcp.NewToolResultError(fmt.Sprintf("the job could not be run: %v", err)), nil
 	}
+	log.Info("run_python finished", "status", rec.Status)
 	return resultOf(rec, h.opts.OutputMode), nil
+}
+
+// logger returns the call's logger: job id, and the MCP session id when the
+// transport has one.
+func (h *handler) logger(ctx context.Context, jobID string) *slog.Logger {
+	l := h.opts.Logger
+	if l == nil {
+		l = slog.New(slog.DiscardHandler)
+	}
+	l = l.With("job", jobID, "trace_id", jobs.TraceID(jobs.TraceParent(jobID)))
+	if cs := server.ClientSessionFromContext(ctx); cs != nil && cs.SessionID() != "" {
+		l = l.With("mcp_session", cs.SessionID())
+	}
+	return l
 }
 
 // progress sends a call's progress notifications: lifecycle events (queued,

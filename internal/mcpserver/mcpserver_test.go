@@ -1,0 +1,72 @@
+package mcpserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+)
+
+// echoRunner finishes every job successfully without running it.
+type echoRunner struct{ got *jobs.Job }
+
+func (e *echoRunner) Run(_ context.Context, job *jobs.Job, _ func(jobs.Event)) (*jobs.Record, error) {
+	if err := job.Normalize(jobs.DefaultLimits(), time.Now()); err != nil {
+		return nil, err
+	}
+	e.got = job
+	return &jobs.Record{Job: *job, Status: jobs.StatusSuccess,
+		Result: &jobs.Result{Status: jobs.StatusSuccess, Stdout: "ok\n"}}, nil
+}
+
+func (e *echoRunner) Limits() jobs.Limits { return jobs.DefaultLimits() }
+
+// TestCallLogsJobID checks that each run_python call is logged with its job id
+// and trace id, so a call can be followed into the fleet's logs.
+func TestCallLogsJobID(t *testing.T) {
+	var buf bytes.Buffer
+	r := &echoRunner{}
+	srv := New(r, Options{Logger: slog.New(slog.NewJSONHandler(&buf, nil))})
+	c, err := client.NewInProcessClient(srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	init := mcp.InitializeRequest{}
+	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
+	init.Params.ClientInfo = mcp.Implementation{Name: "t", Version: "0"}
+	if _, err := c.Initialize(ctx, init); err != nil {
+		t.Fatal(err)
+	}
+	req := mcp.CallToolRequest{}
+	req.Params.Name = ToolName
+	req.Params.Arguments = map[string]any{"code": "print(1)"}
+	res, err := c.CallTool(ctx, req)
+	if err != nil || res.IsError {
+		t.Fatalf("call: %v %+v", err, res)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("want an accepted and a finished line, got %q", buf.String())
+	}
+	for _, l := range lines {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(l), &rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec["job"] != r.got.ID || rec["trace_id"] != jobs.TraceID(jobs.TraceParent(r.got.ID)) {
+			t.Fatalf("log line %s lacks job %s and its trace id", l, r.got.ID)
+		}
+	}
+}
