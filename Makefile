@@ -6,8 +6,9 @@ TAGS := remote exclude_graphdriver_btrfs exclude_graphdriver_devicemapper contai
 export CGO_ENABLED ?= 0
 IMAGE ?= localhost/mcpexec-sandbox:latest
 HTTP ?= 127.0.0.1:8080
-# Debian packages the system and its tests need.
-APT_PACKAGES := podman runc uidmap debootstrap python3 ca-certificates gcc libc6-dev
+# Debian packages the system and its tests need (the -dev ones let plain `go build ./...`
+# without the tags compile the Podman bindings' C parts too).
+APT_PACKAGES := podman runc uidmap debootstrap python3 ca-certificates gcc libc6-dev libgpgme-dev libbtrfs-dev
 
 .DEFAULT_GOAL := help
 
