@@ -6,11 +6,8 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/cli"
@@ -19,13 +16,7 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err := run(ctx, os.Args[1:], os.Stderr)
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(os.Stderr, "broker:", err)
-	}
-	os.Exit(cli.ExitCode(err))
+	cli.Main("broker", func(ctx context.Context) error { return run(ctx, os.Args[1:], os.Stderr) })
 }
 
 func run(ctx context.Context, args []string, stderr io.Writer) error {

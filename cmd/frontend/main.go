@@ -15,9 +15,7 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/mark3labs/mcp-go/server"
@@ -38,18 +36,12 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	var err error
-	if len(os.Args) > 1 && os.Args[1] == "submit" {
-		err = submit.Run(ctx, os.Args[2:], os.Stdin, os.Stdout, os.Stderr)
-	} else {
-		err = run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
-	}
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(os.Stderr, "frontend:", err)
-	}
-	os.Exit(cli.ExitCode(err))
+	cli.Main("frontend", func(ctx context.Context) error {
+		if len(os.Args) > 1 && os.Args[1] == "submit" {
+			return submit.Run(ctx, os.Args[2:], os.Stdin, os.Stdout, os.Stderr)
+		}
+		return run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	})
 }
 
 // config is the front-end's parsed command line.

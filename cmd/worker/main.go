@@ -6,11 +6,8 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -26,13 +23,7 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err := run(ctx, os.Args[1:], os.Stderr)
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(os.Stderr, "worker:", err)
-	}
-	os.Exit(cli.ExitCode(err))
+	cli.Main("worker", func(ctx context.Context) error { return run(ctx, os.Args[1:], os.Stderr) })
 }
 
 func run(ctx context.Context, args []string, stderr io.Writer) error {
