@@ -165,7 +165,13 @@ func WorkerOn(t testing.TB, nc *nats.Conn, rt sandbox.Runtime, cfg worker.Config
 // FrontendOn starts a front-end with id over the connection nc.
 func FrontendOn(t testing.TB, nc *nats.Conn, id string) *frontend.Frontend {
 	t.Helper()
-	fe, err := frontend.New(nc, frontend.Config{ID: id, Limits: jobs.DefaultLimits(), Logger: Logger(t)})
+	return frontendOn(t, nc, frontend.Config{ID: id, Limits: jobs.DefaultLimits(), Logger: Logger(t)})
+}
+
+// frontendOn starts a front-end configured by cfg over nc; it stops with the test.
+func frontendOn(t testing.TB, nc *nats.Conn, cfg frontend.Config) *frontend.Frontend {
+	t.Helper()
+	fe, err := frontend.New(nc, cfg)
 	if err != nil {
 		t.Fatalf("new frontend: %v", err)
 	}

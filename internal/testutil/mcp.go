@@ -34,15 +34,7 @@ func FrontendWith(t testing.TB, b *broker.Broker, cfg frontend.Config) *frontend
 	if cfg.Logger == nil {
 		cfg.Logger = Logger(t)
 	}
-	fe, err := frontend.New(Connect(t, b, "frontend-"+cfg.ID), cfg)
-	if err != nil {
-		t.Fatalf("new frontend: %v", err)
-	}
-	if err := fe.Start(context.Background()); err != nil {
-		t.Fatalf("start frontend: %v", err)
-	}
-	t.Cleanup(fe.Stop)
-	return fe
+	return frontendOn(t, Connect(t, b, "frontend-"+cfg.ID), cfg)
 }
 
 // MCPClientWith serves an MCP server made with opts over streamable HTTP (with

@@ -7,13 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net/http/httptest"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/mark3labs/mcp-go/client"
-	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/nats-io/nats.go"
 
@@ -63,57 +61,20 @@ func Connect(t testing.TB, b *broker.Broker, name string) *nats.Conn {
 // Worker starts a worker on rt connected to b.
 func Worker(t testing.TB, b *broker.Broker, rt sandbox.Runtime, cfg worker.Config) *worker.Worker {
 	t.Helper()
-	if cfg.Logger == nil {
-		cfg.Logger = Logger(t)
-	}
-	w, err := worker.New(Connect(t, b, "worker-"+cfg.ID), rt, cfg)
-	if err != nil {
-		t.Fatalf("new worker: %v", err)
-	}
-	if err := w.Start(context.Background()); err != nil {
-		t.Fatalf("start worker: %v", err)
-	}
-	t.Cleanup(w.Stop)
-	return w
+	return WorkerOn(t, Connect(t, b, "worker-"+cfg.ID), rt, cfg)
 }
 
 // Frontend starts a front-end with id connected to b.
 func Frontend(t testing.TB, b *broker.Broker, id string) *frontend.Frontend {
 	t.Helper()
-	fe, err := frontend.New(Connect(t, b, "frontend-"+id), frontend.Config{ID: id, Limits: jobs.DefaultLimits(), Logger: Logger(t)})
-	if err != nil {
-		t.Fatalf("new frontend: %v", err)
-	}
-	if err := fe.Start(context.Background()); err != nil {
-		t.Fatalf("start frontend: %v", err)
-	}
-	t.Cleanup(fe.Stop)
-	return fe
+	return FrontendWith(t, b, frontend.Config{ID: id})
 }
 
 // MCPClient serves fe's MCP server over streamable HTTP and returns an initialised
 // client of it.
 func MCPClient(t testing.TB, fe *frontend.Frontend) *client.Client {
 	t.Helper()
-	srv := mcpserver.New(fe, mcpserver.Options{})
-	hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{Health: fe.Health}))
-	t.Cleanup(hs.Close)
-	c, err := client.NewStreamableHttpClient(hs.URL+"/mcp", transport.WithHTTPTimeout(5*time.Minute))
-	if err != nil {
-		t.Fatalf("new MCP client: %v", err)
-	}
-	t.Cleanup(func() { c.Close() })
-	ctx := context.Background()
-	if err := c.Start(ctx); err != nil {
-		t.Fatalf("start MCP client: %v", err)
-	}
-	init := mcp.InitializeRequest{}
-	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
-	init.Params.ClientInfo = mcp.Implementation{Name: "mcpexec-test", Version: "0"}
-	if _, err := c.Initialize(ctx, init); err != nil {
-		t.Fatalf("initialize MCP client: %v", err)
-	}
-	return c
+	return MCPClientWith(t, fe, mcpserver.Options{}, mcpserver.HTTPOptions{})
 }
 
 // CallRunPython calls run_python with args.
