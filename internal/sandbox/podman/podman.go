@@ -139,11 +139,11 @@ type Runtime struct {
 	started       atomic.Uint64 // containers whose runner completed its handshake
 	startFailures atomic.Uint64 // containers that failed to start
 
-	mu       sync.Mutex // guards warm, starting, closed, sessions
+	mu       sync.Mutex // guards warm, starting, closed
 	warm     []*box
 	starting int
 	closed   bool
-	sessions map[string]*session
+	sessions *sandbox.Sessions[*box] // session containers; safe for concurrent use
 
 	wake       chan struct{} // pokes the pool filler
 	stop       chan struct{} // closed by Close
@@ -198,13 +198,19 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			LabelManaged: "true",
 			LabelWorker:  cfg.WorkerID,
 		},
-		sessions:   map[string]*session{},
 		wake:       make(chan struct{}, 1),
 		stop:       make(chan struct{}),
 		fillerDone: make(chan struct{}),
 	}
 	if r.log == nil {
 		r.log = slog.Default()
+	}
+	r.sessions = &sandbox.Sessions[*box]{
+		Start:     func(ctx context.Context) (*box, error) { return r.acquire(ctx, "session") },
+		Drive:     r.drive,
+		Reusable:  func(b *box) bool { return b.rc.Reusable() },
+		Discard:   r.discard,
+		ErrClosed: ErrClosed,
 	}
 	ok := false
 	defer func() {
@@ -853,116 +859,18 @@ func (r *Runtime) drive(ctx context.Context, b *box, job sandbox.Job, host sandb
 	return res, err
 }
 
-// session is one session's container.
-type session struct {
-	turn chan struct{} // holds a token while one of the session's jobs runs
-
-	mu      sync.Mutex // guards b, running, ended
-	b       *box       // nil until the first job starts it, and after it ended
-	running bool
-	ended   bool
-}
-
 // RunInSession implements sandbox.SessionRuntime.
 func (r *Runtime) RunInSession(ctx context.Context, key string, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
-		return sandbox.Result{}, ErrClosed
-	}
-	s := r.sessions[key]
-	if s == nil {
-		s = &session{turn: make(chan struct{}, 1)}
-		r.sessions[key] = s
-	}
-	r.mu.Unlock()
-
-	select {
-	case s.turn <- struct{}{}:
-	case <-ctx.Done():
-		return sandbox.Result{}, fmt.Errorf("podman sandbox: wait for session %s: %w", key, context.Cause(ctx))
-	}
-	defer func() { <-s.turn }()
-	s.mu.Lock()
-	b, ended := s.b, s.ended
-	s.running = !ended
-	s.mu.Unlock()
-	if ended {
-		return sandbox.Result{Status: sandbox.StatusError, ExitCode: -1,
-			Error: fmt.Sprintf("session %s ended while this job waited for it: run the job again to start the session afresh", key)}, nil
-	}
-	if b == nil {
-		var err error
-		if b, err = r.acquire(ctx, "session"); err != nil {
-			r.endSession(key, s, nil)
-			return sandbox.Result{}, err
-		}
-	}
-	res, err := r.drive(ctx, b, job, host)
-	if err == nil && b.rc.Reusable() {
-		s.mu.Lock()
-		s.running = false
-		if !s.ended {
-			s.b = b
-			s.mu.Unlock()
-			return res, nil
-		}
-		s.mu.Unlock()
-	}
-	r.endSession(key, s, b)
-	return res, err
-}
-
-// endSession marks s ended, forgets it and discards b (when not nil).
-func (r *Runtime) endSession(key string, s *session, b *box) {
-	s.mu.Lock()
-	s.ended, s.running, s.b = true, false, nil
-	s.mu.Unlock()
-	r.mu.Lock()
-	if r.sessions[key] == s {
-		delete(r.sessions, key)
-	}
-	r.mu.Unlock()
-	if b != nil {
-		r.discard(b)
-	}
+	return r.sessions.Run(ctx, key, job, host)
 }
 
 // HasSession implements sandbox.SessionRuntime.
-func (r *Runtime) HasSession(key string) bool {
-	r.mu.Lock()
-	s := r.sessions[key]
-	r.mu.Unlock()
-	if s == nil {
-		return false
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return !s.ended
-}
+func (r *Runtime) HasSession(key string) bool { return r.sessions.Has(key) }
 
 // EndSession implements sandbox.SessionRuntime. A job of the session that is
 // running finishes first; its container is removed afterwards.
 func (r *Runtime) EndSession(key string) error {
-	r.mu.Lock()
-	s := r.sessions[key]
-	delete(r.sessions, key)
-	r.mu.Unlock()
-	if s == nil {
-		return nil
-	}
-	s.mu.Lock()
-	s.ended = true
-	b := s.b
-	if !s.running {
-		s.b = nil
-	} else {
-		b = nil // the running job discards it
-	}
-	s.mu.Unlock()
-	if b != nil {
-		r.discard(b)
-	}
+	r.sessions.End(key)
 	return nil
 }
 
@@ -1034,18 +942,8 @@ func (r *Runtime) Close() error {
 		r.closed = true
 		warm := r.warm
 		r.warm = nil
-		sessions := r.sessions
-		r.sessions = nil
 		r.mu.Unlock()
-		for _, s := range sessions {
-			s.mu.Lock()
-			s.ended = true
-			if !s.running && s.b != nil {
-				warm = append(warm, s.b)
-				s.b = nil
-			}
-			s.mu.Unlock()
-		}
+		r.sessions.Close()
 		close(r.stop)
 		<-r.fillerDone
 		for _, b := range warm {

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -26,9 +25,7 @@ type Runtime struct {
 	dir    string
 	seq    atomic.Uint64
 
-	mu       sync.Mutex // guards sessions, closed
-	sessions map[string]*session
-	closed   bool
+	sessions *sandbox.Sessions[*proc]
 }
 
 var _ sandbox.SessionRuntime = (*Runtime)(nil)
@@ -42,19 +39,20 @@ func New() (*Runtime, error) {
 	if err := os.WriteFile(filepath.Join(dir, "runner.py"), sandbox.RunnerScript, 0o444); err != nil {
 		return nil, fmt.Errorf("write runner: %w", err)
 	}
-	return &Runtime{Python: "python3", dir: dir, sessions: map[string]*session{}}, nil
+	r := &Runtime{Python: "python3", dir: dir}
+	r.sessions = &sandbox.Sessions[*proc]{
+		Start:     r.start,
+		Drive:     drive,
+		Reusable:  func(p *proc) bool { return p.rc.Reusable() },
+		Discard:   (*proc).kill,
+		ErrClosed: errors.New("process sandbox: runtime is closed"),
+	}
+	return r, nil
 }
 
 // Close ends every session and removes the runner directory.
 func (r *Runtime) Close() error {
-	r.mu.Lock()
-	r.closed = true
-	sessions := r.sessions
-	r.sessions = map[string]*session{}
-	r.mu.Unlock()
-	for _, s := range sessions {
-		s.end()
-	}
+	r.sessions.Close()
 	return os.RemoveAll(r.dir)
 }
 
@@ -135,113 +133,17 @@ func (r *Runtime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (
 	return drive(ctx, p, job, host)
 }
 
-// session is one session's runner process.
-type session struct {
-	turn chan struct{} // holds a token while one of the session's jobs runs
-
-	mu      sync.Mutex // guards p, running, ended
-	p       *proc
-	running bool
-	ended   bool
-}
-
-// end marks s ended and kills its process unless a job is running on it.
-func (s *session) end() {
-	s.mu.Lock()
-	s.ended = true
-	var p *proc
-	if !s.running {
-		p, s.p = s.p, nil
-	}
-	s.mu.Unlock()
-	if p != nil {
-		p.kill()
-	}
-}
-
 // RunInSession implements sandbox.SessionRuntime.
 func (r *Runtime) RunInSession(ctx context.Context, key string, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
-		return sandbox.Result{}, errors.New("process sandbox: runtime is closed")
-	}
-	s := r.sessions[key]
-	if s == nil {
-		s = &session{turn: make(chan struct{}, 1)}
-		r.sessions[key] = s
-	}
-	r.mu.Unlock()
-	select {
-	case s.turn <- struct{}{}:
-	case <-ctx.Done():
-		return sandbox.Result{}, fmt.Errorf("wait for session %s: %w", key, context.Cause(ctx))
-	}
-	defer func() { <-s.turn }()
-	s.mu.Lock()
-	p, ended := s.p, s.ended
-	s.running = !ended
-	s.mu.Unlock()
-	if ended {
-		return sandbox.Result{Status: sandbox.StatusError, ExitCode: -1,
-			Error: fmt.Sprintf("session %s ended while this job waited for it: run the job again to start the session afresh", key)}, nil
-	}
-	if p == nil {
-		var err error
-		if p, err = r.start(ctx); err != nil {
-			r.forget(key, s)
-			return sandbox.Result{}, err
-		}
-	}
-	res, err := drive(ctx, p, job, host)
-	s.mu.Lock()
-	s.running = false
-	keep := err == nil && p.rc.Reusable() && !s.ended
-	if keep {
-		s.p = p
-	}
-	s.mu.Unlock()
-	if !keep {
-		r.forget(key, s)
-		p.kill()
-	}
-	return res, err
-}
-
-// forget ends s and removes it from the table.
-func (r *Runtime) forget(key string, s *session) {
-	s.mu.Lock()
-	s.ended, s.p = true, nil
-	s.mu.Unlock()
-	r.mu.Lock()
-	if r.sessions[key] == s {
-		delete(r.sessions, key)
-	}
-	r.mu.Unlock()
+	return r.sessions.Run(ctx, key, job, host)
 }
 
 // HasSession implements sandbox.SessionRuntime.
-func (r *Runtime) HasSession(key string) bool {
-	r.mu.Lock()
-	s := r.sessions[key]
-	r.mu.Unlock()
-	if s == nil {
-		return false
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return !s.ended
-}
+func (r *Runtime) HasSession(key string) bool { return r.sessions.Has(key) }
 
 // EndSession implements sandbox.SessionRuntime.
 func (r *Runtime) EndSession(key string) error {
-	r.mu.Lock()
-	s := r.sessions[key]
-	delete(r.sessions, key)
-	r.mu.Unlock()
-	if s != nil {
-		s.end()
-	}
+	r.sessions.End(key)
 	return nil
 }
 
