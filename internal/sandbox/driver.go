@@ -266,3 +266,38 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 
 // ErrTimeout is the cause of a run's context when the job's time limit passed.
 var ErrTimeout = errors.New("job time limit reached")
+
+// AcceptRunner waits on ln for a runner to connect and complete its hello, and
+// returns its connection. maxFrame 0 means proxy.DefaultMaxFrame. When ctx ends
+// first the listener is closed.
+func AcceptRunner(ctx context.Context, ln net.Listener, maxFrame int) (*RunnerConn, error) {
+	type acc struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan acc, 1)
+	go func() {
+		c, err := ln.Accept()
+		ch <- acc{c, err}
+	}()
+	var conn net.Conn
+	select {
+	case a := <-ch:
+		if a.err != nil {
+			return nil, fmt.Errorf("runner did not connect: %w", a.err)
+		}
+		conn = a.c
+	case <-ctx.Done():
+		ln.Close()
+		if a := <-ch; a.c != nil {
+			a.c.Close()
+		}
+		return nil, fmt.Errorf("runner did not connect: %w", ctx.Err())
+	}
+	rc := NewRunnerConn(conn, maxFrame)
+	if err := rc.Handshake(ctx); err != nil {
+		rc.Close()
+		return nil, err
+	}
+	return rc, nil
+}

@@ -609,13 +609,7 @@ func (r *Runtime) start(ctx context.Context, jobLabel string) (_ *box, err error
 
 	hctx, hcancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer hcancel()
-	conn, err := accept(hctx, ln)
-	if err != nil {
-		return nil, fmt.Errorf("runner in container %s did not connect: %w%s", shortID(b.id), err, r.exitNote(b.id))
-	}
-	b.rc = sandbox.NewRunnerConn(conn, r.cfg.MaxFrame)
-	if err := b.rc.Handshake(hctx); err != nil {
-		b.rc.Close()
+	if b.rc, err = sandbox.AcceptRunner(hctx, ln, r.cfg.MaxFrame); err != nil {
 		return nil, fmt.Errorf("container %s: %w%s", shortID(b.id), err, r.exitNote(b.id))
 	}
 	return b, nil
@@ -977,28 +971,6 @@ func (r *Runtime) Close() error {
 		}
 	})
 	return r.closeErr
-}
-
-func accept(ctx context.Context, ln net.Listener) (net.Conn, error) {
-	type acc struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan acc, 1)
-	go func() {
-		c, err := ln.Accept()
-		ch <- acc{c, err}
-	}()
-	select {
-	case a := <-ch:
-		return a.c, a.err
-	case <-ctx.Done():
-		ln.Close()
-		if a := <-ch; a.c != nil {
-			a.c.Close()
-		}
-		return nil, ctx.Err()
-	}
 }
 
 func shortID(id string) string {

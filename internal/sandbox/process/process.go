@@ -94,13 +94,7 @@ func (r *Runtime) start(ctx context.Context) (*proc, error) {
 	go func() { p.exited <- cmd.Wait() }()
 	startCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := accept(startCtx, ln)
-	if err != nil {
-		p.kill()
-		return nil, fmt.Errorf("runner did not connect: %w", err)
-	}
-	p.rc = sandbox.NewRunnerConn(conn, 0)
-	if err := p.rc.Handshake(startCtx); err != nil {
+	if p.rc, err = sandbox.AcceptRunner(startCtx, ln, 0); err != nil {
 		p.kill()
 		return nil, err
 	}
@@ -145,26 +139,4 @@ func (r *Runtime) HasSession(key string) bool { return r.sessions.Has(key) }
 func (r *Runtime) EndSession(key string) error {
 	r.sessions.End(key)
 	return nil
-}
-
-func accept(ctx context.Context, ln net.Listener) (net.Conn, error) {
-	type acc struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan acc, 1)
-	go func() {
-		c, err := ln.Accept()
-		ch <- acc{c, err}
-	}()
-	select {
-	case a := <-ch:
-		return a.c, a.err
-	case <-ctx.Done():
-		ln.Close()
-		if a := <-ch; a.c != nil {
-			a.c.Close()
-		}
-		return nil, ctx.Err()
-	}
 }
