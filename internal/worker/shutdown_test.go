@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/broker"
+	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
@@ -24,13 +26,7 @@ func shutdownQueue() queue.Config {
 // job after Stop began.
 func TestStopLetsRunningJobsFinish(t *testing.T) {
 	t.Parallel()
-	q := shutdownQueue()
-	b := testutil.Broker(t, "", q)
-	fe := testutil.Frontend(t, b, "fe1")
-	rt := testutil.NewFakeRuntime(4)
-	cfg := worker.DefaultConfig("w1")
-	cfg.Queue, cfg.Grace = q, 20*time.Second
-	w := testutil.Worker(t, b, rt, cfg)
+	b, fe, rt, w := setupShutdown(t, 20*time.Second)
 
 	ctx := context.Background()
 	if out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "running", Code: "sleep 500ms"}}, "ns"); out[0].Err != nil {
@@ -59,13 +55,7 @@ func TestStopLetsRunningJobsFinish(t *testing.T) {
 // period: the job is handed back and another worker runs it.
 func TestStopHandsBackJobsAfterGrace(t *testing.T) {
 	t.Parallel()
-	q := shutdownQueue()
-	b := testutil.Broker(t, "", q)
-	fe := testutil.Frontend(t, b, "fe1")
-	rt := testutil.NewFakeRuntime(4)
-	cfg := worker.DefaultConfig("w1")
-	cfg.Queue, cfg.Grace = q, 200*time.Millisecond
-	w := testutil.Worker(t, b, rt, cfg)
+	b, fe, rt, w := setupShutdown(t, 200*time.Millisecond)
 
 	ctx := context.Background()
 	if out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "long", Code: "block", MaxAttempts: 2}}, "ns"); out[0].Err != nil {
@@ -78,7 +68,7 @@ func TestStopHandsBackJobsAfterGrace(t *testing.T) {
 	}
 	// Another worker takes the handed-back job (its second attempt).
 	cfg2 := worker.DefaultConfig("w2")
-	cfg2.Queue = q
+	cfg2.Queue = shutdownQueue()
 	testutil.Worker(t, b, &doneRuntime{testutil.NewFakeRuntime(1)}, cfg2)
 	rec := testutil.WaitRecord(t, b, "long", jobs.StatusSuccess)
 	if rec.Worker != "w2" || rec.Attempt != 2 {
@@ -92,4 +82,17 @@ type doneRuntime struct{ *testutil.FakeRuntime }
 func (r *doneRuntime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
 	job.Code = "done"
 	return r.FakeRuntime.Run(ctx, job, host)
+}
+
+// setupShutdown starts a broker, a front-end and worker w1 on a fake runtime
+// whose Stop gives running jobs grace.
+func setupShutdown(t *testing.T, grace time.Duration) (*broker.Broker, *frontend.Frontend, *testutil.FakeRuntime, *worker.Worker) {
+	t.Helper()
+	q := shutdownQueue()
+	b := testutil.Broker(t, "", q)
+	fe := testutil.Frontend(t, b, "fe1")
+	rt := testutil.NewFakeRuntime(4)
+	cfg := worker.DefaultConfig("w1")
+	cfg.Queue, cfg.Grace = q, grace
+	return b, fe, rt, testutil.Worker(t, b, rt, cfg)
 }
