@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -27,9 +28,6 @@ type Config struct {
 	Subjects jobs.Subjects
 	Limits   jobs.Limits
 	Logger   *slog.Logger
-	// Proxy answers sandbox calls; nil uses the built-in proxy handler, which
-	// serves Tools and memory to this front-end's running jobs.
-	Proxy proxy.Handler
 	// Tools is the MCP client pool behind call_tool and the docs helpers; nil
 	// means no MCP servers are configured.
 	Tools ToolSource
@@ -54,11 +52,12 @@ type Frontend struct {
 	client    *queue.Client
 	state     *state.Client
 	responder *proxy.Responder
+	handler   *proxyHandler
 	log       *slog.Logger
 	once      sync.Once
-	running   *registry   // jobs this front-end submitted that have not ended
-	memory    MemoryStore // memory helpers' backend
-	adm       *admission  // namespace caps and shutdown
+	inRun     atomic.Int64 // Run calls in flight
+	memory    MemoryStore  // memory helpers' backend
+	adm       *admission   // namespace caps and shutdown
 }
 
 // New returns a Frontend on nc.
@@ -80,40 +79,61 @@ func New(nc *nats.Conn, cfg Config) (*Frontend, error) {
 	if f.cfg.MaxCallsPerJob <= 0 {
 		f.cfg.MaxCallsPerJob = DefaultMaxCallsPerJob
 	}
-	f.running, f.memory = newRegistry(), cfg.Memory
+	f.memory = cfg.Memory
 	f.adm = newAdmission(f, cfg.Policy)
 	if f.memory == nil {
 		f.memory = f.state
 	}
-	h := cfg.Proxy
-	if h == nil {
-		h = &proxyHandler{f: f}
-	}
+	f.handler = &proxyHandler{f: f, access: newAccessCache(f.state, f.cfg.MaxCallsPerJob)}
+	var h proxy.Handler = f.handler
 	if m := cfg.Metrics; m != nil {
-		inner := h
 		h = proxy.HandlerFunc(func(ctx context.Context, req proxy.Request) (json.RawMessage, error) {
 			start := time.Now()
-			res, err := inner.Handle(ctx, req)
-			m.ProxyCall(req.Method, err, time.Since(start))
+			res, err := f.handler.Handle(ctx, req)
+			m.ProxyCall(proxy.MethodLabel(req.Method), err, time.Since(start))
 			return res, err
 		})
 	}
-	f.responder = proxy.NewResponder(nc, cfg.Subjects.Proxy(cfg.ID), h)
+	f.responder = proxy.NewResponder(nc, jobs.ProxyQueue, h)
 	return f, nil
 }
 
-// Start begins answering proxy calls.
+// proxyGrace is how long a stopping front-end keeps answering the proxy calls
+// in flight (new ones go to the other front-ends).
+const proxyGrace = 10 * time.Second
+
+// Start reads the fleet's proxy key and begins answering proxy calls: those
+// any front-end may answer, and those of the MCP servers this one proxies.
 func (f *Frontend) Start(ctx context.Context) error {
+	key, err := queue.ProxyKey(ctx, f.client.JetStream(), f.cfg.Subjects)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	f.handler.key = key
 	if err := f.adm.start(); err != nil {
 		return err
 	}
-	return f.responder.Start(ctx)
+	subjects := []string{f.cfg.Subjects.ProxyAny()}
+	if f.cfg.Tools != nil {
+		for _, s := range f.cfg.Tools.Servers() {
+			subjects = append(subjects, f.cfg.Subjects.ProxyServer(s.Name))
+		}
+	}
+	if err := f.responder.Start(subjects...); err != nil {
+		return err
+	}
+	// The server has the subscriptions once Start returns.
+	if err := f.nc.FlushTimeout(10 * time.Second); err != nil {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return nil
 }
 
-// Stop stops answering proxy calls. It is idempotent.
+// Stop stops answering proxy calls (those in flight get proxyGrace to
+// finish). It is idempotent.
 func (f *Frontend) Stop() {
 	f.once.Do(func() {
-		f.responder.Stop()
+		f.responder.Stop(proxyGrace)
 		f.adm.close()
 	})
 }
@@ -136,8 +156,8 @@ func (f *Frontend) Run(ctx context.Context, job *jobs.Job, progress func(jobs.Ev
 		return nil, err
 	}
 	defer f.adm.leaveRun(job.ID)
-	progress = f.running.add(job, f.cfg.MaxCallsPerJob, progress)
-	defer f.running.remove(job.ID)
+	f.inRun.Add(1)
+	defer f.inRun.Add(-1)
 	events, stop, err := f.client.WatchEvents(job.ID)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -43,79 +42,18 @@ const (
 	DefaultNamespace = "default"
 )
 
-// registry holds the jobs this front-end submitted and that have not ended: only
-// their sandboxes' calls are answered.
-type registry struct {
-	mu   sync.Mutex // guards jobs
-	jobs map[string]*runningJob
-}
-
+// runningJob is a running job as the proxy sees it: built from its record in
+// the state service, never from what the caller says.
 type runningJob struct {
-	job     jobs.Job
-	servers map[string]bool
-	sem     chan struct{} // caps calls in flight
-
-	mu       sync.Mutex // guards deadline
-	deadline time.Time  // zero until the current attempt's first call
+	job      jobs.Job
+	servers  map[string]bool
+	deadline time.Time // the proxy's own bound of the attempt's calls
 }
 
-func newRegistry() *registry { return &registry{jobs: map[string]*runningJob{}} }
+// Running returns the number of run_python calls in flight on this front-end.
+func (f *Frontend) Running() int { return int(f.inRun.Load()) }
 
-// add registers job and returns progress wrapped to note when it starts.
-func (r *registry) add(job *jobs.Job, maxCalls int, progress func(jobs.Event)) func(jobs.Event) {
-	rj := &runningJob{job: *job, servers: map[string]bool{}, sem: make(chan struct{}, maxCalls)}
-	for _, s := range job.Servers {
-		rj.servers[s] = true
-	}
-	r.mu.Lock()
-	r.jobs[job.ID] = rj
-	r.mu.Unlock()
-	return func(ev jobs.Event) {
-		if ev.Kind == jobs.EventStarted {
-			// Each attempt gets the whole timeout: its clock starts anew with
-			// its first call (see jobDeadline).
-			rj.mu.Lock()
-			rj.deadline = time.Time{}
-			rj.mu.Unlock()
-		}
-		if progress != nil {
-			progress(ev)
-		}
-	}
-}
-
-func (r *registry) remove(id string) {
-	r.mu.Lock()
-	delete(r.jobs, id)
-	r.mu.Unlock()
-}
-
-func (r *registry) get(id string) *runningJob {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.jobs[id]
-}
-
-// Running returns the number of this front-end's jobs that have not ended.
-func (f *Frontend) Running() int {
-	f.running.mu.Lock()
-	defer f.running.mu.Unlock()
-	return len(f.running.jobs)
-}
-
-func (rj *runningJob) jobDeadline() time.Time {
-	rj.mu.Lock()
-	defer rj.mu.Unlock()
-	if rj.deadline.IsZero() {
-		// The attempt's first call. The sandbox's own time limit runs from
-		// when its code began, which is after the started event (the worker
-		// announces the attempt before its sandbox is up, which may take
-		// seconds on a loaded host) and at most now: measured on our clock
-		// from now, the limit never ends before the sandbox's does.
-		rj.deadline = time.Now().Add(rj.job.TimeoutDuration())
-	}
-	return rj.deadline
-}
+func (rj *runningJob) jobDeadline() time.Time { return rj.deadline }
 
 func (rj *runningJob) namespace() string {
 	if rj.job.Namespace == "" {
@@ -124,31 +62,34 @@ func (rj *runningJob) namespace() string {
 	return rj.job.Namespace
 }
 
-// proxyHandler answers the proxy calls of this front-end's running jobs.
+// proxyHandler answers the proxy calls of every running job of the fleet: a
+// call is allowed when it carries the job's capability, the job's record says
+// the call's attempt is running, and (for a server's tools) the server was
+// given to the job.
 type proxyHandler struct {
-	f *Frontend
+	f      *Frontend
+	key    []byte // the fleet's proxy key
+	access *accessCache
 }
 
 var _ proxy.Handler = (*proxyHandler)(nil)
 
 // Handle implements proxy.Handler.
 func (h *proxyHandler) Handle(ctx context.Context, req proxy.Request) (json.RawMessage, error) {
-	rj := h.f.running.get(req.Job)
-	if rj == nil {
-		return nil, fmt.Errorf("job %s is not running on front-end %s (it ended, was cancelled, or was submitted elsewhere): proxy calls are answered only while the job runs", req.Job, h.f.cfg.ID)
+	if !jobs.CheckCapability(h.key, req.Job, req.Capability) {
+		// Say nothing about whether the job exists.
+		return nil, errors.New("proxy call refused: it does not carry its job's capability")
 	}
-	deadline := rj.jobDeadline()
-	if time.Until(deadline) <= 0 {
+	rj, release, err := h.access.acquire(ctx, req.Job, req.Attempt)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if time.Until(rj.deadline) <= 0 {
 		return nil, errors.New("the job's time limit has passed: no more proxy calls")
 	}
-	ctx, cancel := context.WithDeadline(ctx, deadline)
+	ctx, cancel := context.WithDeadline(ctx, rj.deadline)
 	defer cancel()
-	select {
-	case rj.sem <- struct{}{}:
-		defer func() { <-rj.sem }()
-	case <-ctx.Done():
-		return nil, fmt.Errorf("%d proxy calls of this job are already in flight and none finished before the job's time limit: await calls before starting more", cap(rj.sem))
-	}
 	res, err := h.dispatch(ctx, rj, req.Method, req.Params)
 	if err != nil {
 		return nil, err

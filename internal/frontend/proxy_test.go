@@ -177,12 +177,12 @@ except ImportError as e:
 	if !res.IsError || !strings.Contains(testutil.Text(res), `"nope" is not a proxied MCP server; known servers: locked, ts`) {
 		t.Fatalf("unknown server accepted: %q", testutil.Text(res))
 	}
-	// A worker (or anyone on NATS) asking for a job this front-end is not running.
+	// Anyone on NATS calling for a job without its capability.
 	nc := testutil.Connect(t, s.b, "intruder")
-	_, err := proxy.Call(context.Background(), nc, jobs.Subjects{}.Proxy("fe1"), proxy.Request{Job: jobs.NewID(), Method: "call_tool",
-		Params: json.RawMessage(`{"server":"ts","tool":"echo","arguments":{"text":"x"}}`)})
-	if err == nil || !strings.Contains(err.Error(), "is not running on front-end fe1") {
-		t.Fatalf("call for a job not running: %v", err)
+	_, err := proxy.Call(context.Background(), nc, jobs.Subjects{}.ProxyServer("ts"), proxy.Request{Job: jobs.NewID(), Method: "call_tool",
+		Capability: "forged", Params: json.RawMessage(`{"server":"ts","tool":"echo","arguments":{"text":"x"}}`)})
+	if err == nil || !strings.Contains(err.Error(), "does not carry its job's capability") {
+		t.Fatalf("call without the job's capability: %v", err)
 	}
 }
 

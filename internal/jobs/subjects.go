@@ -1,6 +1,9 @@
 package jobs
 
-import "strings"
+import (
+	"encoding/base32"
+	"strings"
+)
 
 // DefaultPrefix is the subject prefix unless configured.
 const DefaultPrefix = "mcpexec"
@@ -47,8 +50,25 @@ func (s Subjects) Output(job string) string { return s.p() + ".output." + job }
 // Cancel is the core subject a job's cancellation is announced on.
 func (s Subjects) Cancel(job string) string { return s.p() + ".cancel." + job }
 
-// Proxy is the request subject of a front-end's proxy responder.
-func (s Subjects) Proxy(frontend string) string { return s.p() + ".proxy." + frontend }
+// ProxyQueue is the queue group every front-end's proxy responder joins: a
+// sandbox's call is answered by one front-end, whichever submitted the job.
+const ProxyQueue = "frontends"
+
+// ProxyAny is the request subject of proxy calls that any front-end can answer
+// (memory, docs across the job's servers, job results).
+func (s Subjects) ProxyAny() string { return s.p() + ".proxy.any" }
+
+// ProxyServer is the request subject of proxy calls for one MCP server: only
+// front-ends that proxy server answer it. Server names may hold any text, so
+// the token is their base32 form.
+func (s Subjects) ProxyServer(server string) string {
+	return s.p() + ".proxy.srv." + serverToken.EncodeToString([]byte(server))
+}
+
+// AllProxy matches every proxy subject.
+func (s Subjects) AllProxy() string { return s.p() + ".proxy.>" }
+
+var serverToken = base32.HexEncoding.WithPadding(base32.NoPadding)
 
 // State is the request subject of a state-service operation such as "job.get".
 func (s Subjects) State(op string) string { return s.p() + ".state." + op }
@@ -80,3 +100,10 @@ func (s Subjects) SessionsBucket() string { return strings.ToUpper(s.p()) + "_SE
 // WorkerSessions is the request subject on which a worker answers whether it
 // holds a session.
 func (s Subjects) WorkerSessions(worker string) string { return s.p() + ".wsession." + worker }
+
+// SecretsBucket is the key-value bucket of the fleet's secrets (the proxy key):
+// only front-ends and the broker may read it.
+func (s Subjects) SecretsBucket() string { return strings.ToUpper(s.p()) + "_SECRETS" }
+
+// ProxyKeyName is the key of the proxy key in the secrets bucket.
+const ProxyKeyName = "proxy-key"

@@ -6,16 +6,64 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
 
+// The proxy methods a sandbox may call. Anything else is refused where it is
+// received (the worker and the front-end) and counted as "unknown".
+const (
+	MethodCallTool          = "call_tool"
+	MethodListServers       = "list_servers"
+	MethodDiscoveredServers = "discovered_servers"
+	MethodListTools         = "list_tools"
+	MethodQueryToolDocs     = "query_tool_docs"
+	MethodSearchToolDocs    = "search_tool_docs"
+	MethodCapabilitySummary = "capability_summary"
+	MethodMemoryGet         = "memory_get"
+	MethodMemoryPut         = "memory_put"
+	MethodMemoryDelete      = "memory_delete"
+	MethodMemoryList        = "memory_list"
+)
+
+var knownMethods = map[string]bool{
+	MethodCallTool: true, MethodListServers: true, MethodDiscoveredServers: true,
+	MethodListTools: true, MethodQueryToolDocs: true, MethodSearchToolDocs: true,
+	MethodCapabilitySummary: true, MethodMemoryGet: true, MethodMemoryPut: true,
+	MethodMemoryDelete: true, MethodMemoryList: true,
+}
+
+// KnownMethod reports whether m is a proxy method.
+func KnownMethod(m string) bool { return knownMethods[m] }
+
+// MethodLabel is m when it is a known method, else "unknown": what metrics and
+// logs may carry of a name a sandbox chose.
+func MethodLabel(m string) string {
+	if knownMethods[m] {
+		return m
+	}
+	return "unknown"
+}
+
+// ServerMethod reports whether m names one MCP server in its "server"
+// parameter, so that only front-ends proxying that server can answer it.
+func ServerMethod(m string) bool {
+	return m == MethodCallTool || m == MethodListTools || m == MethodQueryToolDocs
+}
+
 // Request is a sandbox's proxy call as carried over NATS from a worker to the
-// front-end that submitted the job.
+// front-ends. Capability is the job's proxy capability, which proves the call
+// comes from a worker that holds the job (jobs.Capability); Attempt fences
+// calls of a stale attempt.
 type Request struct {
-	Job    string          `json:"job"`
-	Method string          `json:"method"`
-	Params json.RawMessage `json:"params,omitempty"`
+	Job        string          `json:"job"`
+	Attempt    int             `json:"attempt,omitempty"`
+	Capability string          `json:"capability,omitempty"`
+	Method     string          `json:"method"`
+	Params     json.RawMessage `json:"params,omitempty"`
+	// TimeoutMS is how long the worker waits for the answer.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
 }
 
 // Response answers a Request: a result, or an error whose text reaches the
@@ -38,84 +86,176 @@ func (f HandlerFunc) Handle(ctx context.Context, req Request) (json.RawMessage, 
 	return f(ctx, req)
 }
 
-// Responder serves a Handler on a front-end's proxy subject.
+// MaxRequest is the largest proxy request a Responder decodes.
+const MaxRequest = 8 << 20
+
+// DefaultMaxInFlight bounds the requests a Responder answers at once; more are
+// answered "busy" at once rather than queued without bound.
+const DefaultMaxInFlight = 1024
+
+// Responder serves a Handler on proxy subjects, as a member of a queue group:
+// each request is answered by one member.
 type Responder struct {
-	nc      *nats.Conn
-	subject string
-	h       Handler
+	nc    *nats.Conn
+	queue string
+	h     Handler
+	// MaxInFlight bounds concurrent requests (default DefaultMaxInFlight). Set
+	// before Start.
+	MaxInFlight int
 
-	mu     sync.Mutex // guards sub, cancel
-	sub    *nats.Subscription
+	mu     sync.Mutex // guards subs, cancel, ctx
+	subs   map[string]*nats.Subscription
+	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	slots  chan struct{}
+	wg     sync.WaitGroup // requests in flight
 }
 
-// NewResponder returns a Responder for subject.
-func NewResponder(nc *nats.Conn, subject string, h Handler) *Responder {
-	return &Responder{nc: nc, subject: subject, h: h}
+// NewResponder returns a Responder in queue group queue ("" for none).
+func NewResponder(nc *nats.Conn, queue string, h Handler) *Responder {
+	return &Responder{nc: nc, queue: queue, h: h, subs: map[string]*nats.Subscription{}}
 }
 
-// Start subscribes. Each request is answered on its own goroutine.
-func (r *Responder) Start(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	sub, err := r.nc.Subscribe(r.subject, func(m *nats.Msg) {
-		r.wg.Add(1)
-		go func() {
-			defer r.wg.Done()
-			r.serve(ctx, m)
-		}()
-	})
-	if err != nil {
-		cancel()
-		return fmt.Errorf("subscribe %s: %w", r.subject, err)
-	}
+// Start subscribes to subjects. Each request is answered on its own goroutine,
+// whose context ends only when Stop gives up waiting: a process that is
+// shutting down still answers the calls of jobs it lets finish.
+func (r *Responder) Start(subjects ...string) error {
 	r.mu.Lock()
-	r.sub, r.cancel = sub, cancel
+	if r.ctx == nil {
+		r.ctx, r.cancel = context.WithCancel(context.Background())
+		n := r.MaxInFlight
+		if n <= 0 {
+			n = DefaultMaxInFlight
+		}
+		r.slots = make(chan struct{}, n)
+	}
 	r.mu.Unlock()
+	return r.SetSubjects(subjects...)
+}
+
+// SetSubjects changes the subjects served: new ones are subscribed, those no
+// longer listed unsubscribed (their requests in flight are still answered).
+func (r *Responder) SetSubjects(subjects ...string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ctx == nil {
+		return errors.New("proxy responder is not started")
+	}
+	want := map[string]bool{}
+	for _, s := range subjects {
+		want[s] = true
+		if r.subs[s] != nil {
+			continue
+		}
+		sub, err := r.nc.QueueSubscribe(s, r.queue, r.receive)
+		if err != nil {
+			return fmt.Errorf("subscribe %s: %w", s, err)
+		}
+		r.subs[s] = sub
+	}
+	for s, sub := range r.subs {
+		if !want[s] {
+			_ = sub.Unsubscribe() // a failed unsubscribe of a live connection only leaves extra requests to answer
+			delete(r.subs, s)
+		}
+	}
 	return nil
 }
 
-func (r *Responder) serve(ctx context.Context, m *nats.Msg) {
+func (r *Responder) receive(m *nats.Msg) {
+	select {
+	case r.slots <- struct{}{}:
+	default:
+		respond(m, Response{Error: "the front-end is busy answering other proxy calls: retry shortly"}, r.nc.MaxPayload())
+		return
+	}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer func() { <-r.slots }()
+		r.serve(m)
+	}()
+}
+
+func (r *Responder) serve(m *nats.Msg) {
 	var req Request
 	var resp Response
-	if err := json.Unmarshal(m.Data, &req); err != nil || req.Job == "" || req.Method == "" {
-		resp.Error = "malformed proxy request: want {job, method, params}"
-	} else if res, err := r.h.Handle(ctx, req); err != nil {
-		resp.Error = err.Error()
-	} else {
-		resp.Result = res
+	if len(m.Data) > MaxRequest {
+		respond(m, Response{Error: fmt.Sprintf("proxy request of %d bytes is over the %d-byte limit", len(m.Data), MaxRequest)}, r.nc.MaxPayload())
+		return
 	}
+	switch err := json.Unmarshal(m.Data, &req); {
+	case err != nil || req.Job == "" || req.Method == "":
+		resp.Error = "malformed proxy request: want {job, method, params}"
+	case !KnownMethod(req.Method):
+		resp.Error = fmt.Sprintf("unknown proxy method %q", truncate(req.Method, 40))
+	default:
+		ctx := r.ctx
+		if req.TimeoutMS > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, time.Duration(req.TimeoutMS)*time.Millisecond)
+			defer cancel()
+		}
+		if res, err := r.h.Handle(ctx, req); err != nil {
+			resp.Error = err.Error()
+		} else {
+			resp.Result = res
+		}
+	}
+	respond(m, resp, r.nc.MaxPayload())
+}
+
+func respond(m *nats.Msg, resp Response, maxPayload int64) {
 	data, err := json.Marshal(resp)
 	if err != nil {
 		data, _ = json.Marshal(Response{Error: "encode proxy response: " + err.Error()})
 	}
-	if len(data) > int(r.nc.MaxPayload()) {
-		data, _ = json.Marshal(Response{Error: fmt.Sprintf("result of %d bytes exceeds the %d-byte message limit", len(data), r.nc.MaxPayload())})
+	if int64(len(data)) > maxPayload {
+		data, _ = json.Marshal(Response{Error: fmt.Sprintf("result of %d bytes exceeds the %d-byte message limit", len(data), maxPayload)})
 	}
-	_ = m.Respond(data)
+	_ = m.Respond(data) // the requester may be gone; nothing to do then
 }
 
-// Stop unsubscribes and waits for in-flight requests. It is idempotent.
-func (r *Responder) Stop() {
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// Stop unsubscribes, so that other members of the queue group take new
+// requests, then lets the requests in flight finish for up to grace before
+// cancelling them, and waits for them. It is idempotent.
+func (r *Responder) Stop(grace time.Duration) {
 	r.mu.Lock()
-	sub, cancel := r.sub, r.cancel
-	r.sub, r.cancel = nil, nil
+	subs, cancel := r.subs, r.cancel
+	r.subs, r.cancel = map[string]*nats.Subscription{}, nil
 	r.mu.Unlock()
-	if sub != nil {
-		_ = sub.Unsubscribe()
+	for _, sub := range subs {
+		_ = sub.Unsubscribe() // a closed connection has no subscriptions left anyway
 	}
-	if cancel != nil {
-		cancel()
+	if cancel == nil {
+		return
 	}
-	r.wg.Wait()
+	done := make(chan struct{})
+	go func() { r.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(grace):
+	}
+	cancel()
+	<-done
 }
 
 // ErrNoResponder is returned by Call when no front-end answers the subject.
-var ErrNoResponder = errors.New("the front-end that submitted this job is not reachable")
+var ErrNoResponder = errors.New("no front-end is answering proxy calls")
 
 // Call sends req to subject and returns the result.
 // hdr, when given, travels with the request (e.g. the job's trace context).
 func Call(ctx context.Context, nc *nats.Conn, subject string, req Request, hdr ...nats.Header) (json.RawMessage, error) {
+	if dl, ok := ctx.Deadline(); ok && req.TimeoutMS == 0 {
+		req.TimeoutMS = max(time.Until(dl).Milliseconds(), 1)
+	}
 	data, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("encode proxy request: %w", err)
@@ -132,7 +272,7 @@ func Call(ctx context.Context, nc *nats.Conn, subject string, req Request, hdr .
 		return nil, ErrNoResponder
 	}
 	if err != nil {
-		return nil, fmt.Errorf("proxy call %s: %w", req.Method, err)
+		return nil, fmt.Errorf("proxy call %s: %w", MethodLabel(req.Method), err)
 	}
 	var resp Response
 	if err := json.Unmarshal(msg.Data, &resp); err != nil {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -132,6 +133,9 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	if _, err := SessionsBucket(ctx, js, cfg); err != nil {
 		return err
 	}
+	if _, err := SecretsBucket(ctx, js, cfg); err != nil {
+		return err
+	}
 	return nil
 }
 
@@ -170,6 +174,23 @@ type Client struct {
 	// DedupeWindow is the jobs stream's duplicate window; Submit repairs a lost
 	// enqueue only within it. Zero means DefaultConfig's.
 	DedupeWindow time.Duration
+
+	keyMu sync.Mutex // guards key
+	key   []byte     // the fleet's proxy key, read on first submission
+}
+
+// proxyKey returns the fleet's proxy key, reading it on first use.
+func (c *Client) proxyKey(ctx context.Context) ([]byte, error) {
+	c.keyMu.Lock()
+	defer c.keyMu.Unlock()
+	if c.key == nil {
+		k, err := ProxyKey(ctx, c.js, c.sub)
+		if err != nil {
+			return nil, err
+		}
+		c.key = k
+	}
+	return c.key, nil
 }
 
 // NewClient returns a Client on nc.
@@ -253,6 +274,13 @@ func (c *Client) SubmitMany(ctx context.Context, js []*jobs.Job) []error {
 }
 
 func (c *Client) submitChunk(ctx context.Context, js []*jobs.Job, errs []error) {
+	key, err := c.proxyKey(ctx)
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return
+	}
 	// 1. Claim each id: the submitted event is stored only if its subject is empty.
 	claims := make([]jetstream.PubAckFuture, len(js))
 	for i, job := range js {
@@ -289,7 +317,7 @@ func (c *Client) submitChunk(ctx context.Context, js []*jobs.Job, errs []error) 
 			errs[i] = rerr
 			continue
 		}
-		data, err := json.Marshal(job)
+		data, err := EncodeMessage(job, jobs.Capability(key, job.ID))
 		if err == nil {
 			m := nats.NewMsg(subject)
 			m.Data = data

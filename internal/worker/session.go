@@ -106,7 +106,8 @@ func (st *sessionTable) answer(m *nats.Msg) {
 // admit has disposed of the message (finished the job with an error, or
 // forwarded it to the worker holding the session) and returns false. A true
 // return must be paired with releaseSession.
-func (w *Worker) admit(ctx context.Context, msg jetstream.Msg, job *jobs.Job, attempt int) bool {
+func (w *Worker) admit(ctx context.Context, msg jetstream.Msg, m *queue.Message, attempt int) bool {
+	job := &m.Job
 	st := w.sess
 	fail := func(text string) bool {
 		w.finish(ctx, msg, job, attempt, jobs.Result{Status: jobs.StatusError, ExitCode: -1, Error: text})
@@ -138,7 +139,7 @@ func (w *Worker) admit(ctx context.Context, msg jetstream.Msg, job *jobs.Job, at
 			var ent queue.SessionEntry
 			if json.Unmarshal(e.Value(), &ent) == nil && ent.Worker != w.cfg.ID && !ent.Ended &&
 				queue.HoldsSession(ctx, w.nc, w.client.Subjects(), ent.Worker, key) {
-				return w.forward(ctx, msg, job, attempt, ent.Worker)
+				return w.forward(ctx, msg, m, ent.Worker)
 			}
 			_ = st.kv.Delete(ctx, key, jetstream.LastRevision(e.Revision()))
 		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -168,8 +169,9 @@ func (w *Worker) admit(ctx context.Context, msg jetstream.Msg, job *jobs.Job, at
 }
 
 // forward hands a pool-delivered job of a session to the worker holding it.
-func (w *Worker) forward(ctx context.Context, msg jetstream.Msg, job *jobs.Job, attempt int, worker string) bool {
-	data, err := json.Marshal(job)
+func (w *Worker) forward(ctx context.Context, msg jetstream.Msg, m *queue.Message, worker string) bool {
+	job := &m.Job
+	data, err := queue.EncodeMessage(job, m.Capability)
 	if err == nil {
 		_, err = w.client.JetStream().Publish(ctx, w.client.Subjects().WorkerJobs(worker), data,
 			jetstream.WithMsgID(job.ID+".session"))

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -231,12 +233,13 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	attempt := int(meta.NumDelivered)
-	var job jobs.Job
-	if err := json.Unmarshal(msg.Data(), &job); err != nil || !jobs.ValidID(job.ID) {
+	m, err := queue.DecodeMessage(msg.Data())
+	if err != nil {
 		w.log.Error("dropping undecodable job message", "seq", meta.Sequence.Stream, "err", err)
 		_ = msg.TermWithReason("undecodable job")
 		return
 	}
+	job, capability := m.Job, m.Capability
 	trace := msg.Headers().Get(jobs.TraceHeader)
 	if trace == "" {
 		trace = jobs.TraceParent(job.ID)
@@ -273,7 +276,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	if job.Session != "" {
-		if !w.admit(ctx, msg, &job, attempt) {
+		if !w.admit(ctx, msg, m, attempt) {
 			return
 		}
 		defer w.releaseSession(&job)
@@ -287,7 +290,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	defer close(hbDone)
 	go w.heartbeat(msg, hbDone)
 
-	host := &natsHost{nc: w.nc, subj: w.client.Subjects(), job: &job}
+	host := &natsHost{nc: w.nc, subj: w.client.Subjects(), job: &job, attempt: attempt, capability: capability}
 	start := time.Now()
 	res, runErr := w.runSandbox(runCtx, &job, sandbox.Job{
 		ID: job.ID, Code: job.Code, Servers: job.Servers,
@@ -386,23 +389,66 @@ func (w *Worker) heartbeat(msg jetstream.Msg, done <-chan struct{}) {
 	}
 }
 
-// natsHost relays a sandbox's calls to the job's front-end and its output to the
-// job's output subject.
+// natsHost relays a sandbox's calls to the front-ends and its output to the
+// job's output subject. Each call carries the job's capability and attempt; the
+// method and the server it names were chosen by sandbox code, so only known
+// methods leave the worker, and the server only selects a subject.
 type natsHost struct {
-	nc   *nats.Conn
-	subj jobs.Subjects
-	job  *jobs.Job
+	nc         *nats.Conn
+	subj       jobs.Subjects
+	job        *jobs.Job
+	attempt    int
+	capability string
 }
 
 func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessage) (json.RawMessage, error) {
-	if h.job.Frontend == "" {
-		return nil, errors.New("this job has no front-end to answer proxy calls")
+	if !proxy.KnownMethod(method) {
+		return nil, fmt.Errorf("unknown proxy method %q", truncate(method, 40))
 	}
-	return proxy.Call(ctx, h.nc, h.subj.Proxy(h.job.Frontend), proxy.Request{Job: h.job.ID, Method: method, Params: params},
+	subject := h.subj.ProxyAny()
+	server := ""
+	if proxy.ServerMethod(method) {
+		var p struct {
+			Server string `json:"server"`
+		}
+		if err := json.Unmarshal(params, &p); err != nil || p.Server == "" {
+			return nil, errors.New("name a server: the call needs a \"server\" parameter")
+		}
+		if !slices.Contains(h.job.Servers, p.Server) {
+			return nil, fmt.Errorf("server %q was not given to this run (it may use %s): add it to the job's servers", truncate(p.Server, 80), quoteList(h.job.Servers))
+		}
+		server, subject = p.Server, h.subj.ProxyServer(p.Server)
+	}
+	res, err := proxy.Call(ctx, h.nc, subject, proxy.Request{Job: h.job.ID, Attempt: h.attempt, Capability: h.capability, Method: method, Params: params},
 		nats.Header{jobs.TraceHeader: []string{jobs.TraceParent(h.job.ID)}})
+	if errors.Is(err, proxy.ErrNoResponder) {
+		if server != "" {
+			return nil, fmt.Errorf("no front-end proxies MCP server %q right now: start a front-end that has it, or retry later", server)
+		}
+		return nil, errors.New("no front-end is answering proxy calls right now: retry later")
+	}
+	return res, err
 }
 
 func (h *natsHost) Output(stream, data string) {
-	b, _ := json.Marshal(map[string]string{"stream": stream, "data": data})
-	_ = h.nc.Publish(h.subj.Output(h.job.ID), b)
+	b, _ := json.Marshal(map[string]string{"stream": stream, "data": data}) // strings always encode
+	_ = h.nc.Publish(h.subj.Output(h.job.ID), b)                            // live output is best effort; the result has it all
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+func quoteList(names []string) string {
+	if len(names) == 0 {
+		return "none"
+	}
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = fmt.Sprintf("%q", n)
+	}
+	return strings.Join(q, ", ")
 }

@@ -1,0 +1,163 @@
+package frontend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/state"
+)
+
+// Bounds of the proxy's view of running jobs.
+const (
+	// accessTTL is how long a job's record answers its calls before it is
+	// looked up again: a job that ended stops being served within it.
+	accessTTL = time.Second
+	// startedWait bounds the wait for the state service to apply the started
+	// event of an attempt that already calls (the worker announces it just
+	// before the sandbox runs).
+	startedWait = 3 * time.Second
+	// maxAccessEntries bounds the cache; idle entries past their TTL are
+	// dropped first.
+	maxAccessEntries = 10_000
+)
+
+// recordSource is where job records come from; *state.Client is one.
+type recordSource interface {
+	Job(ctx context.Context, id string) (*jobs.Record, error)
+}
+
+// accessCache looks up the records of the jobs whose sandboxes call, keeps
+// each for accessTTL, and caps each job's calls in flight on this front-end.
+type accessCache struct {
+	records  recordSource
+	maxCalls int
+
+	mu   sync.Mutex // guards jobs
+	jobs map[string]*jobAccess
+}
+
+// jobAccess is one job's entry.
+type jobAccess struct {
+	rj       *runningJob
+	attempt  int
+	fetched  time.Time
+	inFlight int           // calls holding the entry
+	sem      chan struct{} // caps calls in flight
+}
+
+func newAccessCache(records recordSource, maxCalls int) *accessCache {
+	return &accessCache{records: records, maxCalls: maxCalls, jobs: map[string]*jobAccess{}}
+}
+
+// acquire returns the running job id as attempt sees it, holding one of its
+// call slots until release is called. It fails, saying why, unless the job's
+// record shows that attempt running.
+func (a *accessCache) acquire(ctx context.Context, id string, attempt int) (_ *runningJob, release func(), err error) {
+	now := time.Now()
+	a.mu.Lock()
+	e := a.jobs[id]
+	fresh := e != nil && e.attempt == attempt && now.Sub(e.fetched) < accessTTL
+	if fresh {
+		e.inFlight++
+	}
+	a.mu.Unlock()
+	if !fresh {
+		rec, err := a.lookup(ctx, id, attempt)
+		if err != nil {
+			return nil, nil, err
+		}
+		a.mu.Lock()
+		e = a.jobs[id]
+		if e == nil || e.attempt != attempt {
+			// This attempt's first call here: its time limit runs from now
+			// (its sandbox started at most now).
+			e = &jobAccess{attempt: attempt, sem: make(chan struct{}, a.maxCalls),
+				rj: newRunningJob(rec, now.Add(rec.Job.TimeoutDuration()))}
+			a.evictLocked(now)
+			a.jobs[id] = e
+		} else {
+			e.rj = newRunningJob(rec, e.rj.deadline)
+		}
+		e.fetched = now
+		e.inFlight++
+		a.mu.Unlock()
+	}
+	done := func() {
+		a.mu.Lock()
+		e.inFlight--
+		a.mu.Unlock()
+	}
+	dctx, cancel := context.WithDeadline(ctx, e.rj.deadline)
+	defer cancel()
+	select {
+	case e.sem <- struct{}{}:
+		return e.rj, func() { <-e.sem; done() }, nil
+	case <-dctx.Done():
+		done()
+		return nil, nil, fmt.Errorf("%d proxy calls of this job are already in flight and none finished before the job's time limit: await calls before starting more", cap(e.sem))
+	}
+}
+
+func newRunningJob(rec *jobs.Record, deadline time.Time) *runningJob {
+	rj := &runningJob{job: rec.Job, servers: map[string]bool{}, deadline: deadline}
+	for _, s := range rec.Job.Servers {
+		rj.servers[s] = true
+	}
+	return rj
+}
+
+// lookup returns job id's record once it shows attempt running, waiting up to
+// startedWait for the state service to catch up with the worker.
+func (a *accessCache) lookup(ctx context.Context, id string, attempt int) (*jobs.Record, error) {
+	deadline := time.Now().Add(startedWait)
+	for {
+		rec, err := a.records.Job(ctx, id)
+		behind := errors.Is(err, state.ErrNotFound) ||
+			(err == nil && !rec.Status.Terminal() && (rec.Status == jobs.StatusQueued || rec.Attempt < attempt))
+		if !behind || time.Now().After(deadline) {
+			switch {
+			case errors.Is(err, state.ErrNotFound):
+				return nil, fmt.Errorf("job %s is not running: no proxy calls", id)
+			case err != nil:
+				return nil, fmt.Errorf("look up job %s: %w", id, err)
+			case rec.Status.Terminal():
+				return nil, fmt.Errorf("job %s has ended (%s): no more proxy calls", id, rec.Status)
+			case rec.Status != jobs.StatusRunning || rec.Attempt != attempt:
+				return nil, fmt.Errorf("attempt %d of job %s is not the one running: no proxy calls", attempt, id)
+			}
+			return rec, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("look up job %s: %w", id, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// evictLocked makes room for one more entry.
+func (a *accessCache) evictLocked(now time.Time) {
+	if len(a.jobs) < maxAccessEntries {
+		return
+	}
+	for id, e := range a.jobs {
+		if e.inFlight == 0 && (now.Sub(e.fetched) >= accessTTL || now.After(e.rj.deadline)) {
+			delete(a.jobs, id)
+		}
+	}
+	if len(a.jobs) < maxAccessEntries {
+		return
+	}
+	for id, e := range a.jobs { // all busy or fresh: drop idle ones anyway
+		if e.inFlight == 0 {
+			delete(a.jobs, id)
+			if len(a.jobs) < maxAccessEntries {
+				return
+			}
+		}
+	}
+}

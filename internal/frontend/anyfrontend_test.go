@@ -1,0 +1,224 @@
+package frontend_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/jobsapi"
+	"github.com/mcpexec/mcpexec/internal/mcpclients"
+	"github.com/mcpexec/mcpexec/internal/mcpserver"
+	"github.com/mcpexec/mcpexec/internal/proxy"
+	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox/process"
+	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/worker"
+)
+
+// apiFrontend serves fe's jobs API (with namespace tokens) and returns its URL.
+func apiFrontend(t *testing.T, fe *frontend.Frontend) string {
+	t.Helper()
+	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})
+	srv := mcpserver.New(fe, mcpserver.Options{})
+	hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{API: api, Tokens: map[string]string{"tok-a": "a"}}))
+	t.Cleanup(hs.Close)
+	return hs.URL
+}
+
+func postJob(t *testing.T, url string, job map[string]any) jobs.Record {
+	t.Helper()
+	body, _ := json.Marshal(job)
+	req, _ := http.NewRequest("POST", url+"/api/jobs", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer tok-a")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var rec jobs.Record
+	if err := json.NewDecoder(resp.Body).Decode(&rec); err != nil || resp.StatusCode/100 != 2 {
+		t.Fatalf("POST /api/jobs: %d, %v", resp.StatusCode, err)
+	}
+	return rec
+}
+
+func waitJob(t *testing.T, url, id string) jobs.Record {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url+"/api/jobs/"+id+"/wait?timeout=60s", nil)
+	req.Header.Set("Authorization", "Bearer tok-a")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var rec jobs.Record
+	if err := json.NewDecoder(resp.Body).Decode(&rec); err != nil {
+		t.Fatalf("wait %s: %d, %v", id, resp.StatusCode, err)
+	}
+	return rec
+}
+
+// TestAPIJobsCallToolsAndMemory: a job submitted through /api/jobs calls a
+// proxied stdio server and update_memory; then the same while the front-end
+// that submitted it is stopped mid-job, so that a second front-end serves the
+// job's remaining calls from its record.
+func TestAPIJobsCallToolsAndMemory(t *testing.T) {
+	t.Parallel()
+	b := testutil.Broker(t, "", queue.DefaultConfig())
+	rt, err := process.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	testutil.Worker(t, b, rt, worker.DefaultConfig("w1"))
+	pool1 := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
+	fe1 := testutil.FrontendWith(t, b, frontend.Config{ID: "fe1", Tools: pool1})
+	pool2 := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
+	fe2 := testutil.FrontendWith(t, b, frontend.Config{ID: "fe2", Tools: pool2})
+	url1, url2 := apiFrontend(t, fe1), apiFrontend(t, fe2)
+
+	rec := postJob(t, url1, map[string]any{"id": "plain", "servers": []string{"ts"}, "code": `
+r = await mcp_ts.echo(text="hello")
+n = update_memory("count", lambda n: (n or 0) + 1)
+print(r, n, load_memory("count"))`})
+	if got := waitJob(t, url1, rec.Job.ID); got.Status != jobs.StatusSuccess || strings.TrimSpace(got.Result.Stdout) != "hello 1 1" {
+		t.Fatalf("API job: %s %+v", got.Status, got.Result)
+	}
+
+	dir := t.TempDir()
+	started, goOn := filepath.Join(dir, "started"), filepath.Join(dir, "go")
+	postJob(t, url1, map[string]any{"id": "outlives", "servers": []string{"ts"}, "timeout": 60, "code": fmt.Sprintf(`
+import os, time
+a = await mcp_ts.echo(text="one")
+update_memory("count", lambda n: (n or 0) + 1)
+open(%q, "w").close()
+while not os.path.exists(%q):
+    time.sleep(0.02)
+b = await mcp_ts.echo(text="two")
+n = update_memory("count", lambda n: (n or 0) + 1)
+print(a, b, n)`, started, goOn)})
+	waitFile(t, started)
+	fe1.Stop() // the submitting front-end leaves mid-job
+	if err := os.WriteFile(goOn, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := waitJob(t, url2, "outlives"); got.Status != jobs.StatusSuccess || strings.TrimSpace(got.Result.Stdout) != "one two 3" {
+		t.Fatalf("job whose front-end left: %s %+v", got.Status, got.Result)
+	}
+}
+
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not appear", path)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestProxyCallsAreCheckedAgainstTheRecord: what a worker (or anyone on NATS)
+// may not do with proxy calls.
+func TestProxyCallsAreCheckedAgainstTheRecord(t *testing.T) {
+	t.Parallel()
+	b := testutil.Broker(t, "", queue.DefaultConfig())
+	rt, err := process.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	testutil.Worker(t, b, rt, worker.DefaultConfig("w1"))
+	pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
+	fe := testutil.FrontendWith(t, b, frontend.Config{ID: "fe1", Tools: pool})
+	nc := testutil.Connect(t, b, "intruder")
+	ctx := context.Background()
+	key, err := queue.ProxyKey(ctx, mustJS(t, nc), jobs.Subjects{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(id string, attempt int, method, params string) error {
+		subject := jobs.Subjects{}.ProxyAny()
+		if proxy.ServerMethod(method) {
+			subject = jobs.Subjects{}.ProxyServer("ts")
+		}
+		_, err := proxy.Call(ctx, nc, subject, proxy.Request{Job: id, Attempt: attempt, Capability: jobs.Capability(key, id),
+			Method: method, Params: json.RawMessage(params)})
+		return err
+	}
+	// A job that has finished: its capability no longer opens anything.
+	out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "done", Code: "print(1)", Servers: []string{"ts"}}}, "a")
+	if out[0].Err != nil {
+		t.Fatal(out[0].Err)
+	}
+	if rec, err := fe.Wait(ctx, "done"); err != nil || rec.Status != jobs.StatusSuccess {
+		t.Fatalf("job: %+v %v", rec, err)
+	}
+	if err := call("done", 1, "memory_get", `{"key":"k"}`); err == nil || !strings.Contains(err.Error(), "has ended") {
+		t.Fatalf("memory call of a finished job: %v", err)
+	}
+	// A running job: a stale attempt, and a server it was not given.
+	out = fe.SubmitMany(ctx, []*jobs.Job{{ID: "live", Code: "import time\ntime.sleep(30)", Timeout: 60, Servers: []string{"ts"}}}, "a")
+	if out[0].Err != nil {
+		t.Fatal(out[0].Err)
+	}
+	t.Cleanup(func() { _ = fe.Cancel(context.Background(), "live", "test over") })
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		rec, err := fe.Get(ctx, "live")
+		if err == nil && rec.Status == jobs.StatusRunning {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job did not start: %+v %v", rec, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := call("live", 2, "memory_get", `{"key":"k"}`); err == nil || !strings.Contains(err.Error(), "not the one running") {
+		t.Fatalf("call of another attempt: %v", err)
+	}
+	if err := call("live", 1, "memory_get", `{"key":"k"}`); err != nil {
+		t.Fatalf("the running attempt's call: %v", err)
+	}
+	if err := call("live", 1, "call_tool", `{"server":"other","tool":"echo"}`); err == nil {
+		t.Fatal("call for a server the job was not given was answered")
+	}
+	// A forged capability (another job's) is refused.
+	_, err = proxy.Call(ctx, nc, jobs.Subjects{}.ProxyAny(), proxy.Request{Job: "live", Attempt: 1, Capability: jobs.Capability(key, "done"),
+		Method: "memory_get", Params: json.RawMessage(`{"key":"k"}`)})
+	if err == nil || !strings.Contains(err.Error(), "capability") {
+		t.Fatalf("another job's capability: %v", err)
+	}
+	// Unknown methods never reach a handler.
+	_, err = proxy.Call(ctx, nc, jobs.Subjects{}.ProxyAny(), proxy.Request{Job: "live", Attempt: 1, Capability: jobs.Capability(key, "live"),
+		Method: strings.Repeat("x", 5000)})
+	if err == nil || !strings.Contains(err.Error(), "unknown proxy method") {
+		t.Fatalf("unknown method: %v", err)
+	}
+}
+
+func mustJS(t *testing.T, nc *nats.Conn) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}

@@ -1,0 +1,33 @@
+package jobs
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+)
+
+// A job's proxy capability is the proof a sandbox's proxy call carries that it
+// comes from a worker holding the job: an HMAC of the job id under the fleet's
+// proxy key, which only front-ends hold. It travels in the job message (the
+// only place a worker learns it) and never in events, records or API answers;
+// a front-end recomputes it to check a call.
+
+// CapabilityKeySize is the length of a fleet's proxy key in bytes.
+const CapabilityKeySize = 32
+
+// Capability returns job id's proxy capability under key.
+func Capability(key []byte, id string) string {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("mcpexec-proxy-capability/v1\x00"))
+	m.Write([]byte(id))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// CheckCapability reports, in constant time, whether capability is job id's
+// under key.
+func CheckCapability(key []byte, id, capability string) bool {
+	if len(key) == 0 || capability == "" {
+		return false
+	}
+	return hmac.Equal([]byte(Capability(key, id)), []byte(capability))
+}

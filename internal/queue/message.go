@@ -1,0 +1,97 @@
+package queue
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+)
+
+// Message is a job message of the jobs stream: the job, and its proxy
+// capability (jobs.Capability), which only the job message carries.
+type Message struct {
+	jobs.Job
+	Capability string `json:"capability,omitempty"`
+}
+
+// EncodeMessage encodes the job message of job with its capability.
+func EncodeMessage(job *jobs.Job, capability string) ([]byte, error) {
+	data, err := json.Marshal(Message{Job: *job, Capability: capability})
+	if err != nil {
+		return nil, fmt.Errorf("encode job %s: %w", job.ID, err)
+	}
+	return data, nil
+}
+
+// DecodeMessage decodes a job message. It does not validate the job beyond
+// its id: the caller decides what to trust.
+func DecodeMessage(data []byte) (*Message, error) {
+	var m Message
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("undecodable job message: %w", err)
+	}
+	if !jobs.ValidID(m.ID) {
+		return nil, fmt.Errorf("job message with invalid id %q", truncate(m.ID, 40))
+	}
+	return &m, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// SecretsBucket creates or updates the secrets bucket and returns it.
+func SecretsBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.KeyValue, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      cfg.Subjects.SecretsBucket(),
+		Description: "mcpexec fleet secrets (front-ends only)",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(cfg.Replicas, 1),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create key-value bucket %s: %w", cfg.Subjects.SecretsBucket(), err)
+	}
+	return kv, nil
+}
+
+// ProxyKey returns the fleet's proxy key, creating it on first use. Every
+// front-end of a fleet gets the same key, so any of them can check any job's
+// capability.
+func ProxyKey(ctx context.Context, js jetstream.JetStream, s jobs.Subjects) ([]byte, error) {
+	kv, err := js.KeyValue(ctx, s.SecretsBucket())
+	if err != nil {
+		return nil, fmt.Errorf("open secrets bucket %s (is the broker up to date?): %w", s.SecretsBucket(), err)
+	}
+	for range 3 {
+		e, err := kv.Get(ctx, jobs.ProxyKeyName)
+		if err == nil {
+			if len(e.Value()) != jobs.CapabilityKeySize {
+				return nil, fmt.Errorf("proxy key in %s has %d bytes, want %d: delete it to have a new one made", s.SecretsBucket(), len(e.Value()), jobs.CapabilityKeySize)
+			}
+			return e.Value(), nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, fmt.Errorf("read proxy key: %w", err)
+		}
+		key := make([]byte, jobs.CapabilityKeySize)
+		if _, err := rand.Read(key); err != nil {
+			return nil, err
+		}
+		if _, err := kv.Create(ctx, jobs.ProxyKeyName, key); err == nil {
+			return key, nil
+		} else if !errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, fmt.Errorf("create proxy key: %w", err)
+		}
+		// Another front-end made it first: read theirs.
+	}
+	return nil, errors.New("proxy key: could not read or create it")
+}
