@@ -99,7 +99,7 @@ print(r, n, load_memory("count"))`})
 		t.Fatalf("API job: %s %+v", got.Status, got.Result)
 	}
 
-	dir := t.TempDir()
+	dir := sharedDir(t)
 	started, goOn := filepath.Join(dir, "started"), filepath.Join(dir, "go")
 	postJob(t, url1, map[string]any{"id": "outlives", "servers": []string{"ts"}, "timeout": 60, "code": fmt.Sprintf(`
 import os, time
@@ -221,4 +221,19 @@ func mustJS(t *testing.T, nc *nats.Conn) jetstream.JetStream {
 		t.Fatal(err)
 	}
 	return js
+}
+
+// sharedDir is a temporary directory the sandbox's code can use too (the
+// process runtime runs it as nobody when the tests run as root).
+func sharedDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "mcpexec-shared-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }

@@ -24,6 +24,9 @@ func (f *Frontend) WatchOutput(id string, fn func(stream, data string)) (stop fu
 	if err != nil {
 		return nil, fmt.Errorf("watch output of %s: %w", id, err)
 	}
+	// Whatever a worker publishes, a slow watcher holds a bounded backlog
+	// (the rest is dropped: live output is best effort).
+	_ = sub.SetPendingLimits(1024, 8<<20) // only fails on a closed subscription
 	// Make sure the broker has the subscription before the job can run.
 	_ = f.nc.FlushTimeout(2 * time.Second)
 	return func() { _ = sub.Unsubscribe() }, nil

@@ -247,9 +247,10 @@ type progress struct {
 	token mcp.ProgressToken
 	max   int
 
-	mu      sync.Mutex // guards step, lines, partial
+	mu      sync.Mutex // guards step, lines, seen, partial
 	step    int
 	lines   int
+	seen    int               // output bytes looked at
 	partial map[string]string // unfinished last line per stream
 }
 
@@ -302,10 +303,28 @@ func (p *progress) event(ev jobs.Event) {
 	p.sendLocked(msg)
 }
 
+// Bounds of one call's live output notifications, whatever workers publish:
+// the bytes of output looked at, and the unfinished line kept per stream.
+const (
+	maxProgressBytes = 1 << 20
+	maxPartialLine   = 1000
+)
+
 // output reports live output, one notification per complete line.
 func (p *progress) output(stream, data string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if stream != "stdout" && stream != "stderr" {
+		return
+	}
+	room := maxProgressBytes - p.seen
+	if room <= 0 {
+		return
+	}
+	if len(data) > room {
+		data = data[:room]
+	}
+	p.seen += len(data)
 	text := p.partial[stream] + data
 	for {
 		i := strings.IndexByte(text, '\n')
@@ -314,6 +333,9 @@ func (p *progress) output(stream, data string) {
 		}
 		p.lineLocked(stream, text[:i])
 		text = text[i+1:]
+	}
+	if len(text) > maxPartialLine {
+		text = text[:maxPartialLine] // the line is cut in its notification anyway
 	}
 	p.partial[stream] = text
 }

@@ -70,3 +70,17 @@ func TestCallLogsJobID(t *testing.T) {
 		}
 	}
 }
+
+// TestProgressOutputIsBounded: live output that never ends a line, and floods
+// of it, cost the front-end a bounded amount of memory and notifications.
+func TestProgressOutputIsBounded(t *testing.T) {
+	p := &progress{max: 500, partial: map[string]string{}}
+	big := strings.Repeat("x", 8<<20)
+	for range 8 {
+		p.output("stdout", big)
+	}
+	p.output("bogus", big)
+	if len(p.partial["stdout"]) > maxPartialLine || p.seen > maxProgressBytes || len(p.partial) != 1 {
+		t.Fatalf("partial line %d bytes, seen %d, streams %d", len(p.partial["stdout"]), p.seen, len(p.partial))
+	}
+}

@@ -22,8 +22,12 @@ var ErrBadFrame = errors.New("malformed frame")
 type Frame struct {
 	Type string `json:"type"`
 
-	// hello (runner → host)
-	Version int `json:"version,omitempty"`
+	// hello (runner → host): the protocol version, the secret the host gave
+	// the sandbox at its start, and whether the runner could make itself
+	// unreachable from the code's process (non-dumpable).
+	Version  int    `json:"version,omitempty"`
+	Secret   string `json:"secret,omitempty"`
+	Isolated bool   `json:"isolated,omitempty"`
 
 	// out (runner → host)
 	Stream string `json:"stream,omitempty"`
@@ -43,9 +47,12 @@ type Frame struct {
 	TimeoutMS int64    `json:"timeout_ms,omitempty"`
 	OutputCap int      `json:"output_cap,omitempty"`
 
-	// done (runner → host)
+	// done (runner → host); Last says the runner takes no further job (the
+	// code's process is gone). Out, call and done frames name the job (Job) they
+	// belong to.
 	ExitCode int    `json:"exit_code,omitempty"`
 	Status   string `json:"status,omitempty"`
+	Last     bool   `json:"last,omitempty"`
 }
 
 // Frame types.

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -14,8 +15,31 @@ import (
 	"github.com/mcpexec/mcpexec/internal/proxy"
 )
 
-// MaxConcurrentCalls bounds the proxy calls one job may have in flight.
-const MaxConcurrentCalls = 16
+// The host's bounds of one runner connection. Everything the runner sends is
+// hostile: these hold whatever the code does.
+const (
+	// MaxConcurrentCalls bounds the proxy calls one job may have in flight.
+	MaxConcurrentCalls = 16
+	// MaxCallBytesInFlight bounds the parameters of one job's calls in flight.
+	MaxCallBytesInFlight = 16 << 20
+	// WriteTimeout bounds every write to a runner: a runner that stops reading
+	// cannot block the host.
+	WriteTimeout = 5 * time.Second
+	// FramesPerSecond and FrameBurst throttle the frames read from one runner
+	// (reading pauses when they are spent).
+	FramesPerSecond = 4000
+	FrameBurst      = 8000
+	// CallsPerSecond and CallBurst bound one job's proxy calls; calls over them
+	// are refused.
+	CallsPerSecond = 200
+	CallBurst      = 400
+	// maxHelloAttempts bounds the connections AcceptRunner takes that do not
+	// present the sandbox's secret.
+	maxHelloAttempts = 8
+)
+
+// ErrUnknownMethod is the error of a call whose method is not a proxy method.
+var ErrUnknownMethod = errors.New("unknown proxy method")
 
 // RunnerConn is the host's end of one runner's connection.
 type RunnerConn struct {
@@ -30,9 +54,14 @@ type RunnerConn struct {
 	w   *proxy.Writer
 
 	// reusable is true while the runner is idle after a clean done frame: no
-	// protocol error, no timeout, no lost connection. Only then may the runner
-	// take another job (sessions).
+	// protocol error, no timeout, no lost connection, no lost code process.
+	// Only then may the runner take another job (sessions).
 	reusable atomic.Bool
+	// isolated is what the runner's hello said: its code cannot reach it.
+	isolated bool
+
+	frameTokens *bucket           // throttles frames read, across jobs
+	async       chan *proxy.Frame // small frames written by asyncWriter (refusals)
 }
 
 // Reusable reports whether the runner finished its last job cleanly and waits for
@@ -40,16 +69,42 @@ type RunnerConn struct {
 // connection, when the sandbox must be destroyed.
 func (c *RunnerConn) Reusable() bool { return c.reusable.Load() }
 
+// Isolated reports whether the runner said its code cannot reach it (its hello).
+func (c *RunnerConn) Isolated() bool { return c.isolated }
+
 // NewRunnerConn wraps a connection from a runner. maxFrame 0 means
 // proxy.DefaultMaxFrame.
 func NewRunnerConn(conn net.Conn, maxFrame int) *RunnerConn {
 	return &RunnerConn{
-		conn:   conn,
-		r:      proxy.NewReader(conn, maxFrame),
-		w:      proxy.NewWriter(conn, maxFrame),
-		frames: make(chan readResult),
-		done:   make(chan struct{}),
-		ended:  make(chan struct{}),
+		conn:        conn,
+		r:           proxy.NewReader(conn, maxFrame),
+		w:           proxy.NewWriter(conn, maxFrame),
+		frames:      make(chan readResult),
+		done:        make(chan struct{}),
+		ended:       make(chan struct{}),
+		frameTokens: newBucket(FramesPerSecond, FrameBurst),
+		async:       make(chan *proxy.Frame, 64),
+	}
+}
+
+// asyncWriter writes the frames Drive must not wait for (refusals of calls).
+func (c *RunnerConn) asyncWriter() {
+	for {
+		select {
+		case f := <-c.async:
+			_ = c.write(f) // a failed write has closed the connection
+		case <-c.done:
+			return
+		}
+	}
+}
+
+// sendAsync queues a small frame without waiting; a runner that lets 64 of
+// them pile up is not reading, and gets none.
+func (c *RunnerConn) sendAsync(f *proxy.Frame) {
+	select {
+	case c.async <- f:
+	default:
 	}
 }
 
@@ -62,16 +117,21 @@ type readResult struct {
 func (c *RunnerConn) Close() error {
 	var err error
 	c.once.Do(func() {
+		c.reusable.Store(false)
 		close(c.done)
 		err = c.conn.Close()
 	})
 	return err
 }
 
-// readLoop hands frames to Drive until the connection fails or is closed.
+// readLoop hands frames to Drive until the connection fails or is closed. It
+// throttles a flooding runner by pausing its reads.
 func (c *RunnerConn) readLoop() {
 	defer close(c.ended)
 	for {
+		if !c.frameTokens.wait(c.done) {
+			return
+		}
 		f, err := c.r.Read()
 		select {
 		case c.frames <- readResult{f, err}:
@@ -113,28 +173,47 @@ func (c *RunnerConn) Finish(d time.Duration) bool {
 	}
 }
 
-// Handshake waits for the runner's hello frame.
-func (c *RunnerConn) Handshake(ctx context.Context) error {
-	if dl, ok := ctx.Deadline(); ok {
-		_ = c.conn.SetReadDeadline(dl)
-		defer c.conn.SetReadDeadline(time.Time{})
+// Handshake waits for the runner's hello, which must carry secret (when not
+// empty): the proof that the connection comes from the sandbox the host
+// started.
+func (c *RunnerConn) Handshake(ctx context.Context, secret string) error {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(30 * time.Second)
 	}
+	_ = c.conn.SetReadDeadline(dl) // a connection without deadlines fails the read below
 	f, err := c.r.Read()
+	_ = c.conn.SetReadDeadline(time.Time{})
 	if err != nil {
 		return fmt.Errorf("wait for runner hello: %w", err)
 	}
 	if f.Type != proxy.TypeHello {
 		return fmt.Errorf("runner sent %q before hello: %w", f.Type, proxy.ErrBadFrame)
 	}
+	if secret != "" && subtle.ConstantTimeCompare([]byte(f.Secret), []byte(secret)) != 1 {
+		return fmt.Errorf("runner hello without the sandbox's secret: %w", errWrongSecret)
+	}
+	c.isolated = f.Isolated
 	go c.readLoop()
+	go c.asyncWriter()
 	c.reusable.Store(true)
 	return nil
 }
 
+var errWrongSecret = errors.New("not the sandbox this host started")
+
+// write sends one frame within WriteTimeout. A write that fails (the runner
+// stopped reading, or is gone) closes the connection: nothing more is written,
+// and Drive sees the connection end.
 func (c *RunnerConn) write(f *proxy.Frame) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	return c.w.Write(f)
+	_ = c.conn.SetWriteDeadline(time.Now().Add(WriteTimeout)) // a closed connection fails the write anyway
+	err := c.w.Write(f)
+	if err != nil && !errors.Is(err, proxy.ErrFrameTooLarge) {
+		c.Close()
+	}
+	return err
 }
 
 // capped keeps the first limit bytes written to it.
@@ -144,20 +223,24 @@ type capped struct {
 	truncated bool
 }
 
-func (c *capped) add(s string) {
+// add keeps what fits and returns it.
+func (c *capped) add(s string) string {
 	room := c.limit - c.b.Len()
 	if len(s) > room {
 		c.truncated = true
 		s = s[:max(room, 0)]
 	}
 	c.b.WriteString(s)
+	return s
 }
 
 // Drive runs job on a runner that has completed its handshake and returns the
-// outcome. When ctx ends first, Drive returns a timeout Result (or ctx's error if
-// ctx was cancelled for another reason); the caller must then destroy the sandbox,
-// since the runner may still be executing. When the connection ends before the job
-// is done, Drive returns ErrRunnerLost with the output collected so far.
+// outcome. When ctx ends first, Drive closes the connection and returns a
+// timeout Result (or ctx's error if ctx was cancelled for another reason); the
+// caller must then destroy the sandbox, since the code may still be running.
+// When the connection ends before the job is done, Drive returns ErrRunnerLost
+// with the output collected so far. Drive returns within WriteTimeout of ctx's
+// end whatever the runner does.
 func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, error) {
 	if host == nil {
 		host = NopHost{}
@@ -188,19 +271,25 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 			Error: fmt.Sprintf("the job is too large for the sandbox channel (%v): send less code, or load data through a tool", err)}), nil
 	}
 	if err != nil {
+		c.Close()
 		return result(Result{}), fmt.Errorf("send job to runner: %w: %w", ErrRunnerLost, err)
 	}
 
-	callCtx, cancelCalls := context.WithCancel(ctx)
-	defer cancelCalls()
-	var calls sync.WaitGroup
-	defer calls.Wait()
-	sem := make(chan struct{}, MaxConcurrentCalls)
+	calls := newCallGate(ctx)
+	clean := false
+	defer func() {
+		// A runner that did not end its job cleanly may go on sending: cut it
+		// off before waiting for the calls, whose replies then fail at once.
+		if !clean {
+			c.Close()
+		}
+		calls.stop()
+	}()
 
 	for {
 		select {
 		case <-ctx.Done():
-			// The runner may still be executing: the caller destroys the sandbox.
+			// The code may still be running: the caller destroys the sandbox.
 			if errors.Is(context.Cause(ctx), ErrTimeout) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				return result(Result{Status: StatusTimeout, ExitCode: -1,
 					Error: fmt.Sprintf("timed out after %s", job.Timeout)}), nil
@@ -215,37 +304,24 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 					Error: fmt.Sprintf("sandbox broke the runner protocol: %v", rd.err)}), nil
 			}
 			f := rd.f
+			if f.Job != "" && f.Job != job.ID && f.Type != proxy.TypeHello {
+				continue // a late frame of an earlier job of the session
+			}
 			switch f.Type {
 			case proxy.TypeOut:
+				// Only what fits in the caps is kept and forwarded: a flood
+				// costs the host nothing beyond them.
+				var kept string
 				if f.Stream == "stdout" {
-					stdout.add(f.Data)
+					kept = stdout.add(f.Data)
 				} else {
-					stderr.add(f.Data)
+					kept = stderr.add(f.Data)
 				}
-				host.Output(f.Stream, f.Data)
+				if kept != "" {
+					host.Output(f.Stream, kept)
+				}
 			case proxy.TypeCall:
-				select {
-				case sem <- struct{}{}:
-				default:
-					_ = c.write(&proxy.Frame{Type: proxy.TypeReply, ID: f.ID,
-						Error: fmt.Sprintf("too many concurrent calls (limit %d): await some before starting more", MaxConcurrentCalls)})
-					continue
-				}
-				calls.Add(1)
-				go func(f *proxy.Frame) {
-					defer calls.Done()
-					defer func() { <-sem }()
-					reply := &proxy.Frame{Type: proxy.TypeReply, ID: f.ID}
-					res, err := host.Call(callCtx, f.Method, f.Params)
-					if err != nil {
-						reply.Error = err.Error()
-					} else {
-						reply.Result = res
-					}
-					if werr := c.write(reply); werr != nil && errors.Is(werr, proxy.ErrFrameTooLarge) {
-						_ = c.write(&proxy.Frame{Type: proxy.TypeReply, ID: f.ID, Error: werr.Error()})
-					}
-				}(f)
+				c.call(calls, host, f)
 			case proxy.TypeDone:
 				st := Status(f.Status)
 				if st != StatusSuccess && st != StatusError {
@@ -254,50 +330,202 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 				if st == StatusSuccess && f.ExitCode != 0 {
 					st = StatusError
 				}
-				c.reusable.Store(true)
-				return result(Result{Status: st, ExitCode: f.ExitCode, Error: f.Error}), nil
+				clean = true
+				c.reusable.Store(!f.Last)
+				return result(Result{Status: st, ExitCode: f.ExitCode, Error: truncate(f.Error, 64<<10)}), nil
 			default:
 				return result(Result{Status: StatusError, ExitCode: -1,
-					Error: fmt.Sprintf("sandbox sent an unexpected %q frame", f.Type)}), nil
+					Error: fmt.Sprintf("sandbox sent an unexpected %q frame", truncate(f.Type, 40))}), nil
 			}
 		}
 	}
 }
 
+// call answers one call frame: refused at once when it breaks a bound, else
+// passed to host on its own goroutine.
+func (c *RunnerConn) call(g *callGate, host Host, f *proxy.Frame) {
+	refuse := func(text string) {
+		c.sendAsync(&proxy.Frame{Type: proxy.TypeReply, ID: f.ID, Error: text})
+	}
+	if !proxy.KnownMethod(f.Method) {
+		refuse(fmt.Sprintf("%v %q", ErrUnknownMethod, truncate(f.Method, 40)))
+		return
+	}
+	if len(f.Params) > proxy.MaxRequest {
+		refuse(fmt.Sprintf("call parameters of %d bytes are over the %d-byte limit", len(f.Params), proxy.MaxRequest))
+		return
+	}
+	release, why := g.admit(len(f.Params))
+	if why != "" {
+		refuse(why)
+		return
+	}
+	go func() {
+		defer release()
+		reply := &proxy.Frame{Type: proxy.TypeReply, ID: f.ID}
+		res, err := host.Call(g.ctx, f.Method, f.Params)
+		if g.ctx.Err() != nil {
+			return // the job is over: nobody waits for this answer
+		}
+		if err != nil {
+			reply.Error = err.Error()
+		} else {
+			reply.Result = res
+		}
+		if werr := c.write(reply); werr != nil && errors.Is(werr, proxy.ErrFrameTooLarge) {
+			refuse(werr.Error())
+		}
+	}()
+}
+
+// callGate bounds one job's calls: how many are in flight, the bytes of their
+// parameters, and how many start per second.
+type callGate struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	rate   *bucket
+
+	mu       sync.Mutex // guards inFlight, bytes
+	inFlight int
+	bytes    int
+}
+
+func newCallGate(ctx context.Context) *callGate {
+	cctx, cancel := context.WithCancel(ctx)
+	return &callGate{ctx: cctx, cancel: cancel, rate: newBucket(CallsPerSecond, CallBurst)}
+}
+
+// admit takes a slot for a call with n bytes of parameters, or says why not.
+func (g *callGate) admit(n int) (release func(), why string) {
+	if !g.rate.take() {
+		return nil, fmt.Sprintf("more than %d calls per second: slow down", CallsPerSecond)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.inFlight >= MaxConcurrentCalls {
+		return nil, fmt.Sprintf("too many concurrent calls (limit %d): await some before starting more", MaxConcurrentCalls)
+	}
+	if g.bytes+n > MaxCallBytesInFlight {
+		return nil, fmt.Sprintf("calls in flight carry over %d bytes: await some before starting more", MaxCallBytesInFlight)
+	}
+	g.inFlight++
+	g.bytes += n
+	g.wg.Add(1)
+	return func() {
+		g.mu.Lock()
+		g.inFlight--
+		g.bytes -= n
+		g.mu.Unlock()
+		g.wg.Done()
+	}, ""
+}
+
+// stop cancels the calls in flight and waits for them.
+func (g *callGate) stop() {
+	g.cancel()
+	g.wg.Wait()
+}
+
+// bucket is a token bucket.
+type bucket struct {
+	rate, burst float64
+	mu          sync.Mutex // guards tokens, last
+	tokens      float64
+	last        time.Time
+}
+
+func newBucket(rate, burst float64) *bucket {
+	return &bucket{rate: rate, burst: burst, tokens: burst, last: time.Now()}
+}
+
+func (b *bucket) refillLocked(now time.Time) {
+	b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
+	b.last = now
+}
+
+// take takes a token if there is one.
+func (b *bucket) take() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refillLocked(time.Now())
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// wait takes a token, waiting for one; false when done closes first.
+func (b *bucket) wait(done <-chan struct{}) bool {
+	for {
+		b.mu.Lock()
+		b.refillLocked(time.Now())
+		if b.tokens >= 1 {
+			b.tokens--
+			b.mu.Unlock()
+			return true
+		}
+		need := time.Duration((1 - b.tokens) / b.rate * float64(time.Second))
+		b.mu.Unlock()
+		select {
+		case <-time.After(need):
+		case <-done:
+			return false
+		}
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
 // ErrTimeout is the cause of a run's context when the job's time limit passed.
 var ErrTimeout = errors.New("job time limit reached")
 
-// AcceptRunner waits on ln for a runner to connect and complete its hello, and
-// returns its connection. maxFrame 0 means proxy.DefaultMaxFrame. When ctx ends
-// first the listener is closed.
-func AcceptRunner(ctx context.Context, ln net.Listener, maxFrame int) (*RunnerConn, error) {
+// AcceptRunner waits on ln for the sandbox's runner to connect and say hello
+// with secret (when not empty), and returns its connection. Connections that
+// do not present the secret are closed, up to a few; once the runner is in,
+// the listener is closed, so no one else can connect. maxFrame 0 means
+// proxy.DefaultMaxFrame. When ctx ends first the listener is closed.
+func AcceptRunner(ctx context.Context, ln net.Listener, maxFrame int, secret string) (*RunnerConn, error) {
+	defer ln.Close()
 	type acc struct {
 		c   net.Conn
 		err error
 	}
-	ch := make(chan acc, 1)
-	go func() {
-		c, err := ln.Accept()
-		ch <- acc{c, err}
-	}()
-	var conn net.Conn
-	select {
-	case a := <-ch:
-		if a.err != nil {
-			return nil, fmt.Errorf("runner did not connect: %w", a.err)
+	for range maxHelloAttempts {
+		ch := make(chan acc, 1)
+		go func() {
+			c, err := ln.Accept()
+			ch <- acc{c, err}
+		}()
+		var conn net.Conn
+		select {
+		case a := <-ch:
+			if a.err != nil {
+				return nil, fmt.Errorf("runner did not connect: %w", a.err)
+			}
+			conn = a.c
+		case <-ctx.Done():
+			ln.Close()
+			if a := <-ch; a.c != nil {
+				a.c.Close()
+			}
+			return nil, fmt.Errorf("runner did not connect: %w", ctx.Err())
 		}
-		conn = a.c
-	case <-ctx.Done():
-		ln.Close()
-		if a := <-ch; a.c != nil {
-			a.c.Close()
+		rc := NewRunnerConn(conn, maxFrame)
+		err := rc.Handshake(ctx, secret)
+		if err == nil {
+			return rc, nil
 		}
-		return nil, fmt.Errorf("runner did not connect: %w", ctx.Err())
-	}
-	rc := NewRunnerConn(conn, maxFrame)
-	if err := rc.Handshake(ctx); err != nil {
 		rc.Close()
-		return nil, err
+		if !errors.Is(err, errWrongSecret) {
+			return nil, err
+		}
 	}
-	return rc, nil
+	return nil, fmt.Errorf("runner did not connect: %d connections without the sandbox's secret", maxHelloAttempts)
 }

@@ -3,8 +3,10 @@ package sandbox_test
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,7 +33,7 @@ func setup(t *testing.T, maxFrame int) (*sandbox.RunnerConn, *fakeRunner) {
 	go func() { _ = fr.w.Write(&proxy.Frame{Type: proxy.TypeHello, Version: 1}) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := rc.Handshake(ctx); err != nil {
+	if err := rc.Handshake(ctx, ""); err != nil {
 		t.Fatalf("handshake: %v", err)
 	}
 	return rc, fr
@@ -199,7 +201,7 @@ func TestFinish(t *testing.T) {
 			}()
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			if err := rc.Handshake(ctx); err != nil {
+			if err := rc.Handshake(ctx, ""); err != nil {
 				t.Fatal(err)
 			}
 			start := time.Now()
@@ -210,5 +212,185 @@ func TestFinish(t *testing.T) {
 				t.Fatalf("Finish took %s", el)
 			}
 		})
+	}
+}
+
+// countingHost answers every call with a big result and counts output bytes.
+type countingHost struct {
+	mu     sync.Mutex
+	calls  int
+	output int
+	result json.RawMessage
+}
+
+func (h *countingHost) Call(ctx context.Context, method string, _ json.RawMessage) (json.RawMessage, error) {
+	h.mu.Lock()
+	h.calls++
+	h.mu.Unlock()
+	return h.result, nil
+}
+
+func (h *countingHost) Output(_, data string) {
+	h.mu.Lock()
+	h.output += len(data)
+	h.mu.Unlock()
+}
+
+// TestDriveRunnerThatStopsReading: the runner floods calls whose answers are
+// big and never reads them. Drive must still end at the job's time limit, within
+// WriteTimeout.
+func TestDriveRunnerThatStopsReading(t *testing.T) {
+	rc, fr := setup(t, 0)
+	h := &countingHost{result: json.RawMessage(`"` + strings.Repeat("r", 1<<20) + `"`)}
+	go func() {
+		if _, err := fr.r.Read(); err != nil {
+			return
+		}
+		for i := uint64(1); i < 100_000; i++ {
+			if fr.w.Write(&proxy.Frame{Type: proxy.TypeCall, ID: i, Method: "memory_get", Params: json.RawMessage(`{}`)}) != nil {
+				return
+			}
+		}
+	}()
+	ctx, cancel := context.WithTimeoutCause(context.Background(), time.Second, sandbox.ErrTimeout)
+	defer cancel()
+	start := time.Now()
+	res, err := rc.Drive(ctx, sandbox.Job{ID: "j", Code: "x", Timeout: time.Second}, h)
+	if err != nil || res.Status != sandbox.StatusTimeout {
+		t.Fatalf("err %v result %+v", err, res)
+	}
+	if el := time.Since(start); el > time.Second+sandbox.WriteTimeout+time.Second {
+		t.Fatalf("Drive took %s against a runner that stopped reading", el)
+	}
+	if rc.Reusable() {
+		t.Fatal("reusable after a timeout")
+	}
+}
+
+// TestDriveBounds: output floods, unknown methods, call floods and oversized
+// calls are all answered by the host's own bounds.
+func TestDriveBounds(t *testing.T) {
+	t.Run("OutputFloodKeepsOnlyTheCap", func(t *testing.T) {
+		rc, fr := setup(t, 0)
+		h := &countingHost{}
+		big := strings.Repeat("x", 8<<20)
+		res, err := driveWith(t, rc, fr, h, func() {
+			for range 8 {
+				_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeOut, Stream: "stdout", Data: big})
+			}
+			_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeDone, Status: "success"})
+		})
+		if err != nil || len(res.Stdout) != 4096 || !res.StdoutTruncated || h.output != 4096 {
+			t.Fatalf("err %v stdout %d truncated %v forwarded %d", err, len(res.Stdout), res.StdoutTruncated, h.output)
+		}
+	})
+	t.Run("UnknownMethodRefused", func(t *testing.T) {
+		rc, fr := setup(t, 0)
+		h := &countingHost{result: json.RawMessage(`1`)}
+		var reply *proxy.Frame
+		res, err := driveWith(t, rc, fr, h, func() {
+			_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeCall, ID: 1, Method: strings.Repeat("m", 3<<20)})
+			reply, _ = fr.r.Read()
+			_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeDone, Status: "success"})
+		})
+		if err != nil || res.Status != sandbox.StatusSuccess || h.calls != 0 || reply == nil || !strings.Contains(reply.Error, "unknown proxy method") {
+			t.Fatalf("err %v result %+v host calls %d reply %+v", err, res, h.calls, reply)
+		}
+	})
+	t.Run("CallFloodRefused", func(t *testing.T) {
+		rc, fr := setup(t, 0)
+		h := &countingHost{result: json.RawMessage(`1`)}
+		refused := 0
+		res, err := driveWith(t, rc, fr, h, func() {
+			const n = sandbox.CallBurst + 200
+			go func() {
+				for i := uint64(1); i <= n; i++ {
+					_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeCall, ID: i, Method: "list_servers"})
+				}
+			}()
+			for range n {
+				f, err := fr.r.Read()
+				if err != nil {
+					return
+				}
+				if strings.Contains(f.Error, "calls per second") || strings.Contains(f.Error, "concurrent calls") {
+					refused++
+				}
+			}
+			_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeDone, Status: "success"})
+		})
+		if err != nil || res.Status != sandbox.StatusSuccess || refused == 0 {
+			t.Fatalf("err %v result %+v refused %d", err, res, refused)
+		}
+	})
+	t.Run("LateFramesOfAnotherJobDropped", func(t *testing.T) {
+		rc, fr := setup(t, 0)
+		res, err := driveWith(t, rc, fr, nil, func() {
+			_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeOut, Job: "earlier", Stream: "stdout", Data: "stale"})
+			_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeDone, Job: "earlier", Status: "error", ExitCode: 9})
+			_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeOut, Job: "j", Stream: "stdout", Data: "mine"})
+			_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeDone, Job: "j", Status: "success", Last: true})
+		})
+		if err != nil || res.Stdout != "mine" || res.Status != sandbox.StatusSuccess || rc.Reusable() {
+			t.Fatalf("err %v result %+v reusable %v (want false after last)", err, res, rc.Reusable())
+		}
+	})
+}
+
+func driveWith(t *testing.T, rc *sandbox.RunnerConn, fr *fakeRunner, h sandbox.Host, act func()) (sandbox.Result, error) {
+	t.Helper()
+	go func() {
+		if _, err := fr.r.Read(); err != nil {
+			return
+		}
+		act()
+	}()
+	ctx, cancel := context.WithTimeoutCause(context.Background(), 20*time.Second, sandbox.ErrTimeout)
+	defer cancel()
+	return rc.Drive(ctx, sandbox.Job{ID: "j", Code: "x", Timeout: 20 * time.Second, OutputCap: 4096}, h)
+}
+
+// TestAcceptRunnerNeedsTheSecret: a local impostor connecting first is turned
+// away; the sandbox's runner gets in; the socket is gone afterwards.
+func TestAcceptRunnerNeedsTheSecret(t *testing.T) {
+	sock := t.TempDir() + "/s"
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hello := func(secret string) net.Conn {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = proxy.NewWriter(c, 0).Write(&proxy.Frame{Type: proxy.TypeHello, Version: 2, Secret: secret})
+		return c
+	}
+	impostor := hello("guess")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	type acc struct {
+		rc  *sandbox.RunnerConn
+		err error
+	}
+	ch := make(chan acc, 1)
+	go func() {
+		rc, err := sandbox.AcceptRunner(ctx, ln, 0, "the-secret")
+		ch <- acc{rc, err}
+	}()
+	// The impostor's connection is closed by the host.
+	_ = impostor.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := impostor.Read(make([]byte, 1)); err == nil {
+		t.Fatal("impostor's connection stayed open")
+	}
+	hello("the-secret")
+	a := <-ch
+	if a.err != nil {
+		t.Fatalf("AcceptRunner: %v", a.err)
+	}
+	a.rc.Close()
+	if _, err := net.Dial("unix", sock); err == nil {
+		t.Fatal("the runner socket still accepts connections after the runner is in")
 	}
 }

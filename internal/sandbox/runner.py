@@ -1,14 +1,26 @@
 """mcpexec sandbox runner.
 
-Started inside the sandbox as `python3 runner.py SOCKET`. It connects to the host,
-says hello, then runs each `exec` frame's code with top-level await and reports the
-outcome. See package sandbox (Go) for the protocol. Standard library only.
+Started inside the sandbox as `python3 runner.py SOCKET`. Standard library only.
+
+Two processes, so that the user's code never holds the host connection:
+
+- The supervisor (this process, PID 1 of the container) connects to the host,
+  says hello, and relays. It makes itself non-dumpable, so a process of the same
+  user can neither ptrace it nor open its /proc files (its memory, its file
+  descriptors): the host socket is out of reach of the code.
+- The executor, forked from the supervisor before any job, closes the host
+  socket and runs each job's code with top-level await. It talks to the
+  supervisor over a socket pair; its fds 1 and 2 are pipes the supervisor reads.
+
+The supervisor trusts nothing from the executor: output comes only from the
+pipes (capped per job), calls are forwarded only with a known method, a
+positive id and object params, and a malformed frame ends the job with a
+protocol error. The host checks everything again (package sandbox, Go).
 
 Start-up cost matters (every job of a fresh sandbox pays it): only what a plain
-synchronous job needs is imported up front. asyncio, traceback, keyword and
+synchronous job needs is imported up front; asyncio, traceback, keyword and
 importlib's helpers are imported on first use, and the event loop is created by
-the first job whose code awaits at top level (importing them all eagerly made a
-print(1) job cost about 95 ms of CPU instead of 40).
+the first job whose code awaits at top level.
 """
 
 import builtins
@@ -17,108 +29,104 @@ import fcntl
 import json
 import os
 import select
+import signal
 import socket
 import struct
 import sys
 import threading
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 # ast.PyCF_ALLOW_TOP_LEVEL_AWAIT and inspect.CO_COROUTINE, without importing ast
 # and inspect.
 PYCF_ALLOW_TOP_LEVEL_AWAIT = 0x2000
 CO_COROUTINE = 0x0080
 MAX_FRAME = 16 << 20
+# Largest call the executor may send (the host's proxy request limit).
+MAX_CALL = 8 << 20
 # The host answers at most this many calls of a job at once (sandbox.MaxConcurrentCalls)
 # and refuses more; coroutines beyond it wait here instead. One slot is kept for the
 # blocking helpers (docs, memory).
 MAX_CONCURRENT_CALLS = 16
+# What the supervisor buffers for an executor that does not read its channel.
+MAX_PENDING_TO_EXECUTOR = 32 << 20
+KNOWN_METHODS = frozenset((
+    "call_tool", "list_servers", "discovered_servers", "list_tools", "query_tool_docs",
+    "search_tool_docs", "capability_summary", "memory_get", "memory_put", "memory_delete",
+    "memory_list",
+))
+SECRET_ENV = "MCPEXEC_RUNNER_SECRET"
 
 
 class MCPError(Exception):
     """An error reported by the host for a proxy call (tool error, unknown server...)."""
 
 
+def _encode(frame):
+    body = json.dumps(frame, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+    if len(body) > MAX_FRAME:
+        raise MCPError("message of %d bytes exceeds the %d-byte frame limit" % (len(body), MAX_FRAME))
+    return struct.pack(">I", len(body)) + body
+
+
 class _Channel:
-    """Length-prefixed JSON frames over the host socket."""
+    """Length-prefixed JSON frames over a blocking socket."""
 
     def __init__(self, sock):
         self._sock = sock
         self._wlock = threading.Lock()
 
     def send(self, frame):
-        body = json.dumps(frame, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
-        if len(body) > MAX_FRAME:
-            raise MCPError("message of %d bytes exceeds the %d-byte frame limit" % (len(body), MAX_FRAME))
+        data = _encode(frame)
         with self._wlock:
-            self._sock.sendall(struct.pack(">I", len(body)) + body)
+            self._sock.sendall(data)
 
     def _read_exact(self, n):
         buf = bytearray()
         while len(buf) < n:
             chunk = self._sock.recv(min(n - len(buf), 1 << 20))
             if not chunk:
-                raise EOFError("host closed the connection")
+                raise EOFError("connection closed")
             buf += chunk
         return bytes(buf)
 
     def recv(self):
         (n,) = struct.unpack(">I", self._read_exact(4))
         if n > MAX_FRAME:
-            raise EOFError("host frame too large")
+            raise EOFError("frame too large")
         return json.loads(self._read_exact(n))
 
 
-class _OutputPump(threading.Thread):
-    """Reads the pipes behind fds 1 and 2 and forwards them as `out` frames."""
+class _FrameBuffer:
+    """Splits a byte stream into frames; raises ValueError on a bad one."""
 
-    def __init__(self, chan, fds):
-        super().__init__(daemon=True)
-        self._chan = chan
-        self._fds = fds  # read fd -> stream name
-        self._lock = threading.Lock()
-        self._decoders = {fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in fds}
-        self.cap = 1 << 20
-        self.sent = {}
+    def __init__(self, limit):
+        self._buf = bytearray()
+        self._limit = limit
 
-    def reset(self, cap):
-        with self._lock:
-            self.cap = cap
-            self.sent = {name: 0 for name in self._fds.values()}
-
-    def run(self):
-        while True:
-            ready, _, _ = select.select(list(self._fds), [], [])
-            with self._lock:
-                self._drain(ready)
-
-    def drain_all(self):
-        with self._lock:
-            self._drain(list(self._fds))
-
-    def _drain(self, fds):
-        for fd in fds:
-            while True:
-                try:
-                    data = os.read(fd, 65536)
-                except BlockingIOError:
-                    break
-                if not data:
-                    break
-                name = self._fds[fd]
-                text = self._decoders[fd].decode(data)
-                # Forward at most one byte past the cap so the host sees the overflow.
-                room = self.cap + 1 - self.sent.get(name, 0)
-                if room <= 0 or not text:
-                    continue
-                text = text[:room]
-                self.sent[name] = self.sent.get(name, 0) + len(text)
-                self._chan.send({"type": "out", "stream": name, "data": text})
+    def feed(self, data):
+        self._buf += data
+        frames = []
+        while len(self._buf) >= 4:
+            (n,) = struct.unpack(">I", self._buf[:4])
+            if n > self._limit:
+                raise ValueError("frame of %d bytes is over the %d-byte limit" % (n, self._limit))
+            if len(self._buf) < 4 + n:
+                break
+            body = bytes(self._buf[4:4 + n])
+            del self._buf[:4 + n]
+            frame = json.loads(body)
+            if not isinstance(frame, dict):
+                raise ValueError("frame is not an object")
+            frames.append(frame)
+        return frames
 
 
 class Runner:
-    def __init__(self, chan, pump):
+    """The executor's state: the channel to the supervisor, calls in flight,
+    the session's globals and event loop."""
+
+    def __init__(self, chan):
         self.chan = chan
-        self.pump = pump
         self._next_id = 0
         self._pending = {}
         self._plock = threading.Lock()
@@ -218,7 +226,6 @@ class Runner:
 
     def run_job(self, frame):
         """Runs one exec frame; returns the done frame."""
-        self.pump.reset(int(frame.get("output_cap") or (1 << 20)))
         self.servers = [s for s in (frame.get("servers") or []) if isinstance(s, str)]
         if self.globals is None:
             self.globals = self.new_globals()
@@ -249,7 +256,6 @@ class Runner:
                 stream.flush()
             except Exception:
                 pass
-        self.pump.drain_all()
         return {"type": "done", "status": status, "exit_code": code, "error": err}
 
 
@@ -606,33 +612,24 @@ def _api(runner):
     return api
 
 
-def _redirect_output():
-    """Points fds 1 and 2 at pipes; returns {read_fd: stream}."""
-    fds = {}
-    for fd, name in ((1, "stdout"), (2, "stderr")):
-        r, w = os.pipe()
-        fl = fcntl.fcntl(r, fcntl.F_GETFL)
-        fcntl.fcntl(r, fcntl.F_SETFL, fl | os.O_NONBLOCK)
-        os.dup2(w, fd)
-        os.close(w)
-        fds[r] = name
+
+
+# -- the executor: runs the user's code, holds no host connection -----------------
+
+
+def _executor_main(chan_sock):
+    """Runs in the forked executor: fds 1 and 2 are already the output pipes."""
     sys.stdout = open(1, "w", encoding="utf-8", errors="replace", buffering=1, closefd=False)
     sys.stderr = open(2, "w", encoding="utf-8", errors="replace", buffering=1, closefd=False)
-    return fds
-
-
-def main():
-    if len(sys.argv) != 2:
-        sys.__stderr__.write("usage: runner.py SOCKET\n")
-        return 2
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(sys.argv[1])
-    sock.set_inheritable(False)
-    chan = _Channel(sock)
-    pump = _OutputPump(chan, _redirect_output())
-    pump.start()
-    runner = Runner(chan, pump)
-
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    except (OSError, ValueError):
+        pass
+    chan = _Channel(chan_sock)
+    runner = Runner(chan)
+    # Build the API before the first job arrives: a warm sandbox's job then
+    # pays only for its own code (its servers are bound when it comes).
+    runner.globals = runner.new_globals()
     execs = []
     cond = threading.Condition()
 
@@ -648,17 +645,294 @@ def main():
                         execs.append(frame)
                         cond.notify()
         except BaseException:
-            os._exit(0)  # host gone: nothing left to do
+            os._exit(0)  # supervisor gone: nothing left to do
 
     threading.Thread(target=reader, daemon=True).start()
-    chan.send({"type": "hello", "version": PROTOCOL_VERSION})
     while True:
         with cond:
             while not execs:
                 cond.wait()
             frame = execs.pop(0)
-        done = runner.run_job(frame)
-        chan.send(done)
+        chan.send(runner.run_job(frame))
+
+
+# -- the supervisor: PID 1, holds the host connection, relays and checks ----------
+
+
+def _set_nondumpable():
+    """prctl(PR_SET_DUMPABLE, 0): no process of the same user may ptrace this one
+    or open its /proc files (memory, file descriptors)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(4, 0, 0, 0, 0) == 0
+    except Exception:
+        return False
+
+
+def _set_pdeathsig():
+    """The executor dies with the supervisor (outside a container too)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+    except Exception:
+        pass
+
+
+class _Executor:
+    def __init__(self, pid, chan, pipes):
+        self.pid = pid
+        self.chan = chan  # non-blocking socket
+        self.pipes = pipes  # read fd -> stream name
+        self.alive = True
+
+
+def _spawn_executor(host_sock):
+    # Keep the collector off the objects both processes share, so the
+    # executor's collections do not copy every page of the heap.
+    import gc
+
+    gc.freeze()
+    parent_end, child_end = socket.socketpair()
+    fds = {}
+    writers = []
+    for name in ("stdout", "stderr"):
+        r, w = os.pipe()
+        fds[r] = name
+        writers.append(w)
+    pid = os.fork()
+    if pid == 0:
+        code = 70
+        try:
+            host_sock.close()
+            parent_end.close()
+            for r in fds:
+                os.close(r)
+            os.dup2(writers[0], 1)
+            os.dup2(writers[1], 2)
+            for w in writers:
+                os.close(w)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
+            _set_pdeathsig()
+            try:
+                with open("/proc/self/oom_score_adj", "w") as f:
+                    f.write("1000")  # the OOM killer takes the code, not the supervisor
+            except OSError:
+                pass
+            code = _executor_main(child_end) or 0
+        except BaseException:
+            pass
+        os._exit(code)
+    child_end.close()
+    for w in writers:
+        os.close(w)
+    for r in fds:
+        fl = fcntl.fcntl(r, fcntl.F_GETFL)
+        fcntl.fcntl(r, fcntl.F_SETFL, fl | os.O_NONBLOCK)
+    parent_end.setblocking(False)
+    return _Executor(pid, parent_end, fds)
+
+
+class _Supervisor:
+    def __init__(self, host, ex):
+        self.host = host
+        self.hbuf = _FrameBuffer(MAX_FRAME)
+        self.ex = ex
+        self.xbuf = _FrameBuffer(MAX_CALL + 4096)
+        self.to_ex = bytearray()
+        self.job = None
+        self.cap = 1 << 20
+        self.sent = {}
+        self.decoders = {}
+
+    def send_host(self, frame):
+        self.host.sendall(_encode(frame))
+
+    def to_executor(self, frame):
+        self.to_ex += _encode(frame)
+        if len(self.to_ex) > MAX_PENDING_TO_EXECUTOR:
+            self.fail("the code stopped reading the answers to its calls")
+
+    # -- output -------------------------------------------------------------------
+    def drain(self, fds=None):
+        for fd in list(fds if fds is not None else self.ex.pipes):
+            while fd in self.ex.pipes:
+                try:
+                    data = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    data = b""
+                if not data:
+                    del self.ex.pipes[fd]
+                    os.close(fd)
+                    break
+                self.output(self.ex.pipes[fd], data)
+
+    def output(self, name, data):
+        if self.job is None:
+            return  # between jobs: what leftover processes write is dropped
+        text = self.decoders[name].decode(data)
+        # Forward at most one character past the cap, so the host sees the overflow.
+        room = self.cap + 1 - self.sent[name]
+        if room <= 0 or not text:
+            return
+        text = text[:room]
+        self.sent[name] += len(text)
+        self.send_host({"type": "out", "job": self.job, "stream": name, "data": text})
+
+    # -- frames -------------------------------------------------------------------
+    def on_host(self, frame):
+        kind = frame.get("type")
+        if kind == "exec" and self.job is None:
+            self.drain()
+            job = frame.get("job")
+            self.job = job if isinstance(job, str) else ""
+            cap = frame.get("output_cap")
+            self.cap = cap if isinstance(cap, int) and cap > 0 else 1 << 20
+            self.sent = {"stdout": 0, "stderr": 0}
+            self.decoders = {n: codecs.getincrementaldecoder("utf-8")("replace") for n in ("stdout", "stderr")}
+            self.to_executor({"type": "exec", "code": frame.get("code", ""), "servers": frame.get("servers") or []})
+        elif kind == "reply":
+            self.to_executor({"type": "reply", "id": frame.get("id"), "result": frame.get("result"), "error": frame.get("error")})
+
+    def on_executor(self, frame):
+        kind = frame.get("type")
+        if kind == "call":
+            cid, method, params = frame.get("id"), frame.get("method"), frame.get("params")
+            if not isinstance(cid, int) or isinstance(cid, bool) or cid <= 0:
+                self.fail("the code sent a call without a valid id")
+            elif method not in KNOWN_METHODS:
+                self.to_executor({"type": "reply", "id": cid, "error": "unknown proxy method %r" % (str(method)[:40],)})
+            elif params is not None and not isinstance(params, dict):
+                self.to_executor({"type": "reply", "id": cid, "error": "call parameters must be an object"})
+            elif self.job is None:
+                self.to_executor({"type": "reply", "id": cid, "error": "no job is running: calls are answered only during a job"})
+            else:
+                self.send_host({"type": "call", "job": self.job, "id": cid, "method": method, "params": params or {}})
+        elif kind == "done":
+            if self.job is None:
+                return
+            status = frame.get("status")
+            code = frame.get("exit_code")
+            err = frame.get("error")
+            self.finish({
+                "status": status if status in ("success", "error") else "error",
+                "exit_code": code if isinstance(code, int) and not isinstance(code, bool) else 1,
+                "error": err[:65536] if isinstance(err, str) else "",
+            })
+        else:
+            self.fail("the code sent an unexpected %r frame" % (str(kind)[:40],))
+
+    def finish(self, done, last=False):
+        self.drain()
+        frame = {"type": "done", "job": self.job}
+        frame.update(done)
+        if last:
+            frame["last"] = True
+        self.send_host(frame)
+        self.job = None
+
+    def fail(self, why):
+        """The executor broke the protocol: end it, and the job with it."""
+        self.kill_executor()
+        if self.job is not None:
+            self.finish({"status": "error", "exit_code": -1, "error": "the code broke the runner protocol: " + why}, last=True)
+        self.exit()
+
+    def kill_executor(self):
+        if self.ex.alive:
+            try:
+                os.kill(self.ex.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def executor_gone(self):
+        _, status = os.waitpid(self.ex.pid, 0)
+        self.ex.alive = False
+        if self.job is not None:
+            if os.WIFSIGNALED(status):
+                sig = os.WTERMSIG(status)
+                code = 128 + sig
+                if sig == signal.SIGKILL:
+                    why = "the code's process was killed (SIGKILL): it most likely hit the sandbox's memory limit"
+                else:
+                    why = "the code's process was killed by signal %d" % sig
+            else:
+                code = os.WEXITSTATUS(status)
+                why = "the code's process exited with code %d" % code
+            self.finish({"status": "error", "exit_code": code, "error": why}, last=True)
+        self.exit()
+
+    def exit(self):
+        self.kill_executor()
+        os._exit(0)
+
+    # -- the loop -----------------------------------------------------------------
+    def loop(self):
+        host_fd = self.host.fileno()
+        chan_fd = self.ex.chan.fileno()
+        while True:
+            rl = [host_fd, chan_fd] + list(self.ex.pipes)
+            wl = [chan_fd] if self.to_ex else []
+            readable, writable, _ = select.select(rl, wl, [])
+            if chan_fd in writable:
+                try:
+                    n = self.ex.chan.send(self.to_ex[:1 << 20])
+                    del self.to_ex[:n]
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    self.executor_gone()
+            for fd in readable:
+                if fd == host_fd:
+                    data = self.host.recv(1 << 20)
+                    if not data:
+                        self.exit()  # host gone: nothing left to do
+                    for frame in self.hbuf.feed(data):
+                        self.on_host(frame)
+                elif fd == chan_fd:
+                    try:
+                        data = self.ex.chan.recv(1 << 20)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        data = b""
+                    if not data:
+                        self.executor_gone()
+                    try:
+                        frames = self.xbuf.feed(data)
+                    except ValueError as e:
+                        self.fail(str(e))
+                    for frame in frames:
+                        self.on_executor(frame)
+                else:
+                    self.drain([fd])
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.__stderr__.write("usage: runner.py SOCKET\n")
+        return 2
+    secret = os.environ.pop(SECRET_ENV, "")
+    # PID 1 of a container gets no signal from inside it unless it handles it:
+    # take Python's handlers away so the code cannot interrupt the supervisor.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(sys.argv[1])
+    isolated = _set_nondumpable()
+    ex = _spawn_executor(sock)
+    sup = _Supervisor(sock, ex)
+    sup.send_host({"type": "hello", "version": PROTOCOL_VERSION, "secret": secret, "isolated": isolated})
+    try:
+        sup.loop()
+    except BaseException:
+        sup.exit()
 
 
 if __name__ == "__main__":

@@ -592,7 +592,9 @@ func (r *Runtime) start(ctx context.Context, jobLabel string) (_ *box, err error
 		return nil, err
 	}
 
+	secret := sandbox.NewSecret()
 	s := r.spec(dir, jobLabel, n)
+	s.Env[sandbox.SecretEnv] = secret
 	c, cancel := r.callCtx(ctx, 60*time.Second)
 	defer cancel()
 	created, err := containers.CreateWithSpec(c, s, nil)
@@ -609,7 +611,7 @@ func (r *Runtime) start(ctx context.Context, jobLabel string) (_ *box, err error
 
 	hctx, hcancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer hcancel()
-	if b.rc, err = sandbox.AcceptRunner(hctx, ln, r.cfg.MaxFrame); err != nil {
+	if b.rc, err = sandbox.AcceptRunner(hctx, ln, r.cfg.MaxFrame, secret); err != nil {
 		return nil, fmt.Errorf("container %s: %w%s", shortID(b.id), err, r.exitNote(b.id))
 	}
 	return b, nil
@@ -849,6 +851,11 @@ func (r *Runtime) drive(ctx context.Context, b *box, job sandbox.Job, host sandb
 	if errors.Is(err, sandbox.ErrRunnerLost) {
 		res = r.lost(b, res)
 		err = nil
+	}
+	// The code's process killed by SIGKILL: from inside the container only the
+	// kernel's OOM killer does that (the code cannot signal the runner, PID 1).
+	if err == nil && res.ExitCode == 137 && !b.rc.Reusable() && r.cfg.Limits.Memory > 0 {
+		res.Error = fmt.Sprintf("the sandbox hit its memory limit (%s) and the code's process was killed", formatBytes(r.cfg.Limits.Memory))
 	}
 	return res, err
 }

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/sandbox"
@@ -39,6 +40,14 @@ func New() (*Runtime, error) {
 	if err := os.WriteFile(filepath.Join(dir, "runner.py"), sandbox.RunnerScript, 0o444); err != nil {
 		return nil, fmt.Errorf("write runner: %w", err)
 	}
+	// Run as nobody when we are root, so that the code is no more privileged
+	// than in a container: it must not be able to reach the runner's host
+	// connection through /proc (root could, whatever the runner does).
+	if os.Geteuid() == 0 {
+		if err := os.Chmod(dir, 0o755); err != nil {
+			return nil, err
+		}
+	}
 	r := &Runtime{Python: "python3", dir: dir}
 	r.sessions = &sandbox.Sessions[*proc]{
 		Start:     r.start,
@@ -56,6 +65,9 @@ func (r *Runtime) Close() error {
 	return os.RemoveAll(r.dir)
 }
 
+// nobody is the user and group the runner runs as when the host process is root.
+const nobody = 65534
+
 // proc is one runner process and its connection.
 type proc struct {
 	cmd    *exec.Cmd
@@ -66,7 +78,7 @@ type proc struct {
 }
 
 func (p *proc) kill() {
-	_ = p.cmd.Process.Kill()
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) // the group may be gone already
 	<-p.exited
 	if p.rc != nil {
 		p.rc.Close()
@@ -82,9 +94,29 @@ func (r *Runtime) start(ctx context.Context) (*proc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen for runner: %w", err)
 	}
-	cmd := exec.Command(r.Python, filepath.Join(r.dir, "runner.py"), sock)
-	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + r.dir, "PYTHONDONTWRITEBYTECODE=1"}
+	secret := sandbox.NewSecret()
+	python := r.Python
+	if os.Geteuid() == 0 && !filepath.IsAbs(python) {
+		// Look it up now: as nobody, root's PATH entries may be closed.
+		for _, d := range []string{"/usr/bin", "/usr/local/bin", "/bin"} {
+			if p := filepath.Join(d, python); isExecutable(p) {
+				python = p
+				break
+			}
+		}
+	}
+	cmd := exec.Command(python, filepath.Join(r.dir, "runner.py"), sock)
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + r.dir, "PYTHONDONTWRITEBYTECODE=1", sandbox.SecretEnv + "=" + secret}
 	cmd.Dir = r.dir
+	// Its own process group, so that kill ends whatever the code started.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if os.Geteuid() == 0 {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: nobody, Gid: nobody}
+		if err := os.Chmod(sock, 0o777); err != nil {
+			ln.Close()
+			return nil, err
+		}
+	}
 	if err := cmd.Start(); err != nil {
 		ln.Close()
 		os.Remove(sock)
@@ -94,7 +126,7 @@ func (r *Runtime) start(ctx context.Context) (*proc, error) {
 	go func() { p.exited <- cmd.Wait() }()
 	startCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if p.rc, err = sandbox.AcceptRunner(startCtx, ln, 0); err != nil {
+	if p.rc, err = sandbox.AcceptRunner(startCtx, ln, 0, secret); err != nil {
 		p.kill()
 		return nil, err
 	}
@@ -139,4 +171,9 @@ func (r *Runtime) HasSession(key string) bool { return r.sessions.Has(key) }
 func (r *Runtime) EndSession(key string) error {
 	r.sessions.End(key)
 	return nil
+}
+
+func isExecutable(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.Mode().IsRegular() && st.Mode()&0o001 != 0
 }

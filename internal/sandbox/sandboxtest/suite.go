@@ -192,6 +192,7 @@ raise ValueError("real outcome")`
 		}
 	})
 	runHostileProtocol(t, rt, run, expect)
+	runHostileRunner(t, rt, run, expect)
 	if srt, ok := rt.(sandbox.SessionRuntime); ok {
 		t.Run("Sessions", func(t *testing.T) { runSessions(t, srt, opts) })
 	}
