@@ -24,6 +24,9 @@ deps: ## install Podman and the other Debian packages (needs root and apt)
 		if [ "$$(id -u)" -ne 0 ]; then echo "make deps: need root to apt-get install$$missing (run with sudo)"; exit 1; fi; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
+	@# Subordinate ids for rootful Podman's --userns=auto (a user namespace per sandbox).
+	@if [ "$$(id -u)" -eq 0 ]; then for f in /etc/subuid /etc/subgid; do \
+		grep -q '^containers:' $$f 2>/dev/null || echo 'containers:2147483647:2147483648' >> $$f; done; fi
 
 .PHONY: image
 image: deps ## build the sandbox image locally (no registry needed)

@@ -216,6 +216,13 @@ func checkSandbox(ctx context.Context, cfg podman.Config) []Check {
 	default:
 		out = append(out, Check{Name: "podman mode", Status: OK, Detail: "rootless, limits enforced by cgroups " + info.CgroupsVersion})
 	}
+	if info.UserNS {
+		out = append(out, Check{Name: "user namespaces", Status: OK, Detail: "each sandbox has its own (--userns=auto)"})
+	} else {
+		out = append(out, Check{Name: "user namespaces", Status: Warn,
+			Detail: "sandboxes share the host's user namespace: " + info.UserNSNote,
+			Fix:    "sandboxed code still runs as an unprivileged user with no capabilities; a user namespace per sandbox adds a second wall"})
+	}
 	out = append(out, Check{Name: "sandbox image", Status: OK, Detail: cfg.Image})
 
 	res, err := rt.Run(ctx, sandbox.Job{ID: "doctor", Code: probeCode, Timeout: 30 * time.Second, OutputCap: 1 << 20}, nil)

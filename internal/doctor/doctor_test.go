@@ -20,7 +20,7 @@ func ptr(s string) *string { return &s }
 
 func enforced() probe {
 	return probe{
-		Memory: ptr("536870912"), MemSw: ptr("536870912"), Pids: ptr("128"),
+		Memory: ptr("536870912"), MemSw: ptr("536870912"), Pids: ptr("128"), CPUQuota: ptr("100000"), CPUPeriod: ptr("100000"),
 		UID: 65534, GID: 65534, CapEff: "0000000000000000", CapBnd: "0000000000000000",
 		NoNewPrivs: "1", Seccomp: "2", NoFile: 1024, NProc: 1024, Ifaces: []string{"lo"},
 		Rootfs: "read-only", Tmp: ptr("rw,nosuid,nodev,noexec"), Workspace: ptr("rw,nosuid,nodev,noexec"),
@@ -57,6 +57,7 @@ func TestLimitChecks(t *testing.T) {
 		{"memory unreadable", "memory limit", func(p *probe) { p.Memory = nil }},
 		{"swap allowed", "swap limit", func(p *probe) { p.MemSw = ptr("1073741824") }},
 		{"pids not enforced", "pids limit", func(p *probe) { p.Pids = ptr("max") }},
+		{"cpu not enforced", "cpu limit", func(p *probe) { p.CPUQuota = ptr("-1") }},
 		{"root user", "user", func(p *probe) { p.UID, p.GID = 0, 0 }},
 		{"capabilities kept", "capabilities", func(p *probe) { p.CapBnd = "00000000a80425fb" }},
 		{"no seccomp", "seccomp", func(p *probe) { p.Seccomp = "0" }},

@@ -54,6 +54,7 @@ func SecretsBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jet
 		Bucket:      cfg.Subjects.SecretsBucket(),
 		Description: "mcpexec fleet secrets (front-ends only)",
 		History:     1,
+		MaxBytes:    1 << 20,
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(cfg.Replicas, 1),
 	})

@@ -21,10 +21,15 @@ import (
 // Config sets the streams' and consumers' limits. Every field is explicit: nothing
 // is left to library defaults.
 type Config struct {
-	Subjects     jobs.Subjects
-	MaxQueued    int64         // pending jobs the stream holds before refusing more
-	DedupeWindow time.Duration // JetStream duplicate window for job ids
-	EventsMaxAge time.Duration // how long lifecycle events are kept in the stream
+	Subjects  jobs.Subjects
+	MaxQueued int64 // pending jobs the stream holds before refusing more
+	// JobsMaxBytes bounds the jobs stream on disk (submissions over it are
+	// refused like a full queue); EventsMaxBytes bounds the events stream
+	// (the oldest events go first: the state service has applied them).
+	JobsMaxBytes   int64
+	EventsMaxBytes int64
+	DedupeWindow   time.Duration // JetStream duplicate window for job ids
+	EventsMaxAge   time.Duration // how long lifecycle events are kept in the stream
 	// AckWait is how long a delivery may go without an ack or an InProgress
 	// heartbeat before JetStream hands the job to another worker. It must equal
 	// BackOff[0] when BackOff is set (JetStream replaces AckWait by BackOff[0]).
@@ -42,14 +47,16 @@ type Config struct {
 // heartbeating loses its job after 30 s; later redeliveries wait longer.
 func DefaultConfig() Config {
 	return Config{
-		MaxQueued:     100_000,
-		DedupeWindow:  10 * time.Minute,
-		EventsMaxAge:  7 * 24 * time.Hour,
-		AckWait:       30 * time.Second,
-		BackOff:       []time.Duration{30 * time.Second, 30 * time.Second, 60 * time.Second, 60 * time.Second},
-		MaxDeliver:    5,
-		MaxAckPending: 10_000,
-		Replicas:      1,
+		MaxQueued:      100_000,
+		JobsMaxBytes:   1 << 30,
+		EventsMaxBytes: 8 << 30,
+		DedupeWindow:   10 * time.Minute,
+		EventsMaxAge:   7 * 24 * time.Hour,
+		AckWait:        30 * time.Second,
+		BackOff:        []time.Duration{30 * time.Second, 30 * time.Second, 60 * time.Second, 60 * time.Second},
+		MaxDeliver:     5,
+		MaxAckPending:  10_000,
+		Replicas:       1,
 	}
 }
 
@@ -58,6 +65,10 @@ func (c Config) Validate() error {
 	switch {
 	case c.MaxQueued < 1:
 		return fmt.Errorf("queue MaxQueued must be at least 1, got %d", c.MaxQueued)
+	case c.JobsMaxBytes < 1<<20:
+		return fmt.Errorf("queue JobsMaxBytes must be at least 1 MiB, got %d", c.JobsMaxBytes)
+	case c.EventsMaxBytes < 1<<20:
+		return fmt.Errorf("queue EventsMaxBytes must be at least 1 MiB, got %d", c.EventsMaxBytes)
 	case c.DedupeWindow <= 0:
 		return fmt.Errorf("queue DedupeWindow must be positive, got %s", c.DedupeWindow)
 	case c.EventsMaxAge < c.DedupeWindow:
@@ -109,6 +120,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 		Retention:   jetstream.WorkQueuePolicy,
 		Storage:     jetstream.FileStorage,
 		MaxMsgs:     cfg.MaxQueued,
+		MaxBytes:    cfg.JobsMaxBytes,
 		Discard:     jetstream.DiscardNew,
 		Duplicates:  cfg.DedupeWindow,
 		Replicas:    cfg.Replicas,
@@ -123,6 +135,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		MaxAge:      cfg.EventsMaxAge,
+		MaxBytes:    cfg.EventsMaxBytes,
 		Duplicates:  cfg.DedupeWindow,
 		Replicas:    cfg.Replicas,
 		AllowDirect: true, // cheap look-ups of a job's cancel and submit events

@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -300,27 +301,27 @@ func TestDriveBounds(t *testing.T) {
 	t.Run("CallFloodRefused", func(t *testing.T) {
 		rc, fr := setup(t, 0)
 		h := &countingHost{result: json.RawMessage(`1`)}
-		refused := 0
+		var refused atomic.Int64
 		res, err := driveWith(t, rc, fr, h, func() {
-			const n = sandbox.CallBurst + 200
-			go func() {
-				for i := uint64(1); i <= n; i++ {
-					_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeCall, ID: i, Method: "list_servers"})
+			go func() { // the replies, read as they come
+				for {
+					f, err := fr.r.Read()
+					if err != nil {
+						return
+					}
+					if strings.Contains(f.Error, "calls per second") || strings.Contains(f.Error, "concurrent calls") {
+						refused.Add(1)
+					}
 				}
 			}()
-			for range n {
-				f, err := fr.r.Read()
-				if err != nil {
-					return
-				}
-				if strings.Contains(f.Error, "calls per second") || strings.Contains(f.Error, "concurrent calls") {
-					refused++
-				}
+			for i := uint64(1); i <= sandbox.CallBurst+200; i++ {
+				_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeCall, ID: i, Method: "list_servers"})
 			}
+			time.Sleep(200 * time.Millisecond)
 			_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeDone, Status: "success"})
 		})
-		if err != nil || res.Status != sandbox.StatusSuccess || refused == 0 {
-			t.Fatalf("err %v result %+v refused %d", err, res, refused)
+		if err != nil || res.Status != sandbox.StatusSuccess || refused.Load() == 0 {
+			t.Fatalf("err %v result %+v refused %d", err, res, refused.Load())
 		}
 	})
 	t.Run("LateFramesOfAnotherJobDropped", func(t *testing.T) {

@@ -28,11 +28,12 @@ type Limits struct {
 	NProc     uint64  // RLIMIT_NPROC
 }
 
-// DefaultLimits returns the limits of DESIGN.md §7.
+// DefaultLimits returns the limits of DESIGN.md §7, and one CPU.
 func DefaultLimits() Limits {
 	return Limits{
 		Memory:    512 << 20,
 		Pids:      128,
+		CPUs:      1,
 		TmpfsSize: 64 << 20,
 		User:      "65534:65534",
 		NoFile:    1024,

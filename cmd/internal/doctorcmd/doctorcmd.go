@@ -52,7 +52,7 @@ func Main(ctx context.Context, role string, args []string, stdout, stderr io.Wri
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	cfg := doctor.Config{NATSURL: *natsURL, NATSOpts: auth, Queue: queue.DefaultConfig()}
-	sandboxCfg := &podman.Config{URI: sb.Podman, Image: sb.Image, OCIRuntime: sb.OCIRuntime, Limits: limits}
+	sandboxCfg := &podman.Config{URI: sb.Podman, Image: sb.Image, OCIRuntime: sb.OCIRuntime, Limits: limits, RunDir: sb.RunDir, UserNS: sb.UserNS}
 	switch {
 	case role == "worker":
 		cfg.Sandbox = sandboxCfg

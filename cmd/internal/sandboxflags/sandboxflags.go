@@ -26,6 +26,8 @@ import (
 type Flags struct {
 	Image      string
 	Rootfs     string
+	RunDir     string
+	UserNS     string
 	Podman     string
 	OCIRuntime string
 	Pool       int
@@ -60,12 +62,14 @@ func Register(fs *flag.FlagSet) *Flags {
 	d := sandbox.DefaultLimits()
 	fs.StringVar(&f.Image, "image", podman.DefaultImage, "sandbox image")
 	fs.StringVar(&f.Rootfs, "rootfs", "", "sandbox root filesystem directory instead of an image (not supported yet)")
+	fs.StringVar(&f.RunDir, "run-dir", podman.DefaultRunDir(), "worker-private directory (made 0700) of the runners' sockets")
+	fs.StringVar(&f.UserNS, "userns", podman.UserNSAuto, "a user namespace per sandbox: auto (when the host has subordinate ids and Podman is 5+), on (whenever the ids exist), host (never)")
 	fs.StringVar(&f.Podman, "podman", "", "Podman API socket URI (default: the user's socket, else /run/podman/podman.sock, else start one)")
 	fs.StringVar(&f.OCIRuntime, "oci-runtime", "runc", "OCI runtime Podman uses (runc works on cgroups v1 hosts; crun does not)")
 	fs.IntVar(&f.Pool, "pool", 2, "warm sandboxes kept started and waiting")
 	fs.StringVar(&f.Memory, "memory", "512m", "memory limit of a sandbox (e.g. 512m, 1g)")
 	fs.Int64Var(&f.Pids, "pids", d.Pids, "process limit of a sandbox")
-	fs.Float64Var(&f.CPUs, "cpus", 0, "CPU limit of a sandbox (0: none)")
+	fs.Float64Var(&f.CPUs, "cpus", d.CPUs, "CPU limit of a sandbox (0: none)")
 	fs.StringVar(&f.User, "container-user", d.User, "uid:gid the code runs as")
 	fs.StringVar(&f.TmpfsSize, "tmpfs-size", "64m", "size of each of /tmp and /workspace")
 	fs.BoolVar(&f.BuildImage, "build-image", true, "build the sandbox image when it is missing (needs root and debootstrap)")
@@ -157,7 +161,7 @@ func (f *Flags) Open(ctx context.Context, workerID string, log *slog.Logger) (sa
 	}
 	cfg := podman.Config{
 		URI: f.Podman, Image: f.Image, OCIRuntime: f.OCIRuntime, Limits: limits,
-		WorkerID: workerID, Pool: f.Pool, Logger: log,
+		WorkerID: workerID, Pool: f.Pool, Logger: log, RunDir: f.RunDir, UserNS: f.UserNS,
 	}
 	rt, err := podman.New(ctx, cfg)
 	if errors.Is(err, podman.ErrNoImage) && f.BuildImage {

@@ -40,6 +40,7 @@ import (
 	"github.com/containers/podman/v5/pkg/bindings/images"
 	"github.com/containers/podman/v5/pkg/bindings/system"
 	"github.com/containers/podman/v5/pkg/specgen"
+	storagetypes "github.com/containers/storage/types"
 	spec "github.com/opencontainers/runtime-spec/specs-go"
 
 	sandboximage "github.com/mcpexec/mcpexec/deploy/sandbox"
@@ -87,10 +88,16 @@ type Config struct {
 	// WorkerID labels this worker's containers; New removes the containers a
 	// previous life with the same ID left behind. Default: the host name.
 	WorkerID string
-	// SocketDir is the host directory under which each container gets a directory
-	// with the runner and its socket (default os.TempDir()). Keep it short: Unix
-	// socket paths must stay under 100 bytes.
-	SocketDir string
+	// RunDir is the worker-private host directory under which each container
+	// gets a directory with the runner and its socket (default DefaultRunDir()).
+	// It is made 0700: no other local user can reach a runner's socket. Keep
+	// it short: Unix socket paths must stay under 100 bytes.
+	RunDir string
+	// UserNS is the containers' user namespace mode: UserNSAuto (the default)
+	// gives each container its own (Podman's --userns=auto) when the host has
+	// subordinate ids for it and Podman is 5 or newer; UserNSOn whenever the
+	// ids exist; UserNSHost never.
+	UserNS string
 	// Pool is how many started containers, runner connected and waiting, are kept
 	// ready for jobs. 0 starts a container per job.
 	Pool int
@@ -119,6 +126,12 @@ type Info struct {
 	// LimitsEnforced is false when Podman cannot apply memory, pids and CPU
 	// limits (rootless Podman on cgroups v1).
 	LimitsEnforced bool
+	// UserNS is true when each container gets its own user namespace;
+	// UserNSNote says why not otherwise.
+	UserNS     bool
+	UserNSNote string
+	// RunDir is the worker-private directory of the runners' sockets.
+	RunDir string
 }
 
 // Runtime runs jobs in Podman containers. It is safe for concurrent use.
@@ -127,14 +140,15 @@ type Runtime struct {
 	log    *slog.Logger
 	conn   context.Context // bindings connection; never cancelled
 	info   Info
-	base   string // per-Runtime directory under SocketDir
+	base   string // per-Runtime directory under RunDir
 	labels map[string]string
 
 	service     *exec.Cmd     // podman system service we started, or nil
 	serviceDone chan struct{} // closed when service exits
 	serviceDir  string
 
-	seq atomic.Uint64
+	seq       atomic.Uint64
+	storageMu sync.Mutex // serialises creates and removals in user-namespace mode
 
 	started       atomic.Uint64 // containers whose runner completed its handshake
 	startFailures atomic.Uint64 // containers that failed to start
@@ -185,8 +199,15 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		}
 		cfg.WorkerID = h
 	}
-	if cfg.SocketDir == "" {
-		cfg.SocketDir = os.TempDir()
+	if cfg.RunDir == "" {
+		cfg.RunDir = DefaultRunDir()
+	}
+	switch cfg.UserNS {
+	case "":
+		cfg.UserNS = UserNSAuto
+	case UserNSAuto, UserNSOn, UserNSHost:
+	default:
+		return nil, fmt.Errorf("podman sandbox: user namespace mode %q: want %q, %q or %q", cfg.UserNS, UserNSAuto, UserNSOn, UserNSHost)
 	}
 	if cfg.Pool < 0 {
 		cfg.Pool = 0
@@ -220,23 +241,24 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		}
 	}()
 
-	if err := os.MkdirAll(cfg.SocketDir, 0o755); err != nil {
-		return nil, fmt.Errorf("podman sandbox: create socket dir: %w", err)
-	}
-	base, err := os.MkdirTemp(cfg.SocketDir, "mcpexec-")
+	base, err := privateDir(cfg.RunDir)
 	if err != nil {
-		return nil, fmt.Errorf("podman sandbox: create socket dir: %w", err)
+		return nil, fmt.Errorf("podman sandbox: run dir: %w (choose another with --run-dir)", err)
 	}
-	r.base = base
-	if err := os.Chmod(base, 0o755); err != nil {
-		return nil, fmt.Errorf("podman sandbox: %w", err)
-	}
+	r.base, r.info.RunDir = base, base
 	if n := len(filepath.Join(base, "18446744073709551615", "s")); n >= 100 {
-		return nil, fmt.Errorf("podman sandbox: socket dir %q is too long for Unix socket paths (%d bytes, limit 100): choose a shorter SocketDir", cfg.SocketDir, n)
+		return nil, fmt.Errorf("podman sandbox: run dir %q is too long for Unix socket paths (%d bytes, limit 100): choose a shorter --run-dir", cfg.RunDir, n)
 	}
 
 	if err := r.connect(ctx); err != nil {
 		return nil, err
+	}
+	r.info.UserNS, r.info.UserNSNote = userNSMode(r.cfg.UserNS, r.info.Rootless, r.info.ServerVersion)
+	if r.cfg.UserNS == UserNSOn && !r.info.UserNS {
+		return nil, fmt.Errorf("podman sandbox: --userns on: %s", r.info.UserNSNote)
+	}
+	if !r.info.UserNS {
+		r.log.Warn("podman sandbox: containers share the host's user namespace", "why", r.info.UserNSNote)
 	}
 	if err := r.checkImage(ctx); err != nil {
 		return nil, err
@@ -523,7 +545,9 @@ func (r *Runtime) remove(ctx context.Context, id string) error {
 	for attempt := 0; attempt < 5; attempt++ {
 		// Podman 4.3 fails a forced removal of a container that exits on its own
 		// while being killed ("container state improper"); the next try succeeds.
+		r.lockStorage()
 		_, err = containers.Remove(c, id, new(containers.RemoveOptions).WithForce(true).WithTimeout(0).WithIgnore(true))
+		r.unlockStorage()
 		if err == nil || c.Err() != nil {
 			break
 		}
@@ -597,7 +621,9 @@ func (r *Runtime) start(ctx context.Context, jobLabel string) (_ *box, err error
 	s.Env[sandbox.SecretEnv] = secret
 	c, cancel := r.callCtx(ctx, 60*time.Second)
 	defer cancel()
+	r.lockStorage()
 	created, err := containers.CreateWithSpec(c, s, nil)
+	r.unlockStorage()
 	if err != nil {
 		return nil, fmt.Errorf("create container: %w", err)
 	}
@@ -656,6 +682,12 @@ func (r *Runtime) spec(dir, jobLabel string, n uint64) *specgen.SpecGenerator {
 	s.Stdin = &f
 
 	s.NetNS = specgen.Namespace{NSMode: specgen.NoNetwork}
+	if r.info.UserNS {
+		// What `podman run --userns=auto` sends: a fresh range of the
+		// "containers" subordinate ids for this container.
+		s.UserNS = specgen.Namespace{NSMode: specgen.Auto}
+		s.IDMappings = &storagetypes.IDMappingOptions{AutoUserNs: true}
+	}
 	s.ReadOnlyFilesystem = &t
 	s.ReadWriteTmpfs = &f
 	s.CapDrop = []string{"ALL"}
@@ -1020,4 +1052,20 @@ func (t *tailBuffer) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return string(t.b)
+}
+
+// lockStorage serialises the calls that change Podman's container storage
+// when containers get their own user namespaces: Podman 4.3's service
+// deadlocks (its storage and userns locks held, every later call waiting)
+// when --userns=auto containers are created and removed in parallel.
+func (r *Runtime) lockStorage() {
+	if r.info.UserNS {
+		r.storageMu.Lock()
+	}
+}
+
+func (r *Runtime) unlockStorage() {
+	if r.info.UserNS {
+		r.storageMu.Unlock()
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -83,7 +84,9 @@ func waitWarm(tb testing.TB, rt *Runtime, n int) {
 }
 
 func TestConformance(t *testing.T) {
-	rt := newRuntime(t, Config{Pool: 2})
+	// Forced on: Podman 4.x does not do it by default (see userNSMode). No
+	// pool, so that containers come and go one at a time.
+	rt := newRuntime(t, Config{UserNS: UserNSOn})
 	info := rt.Info()
 	t.Logf("podman %s at %s, rootless=%v cgroups=%s runtime=%s limits enforced=%v",
 		info.ServerVersion, info.URI, info.Rootless, info.CgroupsVersion, info.OCIRuntime, info.LimitsEnforced)
@@ -400,5 +403,46 @@ func TestConmonWrapperDropsExitCommand(t *testing.T) {
 	want := "[--api-version]\n[1]\n[-c]\n[id]\n[--exit-dir]\n[/run/x]\n[--log-level]\n[warning]\n[arg with space]\n"
 	if string(out) != want {
 		t.Fatalf("conmon got\n%s\nwant\n%s", out, want)
+	}
+}
+
+// TestIsolationOfTheHost: each container has its own user namespace (where
+// the host has subordinate ids; make deps adds them) and the runners' sockets
+// live in a directory no other local user can enter.
+func TestIsolationOfTheHost(t *testing.T) {
+	// Forced on: Podman 4.x does not do it by default (see userNSMode). No
+	// pool, so that containers come and go one at a time.
+	rt := newRuntime(t, Config{UserNS: UserNSOn})
+	info := rt.Info()
+	st, err := os.Stat(filepath.Dir(info.RunDir))
+	if err != nil || st.Mode().Perm() != 0o700 {
+		t.Fatalf("run dir %s: %v %v, want mode 0700", filepath.Dir(info.RunDir), st.Mode(), err)
+	}
+	if st, err := os.Stat(info.RunDir); err != nil || st.Mode().Perm() != 0o700 {
+		t.Fatalf("runtime dir %s: %v, want mode 0700", info.RunDir, err)
+	}
+	if !info.UserNS {
+		t.Fatalf("containers share the host's user namespace: %s", info.UserNSNote)
+	}
+	// Two live containers, made one after the other: a session's, and a
+	// plain run's.
+	srt := sandbox.SessionRuntime(rt)
+	t.Cleanup(func() { _ = srt.EndSession("uns") })
+	uidMap := "print(open('/proc/self/uid_map').read().split())"
+	first, err := srt.RunInSession(context.Background(), "uns", sandbox.Job{ID: "uns1", Code: uidMap, Timeout: 20 * time.Second}, nil)
+	if err != nil || first.Status != sandbox.StatusSuccess {
+		t.Fatalf("%v %+v", err, first)
+	}
+	second, err := rt.Run(context.Background(), sandbox.Job{ID: "uns2", Code: uidMap, Timeout: 20 * time.Second}, nil)
+	if err != nil || second.Status != sandbox.StatusSuccess {
+		t.Fatalf("%v %+v", err, second)
+	}
+	maps := make(chan string, 2)
+	maps <- first.Stdout
+	maps <- second.Stdout
+	close(maps)
+	a, b := <-maps, <-maps
+	if a == b || strings.Contains(a, "'4294967295'") {
+		t.Fatalf("uid maps %q and %q: want a distinct range per container", a, b)
 	}
 }
