@@ -18,9 +18,12 @@ type fleetFlags struct {
 
 func registerFleetFlags(fs *flag.FlagSet) *fleetFlags {
 	f := &fleetFlags{nats: natsflags.Register(fs)}
+	d := frontend.DefaultPolicy()
 	fs.DurationVar(&f.grace, "grace", 30*time.Second, "on SIGTERM, how long in-flight calls may wait for their jobs before they are answered with the job id to fetch later (and, embedded, how long the worker's jobs may finish)")
-	fs.IntVar(&f.policy.MaxQueued, "ns-max-queued", 0, "refuse a namespace's submissions while it has this many jobs waiting for a worker (0: no cap; counted per front-end)")
-	fs.IntVar(&f.policy.MaxActive, "ns-max-active", 0, "refuse a namespace's submissions while it has this many jobs queued or running (0: no cap; counted per front-end)")
+	fs.IntVar(&f.policy.MaxQueued, "ns-max-queued", d.MaxQueued, "refuse a namespace's submissions while it has this many jobs waiting for a worker (0: no cap; counted per front-end)")
+	fs.IntVar(&f.policy.MaxActive, "ns-max-active", d.MaxActive, "refuse a namespace's submissions while it has this many jobs queued or running (0: no cap; counted per front-end)")
+	fs.IntVar(&f.policy.MaxSessions, "ns-max-sessions", d.MaxSessions, "sessions a namespace may hold at once (0: no cap)")
+	fs.Int64Var(&f.policy.MemoryBytes, "ns-memory-bytes", d.MemoryBytes, "bytes of memory (keys, values, metadata) a namespace may store (0: no cap)")
 	return f
 }
 
@@ -28,10 +31,8 @@ func (f *fleetFlags) validate() error {
 	switch {
 	case f.grace < 0:
 		return cli.Usagef("--grace must not be negative, got %s", f.grace)
-	case f.policy.MaxQueued < 0:
-		return cli.Usagef("--ns-max-queued must be 0 (no cap) or more, got %d", f.policy.MaxQueued)
-	case f.policy.MaxActive < 0:
-		return cli.Usagef("--ns-max-active must be 0 (no cap) or more, got %d", f.policy.MaxActive)
+	case f.policy.MaxQueued < 0, f.policy.MaxActive < 0, f.policy.MaxSessions < 0, f.policy.MemoryBytes < 0:
+		return cli.Usagef("--ns-max-queued, --ns-max-active, --ns-max-sessions and --ns-memory-bytes must be 0 (no cap) or more")
 	}
 	return f.nats.Validate()
 }

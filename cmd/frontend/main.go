@@ -159,13 +159,21 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err != nil {
 		return err
 	}
+	def := c.fleet.policy
+	if c.servers.defaultPolicy != nil {
+		def = c.servers.defaultPolicy.Inherit(def)
+	}
+	policies := map[string]frontend.Policy{}
+	for ns, p := range c.servers.policies {
+		policies[ns] = p.Inherit(def)
+	}
 	stack, err := app.StartFrontend(ctx, app.FrontendConfig{
 		NATSURL:    c.nats,
 		NATSOpts:   nopts,
 		DataDir:    c.data,
 		BrokerAddr: c.brokerListen,
 		Frontend: frontend.Config{ID: c.id, Limits: c.limits, Logger: log, Tools: pool,
-			CallTimeout: c.servers.callTimeout, MaxCallsPerJob: c.servers.maxCalls, Policy: c.fleet.policy,
+			CallTimeout: c.servers.callTimeout, MaxCallsPerJob: c.servers.maxCalls, Policy: def, Policies: policies,
 			Metrics: m},
 		Worker: wcfg,
 		NewRuntime: func(ctx context.Context) (sandbox.Runtime, error) {
@@ -223,7 +231,7 @@ func serveStdio(ctx context.Context, srv *server.MCPServer, fe *frontend.Fronten
 
 func serveHTTP(ctx context.Context, c *config, srv *server.MCPServer, fe *frontend.Frontend, m *metrics.Metrics, log *slog.Logger, mode string) error {
 	opts := mcpserver.HTTPOptions{Health: fe.Health, Tokens: map[string]string{},
-		Extra: map[string]http.Handler{"GET /metrics": m.Handler()}}
+		Extra: map[string]http.Handler{"GET /metrics": mcpserver.MetricsGuard(m.Handler(), c.servers.metricsTokens)}}
 	opts.API = jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext, Logger: log})
 	for tok, ns := range c.servers.tokens {
 		opts.Tokens[tok] = ns
@@ -241,7 +249,10 @@ func serveHTTP(ctx context.Context, c *config, srv *server.MCPServer, fe *fronte
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w (is another process using the port? choose another with --http)", c.httpAddr, err)
 	}
-	hs := &http.Server{Handler: mcpserver.Handler(srv, opts), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}
+	// No write timeout: /mcp streams results and /api/jobs/{id}/wait may wait
+	// minutes; reads, headers and idle connections are bounded.
+	hs := &http.Server{Handler: mcpserver.Handler(srv, opts), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute,
+		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	log.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp", "frontend", c.id, "mode", mode)

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/discovery"
+	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/mcpclients"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 )
@@ -26,6 +30,11 @@ type serverFlags struct {
 	authTokensFile string
 	allowedHosts   string
 	tokens         map[string]string // loaded from authTokensFile
+	// From authTokensFile too: the default policy (nil: the flags') and each
+	// named namespace's, and the tokens that may read /metrics.
+	defaultPolicy *frontend.Policy
+	policies      map[string]frontend.Policy
+	metricsTokens []string
 }
 
 // fileList is a repeatable flag; one value may hold several paths separated by
@@ -76,13 +85,39 @@ func (sf *serverFlags) validate() error {
 		return cli.Usagef("--max-calls-per-job must be at least 1, got %d", sf.maxCalls)
 	}
 	if sf.authTokensFile != "" {
-		t, err := mcpserver.LoadTokens(sf.authTokensFile)
+		f, err := mcpserver.LoadTokensFile(sf.authTokensFile)
 		if err != nil {
 			return cli.Usagef("--auth-tokens-file: %v", err)
 		}
-		sf.tokens = t
+		sf.tokens, sf.metricsTokens = f.Tokens, f.MetricsTokens
+		if len(f.DefaultPolicy) > 0 {
+			p, err := decodePolicy(f.DefaultPolicy)
+			if err != nil {
+				return cli.Usagef("--auth-tokens-file %s: default_policy: %v", sf.authTokensFile, err)
+			}
+			sf.defaultPolicy = &p
+		}
+		sf.policies = map[string]frontend.Policy{}
+		for ns, raw := range f.Namespaces {
+			p, err := decodePolicy(raw)
+			if err != nil {
+				return cli.Usagef("--auth-tokens-file %s: namespace %q: %v", sf.authTokensFile, ns, err)
+			}
+			sf.policies[ns] = p
+		}
 	}
 	return nil
+}
+
+// decodePolicy reads one policy object, refusing unknown fields.
+func decodePolicy(raw json.RawMessage) (frontend.Policy, error) {
+	var p frontend.Policy
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return p, fmt.Errorf("want {servers, max_timeout, max_queued, max_active, max_sessions, memory_bytes}: %v", err)
+	}
+	return p, p.Validate()
 }
 
 // pool discovers the servers and returns the client pool (not started).

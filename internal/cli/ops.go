@@ -31,7 +31,8 @@ func ServeOps(addr string, health func() error, metrics http.Handler, log *slog.
 	if err != nil {
 		return "", nil, fmt.Errorf("listen on --http %s: %w (is the port in use?)", addr, err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("operator HTTP endpoint failed", "addr", addr, "err", err)

@@ -41,11 +41,15 @@ func waitTerminal(t *testing.T, b *broker.Broker, ids []string, limit time.Durat
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for {
-		recs, err := b.Store().Jobs(ids)
+		wire := make([]string, len(ids))
+		for i, id := range ids {
+			wire[i] = jobs.ScopedID("ns", id)
+		}
+		recs, err := b.Store().Jobs(wire)
 		got := map[string]*jobs.Record{}
 		for _, r := range recs {
 			if r.Status.Terminal() {
-				got[r.Job.ID] = r
+				got[r.View("ns").Job.ID] = r
 			}
 		}
 		if err == nil && len(got) == len(ids) {
@@ -241,7 +245,7 @@ func TestFrontendRestartedMidJob(t *testing.T) {
 	fe2 := testutil.Frontend(t, b, "fe2")
 	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer wcancel()
-	rec, err := fe2.Wait(wctx, "survivor")
+	rec, err := fe2.Wait(wctx, "", "survivor")
 	if err != nil {
 		t.Fatalf("wait for the job through a new front-end: %v", err)
 	}

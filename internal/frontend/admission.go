@@ -14,20 +14,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/queue"
 )
 
-// Policy caps the unfinished jobs of each namespace that one front-end
-// submits. Zero fields mean no cap. The caps are per front-end: with K
-// front-ends a namespace may hold up to K times each cap.
-type Policy struct {
-	// MaxQueued caps a namespace's jobs waiting for a worker.
-	MaxQueued int
-	// MaxActive caps a namespace's jobs queued or running, so it bounds the jobs
-	// the namespace runs at once.
-	MaxActive int
-}
-
-// Enabled reports whether any cap is set.
-func (p Policy) Enabled() bool { return p.MaxQueued > 0 || p.MaxActive > 0 }
-
 // ErrOverCap is the error of a submission that would exceed its namespace's
 // caps; the submission is refused and nothing is queued.
 var ErrOverCap = errors.New("namespace job cap reached")
@@ -55,8 +41,7 @@ const reconcileEvery = 5 * time.Second
 // admission tracks the unfinished jobs this front-end submitted, per
 // namespace, and the front-end's shutdown.
 type admission struct {
-	f      *Frontend
-	policy Policy
+	f *Frontend
 
 	mu       sync.Mutex // guards jobs, draining, sub, stop
 	jobs     map[string]*tracked
@@ -75,13 +60,26 @@ type tracked struct {
 	running   bool
 }
 
-func newAdmission(f *Frontend, p Policy) *admission {
-	return &admission{f: f, policy: p, jobs: map[string]*tracked{}, abandon: make(chan struct{})}
+func newAdmission(f *Frontend) *admission {
+	return &admission{f: f, jobs: map[string]*tracked{}, abandon: make(chan struct{})}
+}
+
+// enabled reports whether any namespace has a job cap.
+func (a *admission) enabled() bool {
+	if a.f.cfg.Policy.Enabled() {
+		return true
+	}
+	for _, p := range a.f.cfg.Policies {
+		if p.Enabled() {
+			return true
+		}
+	}
+	return false
 }
 
 // start follows the lifecycle events of tracked jobs when caps are set.
 func (a *admission) start() error {
-	if !a.policy.Enabled() {
+	if !a.enabled() {
 		return nil
 	}
 	sub, err := a.f.nc.Subscribe(a.f.cfg.Subjects.AllEvents(), func(m *nats.Msg) {
@@ -182,7 +180,7 @@ func (a *admission) admit(js []*jobs.Job) (refused []error) {
 		}
 		return refused
 	}
-	if !a.policy.Enabled() {
+	if !a.enabled() {
 		return refused
 	}
 	type count struct{ queued, active int }
@@ -207,7 +205,7 @@ func (a *admission) admit(js []*jobs.Job) (refused []error) {
 			c = &count{}
 			counts[j.Namespace] = c
 		}
-		switch p := a.policy; {
+		switch p := a.f.policyFor(j.Namespace); {
 		case p.MaxQueued > 0 && c.queued >= p.MaxQueued:
 			refused[i] = fmt.Errorf("%w: namespace %q has %d jobs waiting for a worker (cap %d): wait for some to finish, then submit again", ErrOverCap, j.Namespace, c.queued, p.MaxQueued)
 		case p.MaxActive > 0 && c.active >= p.MaxActive:

@@ -69,7 +69,7 @@ func TestNamespaceActiveCap(t *testing.T) {
 	for range 2 {
 		<-rt.Started
 	}
-	if err := fe.Cancel(ctx, "r1", "test"); err != nil {
+	if err := fe.Cancel(ctx, "alice", "r1", "test"); err != nil {
 		t.Fatal(err)
 	}
 	// Once r1 has ended, alice may submit again.
@@ -120,7 +120,7 @@ func TestDrainAnswersInFlightCalls(t *testing.T) {
 		t.Fatalf("long job: want a ResumableError naming it, got %v", o.err)
 	}
 	// The job goes on: it was not cancelled.
-	if rec, err := fe.Get(ctx, "long"); err != nil || rec.Status != jobs.StatusRunning {
+	if rec, err := fe.Get(ctx, "", "long"); err != nil || rec.Status != jobs.StatusRunning {
 		t.Fatalf("long job after drain: %+v, %v; want running", rec, err)
 	}
 	if _, err := fe.Run(ctx, &jobs.Job{Code: "x"}, nil); !errors.Is(err, frontend.ErrShuttingDown) {

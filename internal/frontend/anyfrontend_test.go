@@ -168,10 +168,10 @@ func TestProxyCallsAreCheckedAgainstTheRecord(t *testing.T) {
 	if out[0].Err != nil {
 		t.Fatal(out[0].Err)
 	}
-	if rec, err := fe.Wait(ctx, "done"); err != nil || rec.Status != jobs.StatusSuccess {
+	if rec, err := fe.Wait(ctx, "a", "done"); err != nil || rec.Status != jobs.StatusSuccess {
 		t.Fatalf("job: %+v %v", rec, err)
 	}
-	if err := call("done", 1, "memory_get", `{"key":"k"}`); err == nil || !strings.Contains(err.Error(), "has ended") {
+	if err := call(jobs.ScopedID("a", "done"), 1, "memory_get", `{"key":"k"}`); err == nil || !strings.Contains(err.Error(), "has ended") {
 		t.Fatalf("memory call of a finished job: %v", err)
 	}
 	// A running job: a stale attempt, and a server it was not given.
@@ -179,10 +179,10 @@ func TestProxyCallsAreCheckedAgainstTheRecord(t *testing.T) {
 	if out[0].Err != nil {
 		t.Fatal(out[0].Err)
 	}
-	t.Cleanup(func() { _ = fe.Cancel(context.Background(), "live", "test over") })
+	t.Cleanup(func() { _ = fe.Cancel(context.Background(), "a", "live", "test over") })
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		rec, err := fe.Get(ctx, "live")
+		rec, err := fe.Get(ctx, "a", "live")
 		if err == nil && rec.Status == jobs.StatusRunning {
 			break
 		}
@@ -191,23 +191,23 @@ func TestProxyCallsAreCheckedAgainstTheRecord(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if err := call("live", 2, "memory_get", `{"key":"k"}`); err == nil || !strings.Contains(err.Error(), "not the one running") {
+	if err := call(jobs.ScopedID("a", "live"), 2, "memory_get", `{"key":"k"}`); err == nil || !strings.Contains(err.Error(), "not the one running") {
 		t.Fatalf("call of another attempt: %v", err)
 	}
-	if err := call("live", 1, "memory_get", `{"key":"k"}`); err != nil {
+	if err := call(jobs.ScopedID("a", "live"), 1, "memory_get", `{"key":"k"}`); err != nil {
 		t.Fatalf("the running attempt's call: %v", err)
 	}
-	if err := call("live", 1, "call_tool", `{"server":"other","tool":"echo"}`); err == nil {
+	if err := call(jobs.ScopedID("a", "live"), 1, "call_tool", `{"server":"other","tool":"echo"}`); err == nil {
 		t.Fatal("call for a server the job was not given was answered")
 	}
 	// A forged capability (another job's) is refused.
-	_, err = proxy.Call(ctx, nc, jobs.Subjects{}.ProxyAny(), proxy.Request{Job: "live", Attempt: 1, Capability: jobs.Capability(key, "done"),
+	_, err = proxy.Call(ctx, nc, jobs.Subjects{}.ProxyAny(), proxy.Request{Job: jobs.ScopedID("a", "live"), Attempt: 1, Capability: jobs.Capability(key, jobs.ScopedID("a", "done")),
 		Method: "memory_get", Params: json.RawMessage(`{"key":"k"}`)})
 	if err == nil || !strings.Contains(err.Error(), "capability") {
 		t.Fatalf("another job's capability: %v", err)
 	}
 	// Unknown methods never reach a handler.
-	_, err = proxy.Call(ctx, nc, jobs.Subjects{}.ProxyAny(), proxy.Request{Job: "live", Attempt: 1, Capability: jobs.Capability(key, "live"),
+	_, err = proxy.Call(ctx, nc, jobs.Subjects{}.ProxyAny(), proxy.Request{Job: jobs.ScopedID("a", "live"), Attempt: 1, Capability: jobs.Capability(key, jobs.ScopedID("a", "live")),
 		Method: strings.Repeat("x", 5000)})
 	if err == nil || !strings.Contains(err.Error(), "unknown proxy method") {
 		t.Fatalf("unknown method: %v", err)
@@ -236,4 +236,24 @@ func sharedDir(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// TestSessionCap: a namespace's sessions are capped; its existing sessions
+// go on.
+func TestSessionCap(t *testing.T) {
+	t.Parallel()
+	s := setup(t, "", frontend.Config{Policy: frontend.Policy{MaxSessions: 1}})
+	call := func(session string) (bool, string) {
+		res := testutil.CallRunPython(t, s.c, map[string]any{"code": "print('hi')", "session": session})
+		return res.IsError, testutil.Text(res)
+	}
+	if isErr, text := call("s1"); isErr {
+		t.Fatalf("first session: %s", text)
+	}
+	if isErr, text := call("s2"); !isErr || !strings.Contains(text, "holds 1 sessions (cap 1)") {
+		t.Fatalf("second session: %v %s", isErr, text)
+	}
+	if isErr, text := call("s1"); isErr {
+		t.Fatalf("the first session again: %s", text)
+	}
 }

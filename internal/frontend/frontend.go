@@ -39,8 +39,11 @@ type Config struct {
 	// MaxCallsPerJob caps one job's proxy calls in flight; more wait for a slot
 	// (default DefaultMaxCallsPerJob).
 	MaxCallsPerJob int
-	// Policy caps each namespace's unfinished jobs (zero: no caps).
+	// Policy is the policy of namespaces Policies does not name (zero: no
+	// caps; DefaultPolicy() is what the command line starts from).
 	Policy Policy
+	// Policies are the policies of named namespaces.
+	Policies map[string]Policy
 	// Metrics, when set, records submissions and proxy call latency.
 	Metrics *metrics.Metrics
 }
@@ -80,7 +83,7 @@ func New(nc *nats.Conn, cfg Config) (*Frontend, error) {
 		f.cfg.MaxCallsPerJob = DefaultMaxCallsPerJob
 	}
 	f.memory = cfg.Memory
-	f.adm = newAdmission(f, cfg.Policy)
+	f.adm = newAdmission(f)
 	if f.memory == nil {
 		f.memory = f.state
 	}
@@ -138,20 +141,40 @@ func (f *Frontend) Stop() {
 	})
 }
 
-// Limits returns the submission limits in force.
+// Limits returns the submission limits of namespaces without their own.
 func (f *Frontend) Limits() jobs.Limits { return f.cfg.Limits }
 
 // ErrUnavailable wraps failures to reach the broker.
 var ErrUnavailable = errors.New("the job broker is unreachable")
 
-// Run validates and submits job, then waits for its terminal record. progress, if
-// not nil, sees each lifecycle event as it happens. When ctx ends first the job is
-// cancelled. Invalid jobs return a *jobs.InvalidError and never reach a worker.
+var timeNow = time.Now
+
+// Run validates and submits job for its namespace (job.Namespace; "" is the
+// default one), then waits for its terminal record, which it returns as the
+// namespace sees it. progress, if not nil, sees each lifecycle event as it
+// happens. When ctx ends first the job is cancelled. Invalid jobs return a
+// *jobs.InvalidError and never reach a worker.
 func (f *Frontend) Run(ctx context.Context, job *jobs.Job, progress func(jobs.Event)) (*jobs.Record, error) {
-	if err := job.Normalize(f.cfg.Limits, time.Now()); err != nil {
+	ns := jobs.NamespaceOf(job.Namespace)
+	if err := f.prepare(job, ns); err != nil {
 		return nil, err
 	}
-	job.Frontend = f.cfg.ID
+	if err := f.checkSessions(ctx, []*jobs.Job{job})[0]; err != nil {
+		return nil, err
+	}
+	rec, err := f.run(ctx, job, progress)
+	if rec != nil {
+		rec = rec.View(ns)
+	}
+	var re *ResumableError
+	if errors.As(err, &re) {
+		re.JobID, _ = jobs.UnscopedID(ns, re.JobID)
+	}
+	return rec, err
+}
+
+// run is Run for a prepared (wire) job.
+func (f *Frontend) run(ctx context.Context, job *jobs.Job, progress func(jobs.Event)) (*jobs.Record, error) {
 	if err := f.adm.enterRun(job); err != nil {
 		return nil, err
 	}
@@ -160,16 +183,16 @@ func (f *Frontend) Run(ctx context.Context, job *jobs.Job, progress func(jobs.Ev
 	defer f.inRun.Add(-1)
 	events, stop, err := f.client.WatchEvents(job.ID)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	defer stop()
 	if err := f.client.Submit(ctx, job); err != nil && !errors.Is(err, queue.ErrDuplicate) {
 		if errors.Is(err, queue.ErrQueueFull) {
 			f.cfg.Metrics.Submitted("rejected")
-			return f.Get(context.WithoutCancel(ctx), job.ID)
+			return f.record(context.WithoutCancel(ctx), job.ID)
 		}
 		f.cfg.Metrics.Submitted("error")
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	f.cfg.Metrics.Submitted("accepted")
 	f.log.Debug("job submitted", "job", job.ID, "trace_id", jobs.TraceID(jobs.TraceParent(job.ID)))
@@ -186,7 +209,7 @@ func (f *Frontend) Run(ctx context.Context, job *jobs.Job, progress func(jobs.Ev
 			}
 		case <-poll.C:
 			// Events are best effort on core NATS; the state service is the record.
-			if rec, err := f.Get(ctx, job.ID); err == nil && rec.Status.Terminal() {
+			if rec, err := f.record(ctx, job.ID); err == nil && rec.Status.Terminal() {
 				return rec, nil
 			}
 		case <-f.adm.abandon:
@@ -195,7 +218,7 @@ func (f *Frontend) Run(ctx context.Context, job *jobs.Job, progress func(jobs.Ev
 		case <-ctx.Done():
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			if err := f.Cancel(cctx, job.ID, "the caller went away"); err != nil {
+			if err := f.cancel(cctx, job.ID, "the caller went away"); err != nil {
 				f.log.Warn("cancel job", "job", job.ID, "err", err)
 			}
 			return nil, ctx.Err()
@@ -210,18 +233,32 @@ func (f *Frontend) settled(ctx context.Context, job *jobs.Job, ev jobs.Event) (*
 	if ev.Kind == jobs.EventFinished && ev.Result != nil {
 		return rec, nil
 	}
-	if got, err := f.Get(ctx, job.ID); err == nil && got.Status.Terminal() {
+	if got, err := f.record(ctx, job.ID); err == nil && got.Status.Terminal() {
 		return got, nil
 	}
 	return rec, nil
 }
 
-// Cancel cancels job id: a running job's sandbox is stopped, a queued job never
-// runs. The cancellation is recorded before it is announced, so a worker that
-// checks for a recorded one after subscribing to announcements misses neither.
-func (f *Frontend) Cancel(ctx context.Context, id, reason string) error {
+// Cancel cancels namespace ns's job id: a running job's sandbox is stopped, a
+// queued job never runs. It returns state.ErrNotFound for an id the namespace
+// has not submitted.
+func (f *Frontend) Cancel(ctx context.Context, ns, id, reason string) error {
+	rec, err := f.Get(ctx, ns, id)
+	if err != nil {
+		return err
+	}
+	if rec.Status.Terminal() {
+		return nil
+	}
+	return f.cancel(ctx, jobs.ScopedID(jobs.NamespaceOf(ns), id), reason)
+}
+
+// cancel cancels the job of wire id. The cancellation is recorded before it is
+// announced, so a worker that checks for a recorded one after subscribing to
+// announcements misses neither.
+func (f *Frontend) cancel(ctx context.Context, id, reason string) error {
 	if err := f.client.PublishEvent(ctx, jobs.Event{Job: id, Kind: jobs.EventCancelled, Reason: reason}); err != nil {
-		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if err := f.nc.Publish(f.cfg.Subjects.Cancel(id), []byte(reason)); err != nil {
 		return fmt.Errorf("announce cancel of %s: %w", id, err)
@@ -229,15 +266,33 @@ func (f *Frontend) Cancel(ctx context.Context, id, reason string) error {
 	return nil
 }
 
-// Get returns the state service's record of job id; state.ErrNotFound when there
-// is none, an error wrapping ErrUnavailable when the broker does not answer.
-func (f *Frontend) Get(ctx context.Context, id string) (*jobs.Record, error) {
+// Get returns namespace ns's record of job id, as the namespace sees it;
+// state.ErrNotFound when the namespace has no such job (whether or not
+// another namespace has one), an error wrapping ErrUnavailable when the broker
+// does not answer.
+func (f *Frontend) Get(ctx context.Context, ns, id string) (*jobs.Record, error) {
+	ns = jobs.NamespaceOf(ns)
+	if !jobs.ValidUserID(id) {
+		return nil, state.ErrNotFound
+	}
+	rec, err := f.record(ctx, jobs.ScopedID(ns, id))
+	if err != nil {
+		return nil, err
+	}
+	if rec.Job.Namespace != ns {
+		return nil, state.ErrNotFound
+	}
+	return rec.View(ns), nil
+}
+
+// record returns the state service's record of wire id.
+func (f *Frontend) record(ctx context.Context, id string) (*jobs.Record, error) {
 	rec, err := f.state.Job(ctx, id)
 	if errors.Is(err, state.ErrNotFound) {
 		rec, err = f.awaitRecord(ctx, id) // submitted a moment ago?
 	}
 	if errors.Is(err, state.ErrUnavailable) {
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return rec, err
 }

@@ -30,22 +30,46 @@ type Submitted struct {
 	Err error
 }
 
-// SubmitMany validates and submits jobs for namespace without waiting for them;
-// jobs that fail validation are not submitted. A job whose id exists already is
-// not submitted again, whatever the time since the first submission: the
-// existing record comes back instead (or ErrConflict when the resubmission asks
-// for something else).
-func (f *Frontend) SubmitMany(ctx context.Context, js []*jobs.Job, namespace string) []Submitted {
+// SubmitMany validates and submits jobs for namespace ns ("" is the default
+// one) without waiting for them; jobs that fail validation are not submitted.
+// A job whose id the namespace used before is not submitted again, whatever
+// the time since the first submission: the existing record comes back instead
+// (or ErrConflict when the resubmission asks for something else). Ids are the
+// namespace's own: another namespace's job of the same id is another job.
+// Records come back as the namespace sees them.
+func (f *Frontend) SubmitMany(ctx context.Context, js []*jobs.Job, ns string) []Submitted {
+	ns = jobs.NamespaceOf(ns)
+	out := f.submitMany(ctx, js, ns)
+	for i := range out {
+		if out[i].Record != nil {
+			out[i].Record = out[i].Record.View(ns)
+		}
+	}
+	return out
+}
+
+func (f *Frontend) submitMany(ctx context.Context, js []*jobs.Job, ns string) []Submitted {
 	out := make([]Submitted, len(js))
-	now := time.Now()
 	var ids []string
+	// The caller's jobs stay as they are (a client may submit them again):
+	// the wire jobs are copies.
+	mine := make([]*jobs.Job, len(js))
 	for i, j := range js {
-		if err := j.Normalize(f.cfg.Limits, now); err != nil {
+		c := *j
+		mine[i] = &c
+	}
+	js = mine
+	for i, j := range js {
+		if err := f.prepare(j, ns); err != nil {
 			out[i].Err = err
 			continue
 		}
-		j.Namespace, j.Frontend = namespace, f.cfg.ID
 		ids = append(ids, j.ID)
+	}
+	for i, err := range f.checkSessions(ctx, js) {
+		if out[i].Err == nil && err != nil {
+			out[i].Err = err
+		}
 	}
 	// Ids already recorded (possibly beyond the events stream's retention).
 	known, err := f.state.Jobs(ctx, ids)
@@ -84,7 +108,7 @@ func (f *Frontend) SubmitMany(ctx context.Context, js []*jobs.Job, namespace str
 		case errors.Is(err, queue.ErrDuplicate):
 			dupIDs = append(dupIDs, j.ID)
 		default:
-			out[i].Err = fmt.Errorf("%w: %v", ErrUnavailable, err)
+			out[i].Err = fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 	}
 	if len(dupIDs) == 0 {
@@ -100,7 +124,7 @@ func (f *Frontend) SubmitMany(ctx context.Context, js []*jobs.Job, namespace str
 		if r := recs[j.ID]; r != nil {
 			out[at[k]] = existing(r, j)
 		} else {
-			out[at[k]].Err = fmt.Errorf("%w: job %s was submitted before but its record is not available yet: %v", ErrUnavailable, j.ID, err)
+			out[at[k]].Err = fmt.Errorf("%w: job %s was submitted before but its record is not available yet: %w", ErrUnavailable, j.ID, err)
 		}
 	}
 	return out
@@ -130,7 +154,7 @@ func (f *Frontend) waitRecords(ctx context.Context, ids []string) (map[string]*j
 func unavailable(out []Submitted, err error) []Submitted {
 	for i := range out {
 		if out[i].Err == nil {
-			out[i].Err = fmt.Errorf("%w: %v", ErrUnavailable, err)
+			out[i].Err = fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 	}
 	return out
@@ -151,19 +175,32 @@ func sameJob(a, b *jobs.Job) bool {
 		a.Namespace == b.Namespace && maps.Equal(a.Labels, b.Labels)
 }
 
-// Wait returns job id's record once it is terminal, or its latest record when
-// ctx ends first (with ctx's error). It returns state.ErrNotFound for an
-// unknown id.
-func (f *Frontend) Wait(ctx context.Context, id string) (*jobs.Record, error) {
+// Wait returns namespace ns's record of job id once it is terminal, or its
+// latest record when ctx ends first (with ctx's error). It returns
+// state.ErrNotFound for an id the namespace has not submitted.
+func (f *Frontend) Wait(ctx context.Context, ns, id string) (*jobs.Record, error) {
+	ns = jobs.NamespaceOf(ns)
+	if _, err := f.Get(ctx, ns, id); err != nil {
+		return nil, err
+	}
+	rec, err := f.wait(ctx, jobs.ScopedID(ns, id))
+	if rec != nil {
+		rec = rec.View(ns)
+	}
+	return rec, err
+}
+
+// wait is Wait for a wire id.
+func (f *Frontend) wait(ctx context.Context, id string) (*jobs.Record, error) {
 	events, stop, err := f.client.WatchEvents(id)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	defer stop()
 	poll := time.NewTicker(time.Second)
 	defer poll.Stop()
 	for {
-		rec, err := f.Get(context.WithoutCancel(ctx), id)
+		rec, err := f.record(context.WithoutCancel(ctx), id)
 		if err != nil || rec.Status.Terminal() {
 			return rec, err
 		}
@@ -179,6 +216,43 @@ func (f *Frontend) Wait(ctx context.Context, id string) (*jobs.Record, error) {
 		case <-poll.C:
 		}
 	}
+}
+
+// List returns namespace ns's job records matching flt (its Namespace is
+// ignored; Prefix and Cursor are the namespace's ids), as the namespace sees
+// them, and the cursor of the next page.
+func (f *Frontend) List(ctx context.Context, ns string, flt state.JobFilter) ([]*jobs.Record, string, error) {
+	return f.list(ctx, ns, flt, f.state.List)
+}
+
+// DeadLetters is List of the namespace's dead letters.
+func (f *Frontend) DeadLetters(ctx context.Context, ns string, flt state.JobFilter) ([]*jobs.Record, string, error) {
+	return f.list(ctx, ns, flt, f.state.DeadLetters)
+}
+
+func (f *Frontend) list(ctx context.Context, ns string, flt state.JobFilter, fn func(context.Context, state.JobFilter) ([]*jobs.Record, string, error)) ([]*jobs.Record, string, error) {
+	ns = jobs.NamespaceOf(ns)
+	// The namespace's records are one prefix of the index: a listing (and its
+	// cursor) never passes another namespace's.
+	flt.Namespace = ns
+	flt.Prefix = jobs.ScopedID(ns, flt.Prefix)
+	if flt.Cursor != "" {
+		flt.Cursor = jobs.ScopedID(ns, flt.Cursor)
+	}
+	recs, next, err := fn(ctx, flt)
+	if err != nil {
+		if errors.Is(err, state.ErrUnavailable) {
+			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return nil, "", err
+	}
+	for i, r := range recs {
+		recs[i] = r.View(ns)
+	}
+	if next != "" {
+		next, _ = jobs.UnscopedID(ns, next)
+	}
+	return recs, next, nil
 }
 
 // State returns the client of the state service (job records and memory).

@@ -6,12 +6,15 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
-// WatchOutput calls fn with each live output chunk workers publish for job id
-// (best effort: core NATS), until stop is called. Subscribe before submitting
-// the job so no chunk is missed.
-func (f *Frontend) WatchOutput(id string, fn func(stream, data string)) (stop func(), err error) {
+// WatchOutput calls fn with each live output chunk workers publish for
+// namespace ns's job id (best effort: core NATS), until stop is called.
+// Subscribe before submitting the job so no chunk is missed.
+func (f *Frontend) WatchOutput(ns, id string, fn func(stream, data string)) (stop func(), err error) {
+	id = jobs.ScopedID(jobs.NamespaceOf(ns), id)
 	sub, err := f.nc.Subscribe(f.cfg.Subjects.Output(id), func(m *nats.Msg) {
 		var chunk struct {
 			Stream string `json:"stream"`

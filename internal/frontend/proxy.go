@@ -28,7 +28,7 @@ type ToolSource interface {
 // MemoryStore is the state service's memory API; *state.Client is one.
 type MemoryStore interface {
 	MemoryGet(ctx context.Context, ns, key string) (*state.Memory, error)
-	MemoryPut(ctx context.Context, m state.Memory, ifVersion *uint64) (*state.Memory, error)
+	MemoryPutQuota(ctx context.Context, m state.Memory, ifVersion *uint64, maxBytes int64) (*state.Memory, error)
 	MemoryList(ctx context.Context, ns, prefix string) ([]state.Memory, error)
 	MemoryDelete(ctx context.Context, ns, key string) (bool, error)
 }
@@ -173,6 +173,9 @@ func (h *proxyHandler) tools() ToolSource { return h.f.cfg.Tools }
 func (h *proxyHandler) server(rj *runningJob, name string) error {
 	if name == "" {
 		return errors.New("name a server: one of " + quoteList(h.jobServers(rj)))
+	}
+	if !h.f.policyFor(rj.namespace()).allowsServer(name) {
+		return fmt.Errorf("server %q is not allowed for namespace %q", name, rj.namespace())
 	}
 	if !rj.servers[name] {
 		given := h.jobServers(rj)
@@ -506,7 +509,7 @@ func (h *proxyHandler) memory(ctx context.Context, rj *runningJob, method string
 		if string(p.Metadata) == "null" {
 			p.Metadata = nil
 		}
-		m, err := store.MemoryPut(ctx, state.Memory{Namespace: ns, Key: p.Key, Value: p.Value, Metadata: p.Metadata}, p.IfVersion)
+		m, err := store.MemoryPutQuota(ctx, state.Memory{Namespace: ns, Key: p.Key, Value: p.Value, Metadata: p.Metadata}, p.IfVersion, h.f.policyFor(ns).MemoryBytes)
 		if errors.Is(err, state.ErrConflict) {
 			return map[string]any{"conflict": true}, nil
 		}

@@ -87,11 +87,20 @@ func NewID() string {
 	return ulid.MustNew(ulid.Timestamp(time.Now()), entropy).String()
 }
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,160}$`)
 
-// ValidID reports whether id may be used as a job id: 1–128 letters, digits, '-'
+// MaxIDLength is the longest job id a caller may choose; the wire id adds the
+// namespace's tag (see ScopedID).
+const MaxIDLength = 128
+
+// ValidID reports whether id may be used as a wire id (a job's id on NATS and
+// in records, worker and front-end ids, sessions): 1–160 letters, digits, '-'
 // or '_' (it becomes a subject token and a Nats-Msg-Id).
 func ValidID(id string) bool { return idPattern.MatchString(id) }
+
+// ValidUserID reports whether id may be chosen by a caller as a job id: 1–128
+// letters, digits, '-' or '_'.
+func ValidUserID(id string) bool { return len(id) <= MaxIDLength && idPattern.MatchString(id) }
 
 // Limits bound what a submission may ask for.
 type Limits struct {
@@ -133,7 +142,7 @@ func invalid(field, format string, args ...any) error {
 func (j *Job) Normalize(l Limits, now time.Time) error {
 	if j.ID == "" {
 		j.ID = NewID()
-	} else if !ValidID(j.ID) {
+	} else if !ValidUserID(j.ID) {
 		return invalid("id", "%q must be 1-128 characters of letters, digits, '-' or '_'", truncate(j.ID, 40))
 	}
 	if j.Code == "" {

@@ -32,13 +32,15 @@ import (
 )
 
 // Backend is what the API needs of a front-end; *frontend.Frontend is one.
+// Every method works within one namespace, with the namespace's own job ids.
 type Backend interface {
 	SubmitMany(ctx context.Context, js []*jobs.Job, namespace string) []frontend.Submitted
-	Get(ctx context.Context, id string) (*jobs.Record, error)
-	Cancel(ctx context.Context, id, reason string) error
-	Wait(ctx context.Context, id string) (*jobs.Record, error)
-	Limits() jobs.Limits
-	State() *state.Client
+	Get(ctx context.Context, namespace, id string) (*jobs.Record, error)
+	Cancel(ctx context.Context, namespace, id, reason string) error
+	Wait(ctx context.Context, namespace, id string) (*jobs.Record, error)
+	List(ctx context.Context, namespace string, f state.JobFilter) ([]*jobs.Record, string, error)
+	DeadLetters(ctx context.Context, namespace string, f state.JobFilter) ([]*jobs.Record, string, error)
+	LimitsFor(namespace string) jobs.Limits
 }
 
 var _ Backend = (*frontend.Frontend)(nil)
@@ -55,8 +57,8 @@ const (
 type Config struct {
 	Backend Backend
 	// Namespace returns the authenticated caller's namespace ("" when the server
-	// has no auth: the caller then sees every job). Jobs are submitted in it and
-	// only its jobs are visible. Nil means "".
+	// has no auth: the default namespace). Jobs are submitted in it, their ids
+	// are its own, and only its jobs are visible. Nil means "".
 	Namespace func(ctx context.Context) string
 	Logger    *slog.Logger
 }
@@ -162,7 +164,7 @@ func (a *api) submit(w http.ResponseWriter, r *http.Request) {
 		js[i] = &jobs.Job{ID: q.ID, Code: q.Code, Servers: q.Servers, Timeout: q.Timeout, MaxAttempts: q.MaxAttempts,
 			Labels: q.Labels, Session: q.Session, Pool: q.Pool}
 		// Validate every job before submitting any.
-		if err := js[i].Normalize(a.be.Limits(), now); err != nil {
+		if err := js[i].Normalize(a.be.LimitsFor(a.cfg.Namespace(r.Context())), now); err != nil {
 			msg := err.Error()
 			if batch {
 				msg = fmt.Sprintf("job %d: %s (no job of this batch was submitted)", i, msg)
@@ -213,14 +215,11 @@ func (a *api) submitOne(w http.ResponseWriter, s frontend.Submitted) {
 
 func (a *api) lookup(w http.ResponseWriter, r *http.Request) (*jobs.Record, bool) {
 	id := r.PathValue("id")
-	if !jobs.ValidID(id) {
+	if !jobs.ValidUserID(id) {
 		writeError(w, http.StatusBadRequest, "bad_id", fmt.Sprintf("%q is not a job id: ids are 1-128 letters, digits, '-' or '_'", id), nil)
 		return nil, false
 	}
-	rec, err := a.be.Get(r.Context(), id)
-	if err == nil && !a.visible(r, rec) {
-		err = state.ErrNotFound
-	}
+	rec, err := a.be.Get(r.Context(), a.cfg.Namespace(r.Context()), id)
 	if err != nil {
 		status, code, msg := classify(err)
 		if status == http.StatusNotFound {
@@ -230,11 +229,6 @@ func (a *api) lookup(w http.ResponseWriter, r *http.Request) (*jobs.Record, bool
 		return nil, false
 	}
 	return rec, true
-}
-
-func (a *api) visible(r *http.Request, rec *jobs.Record) bool {
-	ns := a.cfg.Namespace(r.Context())
-	return ns == "" || rec.Job.Namespace == ns
 }
 
 func (a *api) get(w http.ResponseWriter, r *http.Request) {
@@ -252,14 +246,15 @@ func (a *api) cancel(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, "finished", fmt.Sprintf("job %s already ended with status %s: nothing to cancel", rec.Job.ID, rec.Status), rec)
 		return
 	}
-	if err := a.be.Cancel(r.Context(), rec.Job.ID, "cancelled through the jobs API"); err != nil {
+	ns := a.cfg.Namespace(r.Context())
+	if err := a.be.Cancel(r.Context(), ns, rec.Job.ID, "cancelled through the jobs API"); err != nil {
 		status, code, msg := classify(err)
 		writeError(w, status, code, msg, nil)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), cancelSettling)
 	defer cancel()
-	if got, err := a.be.Wait(ctx, rec.Job.ID); got != nil && (err == nil || ctx.Err() != nil) {
+	if got, err := a.be.Wait(ctx, ns, rec.Job.ID); got != nil && (err == nil || ctx.Err() != nil) {
 		rec = got
 	}
 	writeJSON(w, http.StatusOK, rec)
@@ -286,7 +281,7 @@ func (a *api) wait(w http.ResponseWriter, r *http.Request) {
 	if !rec.Status.Terminal() {
 		ctx, cancel := context.WithTimeout(r.Context(), timeout)
 		defer cancel()
-		got, err := a.be.Wait(ctx, rec.Job.ID)
+		got, err := a.be.Wait(ctx, a.cfg.Namespace(r.Context()), rec.Job.ID)
 		if err != nil && ctx.Err() == nil {
 			status, code, msg := classify(err)
 			writeError(w, status, code, msg, nil)
@@ -322,25 +317,24 @@ func (a *api) retry(w http.ResponseWriter, r *http.Request) {
 		req.ID = jobs.NewID()
 	}
 	j := rec.RetryJob(req.ID)
-	res := a.be.SubmitMany(r.Context(), []*jobs.Job{&j}, rec.Job.Namespace)
+	res := a.be.SubmitMany(r.Context(), []*jobs.Job{&j}, a.cfg.Namespace(r.Context()))
 	a.submitOne(w, res[0])
 }
 
 func (a *api) list(w http.ResponseWriter, r *http.Request) {
-	a.listWith(w, r, a.be.State().List)
+	a.listWith(w, r, a.be.List)
 }
 
 func (a *api) deadLetters(w http.ResponseWriter, r *http.Request) {
-	a.listWith(w, r, a.be.State().DeadLetters)
+	a.listWith(w, r, a.be.DeadLetters)
 }
 
-func (a *api) listWith(w http.ResponseWriter, r *http.Request, fn func(context.Context, state.JobFilter) ([]*jobs.Record, string, error)) {
+func (a *api) listWith(w http.ResponseWriter, r *http.Request, fn func(context.Context, string, state.JobFilter) ([]*jobs.Record, string, error)) {
 	q := r.URL.Query()
 	f := state.JobFilter{
-		Namespace: a.cfg.Namespace(r.Context()),
-		Status:    jobs.Status(q.Get("status")),
-		Prefix:    q.Get("prefix"),
-		Cursor:    q.Get("cursor"),
+		Status: jobs.Status(q.Get("status")),
+		Prefix: q.Get("prefix"),
+		Cursor: q.Get("cursor"),
 	}
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
@@ -365,7 +359,7 @@ func (a *api) listWith(w http.ResponseWriter, r *http.Request, fn func(context.C
 		writeError(w, http.StatusBadRequest, "bad_filter", err.Error(), nil)
 		return
 	}
-	recs, next, err := fn(r.Context(), f)
+	recs, next, err := fn(r.Context(), a.cfg.Namespace(r.Context()), f)
 	if err != nil {
 		status, code, msg := classify(err)
 		writeError(w, status, code, msg, nil)

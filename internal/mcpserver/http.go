@@ -188,17 +188,50 @@ func IsLoopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// TokensFile is the tokens file in its full form: bearer tokens to
+// namespaces, and each namespace's policy (read by the front-end's command).
+type TokensFile struct {
+	Tokens map[string]string `json:"tokens"`
+	// DefaultPolicy and Namespaces are raw here: their form is the front-end's
+	// policy (frontend.Policy).
+	DefaultPolicy json.RawMessage            `json:"default_policy,omitempty"`
+	Namespaces    map[string]json.RawMessage `json:"namespaces,omitempty"`
+	// MetricsTokens may read /metrics (besides loopback callers).
+	MetricsTokens []string `json:"metrics_tokens,omitempty"`
+}
+
 // LoadTokens reads a tokens file mapping bearer tokens to memory namespaces:
-// either a JSON object {"<token>": "<namespace>", ...}, or lines of
-// "<token> <namespace>" (blank lines and lines starting with # are ignored).
+// a JSON object {"<token>": "<namespace>", ...}, the full form
+// {"tokens": {...}, "default_policy": {...}, "namespaces": {"<ns>": {...}}},
+// or lines of "<token> <namespace>" (blank lines and lines starting with #
+// are ignored).
 func LoadTokens(path string) (map[string]string, error) {
+	f, err := LoadTokensFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return f.Tokens, nil
+}
+
+// LoadTokensFile is LoadTokens returning the whole file.
+func LoadTokensFile(path string) (*TokensFile, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read tokens file: %w", err)
 	}
-	tokens := map[string]string{}
+	out := &TokensFile{Tokens: map[string]string{}}
 	if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '{' {
-		if err := json.Unmarshal(t, &tokens); err != nil {
+		var probe map[string]json.RawMessage
+		if err := json.Unmarshal(t, &probe); err != nil {
+			return nil, fmt.Errorf("tokens file %s: not a JSON object: %v", path, err)
+		}
+		if raw, ok := probe["tokens"]; ok && len(bytes.TrimSpace(raw)) > 0 && bytes.TrimSpace(raw)[0] == '{' {
+			dec := json.NewDecoder(bytes.NewReader(t))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(out); err != nil {
+				return nil, fmt.Errorf("tokens file %s: want {\"tokens\": {...}, \"default_policy\": {...}, \"namespaces\": {...}, \"metrics_tokens\": [...]}: %v", path, err)
+			}
+		} else if err := json.Unmarshal(t, &out.Tokens); err != nil {
 			return nil, fmt.Errorf("tokens file %s: not a JSON object of token to namespace: %v", path, err)
 		}
 	} else {
@@ -211,10 +244,10 @@ func LoadTokens(path string) (map[string]string, error) {
 			if len(f) != 2 {
 				return nil, fmt.Errorf("tokens file %s line %d: want \"<token> <namespace>\"", path, i+1)
 			}
-			tokens[f[0]] = f[1]
+			out.Tokens[f[0]] = f[1]
 		}
 	}
-	for tok, ns := range tokens {
+	for tok, ns := range out.Tokens {
 		if len(tok) < 8 {
 			return nil, fmt.Errorf("tokens file %s: a token is shorter than 8 characters: use long random tokens (e.g. openssl rand -hex 24)", path)
 		}
@@ -222,10 +255,40 @@ func LoadTokens(path string) (map[string]string, error) {
 			return nil, fmt.Errorf("tokens file %s: namespace %q must be 1-128 letters, digits, '.', '_' or '-'", path, ns)
 		}
 	}
-	if len(tokens) == 0 {
+	for _, tok := range out.MetricsTokens {
+		if len(tok) < 8 {
+			return nil, fmt.Errorf("tokens file %s: a metrics token is shorter than 8 characters", path)
+		}
+	}
+	if len(out.Tokens) == 0 {
 		return nil, fmt.Errorf("tokens file %s holds no tokens", path)
 	}
-	return tokens, nil
+	return out, nil
 }
 
 var namespacePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
+
+// MetricsGuard serves /metrics to loopback callers and, from elsewhere, only
+// to callers with one of tokens: metric names and label values describe the
+// fleet's tenants and load.
+func MetricsGuard(next http.Handler, tokens []string) http.Handler {
+	allowed := map[string]string{}
+	for _, t := range tokens {
+		allowed[t] = "metrics"
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+			if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+				next.ServeHTTP(w, r)
+				return
+			}
+		}
+		tok, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if _, ok := lookupToken(allowed, strings.TrimSpace(tok)); !ok {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="mcpexec-metrics"`)
+			httpError(w, http.StatusUnauthorized, "unauthorized", "/metrics from beyond loopback needs a metrics token: list it under metrics_tokens in the tokens file and send Authorization: Bearer <token>")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}

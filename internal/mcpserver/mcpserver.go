@@ -30,7 +30,7 @@ type Runner interface {
 // OutputWatcher is an optional ability of a Runner: live output of a job,
 // delivered while it runs. *frontend.Frontend has it.
 type OutputWatcher interface {
-	WatchOutput(id string, fn func(stream, data string)) (stop func(), err error)
+	WatchOutput(namespace, id string, fn func(stream, data string)) (stop func(), err error)
 }
 
 // Options configure the MCP server.
@@ -201,12 +201,12 @@ func (h *handler) call(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 		}
 	}
 	job.ID = jobs.NewID()
-	log := h.logger(ctx, job.ID)
+	log := h.logger(ctx, job.Namespace, job.ID)
 	log.Info("run_python accepted", "namespace", job.Namespace, "servers", job.Servers, "session", job.Session)
 	progress := progressSender(ctx, req, h.opts.MaxProgress)
 	if progress != nil {
 		if w, ok := h.r.(OutputWatcher); ok {
-			if stop, err := w.WatchOutput(job.ID, progress.output); err == nil {
+			if stop, err := w.WatchOutput(job.Namespace, job.ID, progress.output); err == nil {
 				defer stop()
 			}
 		}
@@ -227,12 +227,12 @@ func (h *handler) call(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 
 // logger returns the call's logger: job id, and the MCP session id when the
 // transport has one.
-func (h *handler) logger(ctx context.Context, jobID string) *slog.Logger {
+func (h *handler) logger(ctx context.Context, ns, jobID string) *slog.Logger {
 	l := h.opts.Logger
 	if l == nil {
 		l = slog.New(slog.DiscardHandler)
 	}
-	l = l.With("job", jobID, "trace_id", jobs.TraceID(jobs.TraceParent(jobID)))
+	l = l.With("job", jobID, "trace_id", jobs.TraceID(jobs.TraceParent(jobs.ScopedID(ns, jobID))))
 	if cs := server.ClientSessionFromContext(ctx); cs != nil && cs.SessionID() != "" {
 		l = l.With("mcp_session", cs.SessionID())
 	}

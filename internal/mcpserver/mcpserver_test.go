@@ -65,7 +65,7 @@ func TestCallLogsJobID(t *testing.T) {
 		if err := json.Unmarshal([]byte(l), &rec); err != nil {
 			t.Fatal(err)
 		}
-		if rec["job"] != r.got.ID || rec["trace_id"] != jobs.TraceID(jobs.TraceParent(r.got.ID)) {
+		if rec["job"] != r.got.ID || rec["trace_id"] != jobs.TraceID(jobs.TraceParent(jobs.ScopedID(r.got.Namespace, r.got.ID))) {
 			t.Fatalf("log line %s lacks job %s and its trace id", l, r.got.ID)
 		}
 	}

@@ -126,6 +126,7 @@ func TestDedupeWithinAndBeyondWindow(t *testing.T) {
 	}
 	j := &jobs.Job{ID: "dup-1", Code: "print(1)"}
 	_ = j.Normalize(jobs.DefaultLimits(), time.Now())
+	j.ID = jobs.ScopedID("", j.ID)
 	if err := c.Submit(context.Background(), j); !errors.Is(err, queue.ErrDuplicate) {
 		t.Fatalf("direct resubmission: %v, want ErrDuplicate", err)
 	}
@@ -142,7 +143,7 @@ func TestCancelQueuedJobNeverRuns(t *testing.T) {
 	fe := testutil.Frontend(t, b, "fe")
 	mustSubmit(t, fe, &jobs.Job{ID: "cq-1", Code: "print(1)"})
 	testutil.WaitRecord(t, b, "cq-1", jobs.StatusQueued)
-	if err := fe.Cancel(context.Background(), "cq-1", "not needed"); err != nil {
+	if err := fe.Cancel(context.Background(), "", "cq-1", "not needed"); err != nil {
 		t.Fatal(err)
 	}
 	rec := testutil.WaitRecord(t, b, "cq-1", jobs.StatusCancelled)
@@ -157,7 +158,7 @@ func TestCancelQueuedJobNeverRuns(t *testing.T) {
 	if n := rt.runs.Load(); n != 1 {
 		t.Fatalf("runtime ran %d jobs, want 1 (the cancelled one must not run)", n)
 	}
-	if rec, _ := b.Store().Job("cq-1"); rec.Status != jobs.StatusCancelled || rec.StartedAt != nil {
+	if rec, _ := b.Store().Job(jobs.ScopedID("", "cq-1")); rec.Status != jobs.StatusCancelled || rec.StartedAt != nil {
 		t.Fatalf("cancelled job changed: %+v", rec)
 	}
 	waitQueueEmpty(t, b)
@@ -178,7 +179,7 @@ func TestCancelRunningJobKillsIt(t *testing.T) {
 	testutil.WaitRecord(t, b, "cr-1", jobs.StatusRunning)
 	time.Sleep(300 * time.Millisecond) // let python start
 	start := time.Now()
-	if err := fe.Cancel(context.Background(), "cr-1", ""); err != nil {
+	if err := fe.Cancel(context.Background(), "", "cr-1", ""); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitRecord(t, b, "cr-1", jobs.StatusCancelled)
@@ -247,7 +248,7 @@ func TestRedeliveryAfterWorkerDies(t *testing.T) {
 	if n := healthy.runs.Load(); n != 1 {
 		t.Fatalf("healthy worker ran %d jobs, want 1 (the max_attempts=1 job must not run twice)", n)
 	}
-	dls, _, err := fe.State().DeadLetters(context.Background(), state.JobFilter{})
+	dls, _, err := fe.DeadLetters(context.Background(), "", state.JobFilter{})
 	if err != nil || len(dls) != 1 || dls[0].Job.ID != "rd-lost" {
 		t.Fatalf("dead letters %v %v", dls, err)
 	}
@@ -271,7 +272,7 @@ func TestLongJobIsNotRedelivered(t *testing.T) {
 	testutil.Worker(t, b, other, workerCfg("other", q))
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		rec, _ := b.Store().Job("long-1")
+		rec, _ := b.Store().Job(jobs.ScopedID("", "long-1"))
 		if rec != nil && rec.Status == jobs.StatusSuccess {
 			if rec.Attempt != 1 || rec.Worker != "slow" {
 				t.Fatalf("long job finished as attempt %d on %s", rec.Attempt, rec.Worker)
@@ -311,7 +312,7 @@ func TestStaleResultIsFenced(t *testing.T) {
 	testutil.Worker(t, b, bRT, workerCfg("B", q))
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		rec, _ := b.Store().Job("stale-1")
+		rec, _ := b.Store().Job(jobs.ScopedID("", "stale-1"))
 		if rec.Attempt == 2 && rec.Worker == "B" {
 			break
 		}
@@ -322,7 +323,7 @@ func TestStaleResultIsFenced(t *testing.T) {
 	}
 	close(releaseA) // A's stale attempt 1 reports success
 	time.Sleep(500 * time.Millisecond)
-	if rec, _ := b.Store().Job("stale-1"); rec.Status != jobs.StatusRunning || rec.Attempt != 2 {
+	if rec, _ := b.Store().Job(jobs.ScopedID("", "stale-1")); rec.Status != jobs.StatusRunning || rec.Attempt != 2 {
 		t.Fatalf("stale result was applied: %+v", rec)
 	}
 	close(releaseB)
@@ -469,13 +470,14 @@ func TestWorkerTakesOnlyItsSlots(t *testing.T) {
 	for range 20 {
 		js = append(js, &jobs.Job{Code: "x"})
 	}
-	for _, s := range submit(t, fe, js...) {
+	out := submit(t, fe, js...)
+	for _, s := range out {
 		if s.Err != nil {
 			t.Fatal(s.Err)
 		}
 	}
-	for _, j := range js {
-		testutil.WaitRecord(t, b, j.ID, jobs.StatusSuccess)
+	for _, s := range out {
+		testutil.WaitRecord(t, b, s.Record.Job.ID, jobs.StatusSuccess)
 	}
 	if peak != 3 {
 		t.Fatalf("peak concurrency %d, want 3", peak)

@@ -134,6 +134,12 @@ func (c *Client) MemoryGet(ctx context.Context, ns, key string) (*Memory, error)
 // absent; else only if the stored version equals it (compare-and-set), else
 // ErrConflict. It returns the stored entry with its new version.
 func (c *Client) MemoryPut(ctx context.Context, m Memory, ifVersion *uint64) (*Memory, error) {
+	return c.MemoryPutQuota(ctx, m, ifVersion, 0)
+}
+
+// MemoryPutQuota is MemoryPut within a namespace quota of maxBytes (0: none):
+// a write over it fails with ErrInvalid, saying so.
+func (c *Client) MemoryPutQuota(ctx context.Context, m Memory, ifVersion *uint64, maxBytes int64) (*Memory, error) {
 	if len(m.Value) > 0 && !json.Valid(m.Value) {
 		return nil, invalidf("memory value is not valid JSON")
 	}
@@ -141,7 +147,7 @@ func (c *Client) MemoryPut(ctx context.Context, m Memory, ifVersion *uint64) (*M
 		return nil, invalidf("memory metadata is not valid JSON")
 	}
 	var out Memory
-	if err := c.call(ctx, OpMemoryPut, MemoryPutRequest{Memory: m, IfVersion: ifVersion}, &out); err != nil {
+	if err := c.call(ctx, OpMemoryPut, MemoryPutRequest{Memory: m, IfVersion: ifVersion, MaxBytes: maxBytes}, &out); err != nil {
 		return nil, err
 	}
 	return &out, nil

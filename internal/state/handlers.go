@@ -41,6 +41,9 @@ type MemoryKeyRequest struct {
 type MemoryPutRequest struct {
 	Memory    Memory  `json:"memory"`
 	IfVersion *uint64 `json:"if_version,omitempty"`
+	// MaxBytes is the namespace's memory quota (0: none); the front-end sends
+	// its namespace policy's.
+	MaxBytes int64 `json:"max_bytes,omitempty"`
 }
 
 // MemoryDeleteReply is the answer of memory.delete.
@@ -156,7 +159,10 @@ func (s *Service) handleMemoryPut(req micro.Request) {
 	if !decodeReq(req, &r, OpMemoryPut, `{"memory": {...}, "if_version": N}`) {
 		return
 	}
-	m, err := s.store.MemoryPut(r.Memory, r.IfVersion, time.Now())
+	m, err := s.store.MemoryPutQuota(r.Memory, r.IfVersion, r.MaxBytes, time.Now())
+	if errors.Is(err, ErrQuota) {
+		err = fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
 	if errors.Is(err, ErrConflict) {
 		err = fmt.Errorf("%w: memory %q changed since it was read: read it again and retry", ErrConflict, r.Memory.Key)
 	}

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -86,6 +87,17 @@ func (s *Store) MemoryGet(ns, key string) (*Memory, error) {
 // when the key is absent; any other value writes only when the stored version
 // equals it. A refused write returns ErrConflict. Concurrent puts share commits.
 func (s *Store) MemoryPut(m Memory, ifVersion *uint64, now time.Time) (*Memory, error) {
+	return s.MemoryPutQuota(m, ifVersion, 0, now)
+}
+
+// ErrQuota is returned by a write that would take a namespace's memory over
+// its quota.
+var ErrQuota = errors.New("memory quota exceeded")
+
+// MemoryPutQuota is MemoryPut with a quota: when maxBytes > 0, a write that
+// would make the namespace's memory (keys, values, metadata) larger than
+// maxBytes is refused with ErrQuota. Writes that shrink it always pass.
+func (s *Store) MemoryPutQuota(m Memory, ifVersion *uint64, maxBytes int64, now time.Time) (*Memory, error) {
 	if err := checkNamespaceKey(m.Namespace, m.Key); err != nil {
 		return nil, err
 	}
@@ -134,12 +146,27 @@ func (s *Store) MemoryPut(m Memory, ifVersion *uint64, now time.Time) (*Memory, 
 		if err != nil {
 			return err
 		}
+		used, err := usage(tx, m.Namespace, b)
+		if err != nil {
+			return err
+		}
+		grown := used - entrySize(m.Key, b.Get([]byte(m.Key))) + entrySize(m.Key, data)
+		if maxBytes > 0 && grown > maxBytes && grown > used {
+			return fmt.Errorf("%w: namespace %q would hold %d bytes of memory, over its quota of %d: delete keys you no longer need, or store less",
+				ErrQuota, m.Namespace, grown, maxBytes)
+		}
 		if err := b.Put([]byte(m.Key), data); err != nil {
+			return err
+		}
+		if err := setUsage(tx, m.Namespace, grown); err != nil {
 			return err
 		}
 		out = &next
 		return nil
 	})
+	if errors.Is(err, ErrQuota) {
+		return nil, err
+	}
 	if err != nil {
 		return nil, fmt.Errorf("write memory %q: %w", m.Key, err)
 	}
@@ -191,10 +218,58 @@ func (s *Store) MemoryDelete(ns, key string) (bool, error) {
 			return nil
 		}
 		existed = true
+		used, err := usage(tx, ns, b)
+		if err != nil {
+			return err
+		}
+		if err := setUsage(tx, ns, used-entrySize(key, b.Get([]byte(key)))); err != nil {
+			return err
+		}
 		return b.Delete([]byte(key))
 	})
 	if err != nil {
 		return false, fmt.Errorf("delete memory %q: %w", key, err)
 	}
 	return existed, nil
+}
+
+// entrySize is what one stored entry counts against its namespace's quota.
+func entrySize(key string, data []byte) int64 {
+	if data == nil {
+		return 0
+	}
+	return int64(len(key) + len(data))
+}
+
+// usage returns the bytes ns's memory (bucket b) holds, counting them once
+// for a namespace written before usage was kept.
+func usage(tx *bolt.Tx, ns string, b *bolt.Bucket) (int64, error) {
+	if v := tx.Bucket(bucketMemoryUsage).Get(nsBucketName(ns)); len(v) == 8 {
+		return int64(binary.BigEndian.Uint64(v)), nil
+	}
+	var n int64
+	err := b.ForEach(func(k, v []byte) error {
+		n += entrySize(string(k), v)
+		return nil
+	})
+	return n, err
+}
+
+func setUsage(tx *bolt.Tx, ns string, n int64) error {
+	return tx.Bucket(bucketMemoryUsage).Put(nsBucketName(ns), binary.BigEndian.AppendUint64(nil, uint64(max(n, 0))))
+}
+
+// MemoryUsage returns the bytes namespace ns's memory holds.
+func (s *Store) MemoryUsage(ns string) (int64, error) {
+	var n int64
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketMemory).Bucket(nsBucketName(ns))
+		if b == nil {
+			return nil
+		}
+		var err error
+		n, err = usage(tx, ns, b)
+		return err
+	})
+	return n, err
 }

@@ -209,3 +209,44 @@ func TestRetentionAndListing(t *testing.T) {
 		t.Fatalf("dead letters after prune: %d", len(dls))
 	}
 }
+
+// TestMemoryQuota: a namespace cannot store more than its quota (the attack
+// of issue 9: a loop of 0.9 MB save_memory calls filled the broker's disk);
+// overwrites and deletes give the room back; other namespaces are unaffected.
+func TestMemoryQuota(t *testing.T) {
+	t.Parallel()
+	s := openStore(t)
+	value := json.RawMessage(`"` + strings.Repeat("x", 900_000) + `"`)
+	const quota = 5 << 20
+	stored := 0
+	for i := range 300 {
+		_, err := s.MemoryPutQuota(state.Memory{Namespace: "greedy", Key: fmt.Sprint("k", i), Value: value}, nil, quota, time.Now())
+		if errors.Is(err, state.ErrQuota) {
+			if !strings.Contains(err.Error(), "quota") {
+				t.Fatalf("quota error says: %v", err)
+			}
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored++
+	}
+	used, err := s.MemoryUsage("greedy")
+	if err != nil || stored != 5 || used > quota {
+		t.Fatalf("stored %d values, usage %d (%v); want 5 within %d", stored, used, err, quota)
+	}
+	// An overwrite of the same size passes; a delete makes room for one more.
+	if _, err := s.MemoryPutQuota(state.Memory{Namespace: "greedy", Key: "k0", Value: value}, nil, quota, time.Now()); err != nil {
+		t.Fatalf("overwrite within quota: %v", err)
+	}
+	if ok, err := s.MemoryDelete("greedy", "k1"); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if _, err := s.MemoryPutQuota(state.Memory{Namespace: "greedy", Key: "again", Value: value}, nil, quota, time.Now()); err != nil {
+		t.Fatalf("put after a delete: %v", err)
+	}
+	if _, err := s.MemoryPutQuota(state.Memory{Namespace: "other", Key: "k", Value: value}, nil, quota, time.Now()); err != nil {
+		t.Fatalf("another namespace: %v", err)
+	}
+}

@@ -22,6 +22,7 @@ var (
 	bucketDeadLetters = []byte("deadletters") // job id → empty: terminal records that are dead letters
 	bucketFinished    = []byte("finished")    // finish time (8 bytes, big-endian ns) + job id → empty
 	bucketMemory      = []byte("memory")      // 'n' + namespace → nested bucket: key → Memory (JSON)
+	bucketMemoryUsage = []byte("memusage")    // namespace → bytes its memory holds (8 bytes, big-endian)
 )
 
 // Store is the bbolt file. Its methods are safe for concurrent use. Every write
@@ -41,7 +42,7 @@ func Open(path string) (*Store, error) {
 	fresh := false
 	err = db.Update(func(tx *bolt.Tx) error {
 		fresh = tx.Bucket(bucketJobs) == nil
-		for _, name := range [][]byte{bucketJobs, bucketDeadLetters, bucketFinished, bucketMemory} {
+		for _, name := range [][]byte{bucketJobs, bucketDeadLetters, bucketFinished, bucketMemory, bucketMemoryUsage} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}

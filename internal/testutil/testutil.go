@@ -131,13 +131,17 @@ func SkipOrFail(t testing.TB, reason string, args ...any) {
 	t.Skip(msg)
 }
 
-// WaitRecord waits until the broker's state holds job id with status; it fails
-// the test after 30 s (generous: a loaded CI host may take seconds).
+// WaitRecord waits until the broker's state holds job id (an id of the
+// default namespace, or a wire id) with status; it fails the test after 30 s
+// (generous: a loaded CI host may take seconds).
 func WaitRecord(t testing.TB, b *broker.Broker, id string, status jobs.Status) *jobs.Record {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		rec, err := b.Store().Job(id)
+		rec, err := b.Store().Job(jobs.ScopedID(jobs.DefaultNamespace, id))
+		if err != nil {
+			rec, err = b.Store().Job(id)
+		}
 		if err == nil && rec.Status == status {
 			return rec
 		}

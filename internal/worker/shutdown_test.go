@@ -40,13 +40,13 @@ func TestStopLetsRunningJobsFinish(t *testing.T) {
 		t.Fatal(out[0].Err)
 	}
 	<-stopped
-	if rec := testutil.WaitRecord(t, b, "running", jobs.StatusSuccess); rec.Worker != "w1" {
+	if rec := testutil.WaitRecord(t, b, jobs.ScopedID("ns", "running"), jobs.StatusSuccess); rec.Worker != "w1" {
 		t.Fatalf("record %+v", rec)
 	}
 	if rt.Runs() != 1 {
 		t.Fatalf("the stopping worker ran %d jobs, want 1", rt.Runs())
 	}
-	if rec, err := b.Store().Job("later"); err != nil || rec.Status != jobs.StatusQueued {
+	if rec, err := b.Store().Job(jobs.ScopedID("ns", "later")); err != nil || rec.Status != jobs.StatusQueued {
 		t.Fatalf("job submitted during Stop: %+v, %v; want queued", rec, err)
 	}
 }
@@ -63,14 +63,14 @@ func TestStopHandsBackJobsAfterGrace(t *testing.T) {
 	}
 	<-rt.Started
 	w.Stop()
-	if rec, err := b.Store().Job("long"); err != nil || rec.Status.Terminal() {
+	if rec, err := b.Store().Job(jobs.ScopedID("ns", "long")); err != nil || rec.Status.Terminal() {
 		t.Fatalf("handed-back job: %+v, %v; want it not finished", rec, err)
 	}
 	// Another worker takes the handed-back job (its second attempt).
 	cfg2 := worker.DefaultConfig("w2")
 	cfg2.Queue = shutdownQueue()
 	testutil.Worker(t, b, &doneRuntime{testutil.NewFakeRuntime(1)}, cfg2)
-	rec := testutil.WaitRecord(t, b, "long", jobs.StatusSuccess)
+	rec := testutil.WaitRecord(t, b, jobs.ScopedID("ns", "long"), jobs.StatusSuccess)
 	if rec.Worker != "w2" || rec.Attempt != 2 {
 		t.Fatalf("record %+v, want success on w2 at attempt 2", rec)
 	}

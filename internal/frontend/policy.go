@@ -1,0 +1,122 @@
+package frontend
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+)
+
+// Policy is what one namespace may do. Zero fields mean "no cap" (or, for
+// Servers and MaxTimeout, "what the front-end allows everyone").
+type Policy struct {
+	// Servers are the MCP servers the namespace's jobs may be given and call;
+	// empty allows every server the front-end proxies.
+	Servers []string `json:"servers,omitempty"`
+	// MaxTimeout is the longest timeout, in seconds, its jobs may ask for;
+	// it may exceed the front-end's default maximum (for batch namespaces).
+	MaxTimeout int `json:"max_timeout,omitempty"`
+	// MaxQueued caps its jobs waiting for a worker, MaxActive its jobs queued
+	// or running, on each front-end.
+	MaxQueued int `json:"max_queued,omitempty"`
+	MaxActive int `json:"max_active,omitempty"`
+	// MaxSessions caps its sessions (each holds a sandbox on a worker).
+	MaxSessions int `json:"max_sessions,omitempty"`
+	// MemoryBytes caps the bytes of its memory (keys, values and metadata).
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+}
+
+// DefaultPolicy is the policy of namespaces the configuration does not name:
+// on by default, with room for batch work but not for one tenant to take the
+// fleet.
+func DefaultPolicy() Policy {
+	return Policy{MaxQueued: 10_000, MaxActive: 10_000, MaxSessions: 16, MemoryBytes: 64 << 20}
+}
+
+// Inherit returns p with the fields it leaves zero taken from def: a named
+// namespace's policy says only what differs from the default.
+func (p Policy) Inherit(def Policy) Policy {
+	if p.Servers == nil {
+		p.Servers = def.Servers
+	}
+	if p.MaxTimeout == 0 {
+		p.MaxTimeout = def.MaxTimeout
+	}
+	if p.MaxQueued == 0 {
+		p.MaxQueued = def.MaxQueued
+	}
+	if p.MaxActive == 0 {
+		p.MaxActive = def.MaxActive
+	}
+	if p.MaxSessions == 0 {
+		p.MaxSessions = def.MaxSessions
+	}
+	if p.MemoryBytes == 0 {
+		p.MemoryBytes = def.MemoryBytes
+	}
+	return p
+}
+
+// Enabled reports whether a job cap is set.
+func (p Policy) Enabled() bool { return p.MaxQueued > 0 || p.MaxActive > 0 }
+
+// Validate reports the first field out of range.
+func (p Policy) Validate() error {
+	switch {
+	case p.MaxTimeout < 0, p.MaxQueued < 0, p.MaxActive < 0, p.MaxSessions < 0, p.MemoryBytes < 0:
+		return fmt.Errorf("policy caps must not be negative: %+v", p)
+	case p.MaxTimeout > 24*3600:
+		return fmt.Errorf("policy max_timeout %d is over a day", p.MaxTimeout)
+	}
+	return nil
+}
+
+// allowsServer reports whether the namespace may use server.
+func (p Policy) allowsServer(server string) bool {
+	return len(p.Servers) == 0 || slices.Contains(p.Servers, server)
+}
+
+// policyFor returns namespace ns's policy.
+func (f *Frontend) policyFor(ns string) Policy {
+	if p, ok := f.cfg.Policies[jobs.NamespaceOf(ns)]; ok {
+		return p
+	}
+	return f.cfg.Policy
+}
+
+// LimitsFor returns the submission limits of namespace ns: the front-end's,
+// with the namespace's own maximum timeout.
+func (f *Frontend) LimitsFor(ns string) jobs.Limits {
+	l := f.cfg.Limits
+	if p := f.policyFor(ns); p.MaxTimeout > 0 {
+		l.MaxTimeout = p.MaxTimeout
+	}
+	return l
+}
+
+// prepare validates a caller's job for namespace ns and makes it a wire job:
+// defaults filled, the namespace's policy applied, ids scoped.
+func (f *Frontend) prepare(job *jobs.Job, ns string) error {
+	ns = jobs.NamespaceOf(ns)
+	if err := job.Normalize(f.LimitsFor(ns), timeNow()); err != nil {
+		return err
+	}
+	p := f.policyFor(ns)
+	var refused []string
+	for _, s := range job.Servers {
+		if !p.allowsServer(s) {
+			refused = append(refused, s)
+		}
+	}
+	if len(refused) > 0 {
+		return &jobs.InvalidError{Field: "servers", Message: fmt.Sprintf("namespace %q may not use %s (it may use %s)",
+			ns, strings.Join(refused, ", "), strings.Join(p.Servers, ", "))}
+	}
+	job.Namespace, job.Frontend = ns, f.cfg.ID
+	job.ID = jobs.ScopedID(ns, job.ID)
+	if job.RetryOf != "" {
+		job.RetryOf = jobs.ScopedID(ns, job.RetryOf)
+	}
+	return nil
+}

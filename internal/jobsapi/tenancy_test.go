@@ -1,0 +1,118 @@
+package jobsapi_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/jobsapi"
+	"github.com/mcpexec/mcpexec/internal/mcpserver"
+	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/worker"
+)
+
+// TestTenantsDoNotMeet: the attack of issue 9 (submitting another
+// namespace's job id answered 409 with that job's record) and its relatives.
+func TestTenantsDoNotMeet(t *testing.T) {
+	t.Parallel()
+	e := setup(t, true)
+	st, body := e.call(t, "tok-a", "POST", "/api/jobs", map[string]any{"id": "secret-job", "code": "print('a private')", "labels": map[string]string{"team": "a"}})
+	if st != http.StatusCreated {
+		t.Fatalf("a submits: %d %s", st, body)
+	}
+	// b uses the same id: a job of its own, not a conflict and not a's record.
+	st, body = e.call(t, "tok-b", "POST", "/api/jobs", map[string]any{"id": "secret-job", "code": "print('b')"})
+	if st != http.StatusCreated || strings.Contains(string(body), "a private") || strings.Contains(string(body), "team") {
+		t.Fatalf("b submits the same id: %d %s", st, body)
+	}
+	for _, tok := range []string{"tok-a", "tok-b"} {
+		st, body = e.call(t, tok, "GET", "/api/jobs/secret-job/wait?timeout=10s", nil)
+		rec := decode[jobs.Record](t, body)
+		want := map[string]string{"tok-a": "ran print('a private')", "tok-b": "ran print('b')"}[tok]
+		if st != 200 || rec.Result == nil || rec.Result.Stdout != want || rec.Job.ID != "secret-job" {
+			t.Fatalf("%s waits: %d %s", tok, st, body)
+		}
+	}
+	// Listings and their cursors hold only the caller's jobs.
+	for i := range 5 {
+		e.call(t, "tok-a", "POST", "/api/jobs", map[string]any{"id": "a-" + string(rune('0'+i)), "code": "x"})
+	}
+	cursor, seen := "", 0
+	for page := 0; page < 10; page++ {
+		st, body = e.call(t, "tok-b", "GET", "/api/jobs?limit=1&cursor="+cursor, nil)
+		lr := decode[jobsapi.ListResponse](t, body)
+		if st != 200 || strings.Contains(string(body), "a-") || strings.Contains(string(body), "a private") {
+			t.Fatalf("b lists: %d %s", st, body)
+		}
+		seen += len(lr.Jobs)
+		if lr.Next == "" {
+			break
+		}
+		cursor = lr.Next
+	}
+	if seen != 1 {
+		t.Fatalf("b saw %d jobs, want its 1", seen)
+	}
+	// A cursor naming a's id is only a position among b's own ids.
+	st, body = e.call(t, "tok-b", "GET", "/api/jobs?cursor=a-0", nil)
+	if lr := decode[jobsapi.ListResponse](t, body); st != 200 || len(lr.Jobs) != 1 || lr.Jobs[0].Job.Namespace != "b" {
+		t.Fatalf("b lists after a's id: %d %s", st, body)
+	}
+	// Cancel, retry and wait of a's ids are "no such job" for b.
+	for _, path := range []string{"/api/jobs/a-0/cancel", "/api/jobs/a-0/retry"} {
+		if st, body = e.call(t, "tok-b", "POST", path, nil); st != http.StatusNotFound {
+			t.Fatalf("b %s: %d %s", path, st, body)
+		}
+	}
+}
+
+// TestNamespacePolicies: servers and timeouts per namespace.
+func TestNamespacePolicies(t *testing.T) {
+	t.Parallel()
+	b := testutil.Broker(t, "", queue.DefaultConfig())
+	g := gate{release: make(chan struct{})}
+	close(g.release)
+	testutil.Worker(t, b, g, worker.DefaultConfig("w"))
+	fe := testutil.FrontendWith(t, b, frontend.Config{ID: "fe", Policy: frontend.DefaultPolicy(), Policies: map[string]frontend.Policy{
+		"batch":  {MaxTimeout: 3600},
+		"narrow": {Servers: []string{"github"}},
+	}})
+	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})
+	hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{}), mcpserver.HTTPOptions{API: api,
+		Tokens: map[string]string{"tok-batch": "batch", "tok-narrow": "narrow", "tok-plain": "plain"}}))
+	t.Cleanup(hs.Close)
+	e := env{url: hs.URL}
+	if st, body := e.call(t, "tok-plain", "POST", "/api/jobs", map[string]any{"code": "x", "timeout": 600}); st != http.StatusBadRequest || !strings.Contains(string(body), "1..120") {
+		t.Fatalf("plain namespace, 600 s: %d %s", st, body)
+	}
+	if st, body := e.call(t, "tok-batch", "POST", "/api/jobs", map[string]any{"code": "x", "timeout": 600}); st != http.StatusCreated {
+		t.Fatalf("batch namespace, 600 s: %d %s", st, body)
+	}
+	if st, body := e.call(t, "tok-narrow", "POST", "/api/jobs", map[string]any{"code": "x", "servers": []string{"filesystem"}}); st != http.StatusBadRequest || !strings.Contains(string(body), "may not use filesystem") {
+		t.Fatalf("narrow namespace, another server: %d %s", st, body)
+	}
+}
+
+func TestMetricsNeedATokenBeyondLoopback(t *testing.T) {
+	t.Parallel()
+	h := mcpserver.MetricsGuard(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("metrics")) }), []string{"metrics-token-1"})
+	for _, tc := range []struct {
+		remote, token string
+		want          int
+	}{{"127.0.0.1:5000", "", 200}, {"10.1.2.3:5000", "", 401}, {"10.1.2.3:5000", "wrong-token", 401}, {"10.1.2.3:5000", "metrics-token-1", 200}} {
+		r := httptest.NewRequest("GET", "/metrics", nil)
+		r.RemoteAddr = tc.remote
+		if tc.token != "" {
+			r.Header.Set("Authorization", "Bearer "+tc.token)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != tc.want {
+			t.Errorf("%s with %q: %d, want %d", tc.remote, tc.token, w.Code, tc.want)
+		}
+	}
+}
