@@ -538,3 +538,34 @@ func activeJobs(t *testing.T, b *broker.Broker) int {
 	}
 	return cons.CachedInfo().NumAckPending
 }
+
+// TestEventsNeedTheirJobsProof: a worker (or anyone who may publish events)
+// cannot record a start or an outcome for a job it was not given: without the
+// job's capability the state service ignores the event.
+func TestEventsNeedTheirJobsProof(t *testing.T) {
+	t.Parallel()
+	q := queue.DefaultConfig()
+	b := testutil.Broker(t, "", q)
+	fe := testutil.Frontend(t, b, "fe")
+	release := make(chan struct{})
+	testutil.Worker(t, b, &fakeRuntime{run: blockUntil(release, "real")}, workerCfg("w1", q))
+	mustSubmit(t, fe, &jobs.Job{ID: "victim", Code: "x"})
+	rec := testutil.WaitRecord(t, b, "victim", jobs.StatusRunning)
+	forger, err := queue.NewClient(testutil.Connect(t, b, "forger"), jobs.Subjects{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wire := jobs.ScopedID("", "victim")
+	ctx := context.Background()
+	for _, proof := range []string{"", "not-the-capability", jobs.Capability([]byte("another key, guessed"), wire)} {
+		if err := forger.PublishEvent(ctx, jobs.Event{Job: wire, Kind: jobs.EventFinished, Attempt: rec.Attempt + 1, Worker: "forger",
+			Proof: proof, Result: &jobs.Result{Status: jobs.StatusSuccess, Stdout: "forged"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(release)
+	got := testutil.WaitRecord(t, b, "victim", jobs.StatusSuccess)
+	if got.Result.Stdout != "real" || got.Worker != "w1" {
+		t.Fatalf("a forged outcome was recorded: %+v", got.Result)
+	}
+}

@@ -228,6 +228,15 @@ func (c *Client) eventMsg(ev *jobs.Event) (*nats.Msg, error) {
 	if ev.At.IsZero() {
 		ev.At = time.Now().UTC()
 	}
+	if ev.Proof == "" && jobs.NeedsProof(ev.Kind) {
+		// A front-end (which holds the proxy key) records an outcome itself:
+		// a rejection, a session that is gone.
+		c.keyMu.Lock()
+		if c.key != nil {
+			ev.Proof = jobs.Capability(c.key, ev.Job)
+		}
+		c.keyMu.Unlock()
+	}
 	data, err := json.Marshal(ev)
 	if err != nil {
 		return nil, fmt.Errorf("encode %s event of %s: %w", ev.Kind, ev.Job, err)

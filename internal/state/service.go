@@ -15,6 +15,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/metrics"
+	"github.com/mcpexec/mcpexec/internal/queue"
 )
 
 // Error codes answered on request/reply (Nats-Service-Error-Code).
@@ -57,6 +58,8 @@ type Service struct {
 	// status: the count by status and its queued, running and total times.
 	Metrics *metrics.Metrics
 
+	key []byte // the fleet's proxy key, which proves workers' events; set by Start
+
 	mu     sync.Mutex // guards cancel, svc, advSub
 	cancel context.CancelFunc
 	svc    micro.Service
@@ -82,6 +85,11 @@ func NewService(nc *nats.Conn, store *Store, sub jobs.Subjects, logger *slog.Log
 // new, creates the service's durable consumer on the events stream, begins
 // applying events, and registers the request handlers.
 func (s *Service) Start(ctx context.Context) error {
+	key, err := queue.ProxyKey(ctx, s.js, s.sub)
+	if err != nil {
+		return fmt.Errorf("state service: %w", err)
+	}
+	s.key = key
 	if s.store.Fresh() {
 		n, err := s.Rebuild(ctx, false)
 		if err != nil {
@@ -240,6 +248,11 @@ func (s *Service) decode(batch jetstream.MessageBatch) (jetstream.Msg, []jobs.Ev
 			s.logger.Warn("skipping malformed event", "subject", m.Subject(), "err", err)
 			continue
 		}
+		if !s.proven(ev) {
+			s.logger.Warn("skipping an event without its job's proof (a worker speaking for a job it does not hold?)",
+				"job", ev.Job, "kind", ev.Kind, "worker", ev.Worker)
+			continue
+		}
 		evs = append(evs, ev)
 	}
 	return last, evs
@@ -282,7 +295,7 @@ func (s *Service) Rebuild(ctx context.Context, fresh bool) (int, error) {
 				seq = md.Sequence.Stream
 			}
 			var ev jobs.Event
-			if json.Unmarshal(m.Data(), &ev) == nil && jobs.ValidID(ev.Job) {
+			if json.Unmarshal(m.Data(), &ev) == nil && jobs.ValidID(ev.Job) && s.proven(ev) {
 				evs = append(evs, ev)
 			}
 		}
@@ -376,7 +389,7 @@ func (s *Service) giveUp(ctx context.Context, a maxDeliveries) error {
 	}
 	var job jobs.Job
 	if err := json.Unmarshal(raw.Data, &job); err == nil && jobs.ValidID(job.ID) {
-		ev := jobs.Event{Job: job.ID, Kind: jobs.EventFinished, Attempt: a.Deliveries, At: time.Now().UTC(),
+		ev := jobs.Event{Job: job.ID, Kind: jobs.EventFinished, Attempt: a.Deliveries, At: time.Now().UTC(), Proof: jobs.Capability(s.key, job.ID),
 			Result: &jobs.Result{Status: jobs.StatusWorkerLost, Attempt: a.Deliveries,
 				Error: fmt.Sprintf("the job message was delivered %d times without a recorded result; kept as a dead letter", a.Deliveries)}}
 		data, _ := json.Marshal(ev)
@@ -389,6 +402,12 @@ func (s *Service) giveUp(ctx context.Context, a maxDeliveries) error {
 		return fmt.Errorf("delete exhausted job message %d: %w", a.StreamSeq, err)
 	}
 	return nil
+}
+
+// proven reports whether ev may be applied: started and finished events need
+// their job's capability.
+func (s *Service) proven(ev jobs.Event) bool {
+	return !jobs.NeedsProof(ev.Kind) || jobs.CheckCapability(s.key, ev.Job, ev.Proof)
 }
 
 func (s *Service) sleep(ctx context.Context, d time.Duration) {

@@ -110,7 +110,7 @@ func (w *Worker) admit(ctx context.Context, msg jetstream.Msg, m *queue.Message,
 	job := &m.Job
 	st := w.sess
 	fail := func(text string) bool {
-		w.finish(ctx, msg, job, attempt, jobs.Result{Status: jobs.StatusError, ExitCode: -1, Error: text})
+		w.finish(ctx, msg, job, m.Capability, attempt, jobs.Result{Status: jobs.StatusError, ExitCode: -1, Error: text})
 		return false
 	}
 	if st == nil || st.rt == nil {

@@ -250,7 +250,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	if attempt > job.MaxAttempts {
 		log.Warn("job exhausted its attempts: recording worker_lost")
-		w.finish(ctx, msg, &job, attempt, jobs.Result{
+		w.finish(ctx, msg, &job, capability, attempt, jobs.Result{
 			Status: jobs.StatusWorkerLost,
 			Error:  fmt.Sprintf("the worker running this job was lost %d time(s) (max_attempts %d)", attempt-1, job.MaxAttempts),
 		})
@@ -281,7 +281,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		}
 		defer w.releaseSession(&job)
 	}
-	if err := w.client.PublishEvent(ctx, jobs.Event{Job: job.ID, Kind: jobs.EventStarted, Attempt: attempt, Worker: w.cfg.ID}); err != nil {
+	if err := w.client.PublishEvent(ctx, jobs.Event{Job: job.ID, Kind: jobs.EventStarted, Attempt: attempt, Worker: w.cfg.ID, Proof: capability}); err != nil {
 		log.Warn("record start", "err", err)
 		_ = msg.NakWithDelay(w.cfg.RetryDelay)
 		return
@@ -298,7 +298,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	}, host)
 	switch {
 	case errors.Is(context.Cause(runCtx), errCancelled):
-		w.finish(ctx, msg, &job, attempt, jobs.Result{Status: jobs.StatusCancelled, Error: "cancelled while running",
+		w.finish(ctx, msg, &job, capability, attempt, jobs.Result{Status: jobs.StatusCancelled, Error: "cancelled while running",
 			Stdout: res.Stdout, Stderr: res.Stderr, DurationMS: time.Since(start).Milliseconds()})
 		return
 	case ctx.Err() != nil:
@@ -312,11 +312,11 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 			_ = msg.NakWithDelay(w.cfg.RetryDelay)
 			return
 		}
-		w.finish(ctx, msg, &job, attempt, jobs.Result{Status: jobs.StatusError, SandboxFailed: true,
+		w.finish(ctx, msg, &job, capability, attempt, jobs.Result{Status: jobs.StatusError, SandboxFailed: true,
 			Error: fmt.Sprintf("the sandbox failed: %v", runErr), DurationMS: time.Since(start).Milliseconds()})
 		return
 	}
-	w.finish(ctx, msg, &job, attempt, resultOf(res))
+	w.finish(ctx, msg, &job, capability, attempt, resultOf(res))
 	log.Info("job finished", "status", res.Status, "duration_ms", res.Duration.Milliseconds())
 }
 
@@ -340,9 +340,9 @@ func resultOf(r sandbox.Result) jobs.Result {
 
 // finish records the terminal event and acknowledges the job message. When the
 // event cannot be recorded the message is handed back so the outcome is not lost.
-func (w *Worker) finish(ctx context.Context, msg jetstream.Msg, job *jobs.Job, attempt int, res jobs.Result) {
+func (w *Worker) finish(ctx context.Context, msg jetstream.Msg, job *jobs.Job, proof string, attempt int, res jobs.Result) {
 	res.Worker, res.Attempt = w.cfg.ID, attempt
-	ev := jobs.Event{Job: job.ID, Kind: jobs.EventFinished, Attempt: attempt, Worker: w.cfg.ID, Result: &res}
+	ev := jobs.Event{Job: job.ID, Kind: jobs.EventFinished, Attempt: attempt, Worker: w.cfg.ID, Result: &res, Proof: proof}
 	pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	err := w.client.PublishEvent(pubCtx, ev)
