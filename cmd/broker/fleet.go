@@ -5,9 +5,12 @@ import (
 	"log/slog"
 	"strings"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/mcpexec/mcpexec/cmd/internal/natsflags"
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/cli"
+	"github.com/mcpexec/mcpexec/internal/natsauth"
 )
 
 // fleetFlags are the broker's cluster and security flags.
@@ -72,6 +75,13 @@ func (f *fleetFlags) apply(cfg *broker.Config, log *slog.Logger) error {
 			return err
 		}
 		cfg.ClientOptions = opts
+	} else if seed, ok := natsauth.BrokerSeed(f.sec.ConfigFile); f.sec.ConfigFile != "" && ok {
+		// The configuration `broker auth init` wrote: connect as its broker.
+		o, err := nats.NkeyOptionFromSeed(seed)
+		if err != nil {
+			return cli.Usagef("%s: %v", seed, err)
+		}
+		cfg.ClientOptions = []nats.Option{o}
 	} else if f.sec.ConfigFile != "" && f.sec.User == "" {
 		log.Warn("--nats-config is set without --nats-user, --nats-nkey or --nats-creds: the broker's own connection is unauthenticated, which works only when the config allows it")
 	}

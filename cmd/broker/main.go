@@ -6,12 +6,17 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/cli"
+	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/metrics"
+	"github.com/mcpexec/mcpexec/internal/natsauth"
 	"github.com/mcpexec/mcpexec/internal/queue"
 )
 
@@ -20,6 +25,9 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "auth" {
+		return authCmd(args[1:], os.Stdout, stderr)
+	}
 	fs := flag.NewFlagSet("broker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	data := fs.String("data", "./data/broker", "directory of the JetStream store and the state file")
@@ -66,5 +74,38 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	<-ctx.Done()
 	log.Info("broker stopping")
+	return nil
+}
+
+// authCmd is `broker auth init [--force] DIR`.
+func authCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("broker auth init", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	force := fs.Bool("force", false, "replace existing credentials")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: broker auth init [--force] DIR\n\nWrites DIR/nats.conf (one NKey user per role with only its subjects) and the seed files\nDIR/broker.nk, DIR/frontend.nk, DIR/worker.nk and DIR/admin.nk.")
+		fs.PrintDefaults()
+	}
+	if len(args) == 0 || args[0] != "init" {
+		fs.Usage()
+		return cli.Usagef("broker auth: want `broker auth init DIR`")
+	}
+	if err := fs.Parse(args[1:]); err != nil {
+		return &cli.UsageError{Err: err}
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return cli.Usagef("broker auth init: want exactly one directory, got %d arguments", fs.NArg())
+	}
+	dir := fs.Arg(0)
+	files, err := natsauth.Init(dir, jobs.Subjects{}, *force)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s\n\nServe and connect with:\n", strings.Join(files, ", "))
+	fmt.Fprintf(stdout, "  broker   --nats-config %s --listen 0.0.0.0:4222\n", filepath.Join(dir, natsauth.ConfigName))
+	fmt.Fprintf(stdout, "  worker   --nats nats://BROKER:4222 --nats-nkey %s\n", natsauth.SeedFile(dir, natsauth.RoleWorker))
+	fmt.Fprintf(stdout, "  frontend --nats nats://BROKER:4222 --nats-nkey %s\n", natsauth.SeedFile(dir, natsauth.RoleFrontend))
+	fmt.Fprintf(stdout, "Copy each seed file only to the hosts of its role.\n")
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -75,6 +76,9 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 		MaxPayload:             MaxPayload,
 		NoSigs:                 true,
 		DisableJetStreamBanner: true,
+	}
+	if err := checkExposure(cfg); err != nil {
+		return nil, err
 	}
 	if cfg.Listen == "" {
 		opts.DontListen = true
@@ -178,4 +182,36 @@ func (b *Broker) Close() error {
 		b.ns.WaitForShutdown()
 	})
 	return nil
+}
+
+// checkExposure refuses a listener beyond loopback (clients or cluster
+// routes) without authentication or TLS: anyone who reached it would hold
+// every permission of the fleet.
+func checkExposure(cfg Config) error {
+	sec := cfg.Security
+	if sec.ConfigFile != "" || sec.User != "" || sec.TLSCert != "" {
+		return nil
+	}
+	for _, l := range []struct{ flag, addr string }{{"--listen", cfg.Listen}, {"--cluster-listen", cfg.Cluster.Listen}} {
+		if l.addr == "" || isLoopback(l.addr) {
+			continue
+		}
+		return fmt.Errorf("%s %s listens beyond loopback without authentication: anyone reaching it could read every tenant's memory and run jobs. "+
+			"Run `broker auth init DIR` and add --nats-config DIR/nats.conf (workers and front-ends then use --nats-nkey DIR/worker.nk and DIR/frontend.nk), "+
+			"or set --auth-user/--auth-password, or --tls-cert/--tls-key/--tls-ca; or listen on 127.0.0.1", l.flag, l.addr)
+	}
+	return nil
+}
+
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	host = strings.Trim(host, "[]")
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

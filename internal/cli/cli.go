@@ -63,6 +63,10 @@ func Parse(fs *flag.FlagSet, args []string, aliases map[string][]string) error {
 		}
 		return &UsageError{Err: perr}
 	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return &UsageError{Err: fmt.Errorf("unexpected argument %q: %s takes only flags (see the usage above)", fs.Arg(0), fs.Name())}
+	}
 	return nil
 }
 

@@ -168,6 +168,19 @@ func FrontendOn(t testing.TB, nc *nats.Conn, id string) *frontend.Frontend {
 	return frontendOn(t, nc, frontend.Config{ID: id, Limits: jobs.DefaultLimits(), Logger: Logger(t)})
 }
 
+// FrontendOnWith starts a front-end configured by cfg over nc (Limits and
+// Logger default like FrontendWith's).
+func FrontendOnWith(t testing.TB, nc *nats.Conn, cfg frontend.Config) *frontend.Frontend {
+	t.Helper()
+	if cfg.Limits == (jobs.Limits{}) {
+		cfg.Limits = jobs.DefaultLimits()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = Logger(t)
+	}
+	return frontendOn(t, nc, cfg)
+}
+
 // frontendOn starts a front-end configured by cfg over nc; it stops with the test.
 func frontendOn(t testing.TB, nc *nats.Conn, cfg frontend.Config) *frontend.Frontend {
 	t.Helper()

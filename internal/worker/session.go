@@ -63,9 +63,11 @@ func (w *Worker) openSessions(ctx context.Context) (jetstream.Consumer, error) {
 		st.max = DefaultMaxSessions
 	}
 	st.rt, _ = w.rt.(sandbox.SessionRuntime)
-	kv, err := queue.SessionsBucket(ctx, w.client.JetStream(), w.cfg.Queue)
+	// Opened, not created: the broker creates it (a worker may not administer
+	// streams).
+	kv, err := w.client.JetStream().KeyValue(ctx, w.cfg.Queue.Subjects.SessionsBucket())
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("open sessions bucket %s (is the broker up to date?): %w", w.cfg.Queue.Subjects.SessionsBucket(), err)
 	}
 	st.kv = kv
 	cons, err := queue.WorkerJobsConsumer(ctx, w.client.JetStream(), w.cfg.Queue, w.cfg.ID)

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/cli"
+	"github.com/mcpexec/mcpexec/internal/natsauth"
+)
+
+func TestCommandLine(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // a broker that starts stops at once
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"beyond loopback without auth", []string{"--data", filepath.Join(dir, "d1"), "--listen", "0.0.0.0:0"}, cli.ExitFailure, "broker auth init DIR"},
+		{"unexpected argument", []string{"--data", filepath.Join(dir, "d2"), "serve"}, cli.ExitUsage, `unexpected argument "serve"`},
+		{"auth without init", []string{"auth"}, cli.ExitUsage, "broker auth init DIR"},
+		{"auth init without a dir", []string{"auth", "init"}, cli.ExitUsage, "exactly one directory"},
+		{"auth init", []string{"auth", "init", filepath.Join(dir, "creds")}, cli.ExitOK, ""},
+		{"auth init again", []string{"auth", "init", filepath.Join(dir, "creds")}, cli.ExitFailure, "--force"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			err := run(ctx, tc.args, &stderr)
+			if got := cli.ExitCode(err); got != tc.code || (tc.want != "" && !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("exit %d (%v), want %d with %q; stderr %s", got, err, tc.code, tc.want, stderr.String())
+			}
+		})
+	}
+	for _, role := range natsauth.Roles {
+		st, err := os.Stat(natsauth.SeedFile(filepath.Join(dir, "creds"), role))
+		if err != nil || st.Mode().Perm() != 0o600 {
+			t.Fatalf("%s seed: %v %v", role, st, err)
+		}
+	}
+	// The broker serves the written configuration, beyond loopback too.
+	sctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(sctx, []string{"--data", filepath.Join(dir, "d3"), "--listen", "0.0.0.0:0",
+			"--nats-config", filepath.Join(dir, "creds", natsauth.ConfigName)}, &bytes.Buffer{})
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("serving the written config ended: %v", err)
+	case <-time.After(2 * time.Second):
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("serving the written config: %v", err)
+	}
+}

@@ -1,0 +1,185 @@
+package natsauth_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mcpexec/mcpexec/internal/broker"
+	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/mcpclients"
+	"github.com/mcpexec/mcpexec/internal/natsauth"
+	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox/process"
+	"github.com/mcpexec/mcpexec/internal/state"
+	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/worker"
+)
+
+// fleet starts a broker serving the configuration Init wrote, and returns a
+// function that connects as a role, recording the server's refusals.
+func fleet(t *testing.T) (*broker.Broker, func(role string) (*nats.Conn, *refusals)) {
+	t.Helper()
+	dir := t.TempDir()
+	if _, err := natsauth.Init(dir, jobs.Subjects{}, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := natsauth.Init(dir, jobs.Subjects{}, false); err == nil || !strings.Contains(err.Error(), "--force") {
+		t.Fatalf("a second init over existing credentials: %v", err)
+	}
+	seed, _ := natsauth.BrokerSeed(dir + "/" + natsauth.ConfigName)
+	bopt, err := nats.NkeyOptionFromSeed(seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := broker.Start(context.Background(), broker.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:-1", Queue: queue.DefaultConfig(),
+		Security: broker.Security{ConfigFile: dir + "/" + natsauth.ConfigName}, ClientOptions: []nats.Option{bopt}, Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b, func(role string) (*nats.Conn, *refusals) {
+		t.Helper()
+		r := &refusals{}
+		o, err := nats.NkeyOptionFromSeed(natsauth.SeedFile(dir, role))
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := nats.Connect(b.ClientURL(), o, nats.Name(role), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { r.add(err) }))
+		if err != nil {
+			t.Fatalf("connect as %s: %v", role, err)
+		}
+		t.Cleanup(nc.Close)
+		return nc, r
+	}
+}
+
+// refusals collects a connection's asynchronous errors.
+type refusals struct {
+	mu   sync.Mutex
+	errs []string
+}
+
+func (r *refusals) add(err error) {
+	r.mu.Lock()
+	r.errs = append(r.errs, err.Error())
+	r.mu.Unlock()
+}
+
+// wait returns once an error containing want arrived, or fails.
+func (r *refusals) wait(t *testing.T, want string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		r.mu.Lock()
+		for _, e := range r.errs {
+			if strings.Contains(e, want) {
+				r.mu.Unlock()
+				return
+			}
+		}
+		r.mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("no refusal containing %q; got %v", want, r.errs)
+}
+
+// TestRolesAreRefused proves each refusal with a real nats-server.
+func TestRolesAreRefused(t *testing.T) {
+	t.Parallel()
+	b, connect := fleet(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	if nc, err := nats.Connect(b.ClientURL()); err == nil {
+		nc.Close()
+		t.Fatal("an unauthenticated client connected")
+	}
+
+	worker, wr := connect(natsauth.RoleWorker)
+	// A worker reads no memory and no job records...
+	_, _ = worker.Request(jobs.Subjects{}.State(state.OpMemoryGet), []byte(`{"namespace":"a","key":"k"}`), 300*time.Millisecond)
+	wr.wait(t, `Permissions Violation for Publish to "mcpexec.state.memory.get"`)
+	// ...follows no events...
+	if _, err := worker.Subscribe(jobs.Subjects{}.AllEvents(), func(*nats.Msg) {}); err == nil {
+		wr.wait(t, `Permissions Violation for Subscription to "mcpexec.events.>"`)
+	}
+	// ...reads no secret...
+	wjs, _ := jetstream.New(worker)
+	kctx, kcancel := context.WithTimeout(ctx, time.Second)
+	defer kcancel()
+	if _, err := queue.ProxyKey(kctx, wjs, jobs.Subjects{}); err == nil {
+		t.Fatal("a worker read the proxy key")
+	}
+	// ...records no submission or cancellation, and administers no stream.
+	_ = worker.Publish(jobs.Subjects{}.Event("x", jobs.EventSubmitted), []byte(`{}`))
+	wr.wait(t, "Permissions Violation for Publish")
+	sctx, scancel := context.WithTimeout(ctx, time.Second)
+	defer scancel()
+	if err := wjs.DeleteStream(sctx, jobs.Subjects{}.EventsStream()); err == nil {
+		t.Fatal("a worker deleted the events stream")
+	}
+
+	fe, _ := connect(natsauth.RoleFrontend)
+	fjs, _ := jetstream.New(fe)
+	dctx, dcancel := context.WithTimeout(ctx, time.Second)
+	defer dcancel()
+	if err := fjs.DeleteStream(dctx, jobs.Subjects{}.JobsStream()); err == nil {
+		t.Fatal("a front-end deleted the jobs stream")
+	} else {
+		t.Logf("front-end deleting the jobs stream: %v", err)
+	}
+	ictx, icancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer icancel()
+	if _, err := fjs.Stream(ictx, jobs.Subjects{}.JobsStream()); err != nil {
+		t.Fatalf("the jobs stream: %v", err)
+	}
+}
+
+// TestFleetWorksUnderItsRoles: a job that calls a proxied server, memory and a
+// session, run by a worker and a front-end connected with their own identities.
+func TestFleetWorksUnderItsRoles(t *testing.T) {
+	t.Parallel()
+	_, connect := fleet(t)
+	rt, err := process.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	wnc, wr := connect(natsauth.RoleWorker)
+	testutil.WorkerOn(t, wnc, rt, worker.DefaultConfig("w1"))
+	fnc, fr := connect(natsauth.RoleFrontend)
+	pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
+	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Tools: pool, Policy: frontend.DefaultPolicy()})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := fe.Health(ctx); err != nil {
+		t.Fatalf("health: %v", err)
+	}
+	code := "r = await mcp_ts.echo(text='hi')\nn = update_memory('n', lambda v: (v or 0) + 1)\nprint(r, n)"
+	for i, session := range []string{"", "s1", "s1"} {
+		rec, err := fe.Run(ctx, &jobs.Job{Code: code, Servers: []string{"ts"}, Session: session, Namespace: "a"}, nil)
+		if err != nil || rec.Status != jobs.StatusSuccess || rec.Result.Stdout != "hi "+string(rune('1'+i))+"\n" {
+			t.Fatalf("job %d: %v %+v (worker refusals %v, front-end refusals %v)", i, err, rec, wr.errs, fr.errs)
+		}
+	}
+	out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "c", Code: "import time\ntime.sleep(30)", Timeout: 60}}, "a")
+	if out[0].Err != nil {
+		t.Fatal(out[0].Err)
+	}
+	if err := fe.Cancel(ctx, "a", "c", "test"); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := fe.Wait(ctx, "a", "c"); err != nil || rec.Status != jobs.StatusCancelled {
+		t.Fatalf("cancelled job: %+v %v", rec, err)
+	}
+	if len(wr.errs) > 0 || len(fr.errs) > 0 {
+		t.Fatalf("refusals on the way: worker %v, front-end %v", wr.errs, fr.errs)
+	}
+}
