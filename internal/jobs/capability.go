@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"crypto/hmac"
+	"fmt"
 	"crypto/sha256"
 	"encoding/base64"
 )
@@ -30,4 +31,22 @@ func CheckCapability(key []byte, id, capability string) bool {
 		return false
 	}
 	return hmac.Equal([]byte(Capability(key, id)), []byte(capability))
+}
+
+// EventProof is the proof a started or finished event of attempt carries: an
+// HMAC under the job's capability, so that an event that others may read
+// (front-ends, a worker looking up a job's last attempt) gives away neither
+// the capability nor the proof of any other event.
+func EventProof(capability string, kind EventKind, attempt int) string {
+	m := hmac.New(sha256.New, []byte(capability))
+	fmt.Fprintf(m, "mcpexec-event/v1\x00%s\x00%d", kind, attempt)
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// CheckEvent reports whether ev carries its proof under key.
+func CheckEvent(key []byte, ev Event) bool {
+	if len(key) == 0 || ev.Proof == "" {
+		return false
+	}
+	return hmac.Equal([]byte(EventProof(Capability(key, ev.Job), ev.Kind, ev.Attempt)), []byte(ev.Proof))
 }

@@ -26,7 +26,7 @@ type Event struct {
 	Spec    *Job      `json:"spec,omitempty"`   // submitted
 	Result  *Result   `json:"result,omitempty"` // finished
 	Reason  string    `json:"reason,omitempty"` // cancelled
-	// Proof is the job's capability (see Capability) on started and finished
+	// Proof is EventProof of the job's capability on started and finished
 	// events: the state service applies them only with it, so a worker can
 	// speak only for the jobs it was given. Records never carry it.
 	Proof string `json:"proof,omitempty"`

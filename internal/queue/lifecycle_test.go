@@ -557,7 +557,7 @@ func TestEventsNeedTheirJobsProof(t *testing.T) {
 	}
 	wire := jobs.ScopedID("", "victim")
 	ctx := context.Background()
-	for _, proof := range []string{"", "not-the-capability", jobs.Capability([]byte("another key, guessed"), wire)} {
+	for _, proof := range []string{"", "not-the-capability", jobs.EventProof(jobs.Capability([]byte("another key, guessed"), wire), jobs.EventFinished, rec.Attempt+1)} {
 		if err := forger.PublishEvent(ctx, jobs.Event{Job: wire, Kind: jobs.EventFinished, Attempt: rec.Attempt + 1, Worker: "forger",
 			Proof: proof, Result: &jobs.Result{Status: jobs.StatusSuccess, Stdout: "forged"}}); err != nil {
 			t.Fatal(err)

@@ -233,7 +233,7 @@ func (c *Client) eventMsg(ev *jobs.Event) (*nats.Msg, error) {
 		// a rejection, a session that is gone.
 		c.keyMu.Lock()
 		if c.key != nil {
-			ev.Proof = jobs.Capability(c.key, ev.Job)
+			ev.Proof = jobs.EventProof(jobs.Capability(c.key, ev.Job), ev.Kind, ev.Attempt)
 		}
 		c.keyMu.Unlock()
 	}

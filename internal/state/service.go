@@ -389,9 +389,10 @@ func (s *Service) giveUp(ctx context.Context, a maxDeliveries) error {
 	}
 	var job jobs.Job
 	if err := json.Unmarshal(raw.Data, &job); err == nil && jobs.ValidID(job.ID) {
-		ev := jobs.Event{Job: job.ID, Kind: jobs.EventFinished, Attempt: a.Deliveries, At: time.Now().UTC(), Proof: jobs.Capability(s.key, job.ID),
+		ev := jobs.Event{Job: job.ID, Kind: jobs.EventFinished, Attempt: a.Deliveries, At: time.Now().UTC(),
 			Result: &jobs.Result{Status: jobs.StatusWorkerLost, Attempt: a.Deliveries,
 				Error: fmt.Sprintf("the job message was delivered %d times without a recorded result; kept as a dead letter", a.Deliveries)}}
+		ev.Proof = jobs.EventProof(jobs.Capability(s.key, job.ID), ev.Kind, ev.Attempt)
 		data, _ := json.Marshal(ev)
 		msgID := fmt.Sprintf("%s.%s.%d", ev.Job, ev.Kind, ev.Attempt)
 		if _, err := s.js.Publish(ctx, s.sub.Event(job.ID, jobs.EventFinished), data, jetstream.WithMsgID(msgID)); err != nil {
@@ -407,7 +408,7 @@ func (s *Service) giveUp(ctx context.Context, a maxDeliveries) error {
 // proven reports whether ev may be applied: started and finished events need
 // their job's capability.
 func (s *Service) proven(ev jobs.Event) bool {
-	return !jobs.NeedsProof(ev.Kind) || jobs.CheckCapability(s.key, ev.Job, ev.Proof)
+	return !jobs.NeedsProof(ev.Kind) || jobs.CheckEvent(s.key, ev)
 }
 
 func (s *Service) sleep(ctx context.Context, d time.Duration) {

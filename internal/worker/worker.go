@@ -281,7 +281,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		}
 		defer w.releaseSession(&job)
 	}
-	if err := w.client.PublishEvent(ctx, jobs.Event{Job: job.ID, Kind: jobs.EventStarted, Attempt: attempt, Worker: w.cfg.ID, Proof: capability}); err != nil {
+	if err := w.client.PublishEvent(ctx, jobs.Event{Job: job.ID, Kind: jobs.EventStarted, Attempt: attempt, Worker: w.cfg.ID, Proof: jobs.EventProof(capability, jobs.EventStarted, attempt)}); err != nil {
 		log.Warn("record start", "err", err)
 		_ = msg.NakWithDelay(w.cfg.RetryDelay)
 		return
@@ -342,7 +342,7 @@ func resultOf(r sandbox.Result) jobs.Result {
 // event cannot be recorded the message is handed back so the outcome is not lost.
 func (w *Worker) finish(ctx context.Context, msg jetstream.Msg, job *jobs.Job, proof string, attempt int, res jobs.Result) {
 	res.Worker, res.Attempt = w.cfg.ID, attempt
-	ev := jobs.Event{Job: job.ID, Kind: jobs.EventFinished, Attempt: attempt, Worker: w.cfg.ID, Result: &res, Proof: proof}
+	ev := jobs.Event{Job: job.ID, Kind: jobs.EventFinished, Attempt: attempt, Worker: w.cfg.ID, Result: &res, Proof: jobs.EventProof(proof, jobs.EventFinished, attempt)}
 	pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	err := w.client.PublishEvent(pubCtx, ev)
