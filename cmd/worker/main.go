@@ -92,7 +92,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			if !nc.IsConnected() {
 				return errors.New("not connected to NATS")
 			}
-			return nil
+			return w.Health()
 		}, m.Handler(), log)
 		if err != nil {
 			return err

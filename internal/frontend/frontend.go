@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -298,15 +299,58 @@ func (f *Frontend) record(ctx context.Context, id string) (*jobs.Record, error) 
 }
 
 // Health reports nil when the front-end can do its job: connected to NATS, and at
-// least one worker answering.
+// least one healthy worker answering.
 func (f *Frontend) Health(ctx context.Context) error {
 	if !f.nc.IsConnected() {
 		return fmt.Errorf("%w: not connected to NATS", ErrUnavailable)
 	}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	if _, err := f.nc.RequestWithContext(ctx, "$SRV.PING."+f.cfg.Subjects.WorkerService(), nil); err != nil {
+	ws, err := f.Workers(ctx)
+	if err != nil {
+		return err
+	}
+	if len(ws) == 0 {
 		return errors.New("no worker is answering: start one with `worker --nats URL`")
 	}
-	return nil
+	var sick []string
+	for _, w := range ws {
+		if w.Healthy {
+			return nil
+		}
+		sick = append(sick, w.ID+": "+w.Reason)
+	}
+	return fmt.Errorf("no healthy worker is left (%s)", strings.Join(sick, "; "))
+}
+
+// workersWait is how long Workers collects answers.
+const workersWait = 300 * time.Millisecond
+
+// Workers asks every worker for its status and returns the answers that come
+// within a moment (or within ctx).
+func (f *Frontend) Workers(ctx context.Context) ([]jobs.WorkerStatus, error) {
+	inbox := nats.NewInbox()
+	answers := make(chan *nats.Msg, 256)
+	sub, err := f.nc.ChanSubscribe(inbox, answers)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }() // the connection may be closing
+	if err := f.nc.PublishRequest(f.cfg.Subjects.WorkerStatus(), inbox, nil); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	t := time.NewTimer(workersWait)
+	defer t.Stop()
+	var out []jobs.WorkerStatus
+	for {
+		select {
+		case m := <-answers:
+			var st jobs.WorkerStatus
+			if json.Unmarshal(m.Data, &st) == nil && st.ID != "" {
+				out = append(out, st)
+			}
+		case <-t.C:
+			return out, nil
+		case <-ctx.Done():
+			return out, nil
+		}
+	}
 }

@@ -118,7 +118,7 @@ func cancelText(reason string) string {
 // itself failed. Failures of the user's code are results, not dead letters.
 func (r *Record) DeadLetter() bool {
 	switch r.Status {
-	case StatusWorkerLost, StatusRejected:
+	case StatusWorkerLost, StatusRejected, StatusInfraError:
 		return true
 	case StatusError:
 		return r.Result != nil && r.Result.SandboxFailed

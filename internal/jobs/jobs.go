@@ -24,12 +24,15 @@ const (
 	StatusCancelled  Status = "cancelled"
 	StatusWorkerLost Status = "worker_lost"
 	StatusRejected   Status = "rejected"
+	// StatusInfraError: no worker could run the job's code (no container could
+	// be created or started) on any of its deliveries.
+	StatusInfraError Status = "infra_error"
 )
 
 // Terminal reports whether s is a final status.
 func (s Status) Terminal() bool {
 	switch s {
-	case StatusSuccess, StatusError, StatusTimeout, StatusCancelled, StatusWorkerLost, StatusRejected:
+	case StatusSuccess, StatusError, StatusTimeout, StatusCancelled, StatusWorkerLost, StatusRejected, StatusInfraError:
 		return true
 	}
 	return false
@@ -199,4 +202,18 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
+}
+
+// WorkerStatus is what a worker answers on jobs.Subjects.WorkerStatus.
+type WorkerStatus struct {
+	ID            string    `json:"id"`
+	Pool          string    `json:"pool"`
+	Healthy       bool      `json:"healthy"`
+	Reason        string    `json:"reason,omitempty"` // why it takes no jobs
+	Since         time.Time `json:"since"`            // of its current health
+	Slots         int       `json:"slots"`
+	Running       int       `json:"running"`
+	Warm          int       `json:"warm"`
+	Started       uint64    `json:"sandboxes_started"`
+	StartFailures uint64    `json:"sandbox_start_failures"`
 }

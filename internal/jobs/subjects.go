@@ -107,3 +107,7 @@ func (s Subjects) SecretsBucket() string { return strings.ToUpper(s.p()) + "_SEC
 
 // ProxyKeyName is the key of the proxy key in the secrets bucket.
 const ProxyKeyName = "proxy-key"
+
+// WorkerStatus is the subject every worker answers with its status (no queue
+// group: an asker collects all answers).
+func (s Subjects) WorkerStatus() string { return s.p() + ".workers.status" }

@@ -82,13 +82,14 @@ func For(role string, s jobs.Subjects) (Permissions, error) {
 			s.Event("*", jobs.EventStarted),
 			s.Event("*", jobs.EventFinished),
 			"$JS.API.DIRECT.GET." + events + "." + s.Event("*", jobs.EventCancelled),
+			"$JS.API.DIRECT.GET." + events + "." + s.Event("*", jobs.EventStarted), // a job's last attempt
 			s.Output("*"),
 			s.AllProxy(),
 			s.WorkerJobs("*"), // a session's job forwarded to the worker holding it
 		}
 		pub = append(pub, kv(sessions)...)
 		return Permissions{Publish: pub, Subscribe: []string{
-			"_INBOX.>", s.Cancel("*"), s.WorkerSessions("*"), "$SRV.>",
+			"_INBOX.>", s.Cancel("*"), s.WorkerSessions("*"), "$SRV.>", s.WorkerStatus(),
 		}}, nil
 	case RoleFrontend:
 		pub := []string{
@@ -99,7 +100,7 @@ func For(role string, s jobs.Subjects) (Permissions, error) {
 			s.Event("*", jobs.EventFinished), // rejections, sessions that are gone
 			s.Cancel("*"),
 			p + ".state.>",
-			s.WorkerSessions("*"),
+			s.WorkerSessions("*"), s.WorkerStatus(),
 			"$SRV.PING", "$SRV.PING.>", "$SRV.INFO.>",
 			"$JS.API.DIRECT.GET." + events + ".>",
 			"$JS.API.STREAM.INFO." + events,

@@ -54,7 +54,7 @@ func DefaultConfig() Config {
 		EventsMaxAge:   7 * 24 * time.Hour,
 		AckWait:        30 * time.Second,
 		BackOff:        []time.Duration{30 * time.Second, 30 * time.Second, 60 * time.Second, 60 * time.Second},
-		MaxDeliver:     5,
+		MaxDeliver:     10, // attempts (at most 4), and deliveries whose sandbox could not be made
 		MaxAckPending:  10_000,
 		Replicas:       1,
 	}
@@ -410,17 +410,58 @@ func (c *Client) mayBeUnqueued(ctx context.Context, id string) bool {
 // Cancelled reports whether a cancelled event of job id is in the events stream.
 // A worker asks before running a job, so a job cancelled while queued never runs.
 func (c *Client) Cancelled(ctx context.Context, id string) (bool, error) {
-	msg, err := c.js.Conn().RequestWithContext(ctx, "$JS.API.DIRECT.GET."+c.sub.EventsStream()+"."+c.sub.Event(id, jobs.EventCancelled), nil)
+	msg, err := c.lastEvent(ctx, id, jobs.EventCancelled)
+	return msg != nil, err
+}
+
+// History is what a worker needs to know of a job before running it.
+type History struct {
+	Cancelled bool // a cancellation is recorded
+	// LastAttempt is the attempt of the job's last recorded start (0: none).
+	// Only attempts that reached the code are counted: a delivery whose
+	// sandbox never came up consumes none.
+	LastAttempt int
+}
+
+// History looks up job id's cancellation and last start (two direct gets, at
+// once).
+func (c *Client) History(ctx context.Context, id string) (History, error) {
+	var h History
+	var started *nats.Msg
+	var startErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		started, startErr = c.lastEvent(ctx, id, jobs.EventStarted)
+	}()
+	cancelled, err := c.lastEvent(ctx, id, jobs.EventCancelled)
+	<-done
+	if err = errors.Join(err, startErr); err != nil {
+		return h, err
+	}
+	h.Cancelled = cancelled != nil
+	if started != nil {
+		var ev jobs.Event
+		if json.Unmarshal(started.Data, &ev) == nil {
+			h.LastAttempt = ev.Attempt
+		}
+	}
+	return h, nil
+}
+
+// lastEvent returns job id's last event of kind, or nil when there is none.
+func (c *Client) lastEvent(ctx context.Context, id string, kind jobs.EventKind) (*nats.Msg, error) {
+	msg, err := c.js.Conn().RequestWithContext(ctx, "$JS.API.DIRECT.GET."+c.sub.EventsStream()+"."+c.sub.Event(id, kind), nil)
 	if err != nil {
-		return false, fmt.Errorf("look up cancellation of %s: %w", id, err)
+		return nil, fmt.Errorf("look up %s event of %s: %w", kind, id, err)
 	}
 	switch msg.Header.Get("Status") {
 	case "":
-		return true, nil
+		return msg, nil
 	case "404":
-		return false, nil
+		return nil, nil
 	}
-	return false, fmt.Errorf("look up cancellation of %s: %s %s", id, msg.Header.Get("Status"), msg.Header.Get("Description"))
+	return nil, fmt.Errorf("look up %s event of %s: %s %s", kind, id, msg.Header.Get("Status"), msg.Header.Get("Description"))
 }
 
 func waitAck(ctx context.Context, f jetstream.PubAckFuture) (*jetstream.PubAck, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -51,6 +52,38 @@ type Job struct {
 	Servers   []string      // server names the code may call through the host
 	Timeout   time.Duration // wall-clock limit of the run
 	OutputCap int           // bytes kept of each stream; 0 means DefaultOutputCap
+	// BeforeExec, when set, is called by runtimes that implement StartReporter
+	// once the job's sandbox is up and just before its code is sent: the job
+	// has reached the code (failures before it are the host's, not the
+	// code's). An error from it aborts the run: Run returns it wrapped in
+	// ErrNotStarted, and the sandbox has not seen the code.
+	BeforeExec func() error
+}
+
+// ErrNotStarted wraps the error of a BeforeExec hook that aborted a run.
+var ErrNotStarted = errors.New("the job was not started")
+
+// StartReporter is implemented by runtimes that call Job.BeforeExec.
+type StartReporter interface {
+	ReportsStart()
+}
+
+// BeforeExec calls job's hook, if any, as runtimes do just before they send
+// the code.
+func BeforeExec(job Job) error {
+	if job.BeforeExec == nil {
+		return nil
+	}
+	if err := job.BeforeExec(); err != nil {
+		return fmt.Errorf("%w: %w", ErrNotStarted, err)
+	}
+	return nil
+}
+
+// Prober is implemented by runtimes that can check, without a job, that they
+// can start sandboxes (a sick worker probes before it takes jobs again).
+type Prober interface {
+	Probe(ctx context.Context) error
 }
 
 // Host answers the sandbox's proxy calls and receives its live output.

@@ -39,7 +39,7 @@ func (f *JobFilter) Validate() error {
 		return fmt.Errorf("limit %d is outside 0..%d", f.Limit, MaxListLimit)
 	}
 	if f.Status != "" && !f.Status.Valid() {
-		return fmt.Errorf("status %q is not one of queued, running, success, error, timeout, cancelled, worker_lost, rejected", f.Status)
+		return fmt.Errorf("status %q is not one of queued, running, success, error, timeout, cancelled, worker_lost, rejected, infra_error", f.Status)
 	}
 	return nil
 }

@@ -104,17 +104,14 @@ func (st *sessionTable) answer(m *nats.Msg) {
 	_ = m.Respond([]byte(reply))
 }
 
-// admit decides whether this worker runs a job of a session. When it does not,
-// admit has disposed of the message (finished the job with an error, or
-// forwarded it to the worker holding the session) and returns false. A true
-// return must be paired with releaseSession.
-func (w *Worker) admit(ctx context.Context, msg jetstream.Msg, m *queue.Message, attempt int) bool {
-	job := &m.Job
+// admit decides whether this worker runs a job of a session. When it does
+// not, it returns the outcome of the delivery (refused, with the reason;
+// forwarded to the worker holding the session; or transient) and false. A
+// true return must be paired with releaseSession.
+func (w *Worker) admit(ctx context.Context, d *delivery) (outcomeKind, error, bool) {
+	job := &d.job
 	st := w.sess
-	fail := func(text string) bool {
-		w.finish(ctx, msg, job, m.Capability, attempt, jobs.Result{Status: jobs.StatusError, ExitCode: -1, Error: text})
-		return false
-	}
+	fail := func(text string) (outcomeKind, error, bool) { return refused, errors.New(text), false }
 	if st == nil || st.rt == nil {
 		return fail(fmt.Sprintf("worker %s cannot keep sessions (its sandbox runtime has none): run the job without a session", w.cfg.ID))
 	}
@@ -125,10 +122,10 @@ func (w *Worker) admit(ctx context.Context, msg jetstream.Msg, m *queue.Message,
 		h.busy++
 		h.lastUsed = now
 		st.mu.Unlock()
-		return true
+		return 0, nil, true
 	}
 	st.mu.Unlock()
-	if msg.Subject() == w.client.Subjects().WorkerJobs(w.cfg.ID) {
+	if d.msg.Subject() == w.client.Subjects().WorkerJobs(w.cfg.ID) {
 		// Routed here for a session this worker (or its previous life) no
 		// longer holds.
 		st.forget(ctx, key, false)
@@ -141,9 +138,14 @@ func (w *Worker) admit(ctx context.Context, msg jetstream.Msg, m *queue.Message,
 			var ent queue.SessionEntry
 			if json.Unmarshal(e.Value(), &ent) == nil && ent.Worker != w.cfg.ID && !ent.Ended &&
 				queue.HoldsSession(ctx, w.nc, w.client.Subjects(), ent.Worker, key) {
-				return w.forward(ctx, msg, m, ent.Worker)
+				if err := w.forward(ctx, d, ent.Worker); err != nil {
+					return transient, err, false
+				}
+				return forwarded, nil, false
 			}
-			_ = st.kv.Delete(ctx, key, jetstream.LastRevision(e.Revision()))
+			if err := st.kv.Delete(ctx, key, jetstream.LastRevision(e.Revision())); err != nil {
+				w.log.Warn("drop a stale session entry", "job", job.ID, "session", job.Session, "err", err)
+			}
 		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 			w.log.Warn("look up session", "job", job.ID, "session", job.Session, "err", err)
 		}
@@ -155,12 +157,12 @@ func (w *Worker) admit(ctx context.Context, msg jetstream.Msg, m *queue.Message,
 		}
 		st.held[key] = &heldSession{name: job.Session, since: now, lastUsed: now, busy: 1, fresh: true}
 		st.mu.Unlock()
-		data, _ := json.Marshal(queue.SessionEntry{Worker: w.cfg.ID, Session: job.Session, Since: now.UTC()})
+		data, _ := json.Marshal(queue.SessionEntry{Worker: w.cfg.ID, Session: job.Session, Since: now.UTC()}) // plain strings and a time encode
 		if _, err := st.kv.Create(ctx, key, data); err == nil || !errors.Is(err, jetstream.ErrKeyExists) {
 			if err != nil {
 				w.log.Warn("announce session", "job", job.ID, "session", job.Session, "err", err)
 			}
-			return true
+			return 0, nil, true
 		}
 		// Another worker took the session meanwhile: run it there.
 		st.mu.Lock()
@@ -171,21 +173,17 @@ func (w *Worker) admit(ctx context.Context, msg jetstream.Msg, m *queue.Message,
 }
 
 // forward hands a pool-delivered job of a session to the worker holding it.
-func (w *Worker) forward(ctx context.Context, msg jetstream.Msg, m *queue.Message, worker string) bool {
-	job := &m.Job
-	data, err := queue.EncodeMessage(job, m.Capability)
+func (w *Worker) forward(ctx context.Context, d *delivery, worker string) error {
+	data, err := queue.EncodeMessage(&d.job, d.capability)
 	if err == nil {
 		_, err = w.client.JetStream().Publish(ctx, w.client.Subjects().WorkerJobs(worker), data,
-			jetstream.WithMsgID(job.ID+".session"))
+			jetstream.WithMsgID(d.job.ID+".session"))
 	}
 	if err != nil {
-		w.log.Warn("forward session job", "job", job.ID, "to", worker, "err", err)
-		_ = msg.NakWithDelay(w.cfg.RetryDelay)
-		return false
+		return fmt.Errorf("forward session job to %s: %w", worker, err)
 	}
-	w.log.Debug("forwarded session job", "job", job.ID, "session", job.Session, "to", worker)
-	_ = msg.Ack()
-	return false
+	w.log.Debug("forwarded session job", "job", d.job.ID, "session", d.job.Session, "to", worker)
+	return nil
 }
 
 // releaseSession ends what admit began.

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -42,6 +43,10 @@ type Config struct {
 	MaxSessions int
 	// Metrics, when set, counts the jobs this worker ends by status.
 	Metrics *metrics.Metrics
+	// FailureThreshold is how many infrastructure failures in a row make the
+	// worker stop taking jobs until a probe of its runtime succeeds (0:
+	// DefaultFailureThreshold).
+	FailureThreshold int
 }
 
 // DefaultConfig returns a worker configuration with the given id.
@@ -66,13 +71,16 @@ type Worker struct {
 	rt     sandbox.Runtime
 	log    *slog.Logger
 
-	mu      sync.Mutex // guards cancel, stopJob, svc
-	cancel  context.CancelFunc
-	stopJob context.CancelFunc
-	svc     micro.Service
-	loop    sync.WaitGroup // the fetch loops
-	running sync.WaitGroup // jobs in flight
-	sess    *sessionTable  // set by Start; see session.go
+	mu        sync.Mutex // guards cancel, stopJob, svc, statusSub
+	cancel    context.CancelFunc
+	stopJob   context.CancelFunc
+	svc       micro.Service
+	statusSub *nats.Subscription
+	loop      sync.WaitGroup // the fetch loops and the probe loop
+	running   sync.WaitGroup // jobs in flight
+	inFlight  atomic.Int64   // jobs in flight
+	sess      *sessionTable  // set by Start; see session.go
+	health    *health
 }
 
 // New returns a Worker that runs jobs on rt.
@@ -87,7 +95,8 @@ func New(nc *nats.Conn, rt sandbox.Runtime, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Worker{cfg: cfg, nc: nc, client: client, rt: rt, log: cfg.Logger.With("worker", cfg.ID)}, nil
+	return &Worker{cfg: cfg, nc: nc, client: client, rt: rt, log: cfg.Logger.With("worker", cfg.ID),
+		health: newHealth(cfg.FailureThreshold)}, nil
 }
 
 // Start creates the pool's consumer and begins pulling jobs.
@@ -109,15 +118,24 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("register worker service: %w", err)
 	}
+	statusSub, err := w.nc.Subscribe(w.cfg.Queue.Subjects.WorkerStatus(), w.answerStatus)
+	if err != nil {
+		_ = svc.Stop()
+		return fmt.Errorf("answer status requests: %w", err)
+	}
 	loopCtx, cancel := context.WithCancel(context.Background())
 	jobsCtx, stopJobs := context.WithCancel(context.Background())
 	w.mu.Lock()
-	w.cancel, w.stopJob, w.svc = cancel, stopJobs, svc
+	w.cancel, w.stopJob, w.svc, w.statusSub = cancel, stopJobs, svc, statusSub
 	w.mu.Unlock()
-	w.loop.Add(1)
+	w.loop.Add(2)
 	go func() {
 		defer w.loop.Done()
 		w.fetchLoop(loopCtx, jobsCtx, cons)
+	}()
+	go func() {
+		defer w.loop.Done()
+		w.probeLoop(loopCtx)
 	}()
 	w.startSessions(loopCtx, jobsCtx, sessCons)
 	w.log.Info("worker started", "pool", w.cfg.Pool, "slots", w.cfg.Slots)
@@ -128,13 +146,18 @@ func (w *Worker) Start(ctx context.Context) error {
 // cancels the rest (their messages are handed back for redelivery). Idempotent.
 func (w *Worker) Stop() {
 	w.mu.Lock()
-	cancel, stopJobs, svc := w.cancel, w.stopJob, w.svc
-	w.cancel, w.stopJob, w.svc = nil, nil, nil
+	cancel, stopJobs, svc, statusSub := w.cancel, w.stopJob, w.svc, w.statusSub
+	w.cancel, w.stopJob, w.svc, w.statusSub = nil, nil, nil, nil
 	w.mu.Unlock()
 	if cancel == nil {
 		return
 	}
-	_ = svc.Stop()
+	if err := svc.Stop(); err != nil {
+		w.log.Warn("stop worker service", "err", err)
+	}
+	if err := statusSub.Unsubscribe(); err != nil {
+		w.log.Debug("stop answering status requests", "err", err)
+	}
 	cancel()
 	w.loop.Wait()
 	done := make(chan struct{})
@@ -153,6 +176,10 @@ func (w *Worker) Stop() {
 func (w *Worker) fetchLoop(ctx, jobsCtx context.Context, cons jetstream.Consumer) {
 	slots := make(chan struct{}, w.cfg.Slots)
 	for {
+		// A sick worker takes no job until a probe of its runtime succeeds.
+		if !w.health.wait(ctx) {
+			return
+		}
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
@@ -178,8 +205,10 @@ func (w *Worker) fetchLoop(ctx, jobsCtx context.Context, cons jetstream.Consumer
 			for msg := range batch.Messages() {
 				got++
 				w.running.Add(1)
+				w.inFlight.Add(1)
 				go func() {
 					defer w.running.Done()
+					defer w.inFlight.Add(-1)
 					defer func() { <-slots }()
 					w.handle(jobsCtx, msg)
 				}()
@@ -205,144 +234,165 @@ func (w *Worker) fetchLoop(ctx, jobsCtx context.Context, cons jetstream.Consumer
 	}
 }
 
-// disposition is what happens to a job message after a delivery was handled.
-type disposition int
-
-const (
-	ack   disposition = iota // the job has its terminal event: remove it
-	retry                    // hand it back for another attempt
-)
-
-// decide is the one place that chooses between ack and retry.
-// runErr is the sandbox's infrastructure failure (not the code's); stopping says
-// the worker is shutting down and the run was interrupted.
-func decide(attempt, maxAttempts int, runErr error, stopping bool) disposition {
-	if runErr == nil {
-		return ack
-	}
-	if stopping || attempt < maxAttempts {
-		return retry
-	}
-	return ack
+// delivery is one delivery of a job message being handled.
+type delivery struct {
+	msg        jetstream.Msg
+	job        jobs.Job
+	capability string
+	attempt    int
+	log        *slog.Logger
 }
 
 func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	meta, err := msg.Metadata()
 	if err != nil {
-		_ = msg.TermWithReason("no metadata")
+		w.settle(ctx, &delivery{msg: msg, log: w.log}, outcome{kind: undecodable, err: err})
 		return
 	}
-	attempt := int(meta.NumDelivered)
+	o := outcome{delivery: int(meta.NumDelivered), maxDeliver: w.cfg.Queue.MaxDeliver}
 	m, err := queue.DecodeMessage(msg.Data())
 	if err != nil {
 		w.log.Error("dropping undecodable job message", "seq", meta.Sequence.Stream, "err", err)
-		_ = msg.TermWithReason("undecodable job")
+		w.settle(ctx, &delivery{msg: msg, log: w.log}, outcome{kind: undecodable, err: err})
 		return
 	}
-	job, capability := m.Job, m.Capability
 	trace := msg.Headers().Get(jobs.TraceHeader)
 	if trace == "" {
-		trace = jobs.TraceParent(job.ID)
+		trace = jobs.TraceParent(m.ID)
 	}
-	log := w.log.With("job", job.ID, "attempt", attempt, "trace_id", jobs.TraceID(trace))
-	if job.MaxAttempts < 1 {
-		job.MaxAttempts = 1
-	}
-	if attempt > job.MaxAttempts {
-		log.Warn("job exhausted its attempts: recording worker_lost")
-		w.finish(ctx, msg, &job, capability, attempt, jobs.Result{
-			Status: jobs.StatusWorkerLost,
-			Error:  fmt.Sprintf("the worker running this job was lost %d time(s) (max_attempts %d)", attempt-1, job.MaxAttempts),
-		})
-		return
-	}
+	d := &delivery{msg: msg, job: m.Job, capability: m.Capability,
+		log: w.log.With("job", m.ID, "delivery", o.delivery, "trace_id", jobs.TraceID(trace))}
+	o.maxAttempts = max(d.job.MaxAttempts, 1)
+	w.settle(ctx, d, w.run(ctx, d, o))
+}
+
+// run takes a delivery as far as it goes and returns its outcome.
+func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 	runCtx, cancelRun := context.WithCancelCause(ctx)
 	defer cancelRun(nil)
 	// Listen for a cancellation before looking for one already recorded, so that
 	// none falls between the two: a job cancelled while queued never runs.
-	cancelSub, err := w.nc.Subscribe(w.client.Subjects().Cancel(job.ID), func(*nats.Msg) {
+	cancelSub, err := w.nc.Subscribe(w.client.Subjects().Cancel(d.job.ID), func(*nats.Msg) {
 		cancelRun(errCancelled)
 	})
-	if err == nil {
-		defer cancelSub.Unsubscribe()
+	if err != nil {
+		o.kind, o.err = transient, fmt.Errorf("listen for cancellation: %w", err)
+		return o
 	}
-	if cancelled, err := w.client.Cancelled(ctx, job.ID); err != nil {
-		log.Warn("check cancellation", "err", err)
-		_ = msg.NakWithDelay(w.cfg.RetryDelay)
-		return
-	} else if cancelled {
-		log.Info("job was cancelled while queued: not running it")
-		_ = msg.Ack()
-		return
-	}
-	if job.Session != "" {
-		if !w.admit(ctx, msg, m, attempt) {
-			return
+	defer func() {
+		if err := cancelSub.Unsubscribe(); err != nil {
+			d.log.Debug("stop listening for cancellation", "err", err)
 		}
-		defer w.releaseSession(&job)
+	}()
+	h, err := w.client.History(ctx, d.job.ID)
+	if err != nil {
+		o.kind, o.err = transient, err
+		return o
 	}
-	if err := w.client.PublishEvent(ctx, jobs.Event{Job: job.ID, Kind: jobs.EventStarted, Attempt: attempt, Worker: w.cfg.ID, Proof: jobs.EventProof(capability, jobs.EventStarted, attempt)}); err != nil {
-		log.Warn("record start", "err", err)
-		_ = msg.NakWithDelay(w.cfg.RetryDelay)
-		return
+	o.attempt, d.attempt = h.LastAttempt+1, h.LastAttempt+1
+	d.log = d.log.With("attempt", o.attempt)
+	switch {
+	case h.Cancelled:
+		d.log.Info("job was cancelled while queued: not running it")
+		o.kind = cancelledQueued
+		return o
+	case o.attempt > o.maxAttempts:
+		d.log.Warn("job exhausted its attempts: recording worker_lost")
+		o.kind = exhausted
+		return o
+	}
+	if d.job.Session != "" {
+		kind, err, ok := w.admit(ctx, d)
+		if !ok {
+			o.kind, o.err = kind, err
+			return o
+		}
+		defer w.releaseSession(&d.job)
 	}
 	hbDone := make(chan struct{})
 	defer close(hbDone)
-	go w.heartbeat(msg, hbDone)
+	go w.heartbeat(d.msg, hbDone)
 
-	host := &natsHost{nc: w.nc, subj: w.client.Subjects(), job: &job, attempt: attempt, capability: capability}
-	start := time.Now()
-	res, runErr := w.runSandbox(runCtx, &job, sandbox.Job{
-		ID: job.ID, Code: job.Code, Servers: job.Servers,
-		Timeout: job.TimeoutDuration(), OutputCap: w.cfg.OutputCap,
-	}, host)
+	started := false
+	recordStart := func() error {
+		err := w.client.PublishEvent(ctx, jobs.Event{Job: d.job.ID, Kind: jobs.EventStarted, Attempt: o.attempt, Worker: w.cfg.ID,
+			Proof: jobs.EventProof(d.capability, jobs.EventStarted, o.attempt)})
+		started = err == nil
+		return err
+	}
+	sj := sandbox.Job{ID: d.job.ID, Code: d.job.Code, Servers: d.job.Servers, Timeout: d.job.TimeoutDuration(), OutputCap: w.cfg.OutputCap}
+	if _, ok := w.rt.(sandbox.StartReporter); ok {
+		sj.BeforeExec = recordStart // the attempt begins when the code is sent
+	} else if err := recordStart(); err != nil {
+		o.kind, o.err = transient, err
+		return o
+	}
+	host := &natsHost{nc: w.nc, subj: w.client.Subjects(), job: &d.job, attempt: o.attempt, capability: d.capability}
+	res, runErr := w.runSandbox(runCtx, &d.job, sj, host)
+	o.started, o.result = started, res
 	switch {
 	case errors.Is(context.Cause(runCtx), errCancelled):
-		w.finish(ctx, msg, &job, capability, attempt, jobs.Result{Status: jobs.StatusCancelled, Error: "cancelled while running",
-			Stdout: res.Stdout, Stderr: res.Stderr, DurationMS: time.Since(start).Milliseconds()})
-		return
+		o.kind = cancelledRunning
 	case ctx.Err() != nil:
-		log.Warn("worker stopping: handing job back")
-		_ = msg.Nak()
-		return
+		d.log.Warn("worker stopping: handing job back")
+		o.kind = stopping
+	case errors.Is(runErr, sandbox.ErrNotStarted):
+		o.kind, o.err = transient, runErr
+	case runErr != nil:
+		d.log.Error("sandbox failed", "err", runErr, "code_started", started)
+		o.kind, o.err = infraFailure, runErr
+	default:
+		o.kind = ranToEnd
+		d.log.Info("job finished", "status", res.Status, "duration_ms", res.Duration.Milliseconds())
 	}
-	if runErr != nil {
-		log.Error("sandbox failed", "err", runErr)
-		if decide(attempt, job.MaxAttempts, runErr, false) == retry {
-			_ = msg.NakWithDelay(w.cfg.RetryDelay)
-			return
-		}
-		w.finish(ctx, msg, &job, capability, attempt, jobs.Result{Status: jobs.StatusError, SandboxFailed: true,
-			Error: fmt.Sprintf("the sandbox failed: %v", runErr), DurationMS: time.Since(start).Milliseconds()})
-		return
-	}
-	w.finish(ctx, msg, &job, capability, attempt, resultOf(res))
-	log.Info("job finished", "status", res.Status, "duration_ms", res.Duration.Milliseconds())
+	return o
 }
 
 var errCancelled = errors.New("job cancelled")
 
-// resultOf maps a sandbox result to a job result.
-func resultOf(r sandbox.Result) jobs.Result {
-	st := jobs.StatusError
-	switch r.Status {
-	case sandbox.StatusSuccess:
-		st = jobs.StatusSuccess
-	case sandbox.StatusTimeout:
-		st = jobs.StatusTimeout
+// settle carries out decide's verdict on a delivery: it records the outcome
+// (when there is one), then acknowledges, retries, hands back or terminates
+// the message. A message whose outcome could not be recorded is retried, so
+// the outcome is not lost.
+func (w *Worker) settle(ctx context.Context, d *delivery, o outcome) {
+	w.health.observe(o)
+	v := decide(o, w.cfg.RetryDelay)
+	if v.result != nil {
+		attempt := max(o.attempt, 1)
+		if err := w.record(ctx, d, attempt, *v.result); err != nil {
+			d.log.Error("record result", "err", err)
+			v = verdict{action: actRetry, delay: w.cfg.RetryDelay}
+		}
 	}
-	return jobs.Result{
-		Status: st, ExitCode: r.ExitCode, Stdout: r.Stdout, Stderr: r.Stderr,
-		StdoutTruncated: r.StdoutTruncated, StderrTruncated: r.StderrTruncated,
-		Error: r.Error, DurationMS: r.Duration.Milliseconds(),
+	var err error
+	switch v.action {
+	case actAck:
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		err = d.msg.DoubleAck(actx)
+		cancel()
+	case actRetry:
+		if o.kind == infraFailure || o.kind == transient {
+			d.log.Warn("job goes back to the queue", "why", errText(o.err), "delay", v.delay)
+		}
+		err = d.msg.NakWithDelay(v.delay)
+	case actHandBack:
+		err = d.msg.Nak()
+	case actTerm:
+		err = d.msg.TermWithReason("not a job message")
+	}
+	if err != nil {
+		// JetStream redelivers a message it did not hear about after AckWait;
+		// the recorded outcome (if any) fences the redelivery.
+		d.log.Warn("settle job message", "action", v.action, "err", err)
 	}
 }
 
-// finish records the terminal event and acknowledges the job message. When the
-// event cannot be recorded the message is handed back so the outcome is not lost.
-func (w *Worker) finish(ctx context.Context, msg jetstream.Msg, job *jobs.Job, proof string, attempt int, res jobs.Result) {
+// record publishes the job's terminal event (its result), shrinking the output
+// if the message would be too large.
+func (w *Worker) record(ctx context.Context, d *delivery, attempt int, res jobs.Result) error {
 	res.Worker, res.Attempt = w.cfg.ID, attempt
-	ev := jobs.Event{Job: job.ID, Kind: jobs.EventFinished, Attempt: attempt, Worker: w.cfg.ID, Result: &res, Proof: jobs.EventProof(proof, jobs.EventFinished, attempt)}
+	ev := jobs.Event{Job: d.job.ID, Kind: jobs.EventFinished, Attempt: attempt, Worker: w.cfg.ID, Result: &res,
+		Proof: jobs.EventProof(d.capability, jobs.EventFinished, attempt)}
 	pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	err := w.client.PublishEvent(pubCtx, ev)
@@ -350,15 +400,10 @@ func (w *Worker) finish(ctx context.Context, msg jetstream.Msg, job *jobs.Job, p
 		shrinkOutput(&res, int(w.nc.MaxPayload())/4)
 		err = w.client.PublishEvent(pubCtx, ev)
 	}
-	if err != nil {
-		w.log.Error("record result", "job", job.ID, "err", err)
-		_ = msg.NakWithDelay(w.cfg.RetryDelay)
-		return
+	if err == nil {
+		w.cfg.Metrics.WorkerJob(string(res.Status))
 	}
-	w.cfg.Metrics.WorkerJob(string(res.Status))
-	if err := msg.DoubleAck(pubCtx); err != nil {
-		w.log.Warn("ack job", "job", job.ID, "err", err)
-	}
+	return err
 }
 
 func isTooLarge(err error) bool {

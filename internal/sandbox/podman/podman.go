@@ -167,7 +167,24 @@ type Runtime struct {
 	closeErr   error
 }
 
-var _ sandbox.SessionRuntime = (*Runtime)(nil)
+var (
+	_ sandbox.SessionRuntime = (*Runtime)(nil)
+	_ sandbox.StartReporter  = (*Runtime)(nil)
+	_ sandbox.Prober         = (*Runtime)(nil)
+)
+
+// ReportsStart implements sandbox.StartReporter.
+func (r *Runtime) ReportsStart() {}
+
+// Probe implements sandbox.Prober: it starts a container and removes it.
+func (r *Runtime) Probe(ctx context.Context) error {
+	b, err := r.acquire(ctx, "probe")
+	if err != nil {
+		return err
+	}
+	r.discard(b)
+	return nil
+}
 
 // box is one started container whose runner completed its handshake.
 type box struct {
@@ -876,6 +893,9 @@ func (r *Runtime) acquire(ctx context.Context, label string) (*box, error) {
 func (r *Runtime) drive(ctx context.Context, b *box, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
 	if job.Timeout <= 0 {
 		job.Timeout = 30 * time.Second
+	}
+	if err := sandbox.BeforeExec(job); err != nil {
+		return sandbox.Result{}, err
 	}
 	runCtx, cancel := context.WithTimeoutCause(ctx, job.Timeout, sandbox.ErrTimeout)
 	defer cancel()

@@ -29,7 +29,13 @@ type Runtime struct {
 	sessions *sandbox.Sessions[*proc]
 }
 
-var _ sandbox.SessionRuntime = (*Runtime)(nil)
+var (
+	_ sandbox.SessionRuntime = (*Runtime)(nil)
+	_ sandbox.StartReporter  = (*Runtime)(nil)
+)
+
+// ReportsStart implements sandbox.StartReporter.
+func (r *Runtime) ReportsStart() {}
 
 // New writes the runner to a temporary directory and returns a Runtime.
 func New() (*Runtime, error) {
@@ -137,6 +143,9 @@ func (r *Runtime) start(ctx context.Context) (*proc, error) {
 func drive(ctx context.Context, p *proc, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
 	if job.Timeout <= 0 {
 		job.Timeout = 30 * time.Second
+	}
+	if err := sandbox.BeforeExec(job); err != nil {
+		return sandbox.Result{}, err
 	}
 	runCtx, cancelRun := context.WithTimeoutCause(ctx, job.Timeout, sandbox.ErrTimeout)
 	defer cancelRun()
