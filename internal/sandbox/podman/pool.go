@@ -1,0 +1,287 @@
+package podman
+
+// This file starts containers and keeps the warm pool.
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/containers/podman/v5/pkg/bindings/containers"
+
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+)
+
+// callCtx returns a context carrying the bindings connection that ends when ctx
+// ends or after d.
+func (r *Runtime) callCtx(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	c, cancel := context.WithTimeout(r.conn, d)
+	stop := context.AfterFunc(ctx, cancel)
+	return c, func() { stop(); cancel() }
+}
+
+// remove kills and removes a container, whatever its state.
+func (r *Runtime) remove(ctx context.Context, id string) error {
+	c, cancel := r.callCtx(context.WithoutCancel(ctx), removeTimeout)
+	defer cancel()
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		// Podman 4.3 fails a forced removal of a container that exits on its own
+		// while being killed ("container state improper"); the next try succeeds.
+		r.lockStorage()
+		_, err = containers.Remove(c, id, new(containers.RemoveOptions).WithForce(true).WithTimeout(0).WithIgnore(true))
+		r.unlockStorage()
+		if err == nil || c.Err() != nil {
+			break
+		}
+		time.Sleep(time.Duration(attempt+1) * 100 * time.Millisecond)
+	}
+	return err
+}
+
+// discard closes a box and removes its container in the background.
+func (r *Runtime) discard(b *box) {
+	r.removals.Add(1)
+	go func() {
+		defer r.removals.Done()
+		// Closing the connection makes the runner exit by itself (within
+		// milliseconds, even mid-job): the removal then finds a stopped container
+		// and needs no kill (a runc process and a SIGKILL fewer). A runner that
+		// does not exit in time is killed by the forced removal.
+		b.rc.Finish(finishTimeout)
+		if err := r.remove(context.Background(), b.id); err != nil {
+			r.log.Error("podman sandbox: remove container", "id", shortID(b.id), "err", err)
+		}
+		b.ln.Close()
+		_ = os.RemoveAll(b.dir)
+	}()
+}
+
+// start creates and starts a container and waits for its runner's hello.
+func (r *Runtime) start(ctx context.Context, jobLabel string) (_ *box, err error) {
+	n := r.seq.Add(1)
+	dir := filepath.Join(r.base, strconv.FormatUint(n, 10))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create container dir: %w", err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil { // umask
+		return nil, err
+	}
+	b := &box{dir: dir}
+	defer func() {
+		if err == nil {
+			r.started.Add(1)
+		} else {
+			r.startFailures.Add(1)
+		}
+		if err != nil {
+			if b.ln != nil {
+				b.ln.Close()
+			}
+			if b.id != "" {
+				_ = r.remove(ctx, b.id)
+			}
+			_ = os.RemoveAll(dir)
+		}
+	}()
+	if err := os.WriteFile(filepath.Join(dir, "runner.py"), sandbox.RunnerScript, 0o444); err != nil {
+		return nil, fmt.Errorf("write runner: %w", err)
+	}
+	sock := filepath.Join(dir, "s")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return nil, fmt.Errorf("listen for runner: %w", err)
+	}
+	b.ln = ln
+	if err := os.Chmod(sock, 0o777); err != nil { // the container's user must connect
+		return nil, err
+	}
+
+	secret := sandbox.NewSecret()
+	s := r.spec(dir, jobLabel, n)
+	s.Env[sandbox.SecretEnv] = secret
+	c, cancel := r.callCtx(ctx, 60*time.Second)
+	defer cancel()
+	r.lockStorage()
+	created, err := containers.CreateWithSpec(c, s, nil)
+	r.unlockStorage()
+	if err != nil {
+		return nil, fmt.Errorf("create container: %w", err)
+	}
+	b.id = created.ID
+	for _, w := range created.Warnings {
+		r.log.Warn("podman sandbox: create container", "warning", w)
+	}
+	if err := containers.Start(c, b.id, nil); err != nil {
+		return nil, fmt.Errorf("start container: %w", err)
+	}
+
+	hctx, hcancel := context.WithTimeout(ctx, handshakeTimeout)
+	defer hcancel()
+	if b.rc, err = sandbox.AcceptRunner(hctx, ln, r.cfg.MaxFrame, secret); err != nil {
+		return nil, fmt.Errorf("container %s: %w%s", shortID(b.id), err, r.exitNote(b.id))
+	}
+	return b, nil
+}
+
+// take returns a warm box, or nil.
+func (r *Runtime) take() *box {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.warm) == 0 {
+		return nil
+	}
+	b := r.warm[0]
+	r.warm = r.warm[1:]
+	r.poke()
+	return b
+}
+
+// poke wakes the pool filler.
+func (r *Runtime) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// fill keeps cfg.Pool warm containers ready until Close. It starts up to
+// cfg.Pool containers at once: a batch of jobs drains the pool as fast as the
+// worker's slots take containers, and one start at a time would leave the slots
+// starting containers themselves.
+func (r *Runtime) fill() {
+	defer close(r.fillerDone)
+	if r.cfg.Pool == 0 {
+		return
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	results := make(chan error, r.cfg.Pool) // each start's outcome
+	backoff := time.Duration(0)
+	for {
+		r.mu.Lock()
+		need := !r.closed && len(r.warm)+r.starting < r.cfg.Pool
+		if need {
+			r.starting++
+		}
+		r.mu.Unlock()
+		if need {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				err := r.fillOne()
+				select {
+				case results <- err:
+				case <-r.stop:
+				}
+			}()
+			continue
+		}
+		select {
+		case <-r.stop:
+			return
+		case <-r.wake:
+		case err := <-results:
+			if err == nil {
+				backoff = 0
+				continue
+			}
+			select {
+			case <-r.stop:
+				return
+			default:
+			}
+			backoff = min(max(2*backoff, time.Second), 30*time.Second)
+			r.log.Error("podman sandbox: start warm container", "err", err, "retry_in", backoff)
+			select {
+			case <-r.stop:
+				return
+			case <-time.After(backoff):
+			}
+		}
+	}
+}
+
+// fillOne starts one warm container (r.starting counts it already) and adds it
+// to the pool.
+func (r *Runtime) fillOne() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-r.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	b, err := r.start(ctx, "pool")
+	r.mu.Lock()
+	r.starting--
+	keep := err == nil && !r.closed
+	if keep {
+		r.warm = append(r.warm, b)
+	}
+	r.mu.Unlock()
+	if err == nil && !keep {
+		r.discard(b)
+	}
+	return err
+}
+
+// acquire returns a warm box, or starts one labelled with label.
+func (r *Runtime) acquire(ctx context.Context, label string) (*box, error) {
+	r.mu.Lock()
+	closed := r.closed
+	r.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	if b := r.take(); b != nil {
+		return b, nil
+	}
+	if label == "" {
+		label = "job"
+	}
+	b, err := r.start(ctx, label)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("podman sandbox: %w", context.Cause(ctx))
+		}
+		return nil, fmt.Errorf("podman sandbox: %w", err)
+	}
+	return b, nil
+}
+
+// Stats implements sandbox.StatsReporter.
+func (r *Runtime) Stats() sandbox.Stats {
+	return sandbox.Stats{Started: r.started.Load(), StartFailures: r.startFailures.Load(), Warm: r.Warm()}
+}
+
+var _ sandbox.StatsReporter = (*Runtime)(nil)
+
+// Warm returns how many started containers wait in the pool.
+func (r *Runtime) Warm() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.warm)
+}
+
+// lockStorage serialises the calls that change Podman's container storage
+// when containers get their own user namespaces: Podman 4.3's service
+// deadlocks (its storage and userns locks held, every later call waiting)
+// when --userns=auto containers are created and removed in parallel.
+func (r *Runtime) lockStorage() {
+	if r.info.UserNS {
+		r.storageMu.Lock()
+	}
+}
+
+func (r *Runtime) unlockStorage() {
+	if r.info.UserNS {
+		r.storageMu.Unlock()
+	}
+}

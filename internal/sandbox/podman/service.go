@@ -1,0 +1,259 @@
+package podman
+
+// This file finds or starts the Podman API service.
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containers/podman/v5/pkg/bindings"
+	"github.com/containers/podman/v5/pkg/bindings/images"
+	"github.com/containers/podman/v5/pkg/bindings/system"
+)
+
+// connect finds (or starts) the Podman service and reads its description.
+func (r *Runtime) connect(ctx context.Context) error {
+	var uris []string
+	if r.cfg.URI != "" {
+		uris = []string{r.cfg.URI}
+	} else {
+		if os.Geteuid() != 0 {
+			if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+				uris = append(uris, "unix://"+filepath.Join(d, "podman", "podman.sock"))
+			}
+		} else {
+			uris = append(uris, "unix:///run/podman/podman.sock")
+		}
+	}
+	var errs []error
+	for _, u := range uris {
+		if strings.HasPrefix(u, "unix://") {
+			if _, err := os.Stat(strings.TrimPrefix(u, "unix://")); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", u, err))
+				continue
+			}
+		}
+		c, err := dial(ctx, u)
+		if err == nil {
+			r.conn, r.info.URI = c, u
+			break
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", u, err))
+	}
+	if r.conn == nil {
+		if r.cfg.URI != "" {
+			return fmt.Errorf("podman sandbox: cannot reach the Podman API at %s (start it with `podman system service --time=0 %s`, or leave the URI empty to let mcpexec start one): %w", r.cfg.URI, r.cfg.URI, errors.Join(errs...))
+		}
+		if err := r.startService(ctx); err != nil {
+			return fmt.Errorf("podman sandbox: no Podman API socket answered (%v) and starting one failed: %w", errors.Join(errs...), err)
+		}
+	}
+
+	info, err := system.Info(r.conn, nil)
+	if err != nil {
+		return fmt.Errorf("podman sandbox: podman info: %w", err)
+	}
+	r.info.Image = r.cfg.Image
+	r.info.OCIRuntime = r.cfg.OCIRuntime
+	r.info.Rootless = info.Host.Security.Rootless
+	r.info.CgroupsVersion = info.Host.CgroupsVersion
+	r.info.ServerVersion = info.Version.Version
+	r.info.LimitsEnforced = !(info.Host.Security.Rootless && info.Host.CgroupsVersion == "v1")
+	if !r.info.LimitsEnforced {
+		r.log.Warn("podman sandbox: rootless Podman on cgroups v1 does not enforce memory, pids or CPU limits; "+
+			"a job can exhaust the host's memory. Use rootful Podman (e.g. --podman unix:///run/podman/podman.sock as root) or a cgroups v2 host",
+			"uri", r.info.URI, "cgroups", info.Host.CgroupsVersion)
+	}
+	return nil
+}
+
+// dial opens a bindings connection to uri, bounded by serviceTimeout.
+func dial(ctx context.Context, uri string) (context.Context, error) {
+	type res struct {
+		c   context.Context
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		c, err := bindings.NewConnection(context.Background(), uri)
+		ch <- res{c, err}
+	}()
+	select {
+	case x := <-ch:
+		return x.c, x.err
+	case <-time.After(serviceTimeout):
+		return nil, errors.New("no answer within " + serviceTimeout.String())
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// startService starts `podman system service` on a private socket and connects.
+func (r *Runtime) startService(ctx context.Context) error {
+	podman, err := exec.LookPath("podman")
+	if err != nil {
+		return errors.New("podman is not installed (apt-get install podman runc uidmap)")
+	}
+	dir, err := os.MkdirTemp("", "mcpexec-podman-")
+	if err != nil {
+		return err
+	}
+	r.serviceDir = dir
+	sock := filepath.Join(dir, "podman.sock")
+	uri := "unix://" + sock
+	// No events: nothing here reads them, and each container would write six
+	// (`podman events` does not show this service's containers).
+	args := []string{"--events-backend", "none"}
+	if !r.cfg.KeepExitCommand {
+		if w, err := conmonWrapper(dir); err != nil {
+			r.log.Debug("podman sandbox: keeping conmon's exit command", "reason", err)
+		} else {
+			args = append(args, "--conmon", w)
+		}
+	}
+	args = append(args, "system", "service", "--time=0", uri)
+	cmd := exec.Command(podman, args...)
+	// conmon (Podman 4.3, cgroups v1) drops an empty "oom" file in its working
+	// directory when a container is OOM-killed: keep that out of the caller's.
+	cmd.Dir = dir
+	stderr := &tailBuffer{max: 4096}
+	cmd.Stderr = stderr
+	// Own process group: a Ctrl-C meant for the worker must not kill the service
+	// before the worker has removed its containers.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start podman system service: %w", err)
+	}
+	r.service = cmd
+	r.serviceDone = make(chan struct{})
+	go func() { _ = cmd.Wait(); close(r.serviceDone) }()
+
+	deadline := time.Now().Add(serviceTimeout)
+	for {
+		if _, err := os.Stat(sock); err == nil {
+			if c, err := bindings.NewConnection(context.Background(), uri); err == nil {
+				r.conn, r.info.URI, r.info.StartedService = c, uri, true
+				r.log.Info("podman sandbox: started podman system service", "uri", uri, "pid", cmd.Process.Pid)
+				return nil
+			}
+		}
+		select {
+		case <-r.serviceDone:
+			return fmt.Errorf("podman system service exited: %s", strings.TrimSpace(stderr.String()))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("podman system service did not answer on %s within %s", uri, serviceTimeout)
+		}
+	}
+}
+
+// conmonWrapperScript runs conmon without its exit command (see
+// Config.KeepExitCommand); %s is conmon's path.
+const conmonWrapperScript = `#!/bin/sh
+# conmon for mcpexec's Podman service, without --exit-command: the worker removes
+# each container itself, so the podman cleanup process at each exit is redundant.
+skip=0
+for a do
+	shift
+	if [ "$skip" = 1 ]; then skip=0; continue; fi
+	case "$a" in
+	--exit-command | --exit-command-arg) skip=1; continue ;;
+	--exit-command=* | --exit-command-arg=*) continue ;;
+	esac
+	set -- "$@" "$a"
+done
+exec %s "$@"
+`
+
+// conmonWrapper writes the wrapper of the host's conmon into dir and checks
+// that it runs.
+func conmonWrapper(dir string) (string, error) {
+	conmon, err := findConmon()
+	if err != nil {
+		return "", err
+	}
+	return writeConmonWrapper(dir, conmon)
+}
+
+// findConmon returns the path of conmon.
+func findConmon() (string, error) {
+	conmon := ""
+	// Podman's own search order (containers.conf conmon_path), then PATH.
+	for _, p := range []string{"/usr/libexec/podman/conmon", "/usr/local/libexec/podman/conmon", "/usr/local/lib/podman/conmon", "/usr/bin/conmon", "/usr/sbin/conmon", "/usr/local/bin/conmon", "/usr/local/sbin/conmon"} {
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			conmon = p
+			break
+		}
+	}
+	if conmon == "" {
+		p, err := exec.LookPath("conmon")
+		if err != nil {
+			return "", errors.New("conmon not found")
+		}
+		conmon = p
+	}
+	return conmon, nil
+}
+
+// writeConmonWrapper writes a wrapper of conmon into dir and checks that it
+// runs (`WRAPPER --version`).
+func writeConmonWrapper(dir, conmon string) (string, error) {
+	if strings.ContainsAny(conmon, "'\"\\$`\n ") {
+		return "", fmt.Errorf("conmon path %q needs quoting", conmon)
+	}
+	w := filepath.Join(dir, "conmon")
+	if err := os.WriteFile(w, fmt.Appendf(nil, conmonWrapperScript, conmon), 0o755); err != nil {
+		return "", err
+	}
+	// A noexec temp dir, or no /bin/sh: keep the real conmon.
+	if out, err := exec.Command(w, "--version").CombinedOutput(); err != nil {
+		return "", fmt.Errorf("%s --version: %w: %s", w, err, strings.TrimSpace(string(out)))
+	}
+	return w, nil
+}
+
+func (r *Runtime) checkImage(ctx context.Context) error {
+	c, cancel := r.callCtx(ctx, 30*time.Second)
+	defer cancel()
+	ok, err := images.Exists(c, r.cfg.Image, nil)
+	if err != nil {
+		return fmt.Errorf("podman sandbox: check image %s: %w", r.cfg.Image, err)
+	}
+	if !ok {
+		return fmt.Errorf("podman sandbox: image %s %w: build it with `sudo deploy/sandbox/build.sh %s` (or `make image`)", r.cfg.Image, ErrNoImage, r.cfg.Image)
+	}
+	return nil
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = t.b[len(t.b)-t.max:]
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.b)
+}
