@@ -2,9 +2,9 @@ package jobs
 
 import (
 	"crypto/hmac"
-	"fmt"
 	"crypto/sha256"
 	"encoding/base64"
+	"fmt"
 )
 
 // A job's proxy capability is the proof a sandbox's proxy call carries that it

@@ -24,11 +24,9 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	sandboximage "github.com/mcpexec/mcpexec/deploy/sandbox"
@@ -47,6 +45,10 @@ const (
 	LabelManaged = "mcpexec.managed"
 	LabelWorker  = "mcpexec.worker"
 	LabelJob     = "mcpexec.job"
+	// LabelOwner names the process that made the container (host, pid and
+	// the pid's start time): a container whose owner is gone is reaped by any
+	// Runtime on the host, whatever its worker id.
+	LabelOwner = "mcpexec.owner"
 )
 
 // Timeouts of the container life cycle.
@@ -93,6 +95,10 @@ type Config struct {
 	Logger *slog.Logger
 	// MaxFrame bounds a protocol frame; 0 means proxy.DefaultMaxFrame.
 	MaxFrame int
+	// StorageRoot, when set, gives the containers their own Podman storage
+	// (--root, and --runroot under it): the Runtime then always starts its
+	// own service. The image must be in it.
+	StorageRoot string
 	// KeepExitCommand keeps conmon's exit command in a Podman service that New
 	// starts itself. By default that service runs conmon through a wrapper that
 	// drops it: the exit command is a `podman container cleanup` process at each
@@ -131,9 +137,7 @@ type Runtime struct {
 	base   string // per-Runtime directory under RunDir
 	labels map[string]string
 
-	service     *exec.Cmd     // podman system service we started, or nil
-	serviceDone chan struct{} // closed when service exits
-	serviceDir  string
+	svc *service // the podman service this Runtime started, or nil
 
 	seq       atomic.Uint64
 	storageMu sync.Mutex // serialises creates and removals in user-namespace mode
@@ -150,6 +154,7 @@ type Runtime struct {
 	wake       chan struct{} // pokes the pool filler
 	stop       chan struct{} // closed by Close
 	fillerDone chan struct{}
+	reaperDone chan struct{}  // closed when reapLoop returns
 	removals   sync.WaitGroup // background container removals
 	closeOnce  sync.Once
 	closeErr   error
@@ -160,6 +165,15 @@ var (
 	_ sandbox.StartReporter  = (*Runtime)(nil)
 	_ sandbox.Prober         = (*Runtime)(nil)
 )
+
+// ServicePID is the pid of the Podman service this Runtime started (0: it
+// uses one it did not start).
+func (r *Runtime) ServicePID() int {
+	if r.svc == nil {
+		return 0
+	}
+	return r.svc.pid()
+}
 
 // ReportsStart implements sandbox.StartReporter.
 func (r *Runtime) ReportsStart() {}
@@ -227,6 +241,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		wake:       make(chan struct{}, 1),
 		stop:       make(chan struct{}),
 		fillerDone: make(chan struct{}),
+		reaperDone: make(chan struct{}),
 	}
 	if r.log == nil {
 		r.log = slog.Default()
@@ -242,6 +257,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	defer func() {
 		if !ok {
 			close(r.fillerDone)
+			close(r.reaperDone)
 			_ = r.Close()
 		}
 	}()
@@ -273,6 +289,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	ok = true
 	go r.fill()
+	go r.reapLoop()
 	return r, nil
 }
 
@@ -344,6 +361,7 @@ func (r *Runtime) Close() error {
 		r.sessions.Close()
 		close(r.stop)
 		<-r.fillerDone
+		<-r.reaperDone
 		for _, b := range warm {
 			r.discard(b)
 		}
@@ -358,17 +376,8 @@ func (r *Runtime) Close() error {
 				}
 			}
 		}
-		if r.service != nil {
-			_ = r.service.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-r.serviceDone:
-			case <-time.After(10 * time.Second):
-				_ = r.service.Process.Kill()
-				<-r.serviceDone
-			}
-		}
-		if r.serviceDir != "" {
-			_ = os.RemoveAll(r.serviceDir)
+		if r.svc != nil {
+			r.svc.shutdown()
 		}
 		if r.base != "" {
 			_ = os.RemoveAll(r.base)

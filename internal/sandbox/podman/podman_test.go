@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -444,5 +445,67 @@ func TestIsolationOfTheHost(t *testing.T) {
 	a, b := <-maps, <-maps
 	if a == b || strings.Contains(a, "'4294967295'") {
 		t.Fatalf("uid maps %q and %q: want a distinct range per container", a, b)
+	}
+}
+
+// TestServiceRestartedWhenItDies: the Podman service a Runtime started is
+// started again when it is killed, and jobs run again without a new Runtime.
+func TestServiceRestartedWhenItDies(t *testing.T) {
+	if os.Getenv("MCPEXEC_PODMAN") != "" {
+		t.Skip("MCPEXEC_PODMAN names a service this test did not start")
+	}
+	rt := newRuntime(t, Config{})
+	pid := rt.ServicePID()
+	if pid == 0 {
+		t.Skip("a Podman service was already running: the Runtime did not start one")
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	deadline := killed.Add(60 * time.Second)
+	for {
+		res, err := rt.Run(context.Background(), sandbox.Job{ID: "after-kill", Code: "print('back')", Timeout: 20 * time.Second}, nil)
+		if err == nil && res.Stdout == "back\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no job ran within 60 s of the service's death: %v %+v", err, res)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if rt.ServicePID() == pid {
+		t.Fatal("the service's pid did not change")
+	}
+	t.Logf("jobs ran again %s after the service was killed", time.Since(killed).Round(time.Millisecond))
+}
+
+// TestReapsContainersOfDeadOwners: containers left by a process of this host
+// that is gone are found, whatever their worker id; a live owner's are not.
+func TestReapsContainersOfDeadOwners(t *testing.T) {
+	rt := newRuntime(t, Config{})
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	image := rt.Info().Image
+	mk := func(owner string) string {
+		out, err := exec.Command("podman", "create", "--runtime", "runc", "--label", LabelManaged+"=true",
+			"--label", LabelWorker+"=someone-else", "--label", LabelOwner+"="+owner, image, "true").Output()
+		if err != nil {
+			t.Fatalf("podman create: %v", err)
+		}
+		id := strings.TrimSpace(string(out))
+		t.Cleanup(func() { _ = exec.Command("podman", "rm", "-f", id).Run() })
+		return id
+	}
+	gone := mk(fmt.Sprintf("%s/%d/%d", hostName, dead.Process.Pid, 12345))
+	live := mk(ownerLabel)
+	ids, err := rt.ownerless(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(ids, gone) || slices.Contains(ids, live) {
+		t.Fatalf("ownerless = %v; want %s (dead owner) and not %s (this process)", ids, shortID(gone), shortID(live))
 	}
 }

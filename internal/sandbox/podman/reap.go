@@ -4,6 +4,9 @@ package podman
 import (
 	"context"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/containers/podman/v5/libpod/define"
@@ -12,12 +15,18 @@ import (
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 )
 
-// removeOrphans removes every managed container carrying this worker's label.
+// removeOrphans removes every managed container carrying this worker's label,
+// and every one whose owner process on this host is gone.
 func (r *Runtime) removeOrphans(ctx context.Context) error {
 	ids, err := r.list(ctx)
 	if err != nil {
 		return fmt.Errorf("podman sandbox: list orphan containers: %w", err)
 	}
+	dead, err := r.ownerless(ctx)
+	if err != nil {
+		return fmt.Errorf("podman sandbox: list orphan containers: %w", err)
+	}
+	ids = append(ids, dead...)
 	for _, id := range ids {
 		if err := r.remove(ctx, id); err != nil {
 			return fmt.Errorf("podman sandbox: remove orphan container %.12s: %w", id, err)
@@ -109,4 +118,94 @@ func (r *Runtime) lost(b *box, res sandbox.Result) sandbox.Result {
 	res.ExitCode = code
 	res.Error = fmt.Sprintf("sandbox exited unexpectedly (exit code %d)", code)
 	return res
+}
+
+// reapEvery is how often a Runtime looks for containers whose owner is gone.
+const reapEvery = time.Minute
+
+// reapLoop removes, every reapEvery, the containers of owners that are gone
+// (a worker killed with SIGKILL leaves its containers behind).
+func (r *Runtime) reapLoop() {
+	defer close(r.reaperDone)
+	t := time.NewTicker(reapEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-t.C:
+		}
+		ids, err := r.ownerless(context.Background())
+		if err != nil {
+			r.log.Warn("podman sandbox: look for containers left behind", "err", err)
+			continue
+		}
+		for _, id := range ids {
+			if err := r.remove(context.Background(), id); err != nil {
+				r.log.Warn("podman sandbox: remove a container left behind", "id", shortID(id), "err", err)
+			}
+		}
+		if len(ids) > 0 {
+			r.log.Info("podman sandbox: removed containers whose worker is gone", "count", len(ids))
+		}
+	}
+}
+
+// ownerless returns the managed containers made on this host by a process
+// that is gone.
+func (r *Runtime) ownerless(ctx context.Context) ([]string, error) {
+	c, cancel := r.callCtx(ctx, 30*time.Second)
+	defer cancel()
+	list, err := containers.List(c, new(containers.ListOptions).WithAll(true).WithFilters(map[string][]string{
+		"label": {LabelManaged + "=true"},
+	}))
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, l := range list {
+		if host, alive, ok := ownerAlive(l.Labels[LabelOwner]); ok && host == hostName && !alive {
+			ids = append(ids, l.ID)
+		}
+	}
+	return ids, nil
+}
+
+var (
+	hostName, _ = os.Hostname()
+	// ownerLabel is this process's LabelOwner value.
+	ownerLabel = fmt.Sprintf("%s/%d/%d", hostName, os.Getpid(), processStart(os.Getpid()))
+)
+
+// ownerAlive parses a LabelOwner value and reports whether that process still
+// runs (same pid, same start time).
+func ownerAlive(label string) (host string, alive, ok bool) {
+	i := strings.LastIndex(label, "/")
+	j := strings.LastIndex(label[:max(i, 0)], "/")
+	if i < 0 || j < 0 {
+		return "", false, false
+	}
+	pid, err1 := strconv.Atoi(label[j+1 : i])
+	start, err2 := strconv.ParseUint(label[i+1:], 10, 64)
+	if err1 != nil || err2 != nil {
+		return "", false, false
+	}
+	return label[:j], processStart(pid) == start && start != 0, true
+}
+
+// processStart returns pid's start time in clock ticks since boot (field 22
+// of /proc/PID/stat), or 0 when there is no such process.
+func processStart(pid int) uint64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name (field 2) may hold spaces: count from after its ')'.
+	rest := string(data[strings.LastIndexByte(string(data), ')')+1:])
+	f := strings.Fields(rest)
+	if len(f) < 20 {
+		return 0
+	}
+	n, _ := strconv.ParseUint(f[19], 10, 64) // field 22 is the 20th after the name
+	return n
 }

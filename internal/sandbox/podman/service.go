@@ -5,11 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -21,9 +24,12 @@ import (
 // connect finds (or starts) the Podman service and reads its description.
 func (r *Runtime) connect(ctx context.Context) error {
 	var uris []string
-	if r.cfg.URI != "" {
+	switch {
+	case r.cfg.URI != "":
 		uris = []string{r.cfg.URI}
-	} else {
+	case r.cfg.StorageRoot != "":
+		// Its own storage: only a service of its own has it.
+	default:
 		if os.Geteuid() != 0 {
 			if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
 				uris = append(uris, "unix://"+filepath.Join(d, "podman", "podman.sock"))
@@ -95,7 +101,9 @@ func dial(ctx context.Context, uri string) (context.Context, error) {
 	}
 }
 
-// startService starts `podman system service` on a private socket and connects.
+// startService starts `podman system service` on a private socket, connects,
+// and supervises it: when it dies, it is started again (with backoff) on the
+// same socket, where the bindings connection finds it.
 func (r *Runtime) startService(ctx context.Context) error {
 	podman, err := exec.LookPath("podman")
 	if err != nil {
@@ -105,12 +113,14 @@ func (r *Runtime) startService(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.serviceDir = dir
 	sock := filepath.Join(dir, "podman.sock")
 	uri := "unix://" + sock
 	// No events: nothing here reads them, and each container would write six
 	// (`podman events` does not show this service's containers).
 	args := []string{"--events-backend", "none"}
+	if r.cfg.StorageRoot != "" {
+		args = append(args, "--root", r.cfg.StorageRoot, "--runroot", filepath.Join(r.cfg.StorageRoot, "run"))
+	}
 	if !r.cfg.KeepExitCommand {
 		if w, err := conmonWrapper(dir); err != nil {
 			r.log.Debug("podman sandbox: keeping conmon's exit command", "reason", err)
@@ -119,10 +129,50 @@ func (r *Runtime) startService(ctx context.Context) error {
 		}
 	}
 	args = append(args, "system", "service", "--time=0", uri)
-	cmd := exec.Command(podman, args...)
+	svc := &service{path: podman, args: args, dir: dir, sock: sock, uri: uri, log: r.log, stop: make(chan struct{}), supervised: make(chan struct{})}
+	r.svc = svc
+	if err := svc.launch(); err != nil {
+		return err
+	}
+	if err := svc.waitReady(ctx); err != nil {
+		return err
+	}
+	c, err := bindings.NewConnection(context.Background(), uri)
+	if err != nil {
+		return fmt.Errorf("connect to the podman service: %w", err)
+	}
+	r.conn, r.info.URI, r.info.StartedService = c, uri, true
+	r.log.Info("podman sandbox: started podman system service", "uri", uri, "pid", svc.pid())
+	svc.supervising.Store(true)
+	go svc.supervise()
+	return nil
+}
+
+// service is a `podman system service` a Runtime started and keeps running.
+type service struct {
+	path        string
+	args        []string
+	dir, sock   string
+	uri         string
+	log         *slog.Logger
+	stop        chan struct{} // closed by shutdown
+	supervised  chan struct{} // closed when supervise returns
+	supervising atomic.Bool   // supervise was started
+
+	mu       sync.Mutex // guards cmd, done, stderr, restarts
+	cmd      *exec.Cmd
+	done     chan struct{} // closed when cmd exits
+	stderr   *tailBuffer
+	restarts int
+}
+
+// launch starts the service process.
+func (s *service) launch() error {
+	_ = os.Remove(s.sock) // a dead service's socket
+	cmd := exec.Command(s.path, s.args...)
 	// conmon (Podman 4.3, cgroups v1) drops an empty "oom" file in its working
 	// directory when a container is OOM-killed: keep that out of the caller's.
-	cmd.Dir = dir
+	cmd.Dir = s.dir
 	stderr := &tailBuffer{max: 4096}
 	cmd.Stderr = stderr
 	// Own process group: a Ctrl-C meant for the worker must not kill the service
@@ -131,30 +181,106 @@ func (r *Runtime) startService(ctx context.Context) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start podman system service: %w", err)
 	}
-	r.service = cmd
-	r.serviceDone = make(chan struct{})
-	go func() { _ = cmd.Wait(); close(r.serviceDone) }()
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }() // its exit is observed through done
+	s.mu.Lock()
+	s.cmd, s.done, s.stderr = cmd, done, stderr
+	s.mu.Unlock()
+	return nil
+}
 
+// waitReady waits until the service answers on its socket.
+func (s *service) waitReady(ctx context.Context) error {
+	s.mu.Lock()
+	done, stderr := s.done, s.stderr
+	s.mu.Unlock()
 	deadline := time.Now().Add(serviceTimeout)
 	for {
-		if _, err := os.Stat(sock); err == nil {
-			if c, err := bindings.NewConnection(context.Background(), uri); err == nil {
-				r.conn, r.info.URI, r.info.StartedService = c, uri, true
-				r.log.Info("podman sandbox: started podman system service", "uri", uri, "pid", cmd.Process.Pid)
-				return nil
-			}
+		if c, err := net.DialTimeout("unix", s.sock, time.Second); err == nil {
+			c.Close()
+			return nil
 		}
 		select {
-		case <-r.serviceDone:
+		case <-done:
 			return fmt.Errorf("podman system service exited: %s", strings.TrimSpace(stderr.String()))
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-s.stop:
+			return errors.New("podman sandbox: runtime is closing")
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("podman system service did not answer on %s within %s", uri, serviceTimeout)
+			return fmt.Errorf("podman system service did not answer on %s within %s", s.uri, serviceTimeout)
 		}
 	}
+}
+
+// supervise starts the service again whenever it dies, until shutdown.
+func (s *service) supervise() {
+	defer close(s.supervised)
+	delay := time.Second
+	for {
+		s.mu.Lock()
+		done, stderr := s.done, s.stderr
+		s.mu.Unlock()
+		select {
+		case <-s.stop:
+			return
+		case <-done:
+		}
+		s.log.Error("podman sandbox: the podman service died: starting it again", "in", delay, "stderr", strings.TrimSpace(stderr.String()))
+		for {
+			select {
+			case <-s.stop:
+				return
+			case <-time.After(delay):
+			}
+			err := s.launch()
+			if err == nil {
+				err = s.waitReady(context.Background())
+			}
+			if err == nil {
+				s.mu.Lock()
+				s.restarts++
+				s.mu.Unlock()
+				s.log.Info("podman sandbox: podman service running again", "pid", s.pid())
+				delay = time.Second
+				break
+			}
+			s.log.Error("podman sandbox: restart the podman service", "err", err)
+			delay = min(2*delay, 30*time.Second)
+		}
+	}
+}
+
+func (s *service) pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil || s.cmd.Process == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
+// shutdown stops supervising and ends the service.
+func (s *service) shutdown() {
+	close(s.stop)
+	if s.supervising.Load() {
+		<-s.supervised
+	}
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.mu.Unlock()
+	if cmd != nil {
+		_ = cmd.Process.Signal(syscall.SIGTERM) // it may have exited already
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	}
+	_ = os.RemoveAll(s.dir)
 }
 
 // conmonWrapperScript runs conmon without its exit command (see

@@ -23,7 +23,7 @@ func (r *Runtime) spec(dir, jobLabel string, n uint64) *specgen.SpecGenerator {
 	s.Command = []string{"python3", "-I", "-B", "-u", "/mcpexec/runner.py", "/mcpexec/s"}
 	s.Entrypoint = []string{}
 	s.OCIRuntime = r.cfg.OCIRuntime
-	s.Labels = map[string]string{LabelManaged: "true", LabelWorker: r.cfg.WorkerID, LabelJob: jobLabel}
+	s.Labels = map[string]string{LabelManaged: "true", LabelWorker: r.cfg.WorkerID, LabelJob: jobLabel, LabelOwner: ownerLabel}
 	s.Env = map[string]string{
 		"PATH":                    "/usr/local/bin:/usr/bin:/bin",
 		"HOME":                    "/tmp",
