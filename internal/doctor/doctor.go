@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
@@ -421,6 +422,7 @@ func checkNATS(ctx context.Context, cfg Config) []Check {
 	}
 	if cfg.ExpectWorkers {
 		out = append(out, ping(ctx, nc, s.WorkerService(), "workers", "start at least one worker: `worker --nats "+cfg.NATSURL+"`"))
+		out = append(out, workerHealth(ctx, nc, s)...)
 		out = append(out, ping(ctx, nc, s.StateService(), "state service", "start the broker: it hosts the state service (jobs, results, memory)"))
 	}
 	return out
@@ -453,4 +455,27 @@ func ping(ctx context.Context, nc *nats.Conn, service, name, fix string) Check {
 		return Check{Name: name, Status: Fail, Detail: "none answered $SRV.PING." + service, Fix: fix}
 	}
 	return Check{Name: name, Status: OK, Detail: fmt.Sprintf("%d answering", n)}
+}
+
+// workerHealth reports each worker that says it takes no jobs, and why.
+func workerHealth(ctx context.Context, nc *nats.Conn, s jobs.Subjects) []Check {
+	ws, err := queue.WorkerStatuses(ctx, nc, s, time.Second)
+	if err != nil {
+		return []Check{{Name: "worker health", Status: Warn, Detail: err.Error()}}
+	}
+	var out []Check
+	healthy := 0
+	for _, w := range ws {
+		if w.Healthy {
+			healthy++
+			continue
+		}
+		out = append(out, Check{Name: "worker " + w.ID, Status: Warn, Detail: "takes no jobs: " + w.Reason,
+			Fix: "run `worker doctor` on that host; the worker probes its runtime and resumes by itself once it can start sandboxes"})
+	}
+	if len(ws) > 0 && healthy == 0 {
+		out = append(out, Check{Name: "worker health", Status: Fail, Detail: "no healthy worker is left",
+			Fix: "fix the workers' runtimes (see above), or start a worker on another host"})
+	}
+	return out
 }

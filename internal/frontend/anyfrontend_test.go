@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -23,6 +24,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/sandbox/process"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 	"github.com/mcpexec/mcpexec/internal/worker"
@@ -255,5 +257,54 @@ func TestSessionCap(t *testing.T) {
 	}
 	if isErr, text := call("s1"); isErr {
 		t.Fatalf("the first session again: %s", text)
+	}
+}
+
+// brokenRuntime cannot start any sandbox.
+type brokenRuntime struct{}
+
+func (brokenRuntime) Run(context.Context, sandbox.Job, sandbox.Host) (sandbox.Result, error) {
+	return sandbox.Result{}, errors.New("create container: connection refused")
+}
+func (brokenRuntime) Close() error  { return nil }
+func (brokenRuntime) ReportsStart() {}
+
+// TestHealthSaysWhenNoHealthyWorkerIsLeft: a worker whose runtime fails stops
+// taking jobs, its jobs go back to the queue with no attempt spent, and the
+// front-end's health says that no healthy worker is left, and why.
+func TestHealthSaysWhenNoHealthyWorkerIsLeft(t *testing.T) {
+	t.Parallel()
+	b := testutil.Broker(t, "", queue.DefaultConfig())
+	wc := worker.DefaultConfig("w-broken")
+	wc.RetryDelay = 50 * time.Millisecond
+	w := testutil.Worker(t, b, brokenRuntime{}, wc)
+	fe := testutil.Frontend(t, b, "fe")
+	ctx := context.Background()
+	if err := fe.Health(ctx); err != nil {
+		t.Fatalf("health before any job: %v", err)
+	}
+	out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "a", Code: "x"}, {ID: "b", Code: "x"}, {ID: "c", Code: "x"}, {ID: "d", Code: "x"}}, "ns")
+	for _, s := range out {
+		if s.Err != nil {
+			t.Fatal(s.Err)
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for w.Health() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the worker did not stop taking jobs")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	err := fe.Health(ctx)
+	if err == nil || !strings.Contains(err.Error(), "no healthy worker") || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("health: %v", err)
+	}
+	// No attempt was spent: the jobs wait in the queue for a worker that can run them.
+	for _, id := range []string{"a", "b", "c", "d"} {
+		rec, err := fe.Get(ctx, "ns", id)
+		if err != nil || rec.Status != jobs.StatusQueued || rec.Attempt != 0 {
+			t.Fatalf("job %s: %+v %v", id, rec, err)
+		}
 	}
 }

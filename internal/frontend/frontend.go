@@ -327,30 +327,9 @@ const workersWait = 300 * time.Millisecond
 // Workers asks every worker for its status and returns the answers that come
 // within a moment (or within ctx).
 func (f *Frontend) Workers(ctx context.Context) ([]jobs.WorkerStatus, error) {
-	inbox := nats.NewInbox()
-	answers := make(chan *nats.Msg, 256)
-	sub, err := f.nc.ChanSubscribe(inbox, answers)
+	ws, err := queue.WorkerStatuses(ctx, f.nc, f.cfg.Subjects, workersWait)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	defer func() { _ = sub.Unsubscribe() }() // the connection may be closing
-	if err := f.nc.PublishRequest(f.cfg.Subjects.WorkerStatus(), inbox, nil); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	t := time.NewTimer(workersWait)
-	defer t.Stop()
-	var out []jobs.WorkerStatus
-	for {
-		select {
-		case m := <-answers:
-			var st jobs.WorkerStatus
-			if json.Unmarshal(m.Data, &st) == nil && st.ID != "" {
-				out = append(out, st)
-			}
-		case <-t.C:
-			return out, nil
-		case <-ctx.Done():
-			return out, nil
-		}
-	}
+	return ws, nil
 }

@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -95,4 +97,35 @@ func ProxyKey(ctx context.Context, js jetstream.JetStream, s jobs.Subjects) ([]b
 		// Another front-end made it first: read theirs.
 	}
 	return nil, errors.New("proxy key: could not read or create it")
+}
+
+// WorkerStatuses asks every worker for its status and returns the answers
+// that come within wait (or before ctx ends).
+func WorkerStatuses(ctx context.Context, nc *nats.Conn, s jobs.Subjects, wait time.Duration) ([]jobs.WorkerStatus, error) {
+	inbox := nats.NewInbox()
+	answers := make(chan *nats.Msg, 256)
+	sub, err := nc.ChanSubscribe(inbox, answers)
+	if err != nil {
+		return nil, fmt.Errorf("ask workers for their status: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }() // the connection may be closing
+	if err := nc.PublishRequest(s.WorkerStatus(), inbox, nil); err != nil {
+		return nil, fmt.Errorf("ask workers for their status: %w", err)
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	var out []jobs.WorkerStatus
+	for {
+		select {
+		case m := <-answers:
+			var st jobs.WorkerStatus
+			if json.Unmarshal(m.Data, &st) == nil && st.ID != "" {
+				out = append(out, st)
+			}
+		case <-t.C:
+			return out, nil
+		case <-ctx.Done():
+			return out, nil
+		}
+	}
 }

@@ -166,6 +166,9 @@ var (
 	_ sandbox.Prober         = (*Runtime)(nil)
 )
 
+// Config returns the runtime's configuration, defaults filled in.
+func (r *Runtime) Config() Config { return r.cfg }
+
 // ServicePID is the pid of the Podman service this Runtime started (0: it
 // uses one it did not start).
 func (r *Runtime) ServicePID() int {
