@@ -40,7 +40,8 @@ type accessCache struct {
 	jobs map[string]*jobAccess
 }
 
-// jobAccess is one job's entry.
+// jobAccess is one job's entry. Its fields are guarded by accessCache.mu
+// (sem is only sent to and received from).
 type jobAccess struct {
 	rj       *runningJob
 	attempt  int
@@ -58,11 +59,13 @@ func newAccessCache(records recordSource, maxCalls int) *accessCache {
 // record shows that attempt running.
 func (a *accessCache) acquire(ctx context.Context, id string, attempt int) (_ *runningJob, release func(), err error) {
 	now := time.Now()
+	var rj *runningJob // e.rj as of this call: e's fields are read under a.mu only
 	a.mu.Lock()
 	e := a.jobs[id]
 	fresh := e != nil && e.attempt == attempt && now.Sub(e.fetched) < accessTTL
 	if fresh {
 		e.inFlight++
+		rj = e.rj
 	}
 	a.mu.Unlock()
 	if !fresh {
@@ -84,6 +87,7 @@ func (a *accessCache) acquire(ctx context.Context, id string, attempt int) (_ *r
 		}
 		e.fetched = now
 		e.inFlight++
+		rj = e.rj
 		a.mu.Unlock()
 	}
 	done := func() {
@@ -91,11 +95,11 @@ func (a *accessCache) acquire(ctx context.Context, id string, attempt int) (_ *r
 		e.inFlight--
 		a.mu.Unlock()
 	}
-	dctx, cancel := context.WithDeadline(ctx, e.rj.deadline)
+	dctx, cancel := context.WithDeadline(ctx, rj.deadline)
 	defer cancel()
 	select {
 	case e.sem <- struct{}{}:
-		return e.rj, func() { <-e.sem; done() }, nil
+		return rj, func() { <-e.sem; done() }, nil
 	case <-dctx.Done():
 		done()
 		return nil, nil, fmt.Errorf("%d proxy calls of this job are already in flight and none finished before the job's time limit: await calls before starting more", cap(e.sem))
