@@ -630,6 +630,7 @@ def _executor_main(chan_sock):
     # Build the API before the first job arrives: a warm sandbox's job then
     # pays only for its own code (its servers are bound when it comes).
     runner.globals = runner.new_globals()
+    chan.send({"type": "ready"})  # the supervisor says hello to the host only now
     execs = []
     cond = threading.Condition()
 
@@ -748,6 +749,7 @@ class _Supervisor:
         self.cap = 1 << 20
         self.sent = {}
         self.decoders = {}
+        self.hello = None  # sent to the host when the executor is ready
 
     def send_host(self, frame):
         self.host.sendall(_encode(frame))
@@ -802,7 +804,12 @@ class _Supervisor:
 
     def on_executor(self, frame):
         kind = frame.get("type")
-        if kind == "call":
+        if kind == "ready" and self.hello is not None:
+            self.send_host(self.hello)
+            self.hello = None
+        elif self.hello is not None:
+            self.fail("the code's process spoke before it was ready")
+        elif kind == "call":
             cid, method, params = frame.get("id"), frame.get("method"), frame.get("params")
             if not isinstance(cid, int) or isinstance(cid, bool) or cid <= 0:
                 self.fail("the code sent a call without a valid id")
@@ -873,7 +880,11 @@ class _Supervisor:
         os._exit(0)
 
     # -- the loop -----------------------------------------------------------------
-    def loop(self):
+    def loop(self, hello):
+        """Relays until the host or the executor goes. hello is sent to the host
+        once the executor says it is ready: a warm sandbox is one whose code
+        process waits with its API built."""
+        self.hello = hello
         host_fd = self.host.fileno()
         chan_fd = self.ex.chan.fileno()
         while True:
@@ -928,9 +939,9 @@ def main():
     isolated = _set_nondumpable()
     ex = _spawn_executor(sock)
     sup = _Supervisor(sock, ex)
-    sup.send_host({"type": "hello", "version": PROTOCOL_VERSION, "secret": secret, "isolated": isolated})
+    hello = {"type": "hello", "version": PROTOCOL_VERSION, "secret": secret, "isolated": isolated}
     try:
-        sup.loop()
+        sup.loop(hello)
     except BaseException:
         sup.exit()
 

@@ -292,7 +292,12 @@ func TestSpecIsLockedDown(t *testing.T) {
 }
 
 func benchRun(b *testing.B, pool int) {
-	rt := newRuntime(b, Config{Pool: pool})
+	cfg := Config{Pool: pool}
+	if os.Getenv("BENCH_CPUS0") != "" {
+		cfg.Limits = sandbox.DefaultLimits()
+		cfg.Limits.CPUs = 0
+	}
+	rt := newRuntime(b, cfg)
 	if pool > 0 {
 		waitWarm(b, rt, pool)
 	}
