@@ -62,12 +62,8 @@ func TestWorkersFailSafe(t *testing.T) {
 			// storage it holds (image names have been seen to go).
 			name: "PodmanServiceKilled",
 			setup: func(t *testing.T, cfg *podman.Config) {
-				dir, err := os.MkdirTemp("", "mcpexec-storage-")
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = os.RemoveAll(dir) })
-				cfg.StorageRoot = privateStorage(t, dir, image)
+				requireRoot(t)
+				cfg.StorageRoot = privateStorage(t, mountTmpfs(t, "600m"), image)
 			},
 			inject: func(t *testing.T, rt *podman.Runtime) { mustKill(t, rt.ServicePID()) },
 			repair: func(*testing.T, *podman.Runtime) {}, // the runtime restarts it
@@ -189,7 +185,7 @@ func runFault(t *testing.T, f fault) {
 	for _, rt := range []*podman.Runtime{rtA, rtB} {
 		args := []string{"ps", "-a", "-q", "--filter", "label=" + podman.LabelWorker + "=" + rt.Config().WorkerID}
 		if root := rt.Config().StorageRoot; root != "" {
-			args = append([]string{"--root", root, "--runroot", filepath.Join(root, "run")}, args...)
+			args = append(podman.StorageFlags(root), args...)
 		}
 		if out, err := exec.Command("podman", args...).Output(); err != nil || strings.TrimSpace(string(out)) != "" {
 			t.Errorf("containers of %s left behind: %q %v", rt.Config().WorkerID, out, err)
@@ -240,15 +236,13 @@ func waitAllDone(t *testing.T, b *broker.Broker, n int, limit time.Duration) []*
 func privateStorage(t *testing.T, root, image string) string {
 	t.Helper()
 	archive := filepath.Join(t.TempDir(), "image.tar")
-	for _, args := range [][]string{{"save", "-o", archive, image}, {"--root", root, "--runroot", filepath.Join(root, "run"), "load", "-i", archive}} {
+	for _, args := range [][]string{{"save", "-o", archive, image}, append(podman.StorageFlags(root), "load", "-i", archive)} {
 		if out, err := exec.Command("podman", args...).CombinedOutput(); err != nil {
 			t.Fatalf("podman %s: %v: %s", strings.Join(args, " "), err, out)
 		}
 	}
-	t.Cleanup(func() {
-		// The storage's mounts and files are the storage driver's to undo.
-		_ = exec.Command("podman", "--root", root, "--runroot", filepath.Join(root, "run"), "system", "reset", "-f").Run()
-	})
+	// No `system reset` at the end: it also empties the host's shared
+	// libpod tmpdir. The tmpfs goes, and with it the storage.
 	return root
 }
 
@@ -281,9 +275,17 @@ func mountTmpfs(t *testing.T, size string) string {
 
 func remount(t *testing.T, dir, mode string) {
 	t.Helper()
-	if out, err := exec.Command("mount", "-o", "remount,"+mode, dir).CombinedOutput(); err != nil {
-		t.Fatalf("remount %s %s: %v: %s", dir, mode, err, out)
+	// A file being written (a runner script, a socket being made) makes a
+	// read-only remount busy for a moment.
+	var out []byte
+	var err error
+	for range 50 {
+		if out, err = exec.Command("mount", "-o", "remount,"+mode, dir).CombinedOutput(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
+	t.Fatalf("remount %s %s: %v: %s", dir, mode, err, out)
 }
 
 func randomID() string { return jobs.NewID()[18:] }

@@ -119,7 +119,7 @@ func (r *Runtime) startService(ctx context.Context) error {
 	// (`podman events` does not show this service's containers).
 	args := []string{"--events-backend", "none"}
 	if r.cfg.StorageRoot != "" {
-		args = append(args, "--root", r.cfg.StorageRoot, "--runroot", filepath.Join(r.cfg.StorageRoot, "run"))
+		args = append(args, StorageFlags(r.cfg.StorageRoot)...)
 	}
 	if !r.cfg.KeepExitCommand {
 		if w, err := conmonWrapper(dir); err != nil {
@@ -382,4 +382,11 @@ func (t *tailBuffer) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return string(t.b)
+}
+
+// StorageFlags are the podman flags of a storage of its own under root
+// (Config.StorageRoot): its images and containers, its run state and its
+// libpod tmpdir (the host's is shared by every storage otherwise).
+func StorageFlags(root string) []string {
+	return []string{"--root", root, "--runroot", filepath.Join(root, "run"), "--tmpdir", filepath.Join(root, "tmp")}
 }
