@@ -21,6 +21,7 @@ type fleetFlags struct {
 	routes        string
 	replicas      int
 	state         bool
+	rebuild       bool
 	sec           broker.Security
 	client        *natsflags.Flags // the broker's own connections, under --nats-config
 }
@@ -32,7 +33,8 @@ func registerFleetFlags(fs *flag.FlagSet) *fleetFlags {
 	fs.StringVar(&f.clusterListen, "cluster-listen", "", "cluster: HOST:PORT the other nodes' routes connect to")
 	fs.StringVar(&f.routes, "routes", "", "cluster: comma-separated nats-route://HOST:PORT of the nodes (this node's own may be listed)")
 	fs.IntVar(&f.replicas, "replicas", 0, "stream replicas (0: 3 in a cluster of 3 or more nodes, else one per node)")
-	fs.BoolVar(&f.state, "state", true, "run the state service on this node (in a cluster: exactly one node; --state=false on the others)")
+	fs.BoolVar(&f.state, "state", true, "run a state replica on this node (every node of a cluster runs one by default)")
+	fs.BoolVar(&f.rebuild, "rebuild-state", false, "delete this node's state file at start and rebuild it from the streams")
 	fs.StringVar(&f.sec.ConfigFile, "nats-config", "", "nats-server configuration file for authorization/accounts (flags override it)")
 	fs.StringVar(&f.sec.User, "auth-user", "", "require this NATS user on clients and routes (with --auth-password)")
 	fs.StringVar(&f.sec.Password, "auth-password", "", "password of --auth-user (prefer MCPEXEC_AUTH_PASSWORD)")
@@ -68,7 +70,7 @@ func (f *fleetFlags) apply(cfg *broker.Config, log *slog.Logger) error {
 	default:
 		cfg.Queue.Replicas = f.replicas
 	}
-	cfg.Security, cfg.NoState = f.sec, !f.state
+	cfg.Security, cfg.NoState, cfg.RebuildState = f.sec, !f.state, f.rebuild
 	if f.client.Secured() {
 		opts, err := f.client.Auth()
 		if err != nil {

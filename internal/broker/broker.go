@@ -4,6 +4,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -39,9 +40,12 @@ type Config struct {
 	ServerName string
 	Cluster    ClusterConfig // zero: a single node
 	Security   Security      // zero: no authentication, no TLS
-	// NoState runs no state service on this node: in a cluster exactly one node
-	// runs it (DESIGN §1).
+	// NoState runs no state replica on this node (by default every node runs
+	// one, folding the replicated streams into its own file).
 	NoState bool
+	// RebuildState deletes this node's state file at start: the replica is
+	// rebuilt from the streams.
+	RebuildState bool
 	// ClientOptions are added to the broker's own in-process connections, e.g.
 	// the credentials it needs under a --nats-config authorization.
 	ClientOptions []nats.Option
@@ -139,7 +143,24 @@ func (b *Broker) init(ctx context.Context) error {
 	if b.cfg.NoState {
 		return nil
 	}
-	b.store, err = state.Open(filepath.Join(b.cfg.DataDir, "state.db"))
+	path := filepath.Join(b.cfg.DataDir, "state.db")
+	if b.cfg.RebuildState {
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("rebuild state: remove %s: %w", path, err)
+		}
+		b.cfg.Logger.Info("rebuilding the state replica from the streams", "file", path)
+	}
+	b.store, err = state.Open(path)
+	if err != nil && !errors.Is(err, state.ErrLocked) {
+		// A lost or damaged file: keep it aside and rebuild from the streams
+		// (every record and memory key is in them).
+		aside := fmt.Sprintf("%s.damaged-%d", path, time.Now().Unix())
+		if rerr := os.Rename(path, aside); rerr != nil {
+			return fmt.Errorf("%w (and moving it aside failed: %v)", err, rerr)
+		}
+		b.cfg.Logger.Error("state file unusable: moved aside, rebuilding from the streams", "file", path, "aside", aside, "err", err)
+		b.store, err = state.Open(path)
+	}
 	if err != nil {
 		return err
 	}

@@ -229,7 +229,7 @@ func (b *Broker) startState(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		svc.Metrics = b.cfg.Metrics
+		svc.Metrics, svc.Node = b.cfg.Metrics, b.ns.Name()
 		if err := svc.Start(ctx); err != nil {
 			svc.Stop()
 			return err

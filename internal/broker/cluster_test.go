@@ -108,8 +108,8 @@ func TestSecuredBroker(t *testing.T) {
 }
 
 // TestSecuredCluster forms a 3-node cluster whose routes authenticate and use
-// TLS, and checks the streams have 3 replicas and one node runs the state
-// service.
+// TLS, and checks the streams have 3 replicas and every node runs a state
+// replica.
 func TestSecuredCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
@@ -145,8 +145,8 @@ func TestSecuredCluster(t *testing.T) {
 			states++
 		}
 	}
-	if states != 1 {
-		t.Fatalf("%d nodes run the state service, want 1", states)
+	if states != 3 {
+		t.Fatalf("%d nodes run a state replica, want all 3", states)
 	}
 }
 

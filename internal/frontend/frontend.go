@@ -76,7 +76,9 @@ func New(nc *nats.Conn, cfg Config) (*Frontend, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &Frontend{cfg: cfg, nc: nc, client: client, state: state.NewClient(nc, cfg.Subjects), log: cfg.Logger.With("frontend", cfg.ID)}
+	st := state.NewClient(nc, cfg.Subjects)
+	st.EventsFloor = client.EventsSeq // reads see this front-end's submissions
+	f := &Frontend{cfg: cfg, nc: nc, client: client, state: st, log: cfg.Logger.With("frontend", cfg.ID)}
 	if f.cfg.CallTimeout <= 0 {
 		f.cfg.CallTimeout = DefaultCallTimeout
 	}

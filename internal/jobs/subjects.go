@@ -1,7 +1,9 @@
 package jobs
 
 import (
+	"crypto/sha256"
 	"encoding/base32"
+	"encoding/hex"
 	"strings"
 )
 
@@ -111,3 +113,23 @@ const ProxyKeyName = "proxy-key"
 // WorkerStatus is the subject every worker answers with its status (no queue
 // group: an asker collects all answers).
 func (s Subjects) WorkerStatus() string { return s.p() + ".workers.status" }
+
+// MemoryStream is the stream of memory writes (the last write of each key is
+// kept): every state replica folds it.
+func (s Subjects) MemoryStream() string { return strings.ToUpper(s.p()) + "_MEMORY" }
+
+// AllMemory matches every memory write.
+func (s Subjects) AllMemory() string { return s.p() + ".memory.>" }
+
+// Memory is the subject of the writes of key in namespace ns: one subject per
+// key, so that compare-and-set is JetStream's expected last subject sequence.
+// Keys may hold any text: the token is a hash of namespace and key (the
+// write itself carries both).
+func (s Subjects) Memory(ns, key string) string {
+	sum := sha256.Sum256([]byte(ns + "\x00" + key))
+	return s.p() + ".memory." + strings.TrimSuffix(NamespaceTag(ns), "-") + "." + hex.EncodeToString(sum[:20])
+}
+
+// AdminBackup is the subject an operator asks one broker node (by server name)
+// to write a snapshot of its state file on.
+func (s Subjects) AdminBackup(server string) string { return s.p() + ".admin.backup." + server }

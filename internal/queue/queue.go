@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -28,6 +29,8 @@ type Config struct {
 	// (the oldest events go first: the state service has applied them).
 	JobsMaxBytes   int64
 	EventsMaxBytes int64
+	// MemoryMaxBytes bounds the memory stream (writes over it are refused).
+	MemoryMaxBytes int64
 	DedupeWindow   time.Duration // JetStream duplicate window for job ids
 	EventsMaxAge   time.Duration // how long lifecycle events are kept in the stream
 	// AckWait is how long a delivery may go without an ack or an InProgress
@@ -50,6 +53,7 @@ func DefaultConfig() Config {
 		MaxQueued:      100_000,
 		JobsMaxBytes:   1 << 30,
 		EventsMaxBytes: 8 << 30,
+		MemoryMaxBytes: 8 << 30,
 		DedupeWindow:   10 * time.Minute,
 		EventsMaxAge:   7 * 24 * time.Hour,
 		AckWait:        30 * time.Second,
@@ -69,6 +73,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("queue JobsMaxBytes must be at least 1 MiB, got %d", c.JobsMaxBytes)
 	case c.EventsMaxBytes < 1<<20:
 		return fmt.Errorf("queue EventsMaxBytes must be at least 1 MiB, got %d", c.EventsMaxBytes)
+	case c.MemoryMaxBytes < 1<<20:
+		return fmt.Errorf("queue MemoryMaxBytes must be at least 1 MiB, got %d", c.MemoryMaxBytes)
 	case c.DedupeWindow <= 0:
 		return fmt.Errorf("queue DedupeWindow must be positive, got %s", c.DedupeWindow)
 	case c.EventsMaxAge < c.DedupeWindow:
@@ -143,6 +149,22 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("create stream %s: %w", s.EventsStream(), err)
 	}
+	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:              s.MemoryStream(),
+		Description:       "mcpexec memory writes: the last one of each key",
+		Subjects:          []string{s.AllMemory()},
+		Retention:         jetstream.LimitsPolicy,
+		Storage:           jetstream.FileStorage,
+		MaxMsgsPerSubject: 1,
+		MaxBytes:          cfg.MemoryMaxBytes,
+		Discard:           jetstream.DiscardNew,
+		Duplicates:        cfg.DedupeWindow,
+		Replicas:          cfg.Replicas,
+		AllowDirect:       true,
+	})
+	if err != nil {
+		return fmt.Errorf("create stream %s: %w", s.MemoryStream(), err)
+	}
 	if _, err := SessionsBucket(ctx, js, cfg); err != nil {
 		return err
 	}
@@ -187,6 +209,12 @@ type Client struct {
 	// DedupeWindow is the jobs stream's duplicate window; Submit repairs a lost
 	// enqueue only within it. Zero means DefaultConfig's.
 	DedupeWindow time.Duration
+	// Patience bounds how long SubmitMany retries submissions that failed
+	// because the cluster was electing leaders or a node went away (zero:
+	// DefaultPatience).
+	Patience time.Duration
+
+	eventsSeq atomic.Uint64 // highest events-stream sequence this client wrote
 
 	keyMu sync.Mutex // guards key
 	key   []byte     // the fleet's proxy key, read on first submission
@@ -206,9 +234,51 @@ func (c *Client) proxyKey(ctx context.Context) ([]byte, error) {
 	return c.key, nil
 }
 
+// DefaultPatience is how long a submission is retried while the cluster fails
+// over.
+const DefaultPatience = 15 * time.Second
+
+// publishTimeout bounds the wait for one publish's ack: a publish that went to
+// a node as it died is retried.
+const publishTimeout = 4 * time.Second
+
+// EventsSeq is the highest events-stream sequence this client has written: a
+// state read that carries it sees every submission made through the client.
+func (c *Client) EventsSeq() uint64 { return c.eventsSeq.Load() }
+
+func (c *Client) sawEvent(seq uint64) {
+	for {
+		cur := c.eventsSeq.Load()
+		if seq <= cur || c.eventsSeq.CompareAndSwap(cur, seq) {
+			return
+		}
+	}
+}
+
+// Transient reports whether err is one of a cluster failing over (no leader
+// yet, a node gone, an ack lost): the same request succeeds later.
+func Transient(err error) bool {
+	if err == nil || errors.Is(err, ErrDuplicate) || errors.Is(err, ErrQueueFull) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.Code == 503 || apiErr.Code == 408
+	}
+	for _, t := range []error{nats.ErrTimeout, nats.ErrNoResponders, jetstream.ErrNoStreamResponse,
+		jetstream.ErrAsyncPublishTimeout, context.DeadlineExceeded, nats.ErrDisconnected,
+		nats.ErrConnectionReconnecting, nats.ErrNoServers, nats.ErrJetStreamNotEnabled} {
+		if errors.Is(err, t) {
+			return true
+		}
+	}
+	return false
+}
+
 // NewClient returns a Client on nc.
 func NewClient(nc *nats.Conn, s jobs.Subjects) (*Client, error) {
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4*submitChunk))
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4*submitChunk),
+		jetstream.WithPublishAsyncTimeout(publishTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
@@ -260,9 +330,11 @@ func (c *Client) PublishEvent(ctx context.Context, ev jobs.Event) error {
 	if err != nil {
 		return err
 	}
-	if _, err := c.js.PublishMsg(ctx, m); err != nil {
+	ack, err := c.js.PublishMsg(ctx, m)
+	if err != nil {
 		return fmt.Errorf("publish %s event of %s: %w", ev.Kind, ev.Job, err)
 	}
+	c.sawEvent(ack.Sequence)
 	return nil
 }
 
@@ -286,13 +358,53 @@ func (c *Client) Submit(ctx context.Context, job *jobs.Job) error {
 // jobs stream's dedupe window too); ErrQueueFull when the jobs stream is full, in
 // which case the job is recorded as rejected; any other error when the broker
 // could not be reached — submitting again is then safe.
+//
+// While the cluster fails over, SubmitMany retries the jobs whose submission
+// failed transiently, for up to Patience: a retry of a job whose claim landed
+// finds its own claim and repairs the enqueue, so nothing is submitted twice.
 func (c *Client) SubmitMany(ctx context.Context, js []*jobs.Job) []error {
 	errs := make([]error, len(js))
+	c.submitAll(ctx, js, errs)
+	patience := c.Patience
+	if patience <= 0 {
+		patience = DefaultPatience
+	}
+	deadline := time.Now().Add(patience)
+	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
+		var idx []int
+		for i, err := range errs {
+			if Transient(err) {
+				idx = append(idx, i)
+			}
+		}
+		if len(idx) == 0 || time.Now().Add(delay).After(deadline) {
+			return errs
+		}
+		select {
+		case <-ctx.Done():
+			return errs
+		case <-time.After(delay):
+		}
+		again := make([]*jobs.Job, len(idx))
+		for k, i := range idx {
+			again[k] = js[i]
+		}
+		aerrs := make([]error, len(again))
+		c.submitAll(ctx, again, aerrs)
+		for k, i := range idx {
+			if errors.Is(aerrs[k], ErrDuplicate) {
+				aerrs[k] = nil // the failed attempt's claim landed; this one enqueued
+			}
+			errs[i] = aerrs[k]
+		}
+	}
+}
+
+func (c *Client) submitAll(ctx context.Context, js []*jobs.Job, errs []error) {
 	for lo := 0; lo < len(js); lo += submitChunk {
 		hi := min(lo+submitChunk, len(js))
 		c.submitChunk(ctx, js[lo:hi], errs[lo:hi])
 	}
-	return errs
 }
 
 func (c *Client) submitChunk(ctx context.Context, js []*jobs.Job, errs []error) {
@@ -320,6 +432,9 @@ func (c *Client) submitChunk(ctx context.Context, js []*jobs.Job, errs []error) 
 			continue
 		}
 		ack, err := waitAck(ctx, f)
+		if err == nil {
+			c.sawEvent(ack.Sequence)
+		}
 		switch {
 		case isWrongLastSeq(err) || (err == nil && ack.Duplicate):
 			errs[i] = ErrDuplicate

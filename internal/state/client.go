@@ -2,9 +2,13 @@ package state
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -16,36 +20,99 @@ import (
 // ErrUnavailable wraps failures to reach the state service.
 var ErrUnavailable = errors.New("the state service is unreachable")
 
-// DefaultTimeout bounds one request when the caller's context has no deadline.
-const DefaultTimeout = 5 * time.Second
-
 // Client reaches the state service over NATS request/reply. Coded errors come
 // back as ErrNotFound, ErrConflict and ErrInvalid (wrapped with the service's
 // message); a broker that does not answer as ErrUnavailable.
+//
+// A Client reads its own writes: it remembers the highest stream sequences it
+// has seen (in answers, and those its owner reports with SawEvents) and asks
+// replicas to answer only once they have applied them. While the fleet elects
+// new leaders or a replica catches up, it retries for up to Patience.
 type Client struct {
 	nc  *nats.Conn
 	sub jobs.Subjects
+	// Patience bounds the retries of a request no replica could answer
+	// (default DefaultPatience; the caller's context bounds it too).
+	Patience time.Duration
+	// EventsFloor, when set, gives an events-stream sequence its owner has
+	// written (its submissions): reads wait for it too.
+	EventsFloor func() uint64
+
+	events atomic.Uint64 // highest events stream sequence seen
+	memory atomic.Uint64 // highest memory stream sequence seen
 }
 
+// attemptTimeout bounds one attempt of a request; a replica answers well
+// within it (its own waits are catchUpWait and writeWait).
+const attemptTimeout = 4 * time.Second
+
+// DefaultPatience is how long a Client retries a request while the fleet fails
+// over.
+const DefaultPatience = 15 * time.Second
+
 // NewClient returns a Client on nc.
-func NewClient(nc *nats.Conn, s jobs.Subjects) *Client { return &Client{nc: nc, sub: s} }
+func NewClient(nc *nats.Conn, s jobs.Subjects) *Client {
+	return &Client{nc: nc, sub: s, Patience: DefaultPatience}
+}
+
+// SawEvents tells the client that the events stream holds seq (a submission
+// its owner made): later reads see it.
+func (c *Client) SawEvents(seq uint64) { storeMax(&c.events, seq) }
+
+func storeMax(a *atomic.Uint64, v uint64) {
+	for {
+		cur := a.Load()
+		if v <= cur || a.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
 
 func (c *Client) call(ctx context.Context, op string, req, resp any) error {
 	data, err := json.Marshal(req)
 	if err != nil {
 		return fmt.Errorf("encode %s request: %w", op, err)
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
-		defer cancel()
+	deadline := time.Now().Add(c.Patience)
+	for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		err := c.once(ctx, op, data, resp)
+		if err == nil || !errors.Is(err, ErrUnavailable) || time.Now().Add(delay).After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(delay):
+		}
 	}
-	msg, err := c.nc.RequestWithContext(ctx, c.sub.State(op), data)
+}
+
+// once makes one request.
+func (c *Client) once(ctx context.Context, op string, data []byte, resp any) error {
+	// One attempt waits at most attemptTimeout: a request that went to a
+	// node as it died gets no answer, and the next attempt reaches another.
+	ctx, cancel := context.WithTimeout(ctx, attemptTimeout)
+	defer cancel()
+	msg := nats.NewMsg(c.sub.State(op))
+	msg.Data = data
+	ev := c.events.Load()
+	if c.EventsFloor != nil {
+		ev = max(ev, c.EventsFloor())
+	}
+	if ev > 0 {
+		msg.Header.Set(HeaderEventsSeq, strconv.FormatUint(ev, 10))
+	}
+	if mem := c.memory.Load(); mem > 0 {
+		msg.Header.Set(HeaderMemorySeq, strconv.FormatUint(mem, 10))
+	}
+	reply, err := c.nc.RequestMsgWithContext(ctx, msg)
 	if err != nil {
 		return fmt.Errorf("%w: %s: %v (is the broker running?)", ErrUnavailable, op, err)
 	}
-	if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {
-		text := msg.Header.Get(micro.ErrorHeader)
+	storeMax(&c.events, seqHeader(reply.Header, HeaderEventsSeq))
+	storeMax(&c.memory, seqHeader(reply.Header, HeaderMemorySeq))
+	if code := reply.Header.Get(micro.ErrorCodeHeader); code != "" {
+		text := reply.Header.Get(micro.ErrorHeader)
 		switch code {
 		case CodeNotFound:
 			return wrapText(ErrNotFound, text)
@@ -53,13 +120,15 @@ func (c *Client) call(ctx context.Context, op string, req, resp any) error {
 			return wrapText(ErrConflict, text)
 		case CodeBadRequest:
 			return wrapText(ErrInvalid, text)
+		case CodeUnavailable:
+			return fmt.Errorf("%w: %s", ErrUnavailable, text)
 		}
 		return fmt.Errorf("state service %s failed (%s): %s", op, code, text)
 	}
 	if resp == nil {
 		return nil
 	}
-	if err := json.Unmarshal(msg.Data, resp); err != nil {
+	if err := json.Unmarshal(reply.Data, resp); err != nil {
 		return fmt.Errorf("decode %s answer: %w", op, err)
 	}
 	return nil
@@ -146,8 +215,11 @@ func (c *Client) MemoryPutQuota(ctx context.Context, m Memory, ifVersion *uint64
 	if len(m.Metadata) > 0 && !json.Valid(m.Metadata) {
 		return nil, invalidf("memory metadata is not valid JSON")
 	}
+	var id [16]byte
+	_, _ = rand.Read(id[:]) // never fails
+	req := MemoryPutRequest{Memory: m, IfVersion: ifVersion, MaxBytes: maxBytes, WriteID: hex.EncodeToString(id[:])}
 	var out Memory
-	if err := c.call(ctx, OpMemoryPut, MemoryPutRequest{Memory: m, IfVersion: ifVersion, MaxBytes: maxBytes}, &out); err != nil {
+	if err := c.call(ctx, OpMemoryPut, req, &out); err != nil {
 		return nil, err
 	}
 	return &out, nil

@@ -1,11 +1,15 @@
 package state
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -44,6 +48,10 @@ type MemoryPutRequest struct {
 	// MaxBytes is the namespace's memory quota (0: none); the front-end sends
 	// its namespace policy's.
 	MaxBytes int64 `json:"max_bytes,omitempty"`
+	// WriteID names this put, the same across its retries (at most 64
+	// letters, digits, '-' and '_'): a retry of a put that landed is answered
+	// with what it stored.
+	WriteID string `json:"write_id,omitempty"`
 }
 
 // MemoryDeleteReply is the answer of memory.delete.
@@ -56,19 +64,44 @@ type MemoryListReply struct {
 	Entries []Memory `json:"entries"`
 }
 
-// respond answers req with v, or with the coded error err maps to.
-func respond(req micro.Request, v any, err error) {
+// respond answers req with v, or with the coded error err maps to, with the
+// replica's applied sequences in the headers (the asker's read-your-writes).
+func (s *Service) respond(req micro.Request, v any, err error) {
+	ev, mem := s.applied.get()
+	h := micro.WithHeaders(micro.Headers{HeaderEventsSeq: {strconv.FormatUint(ev, 10)}, HeaderMemorySeq: {strconv.FormatUint(mem, 10)}})
+	var rerr error
 	switch {
 	case err == nil:
-		_ = req.RespondJSON(v)
+		rerr = req.RespondJSON(v, h)
 	case errors.Is(err, ErrNotFound):
-		_ = req.Error(CodeNotFound, err.Error(), nil)
+		rerr = req.Error(CodeNotFound, err.Error(), nil, h)
 	case errors.Is(err, ErrConflict):
-		_ = req.Error(CodeConflict, err.Error(), nil)
+		rerr = req.Error(CodeConflict, err.Error(), nil, h)
 	case errors.Is(err, ErrInvalid):
-		_ = req.Error(CodeBadRequest, err.Error(), nil)
+		rerr = req.Error(CodeBadRequest, err.Error(), nil, h)
+	case errors.Is(err, ErrBehind), errors.Is(err, ErrUnavailable):
+		rerr = req.Error(CodeUnavailable, err.Error(), nil, h)
 	default:
-		_ = req.Error(CodeInternal, err.Error(), nil)
+		rerr = req.Error(CodeInternal, err.Error(), nil, h)
+	}
+	if rerr != nil {
+		s.logger.Debug("answer state request", "subject", req.Subject(), "err", rerr) // the asker is gone
+	}
+}
+
+// consistent answers a request only once the replica has applied what the
+// asker has seen (its sequence headers), within catchUpWait.
+func (s *Service) consistent(h micro.HandlerFunc) micro.HandlerFunc {
+	return func(req micro.Request) {
+		hdr := nats.Header(req.Headers())
+		ev, mem := seqHeader(hdr, HeaderEventsSeq), seqHeader(hdr, HeaderMemorySeq)
+		if ev > 0 || mem > 0 {
+			if err := s.applied.wait(context.Background(), ev, mem, catchUpWait); err != nil {
+				s.respond(req, nil, err)
+				return
+			}
+		}
+		h(req)
 	}
 }
 
@@ -86,14 +119,14 @@ func (s *Service) handleJobGet(req micro.Request) {
 		return
 	}
 	if r.ID == "" {
-		respond(req, nil, invalidf(`job.get needs a JSON body {"id": "<job id>"}`))
+		s.respond(req, nil, invalidf(`job.get needs a JSON body {"id": "<job id>"}`))
 		return
 	}
 	rec, err := s.store.Job(r.ID)
 	if errors.Is(err, ErrNotFound) {
 		err = fmt.Errorf("%w: no job with id %q", ErrNotFound, r.ID)
 	}
-	respond(req, rec, err)
+	s.respond(req, rec, err)
 }
 
 func (s *Service) handleJobGetMany(req micro.Request) {
@@ -102,11 +135,11 @@ func (s *Service) handleJobGetMany(req micro.Request) {
 		return
 	}
 	if len(r.IDs) > MaxGetMany {
-		respond(req, nil, invalidf("job.getmany takes at most %d ids, got %d", MaxGetMany, len(r.IDs)))
+		s.respond(req, nil, invalidf("job.getmany takes at most %d ids, got %d", MaxGetMany, len(r.IDs)))
 		return
 	}
 	recs, err := s.store.Jobs(r.IDs)
-	respond(req, JobsReply{Jobs: nonNil(recs)}, err)
+	s.respond(req, JobsReply{Jobs: nonNil(recs)}, err)
 }
 
 func (s *Service) handleJobList(req micro.Request) {
@@ -128,11 +161,11 @@ func (s *Service) handleDeadLetterList(req micro.Request) {
 
 func (s *Service) list(req micro.Request, f JobFilter) {
 	if err := f.Validate(); err != nil {
-		respond(req, nil, fmt.Errorf("%w: %v", ErrInvalid, err))
+		s.respond(req, nil, fmt.Errorf("%w: %v", ErrInvalid, err))
 		return
 	}
 	recs, next, err := s.store.List(f)
-	respond(req, JobsReply{Jobs: nonNil(recs), Next: next}, err)
+	s.respond(req, JobsReply{Jobs: nonNil(recs), Next: next}, err)
 }
 
 func nonNil(recs []*jobs.Record) []*jobs.Record {
@@ -151,22 +184,125 @@ func (s *Service) handleMemoryGet(req micro.Request) {
 	if errors.Is(err, ErrNotFound) {
 		err = fmt.Errorf("%w: no memory %q", ErrNotFound, r.Key)
 	}
-	respond(req, m, err)
+	s.respond(req, m, err)
 }
 
+// handleMemoryPut writes through the memory stream: it checks the write and
+// the namespace's quota against this replica, publishes it (compare-and-set is
+// JetStream's expected last subject sequence), waits until this replica has
+// applied it, and answers the stored entry, whose version is the write's
+// stream sequence.
 func (s *Service) handleMemoryPut(req micro.Request) {
 	var r MemoryPutRequest
 	if !decodeReq(req, &r, OpMemoryPut, `{"memory": {...}, "if_version": N}`) {
 		return
 	}
-	m, err := s.store.MemoryPutQuota(r.Memory, r.IfVersion, r.MaxBytes, time.Now())
-	if errors.Is(err, ErrQuota) {
-		err = fmt.Errorf("%w: %w", ErrInvalid, err)
+	m := r.Memory
+	if err := CheckMemory(m); err != nil {
+		s.respond(req, nil, err)
+		return
 	}
-	if errors.Is(err, ErrConflict) {
-		err = fmt.Errorf("%w: memory %q changed since it was read: read it again and retry", ErrConflict, r.Memory.Key)
+	if !validWriteID(r.WriteID) {
+		s.respond(req, nil, invalidf("write_id %.80q is not 1 to 64 letters, digits, '-' and '_'", r.WriteID))
+		return
 	}
-	respond(req, m, err)
+	now := time.Now().UTC()
+	op := MemoryOp{Op: MemoryPutOp, Namespace: m.Namespace, Key: m.Key, Value: m.Value, Metadata: m.Metadata, CreatedAt: now, At: now, WriteID: r.WriteID}
+	cur, err := s.store.MemoryGet(m.Namespace, m.Key)
+	switch {
+	case err == nil && r.WriteID != "" && cur.WriteID == r.WriteID:
+		s.respond(req, cur, nil) // a retry of a put that landed
+		return
+	case err == nil:
+		op.CreatedAt = cur.CreatedAt
+	case !errors.Is(err, ErrNotFound):
+		s.respond(req, nil, err)
+		return
+	}
+	conflict := fmt.Errorf("%w: memory %q changed since it was read: read it again and retry", ErrConflict, m.Key)
+	var expect *uint64
+	if r.IfVersion != nil {
+		switch {
+		case *r.IfVersion == 0 && cur != nil, *r.IfVersion != 0 && (cur == nil || cur.Version != *r.IfVersion):
+			s.respond(req, nil, conflict)
+			return
+		case *r.IfVersion == 0:
+			last, err := s.store.LastWrite(m.Namespace, m.Key) // a deleted key's tombstone
+			if err != nil {
+				s.respond(req, nil, err)
+				return
+			}
+			expect = &last
+		default:
+			expect = r.IfVersion
+		}
+	}
+	if err := s.store.QuotaCheck(op, r.MaxBytes); err != nil {
+		s.respond(req, nil, fmt.Errorf("%w: %w", ErrInvalid, err))
+		return
+	}
+	seq, err := s.writeMemory(op, expect)
+	if isWrongLastSeq(err) {
+		s.respond(req, nil, conflict)
+		return
+	}
+	if err != nil {
+		s.respond(req, nil, err)
+		return
+	}
+	s.respond(req, &Memory{Namespace: op.Namespace, Key: op.Key, Value: op.Value, Metadata: op.Metadata,
+		CreatedAt: op.CreatedAt, UpdatedAt: op.At, Version: seq}, nil)
+}
+
+// writeMemory publishes op (with the expected last sequence of its key's
+// subject, when set) and waits until this replica has applied it.
+func (s *Service) writeMemory(op MemoryOp, expect *uint64) (uint64, error) {
+	data, err := json.Marshal(op)
+	if err != nil {
+		return 0, err
+	}
+	msg := nats.NewMsg(s.sub.Memory(op.Namespace, op.Key))
+	msg.Data = data
+	if op.WriteID != "" {
+		// JetStream answers a retry within its duplicate window with the
+		// first write's sequence, before it checks the expected one.
+		msg.Header.Set(jetstream.MsgIDHeader, "mem."+op.WriteID)
+	}
+	if expect != nil {
+		msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(*expect, 10))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), writeWait)
+	defer cancel()
+	ack, err := s.js.PublishMsg(ctx, msg)
+	if isWrongLastSeq(err) {
+		return 0, err
+	}
+	if err != nil {
+		// The stream has no leader (an election) or the cluster is away:
+		// the client retries, with the same write id.
+		return 0, fmt.Errorf("%w: write memory %q: %w", ErrUnavailable, op.Key, err)
+	}
+	if err := s.applied.wait(ctx, 0, ack.Sequence, writeWait); err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+func validWriteID(id string) bool {
+	if len(id) > 64 {
+		return false
+	}
+	for _, c := range []byte(id) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+func isWrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
 func (s *Service) handleMemoryList(req micro.Request) {
@@ -175,7 +311,7 @@ func (s *Service) handleMemoryList(req micro.Request) {
 		return
 	}
 	ms, err := s.store.MemoryList(r.Namespace, r.Key)
-	respond(req, MemoryListReply{Entries: ms}, err)
+	s.respond(req, MemoryListReply{Entries: ms}, err)
 }
 
 func (s *Service) handleMemoryDelete(req micro.Request) {
@@ -183,6 +319,45 @@ func (s *Service) handleMemoryDelete(req micro.Request) {
 	if !decodeReq(req, &r, OpMemoryDelete, `{"namespace": ..., "key": ...}`) {
 		return
 	}
-	ok, err := s.store.MemoryDelete(r.Namespace, r.Key)
-	respond(req, MemoryDeleteReply{Deleted: ok}, err)
+	if err := checkNamespaceKey(r.Namespace, r.Key); err != nil {
+		s.respond(req, nil, err)
+		return
+	}
+	_, err := s.store.MemoryGet(r.Namespace, r.Key)
+	if errors.Is(err, ErrNotFound) {
+		s.respond(req, MemoryDeleteReply{Deleted: false}, nil)
+		return
+	}
+	if err == nil {
+		now := time.Now().UTC()
+		_, err = s.writeMemory(MemoryOp{Op: MemoryDeleteOp, Namespace: r.Namespace, Key: r.Key, At: now, CreatedAt: now}, nil)
+	}
+	s.respond(req, MemoryDeleteReply{Deleted: err == nil}, err)
+}
+
+// BackupRequest asks a node to write a snapshot of its state file.
+type BackupRequest struct {
+	Path string `json:"path"` // on the broker's host
+}
+
+// BackupReply is the answer to a BackupRequest.
+type BackupReply struct {
+	Bytes int64  `json:"bytes,omitempty"`
+	Error string `json:"error,omitempty"`
+}
+
+// handleBackup writes a consistent snapshot of the state file (one read
+// transaction, while the replica serves) to the path asked.
+func (s *Service) handleBackup(m *nats.Msg) {
+	var r BackupRequest
+	var reply BackupReply
+	if err := json.Unmarshal(m.Data, &r); err != nil || r.Path == "" {
+		reply.Error = `want {"path": "<file on the broker's host>"}`
+	} else if n, err := s.store.Backup(r.Path); err != nil {
+		reply.Error = err.Error()
+	} else {
+		reply.Bytes = n
+	}
+	data, _ := json.Marshal(reply) // plain fields always encode
+	_ = m.Respond(data)            // the asker may be gone
 }

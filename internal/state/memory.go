@@ -23,6 +23,10 @@ type Memory struct {
 	CreatedAt time.Time       `json:"created_at"`
 	UpdatedAt time.Time       `json:"updated_at"`
 	Version   uint64          `json:"version"`
+	// WriteID names the write that stored this version (the client's id of
+	// its put, the same across its retries), so a retried put that already
+	// landed is answered, not applied twice.
+	WriteID string `json:"write_id,omitempty"`
 }
 
 // ErrConflict is returned by a compare-and-set write whose expected version is
@@ -82,100 +86,6 @@ func (s *Store) MemoryGet(ns, key string) (*Memory, error) {
 	return m, err
 }
 
-// MemoryPut writes m (Namespace, Key, Value, Metadata; the times and version are
-// the store's). ifVersion nil writes unconditionally; *ifVersion == 0 writes only
-// when the key is absent; any other value writes only when the stored version
-// equals it. A refused write returns ErrConflict. Concurrent puts share commits.
-func (s *Store) MemoryPut(m Memory, ifVersion *uint64, now time.Time) (*Memory, error) {
-	return s.MemoryPutQuota(m, ifVersion, 0, now)
-}
-
-// ErrQuota is returned by a write that would take a namespace's memory over
-// its quota.
-var ErrQuota = errors.New("memory quota exceeded")
-
-// MemoryPutQuota is MemoryPut with a quota: when maxBytes > 0, a write that
-// would make the namespace's memory (keys, values, metadata) larger than
-// maxBytes is refused with ErrQuota. Writes that shrink it always pass.
-func (s *Store) MemoryPutQuota(m Memory, ifVersion *uint64, maxBytes int64, now time.Time) (*Memory, error) {
-	if err := checkNamespaceKey(m.Namespace, m.Key); err != nil {
-		return nil, err
-	}
-	if len(m.Value) == 0 {
-		return nil, invalidf("memory value is required (any JSON value; use delete to remove a key)")
-	}
-	if len(m.Value) > MaxMemoryValue {
-		return nil, invalidf("memory value is %d bytes, over the limit of %d bytes: store less, or split it over several keys", len(m.Value), MaxMemoryValue)
-	}
-	if !json.Valid(m.Value) {
-		return nil, invalidf("memory value is not valid JSON")
-	}
-	if len(m.Metadata) > MaxMemoryMetadata {
-		return nil, invalidf("memory metadata is %d bytes, over the limit of %d bytes", len(m.Metadata), MaxMemoryMetadata)
-	}
-	if len(m.Metadata) > 0 && !json.Valid(m.Metadata) {
-		return nil, invalidf("memory metadata is not valid JSON")
-	}
-	now = now.UTC()
-	var out *Memory
-	conflict := false
-	// Batch may run the function more than once: it sets its results afresh.
-	err := s.db.Batch(func(tx *bolt.Tx) error {
-		out, conflict = nil, false
-		b, err := tx.Bucket(bucketMemory).CreateBucketIfNotExists(nsBucketName(m.Namespace))
-		if err != nil {
-			return err
-		}
-		next := m
-		next.CreatedAt, next.UpdatedAt, next.Version = now, now, 1
-		if v := b.Get([]byte(m.Key)); v != nil {
-			var old Memory
-			if err := json.Unmarshal(v, &old); err != nil {
-				return fmt.Errorf("decode memory %q: %w", m.Key, err)
-			}
-			if ifVersion != nil && *ifVersion != old.Version {
-				conflict = true
-				return nil
-			}
-			next.CreatedAt, next.Version = old.CreatedAt, old.Version+1
-		} else if ifVersion != nil && *ifVersion != 0 {
-			conflict = true
-			return nil
-		}
-		data, err := json.Marshal(next)
-		if err != nil {
-			return err
-		}
-		used, err := usage(tx, m.Namespace, b)
-		if err != nil {
-			return err
-		}
-		grown := used - entrySize(m.Key, b.Get([]byte(m.Key))) + entrySize(m.Key, data)
-		if maxBytes > 0 && grown > maxBytes && grown > used {
-			return fmt.Errorf("%w: namespace %q would hold %d bytes of memory, over its quota of %d: delete keys you no longer need, or store less",
-				ErrQuota, m.Namespace, grown, maxBytes)
-		}
-		if err := b.Put([]byte(m.Key), data); err != nil {
-			return err
-		}
-		if err := setUsage(tx, m.Namespace, grown); err != nil {
-			return err
-		}
-		out = &next
-		return nil
-	})
-	if errors.Is(err, ErrQuota) {
-		return nil, err
-	}
-	if err != nil {
-		return nil, fmt.Errorf("write memory %q: %w", m.Key, err)
-	}
-	if conflict {
-		return nil, ErrConflict
-	}
-	return out, nil
-}
-
 // MemoryList returns the entries of ns whose key starts with prefix, in key
 // order, without their values.
 func (s *Store) MemoryList(ns, prefix string) ([]Memory, error) {
@@ -205,32 +115,156 @@ func (s *Store) MemoryList(ns, prefix string) ([]Memory, error) {
 	return out, err
 }
 
-// MemoryDelete deletes key in ns and reports whether it existed.
-func (s *Store) MemoryDelete(ns, key string) (bool, error) {
-	if err := checkNamespaceKey(ns, key); err != nil {
-		return false, err
+// ErrQuota is returned by a write that would take a namespace's memory over
+// its quota.
+var ErrQuota = errors.New("memory quota exceeded")
+
+// MemoryOp is one write of the memory stream: the log every replica folds.
+// Everything a replica stores comes from it (times included), so replicas
+// agree byte for byte.
+type MemoryOp struct {
+	Op        string          `json:"op"` // MemoryPutOp or MemoryDeleteOp
+	Namespace string          `json:"namespace"`
+	Key       string          `json:"key"`
+	Value     json.RawMessage `json:"value,omitempty"`
+	Metadata  json.RawMessage `json:"metadata,omitempty"`
+	CreatedAt time.Time       `json:"created_at"`
+	At        time.Time       `json:"at"`
+	WriteID   string          `json:"write_id,omitempty"`
+	// Seq is the write's stream sequence (not encoded): the version of what
+	// it writes.
+	Seq uint64 `json:"-"`
+}
+
+// Memory operations.
+const (
+	MemoryPutOp    = "put"
+	MemoryDeleteOp = "delete"
+)
+
+// CheckMemory validates a put of m before it is written.
+func CheckMemory(m Memory) error {
+	if err := checkNamespaceKey(m.Namespace, m.Key); err != nil {
+		return err
 	}
-	existed := false
-	err := s.db.Batch(func(tx *bolt.Tx) error {
-		existed = false
-		b := tx.Bucket(bucketMemory).Bucket(nsBucketName(ns))
-		if b == nil || b.Get([]byte(key)) == nil {
-			return nil
+	if len(m.Value) == 0 {
+		return invalidf("memory value is required (any JSON value; use delete to remove a key)")
+	}
+	if len(m.Value) > MaxMemoryValue {
+		return invalidf("memory value is %d bytes, over the limit of %d bytes: store less, or split it over several keys", len(m.Value), MaxMemoryValue)
+	}
+	if !json.Valid(m.Value) {
+		return invalidf("memory value is not valid JSON")
+	}
+	if len(m.Metadata) > MaxMemoryMetadata {
+		return invalidf("memory metadata is %d bytes, over the limit of %d bytes", len(m.Metadata), MaxMemoryMetadata)
+	}
+	if len(m.Metadata) > 0 && !json.Valid(m.Metadata) {
+		return invalidf("memory metadata is not valid JSON")
+	}
+	return nil
+}
+
+// memEntry is how a put stores its entry (also what counts against the quota).
+func memEntry(op MemoryOp) ([]byte, error) {
+	return json.Marshal(Memory{Namespace: op.Namespace, Key: op.Key, Value: op.Value, Metadata: op.Metadata,
+		CreatedAt: op.CreatedAt.UTC(), UpdatedAt: op.At.UTC(), Version: op.Seq, WriteID: op.WriteID})
+}
+
+// QuotaCheck reports ErrQuota when putting op (its Seq unknown yet) would make
+// its namespace's memory larger than maxBytes (0: no quota). Writes that
+// shrink it always pass.
+func (s *Store) QuotaCheck(op MemoryOp, maxBytes int64) error {
+	if maxBytes <= 0 {
+		return nil
+	}
+	op.Seq = 1<<63 - 1 // the widest version: the check never undercounts
+	data, err := memEntry(op)
+	if err != nil {
+		return err
+	}
+	return s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketMemory).Bucket(nsBucketName(op.Namespace))
+		var used, old int64
+		if b != nil {
+			var err error
+			if used, err = usage(tx, op.Namespace, b); err != nil {
+				return err
+			}
+			old = entrySize(op.Key, b.Get([]byte(op.Key)))
 		}
-		existed = true
-		used, err := usage(tx, ns, b)
-		if err != nil {
-			return err
+		grown := used - old + entrySize(op.Key, data)
+		if grown > maxBytes && grown > used {
+			return fmt.Errorf("%w: namespace %q would hold %d bytes of memory, over its quota of %d: delete keys you no longer need, or store less",
+				ErrQuota, op.Namespace, grown, maxBytes)
 		}
-		if err := setUsage(tx, ns, used-entrySize(key, b.Get([]byte(key)))); err != nil {
-			return err
+		return nil
+	})
+}
+
+// LastWrite returns the stream sequence of the last write (put or delete) of
+// key in ns that this replica applied, 0 when none: the expected last subject
+// sequence of a write that must find the key absent.
+func (s *Store) LastWrite(ns, key string) (uint64, error) {
+	var seq uint64
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketMemoryWrites).Get(memWriteKey(ns, key)); len(v) == 8 {
+			seq = binary.BigEndian.Uint64(v)
 		}
-		return b.Delete([]byte(key))
+		return nil
+	})
+	return seq, err
+}
+
+func memWriteKey(ns, key string) []byte { return append(append(nsBucketName(ns), 0), key...) }
+
+// ApplyMemory folds memory writes (in stream order) into the store in one
+// durable transaction, and records lastSeq as the memory stream's applied
+// sequence.
+func (s *Store) ApplyMemory(ops []MemoryOp, lastSeq uint64) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		writes := tx.Bucket(bucketMemoryWrites)
+		for _, op := range ops {
+			if checkNamespaceKey(op.Namespace, op.Key) != nil {
+				continue // nothing valid to apply (a writer past our checks)
+			}
+			b, err := tx.Bucket(bucketMemory).CreateBucketIfNotExists(nsBucketName(op.Namespace))
+			if err != nil {
+				return err
+			}
+			used, err := usage(tx, op.Namespace, b)
+			if err != nil {
+				return err
+			}
+			used -= entrySize(op.Key, b.Get([]byte(op.Key)))
+			switch op.Op {
+			case MemoryPutOp:
+				data, err := memEntry(op)
+				if err != nil {
+					return err
+				}
+				if err := b.Put([]byte(op.Key), data); err != nil {
+					return err
+				}
+				used += entrySize(op.Key, data)
+			case MemoryDeleteOp:
+				if err := b.Delete([]byte(op.Key)); err != nil {
+					return err
+				}
+			}
+			if err := setUsage(tx, op.Namespace, used); err != nil {
+				return err
+			}
+			if err := writes.Put(memWriteKey(op.Namespace, op.Key), binary.BigEndian.AppendUint64(nil, op.Seq)); err != nil {
+				return err
+			}
+		}
+		return setApplied(tx, metaMemorySeq, lastSeq)
 	})
 	if err != nil {
-		return false, fmt.Errorf("delete memory %q: %w", key, err)
+		return fmt.Errorf("apply memory writes: %w", err)
 	}
-	return existed, nil
+	return nil
 }
 
 // entrySize is what one stored entry counts against its namespace's quota.

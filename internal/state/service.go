@@ -24,6 +24,8 @@ const (
 	CodeNotFound   = "404"
 	CodeConflict   = "409"
 	CodeInternal   = "500"
+	// CodeUnavailable: this replica is behind what the asker has seen.
+	CodeUnavailable = "503"
 )
 
 // Operations of the state service; the request subject of each is
@@ -42,7 +44,9 @@ const (
 // DefaultRetention keeps finished jobs for 7 days, and at most a million.
 var DefaultRetention = Retention{MaxAge: 7 * 24 * time.Hour, MaxCount: 1_000_000}
 
-// Service applies the events stream to the Store and answers state requests.
+// Service is one state replica: it folds the events and memory streams into
+// its Store and answers state requests (any replica answers any request; the
+// NATS micro service spreads them).
 type Service struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
@@ -57,15 +61,20 @@ type Service struct {
 	// Metrics, when set before Start, records each job that reaches its terminal
 	// status: the count by status and its queued, running and total times.
 	Metrics *metrics.Metrics
+	// Node names this replica for admin requests (the broker's server name).
+	Node string
 
-	key []byte // the fleet's proxy key, which proves workers' events; set by Start
+	key     []byte   // the fleet's proxy key, which proves workers' events; set by Start
+	applied *applied // set by Start
 
-	mu     sync.Mutex // guards cancel, svc, advSub
-	cancel context.CancelFunc
-	svc    micro.Service
-	advSub *nats.Subscription
-	wg     sync.WaitGroup // applyLoop, retention loop, advisory loop, write handlers
-	writes chan struct{}  // bounds concurrent write handlers
+	mu      sync.Mutex // guards cancel, svc, advSub, admSub, stopped, and wg.Add of write handlers
+	stopped bool
+	cancel  context.CancelFunc
+	svc     micro.Service
+	advSub  *nats.Subscription
+	admSub  *nats.Subscription
+	wg      sync.WaitGroup // followers, retention loop, advisory loop, write handlers
+	writes  chan struct{}  // bounds concurrent write handlers
 }
 
 // NewService returns a Service; Start begins its work.
@@ -81,40 +90,40 @@ func NewService(nc *nats.Conn, store *Store, sub jobs.Subjects, logger *slog.Log
 		Retention: DefaultRetention, writes: make(chan struct{}, 64)}, nil
 }
 
-// Start rebuilds the job index from the events stream when the state file is
-// new, creates the service's durable consumer on the events stream, begins
-// applying events, and registers the request handlers.
+// Start follows the streams from where the store left off, waits until it has
+// caught up with them, then registers the request handlers.
 func (s *Service) Start(ctx context.Context) error {
 	key, err := queue.ProxyKey(ctx, s.js, s.sub)
 	if err != nil {
 		return fmt.Errorf("state service: %w", err)
 	}
 	s.key = key
-	if s.store.Fresh() {
-		n, err := s.Rebuild(ctx, false)
-		if err != nil {
-			return err
-		}
-		if n > 0 {
-			s.logger.Info("rebuilt job index from the events stream", "events", n)
-		}
-	}
-	cons, err := s.js.CreateOrUpdateConsumer(ctx, s.sub.EventsStream(), jetstream.ConsumerConfig{
-		Durable:       "state",
-		Description:   "mcpexec state service",
-		AckPolicy:     jetstream.AckAllPolicy, // one ack per applied batch
-		AckWait:       30 * time.Second,
-		MaxDeliver:    -1,
-		MaxAckPending: 20_000,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
+	ev, mem, err := s.store.Applied()
 	if err != nil {
-		return fmt.Errorf("create state consumer: %w", err)
+		return err
+	}
+	s.applied = newApplied(ev, mem)
+	runCtx, cancel := context.WithCancel(context.Background())
+	s.mu.Lock()
+	s.cancel = cancel
+	s.mu.Unlock()
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		s.follow(runCtx, s.sub.EventsStream(), ev, s.applyEvents)
+	}()
+	go func() {
+		defer s.wg.Done()
+		s.follow(runCtx, s.sub.MemoryStream(), mem, s.applyMemory)
+	}()
+	if err := s.catchUp(ctx); err != nil {
+		return fmt.Errorf("state replica: %w", err)
 	}
 	svc, err := micro.AddService(s.nc, micro.Config{
 		Name:        s.sub.StateService(),
-		Version:     "0.2.0",
-		Description: "mcpexec job records and memory",
+		Version:     "0.3.0",
+		Description: "mcpexec job records and memory (a replica)",
+		Metadata:    map[string]string{"node": s.Node},
 	})
 	if err != nil {
 		return fmt.Errorf("add state service: %w", err)
@@ -123,14 +132,14 @@ func (s *Service) Start(ctx context.Context) error {
 		op string
 		h  micro.HandlerFunc
 	}{
-		{OpJobGet, s.handleJobGet},
-		{OpJobGetMany, s.handleJobGetMany},
-		{OpJobList, s.handleJobList},
-		{OpDeadLetterList, s.handleDeadLetterList},
-		{OpMemoryGet, s.handleMemoryGet},
-		{OpMemoryPut, s.concurrently(s.handleMemoryPut)},
-		{OpMemoryList, s.handleMemoryList},
-		{OpMemoryDelete, s.concurrently(s.handleMemoryDelete)},
+		{OpJobGet, s.consistent(s.handleJobGet)},
+		{OpJobGetMany, s.consistent(s.handleJobGetMany)},
+		{OpJobList, s.consistent(s.handleJobList)},
+		{OpDeadLetterList, s.consistent(s.handleDeadLetterList)},
+		{OpMemoryGet, s.consistent(s.handleMemoryGet)},
+		{OpMemoryPut, s.concurrently(s.consistent(s.handleMemoryPut))},
+		{OpMemoryList, s.consistent(s.handleMemoryList)},
+		{OpMemoryDelete, s.concurrently(s.consistent(s.handleMemoryDelete))},
 	}
 	for _, e := range endpoints {
 		name := endpointName(e.op)
@@ -145,6 +154,14 @@ func (s *Service) Start(ctx context.Context) error {
 		_ = svc.Stop()
 		return fmt.Errorf("subscribe to max-deliveries advisories: %w", err)
 	}
+	var admSub *nats.Subscription
+	if s.Node != "" {
+		if admSub, err = s.nc.Subscribe(s.sub.AdminBackup(s.Node), s.handleBackup); err != nil {
+			_ = svc.Stop()
+			_ = advSub.Unsubscribe()
+			return fmt.Errorf("answer backup requests: %w", err)
+		}
+	}
 	// The server has the endpoints' subscriptions once Start returns, so no
 	// request gets "no responders".
 	if err := s.nc.FlushTimeout(10 * time.Second); err != nil {
@@ -152,15 +169,10 @@ func (s *Service) Start(ctx context.Context) error {
 		_ = advSub.Unsubscribe()
 		return fmt.Errorf("register state service: %w", err)
 	}
-	runCtx, cancel := context.WithCancel(context.Background())
 	s.mu.Lock()
-	s.cancel, s.svc, s.advSub = cancel, svc, advSub
+	s.svc, s.advSub, s.admSub = svc, advSub, admSub
 	s.mu.Unlock()
-	s.wg.Add(3)
-	go func() {
-		defer s.wg.Done()
-		s.applyLoop(runCtx, cons)
-	}()
+	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
 		s.retentionLoop(runCtx)
@@ -172,6 +184,29 @@ func (s *Service) Start(ctx context.Context) error {
 	return nil
 }
 
+// Stop stops answering and following. It is idempotent.
+func (s *Service) Stop() {
+	s.mu.Lock()
+	cancel, svc, advSub, admSub := s.cancel, s.svc, s.advSub, s.admSub
+	s.cancel, s.svc, s.advSub, s.admSub = nil, nil, nil, nil
+	s.stopped = true
+	s.mu.Unlock()
+	if svc != nil {
+		if err := svc.Stop(); err != nil {
+			s.logger.Warn("stop state service", "err", err)
+		}
+	}
+	for _, sub := range []*nats.Subscription{advSub, admSub} {
+		if sub != nil {
+			_ = sub.Unsubscribe() // a closed connection has none left
+		}
+	}
+	if cancel != nil {
+		cancel()
+	}
+	s.wg.Wait()
+}
+
 func endpointName(op string) string {
 	b := []byte(op)
 	for i, c := range b {
@@ -180,139 +215,6 @@ func endpointName(op string) string {
 		}
 	}
 	return string(b)
-}
-
-// Stop ends the service and waits for its goroutines. It is idempotent.
-func (s *Service) Stop() {
-	s.mu.Lock()
-	cancel, svc, advSub := s.cancel, s.svc, s.advSub
-	s.cancel, s.svc, s.advSub = nil, nil, nil
-	s.mu.Unlock()
-	if svc != nil {
-		_ = svc.Stop()
-	}
-	if advSub != nil {
-		_ = advSub.Unsubscribe()
-	}
-	if cancel != nil {
-		cancel()
-	}
-	s.wg.Wait()
-}
-
-// applyLoop fetches events in batches and applies each batch in one transaction,
-// acknowledging the batch (AckAll on its last event) only after the commit. When
-// nothing is pending it blocks on a fetch of one event, so an event is applied
-// as soon as it arrives.
-func (s *Service) applyLoop(ctx context.Context, cons jetstream.Consumer) {
-	for ctx.Err() == nil {
-		batch, err := cons.FetchNoWait(1024)
-		if err != nil {
-			s.sleep(ctx, time.Second)
-			continue
-		}
-		last, evs := s.decode(batch)
-		if last == nil {
-			one, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
-			if err != nil {
-				s.sleep(ctx, 100*time.Millisecond)
-				continue
-			}
-			if last, evs = s.decode(one); last == nil {
-				continue
-			}
-		}
-		if len(evs) > 0 {
-			changed, err := s.store.ApplyEvents(evs)
-			if err != nil {
-				// Not acknowledged: JetStream redelivers the batch after AckWait.
-				s.logger.Error("apply events", "count", len(evs), "err", err)
-				s.sleep(ctx, time.Second)
-				continue
-			}
-			s.observe(changed)
-		}
-		_ = last.Ack()
-	}
-}
-
-// decode reads a batch; it returns the last message (to acknowledge the batch)
-// and the events that decode, skipping (and logging) those that do not.
-func (s *Service) decode(batch jetstream.MessageBatch) (jetstream.Msg, []jobs.Event) {
-	var last jetstream.Msg
-	var evs []jobs.Event
-	for m := range batch.Messages() {
-		last = m
-		var ev jobs.Event
-		if err := json.Unmarshal(m.Data(), &ev); err != nil || !jobs.ValidID(ev.Job) {
-			s.logger.Warn("skipping malformed event", "subject", m.Subject(), "err", err)
-			continue
-		}
-		if !s.proven(ev) {
-			s.logger.Warn("skipping an event without its job's proof (a worker speaking for a job it does not hold?)",
-				"job", ev.Job, "kind", ev.Kind, "worker", ev.Worker)
-			continue
-		}
-		evs = append(evs, ev)
-	}
-	return last, evs
-}
-
-// Rebuild replays the events stream from its start into the store, up to the
-// last event stored when it begins, and returns how many events it applied.
-// Applying an event is idempotent (jobs.Apply fences by attempt and keeps
-// terminal records), so replaying over existing records only fills gaps. With
-// fresh the job records are deleted first (memory is kept) and the index is the
-// stream's view alone. The durable consumer goes on from where it stopped.
-func (s *Service) Rebuild(ctx context.Context, fresh bool) (int, error) {
-	stream, err := s.js.Stream(ctx, s.sub.EventsStream())
-	if err != nil {
-		return 0, fmt.Errorf("rebuild: look up stream %s: %w", s.sub.EventsStream(), err)
-	}
-	lastSeq := stream.CachedInfo().State.LastSeq
-	if fresh {
-		if err := s.store.ResetJobs(); err != nil {
-			return 0, err
-		}
-	}
-	if stream.CachedInfo().State.Msgs == 0 {
-		return 0, nil
-	}
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
-	if err != nil {
-		return 0, fmt.Errorf("rebuild: replay %s: %w", s.sub.EventsStream(), err)
-	}
-	applied := 0
-	for {
-		batch, err := cons.Fetch(1024, jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			return applied, fmt.Errorf("rebuild: read events: %w", err)
-		}
-		var evs []jobs.Event
-		var seq uint64
-		for m := range batch.Messages() {
-			if md, err := m.Metadata(); err == nil {
-				seq = md.Sequence.Stream
-			}
-			var ev jobs.Event
-			if json.Unmarshal(m.Data(), &ev) == nil && jobs.ValidID(ev.Job) && s.proven(ev) {
-				evs = append(evs, ev)
-			}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return applied, fmt.Errorf("rebuild: read events: %w", err)
-		}
-		if _, err := s.store.ApplyEvents(evs); err != nil {
-			return applied, fmt.Errorf("rebuild: %w", err)
-		}
-		applied += len(evs)
-		if seq >= lastSeq || (len(evs) == 0 && seq == 0) {
-			return applied, nil
-		}
-		if ctx.Err() != nil {
-			return applied, ctx.Err()
-		}
-	}
 }
 
 func (s *Service) retentionLoop(ctx context.Context) {
@@ -423,7 +325,15 @@ func (s *Service) sleep(ctx context.Context, d time.Duration) {
 func (s *Service) concurrently(h micro.HandlerFunc) micro.HandlerFunc {
 	return func(req micro.Request) {
 		s.writes <- struct{}{}
+		s.mu.Lock()
+		if s.stopped {
+			s.mu.Unlock()
+			<-s.writes
+			_ = req.Error(CodeUnavailable, "this state replica is stopping: retry", nil)
+			return
+		}
 		s.wg.Add(1)
+		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
 			defer func() { <-s.writes }()

@@ -43,22 +43,23 @@ func TestMemoryThroughService(t *testing.T) {
 	if _, err := c.MemoryGet(ctx, "ns", "k"); !errors.Is(err, state.ErrNotFound) {
 		t.Fatalf("get missing: %v, want ErrNotFound", err)
 	}
+	// A version is the stream sequence of the key's last write.
 	m, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "k", Value: json.RawMessage(`{"a":1}`), Metadata: json.RawMessage(`{"tag":"x"}`)}, u64(0))
-	if err != nil || m.Version != 1 || m.CreatedAt.IsZero() {
+	if err != nil || m.Version == 0 || m.CreatedAt.IsZero() {
 		t.Fatalf("create: %+v %v", m, err)
 	}
 	if _, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "k", Value: json.RawMessage(`2`)}, u64(0)); !errors.Is(err, state.ErrConflict) {
 		t.Fatalf("create existing: %v, want ErrConflict", err)
 	}
-	if _, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "k", Value: json.RawMessage(`2`)}, u64(7)); !errors.Is(err, state.ErrConflict) {
+	if _, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "k", Value: json.RawMessage(`2`)}, u64(m.Version+7)); !errors.Is(err, state.ErrConflict) {
 		t.Fatalf("stale CAS: %v, want ErrConflict", err)
 	}
-	m2, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "k", Value: json.RawMessage(`2`)}, u64(1))
-	if err != nil || m2.Version != 2 || !m2.CreatedAt.Equal(m.CreatedAt) {
+	m2, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "k", Value: json.RawMessage(`2`)}, u64(m.Version))
+	if err != nil || m2.Version <= m.Version || !m2.CreatedAt.Equal(m.CreatedAt) {
 		t.Fatalf("CAS: %+v %v", m2, err)
 	}
 	got, err := c.MemoryGet(ctx, "ns", "k")
-	if err != nil || string(got.Value) != "2" || got.Version != 2 {
+	if err != nil || string(got.Value) != "2" || got.Version != m2.Version {
 		t.Fatalf("get: %+v %v", got, err)
 	}
 	if _, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "big", Value: json.RawMessage(`"` + strings.Repeat("x", state.MaxMemoryValue) + `"`)}, nil); !errors.Is(err, state.ErrInvalid) || !strings.Contains(err.Error(), "over the limit") {
@@ -81,6 +82,10 @@ func TestMemoryThroughService(t *testing.T) {
 	if ok, err := c.MemoryDelete(ctx, "ns", "k"); err != nil || ok {
 		t.Fatalf("delete again: %v %v", ok, err)
 	}
+	// A deleted key can be created again with "absent" compare-and-set.
+	if _, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "k", Value: json.RawMessage(`3`)}, u64(0)); err != nil {
+		t.Fatalf("create after delete: %v", err)
+	}
 	if _, err := c.Job(ctx, "nope"); !errors.Is(err, state.ErrNotFound) {
 		t.Fatalf("job get missing: %v", err)
 	}
@@ -93,7 +98,8 @@ func TestMemoryKeysNeverCollide(t *testing.T) {
 	s := openStore(t)
 	pairs := [][2]string{{"a", "b:c"}, {"a:b", "c"}, {"", "ab"}, {"a", "b"}, {"a", "b/c"}, {"a", "b_c"}, {"a", "B"}, {"a", "b "}, {"a", "ü"}, {"a", "u\u0308"}}
 	for i, p := range pairs {
-		if _, err := s.MemoryPut(state.Memory{Namespace: p[0], Key: p[1], Value: json.RawMessage(fmt.Sprint(i))}, nil, time.Now()); err != nil {
+		op := state.MemoryOp{Op: state.MemoryPutOp, Namespace: p[0], Key: p[1], Value: json.RawMessage(fmt.Sprint(i)), At: time.Now(), Seq: 1}
+		if err := s.ApplyMemory([]state.MemoryOp{op}, uint64(i+1)); err != nil {
 			t.Fatalf("put %q: %v", p, err)
 		}
 	}
@@ -162,7 +168,7 @@ func TestRetentionAndListing(t *testing.T) {
 		evs = append(evs, finished(fmt.Sprintf("new%02d", i), now.Add(time.Duration(i)*time.Second), jobs.StatusWorkerLost)...)
 	}
 	evs = append(evs, jobs.Event{Job: "queued1", Kind: jobs.EventSubmitted, Spec: &jobs.Job{ID: "queued1", Code: "x"}, At: now})
-	if _, err := s.ApplyEvents(evs); err != nil {
+	if _, err := s.ApplyEvents(evs, 0); err != nil {
 		t.Fatal(err)
 	}
 	// Paging with a prefix and a status filter.
@@ -215,16 +221,14 @@ func TestRetentionAndListing(t *testing.T) {
 // overwrites and deletes give the room back; other namespaces are unaffected.
 func TestMemoryQuota(t *testing.T) {
 	t.Parallel()
-	s := openStore(t)
+	c := client(t)
+	ctx := context.Background()
 	value := json.RawMessage(`"` + strings.Repeat("x", 900_000) + `"`)
 	const quota = 5 << 20
 	stored := 0
 	for i := range 300 {
-		_, err := s.MemoryPutQuota(state.Memory{Namespace: "greedy", Key: fmt.Sprint("k", i), Value: value}, nil, quota, time.Now())
-		if errors.Is(err, state.ErrQuota) {
-			if !strings.Contains(err.Error(), "quota") {
-				t.Fatalf("quota error says: %v", err)
-			}
+		_, err := c.MemoryPutQuota(ctx, state.Memory{Namespace: "greedy", Key: fmt.Sprint("k", i), Value: value}, nil, quota)
+		if errors.Is(err, state.ErrInvalid) && strings.Contains(err.Error(), "quota") {
 			break
 		}
 		if err != nil {
@@ -232,21 +236,20 @@ func TestMemoryQuota(t *testing.T) {
 		}
 		stored++
 	}
-	used, err := s.MemoryUsage("greedy")
-	if err != nil || stored != 5 || used > quota {
-		t.Fatalf("stored %d values, usage %d (%v); want 5 within %d", stored, used, err, quota)
+	if stored != 5 {
+		t.Fatalf("stored %d values, want 5 within %d bytes", stored, quota)
 	}
 	// An overwrite of the same size passes; a delete makes room for one more.
-	if _, err := s.MemoryPutQuota(state.Memory{Namespace: "greedy", Key: "k0", Value: value}, nil, quota, time.Now()); err != nil {
+	if _, err := c.MemoryPutQuota(ctx, state.Memory{Namespace: "greedy", Key: "k0", Value: value}, nil, quota); err != nil {
 		t.Fatalf("overwrite within quota: %v", err)
 	}
-	if ok, err := s.MemoryDelete("greedy", "k1"); !ok || err != nil {
+	if ok, err := c.MemoryDelete(ctx, "greedy", "k1"); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
-	if _, err := s.MemoryPutQuota(state.Memory{Namespace: "greedy", Key: "again", Value: value}, nil, quota, time.Now()); err != nil {
+	if _, err := c.MemoryPutQuota(ctx, state.Memory{Namespace: "greedy", Key: "again", Value: value}, nil, quota); err != nil {
 		t.Fatalf("put after a delete: %v", err)
 	}
-	if _, err := s.MemoryPutQuota(state.Memory{Namespace: "other", Key: "k", Value: value}, nil, quota, time.Now()); err != nil {
+	if _, err := c.MemoryPutQuota(ctx, state.Memory{Namespace: "other", Key: "k", Value: value}, nil, quota); err != nil {
 		t.Fatalf("another namespace: %v", err)
 	}
 }

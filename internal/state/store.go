@@ -4,15 +4,20 @@
 package state
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
+
+// ErrLocked is returned by Open when another process holds the file.
+var ErrLocked = errors.New("the state file is in use")
 
 // ErrNotFound is returned when no record exists for a key.
 var ErrNotFound = errors.New("not found")
@@ -23,7 +28,36 @@ var (
 	bucketFinished    = []byte("finished")    // finish time (8 bytes, big-endian ns) + job id → empty
 	bucketMemory      = []byte("memory")      // 'n' + namespace → nested bucket: key → Memory (JSON)
 	bucketMemoryUsage = []byte("memusage")    // namespace → bytes its memory holds (8 bytes, big-endian)
+	// 'n' + namespace + 0 + key → sequence of the key's last write (put or delete)
+	bucketMemoryWrites = []byte("memwrites")
+	bucketMeta         = []byte("meta") // metaEventsSeq, metaMemorySeq → applied stream sequence (8 bytes)
 )
+
+// Keys of the meta bucket: how far this replica has folded each stream.
+var (
+	metaEventsSeq = []byte("events_seq")
+	metaMemorySeq = []byte("memory_seq")
+)
+
+func setApplied(tx *bolt.Tx, key []byte, seq uint64) error {
+	return tx.Bucket(bucketMeta).Put(key, binary.BigEndian.AppendUint64(nil, seq))
+}
+
+// Applied returns the sequences of the events and memory streams this replica
+// has folded.
+func (s *Store) Applied() (events, memory uint64, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		m := tx.Bucket(bucketMeta)
+		if v := m.Get(metaEventsSeq); len(v) == 8 {
+			events = binary.BigEndian.Uint64(v)
+		}
+		if v := m.Get(metaMemorySeq); len(v) == 8 {
+			memory = binary.BigEndian.Uint64(v)
+		}
+		return nil
+	})
+	return events, memory, err
+}
 
 // Store is the bbolt file. Its methods are safe for concurrent use. Every write
 // is committed with fsync before the method returns.
@@ -35,14 +69,17 @@ type Store struct {
 // Open opens (creating if needed) the bbolt file at path.
 func Open(path string) (*Store, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return nil, fmt.Errorf("open state file %s: %w (is another broker using the same --data?)", path, ErrLocked)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("open state file %s: %w (is another broker using the same --data?)", path, err)
+		return nil, fmt.Errorf("open state file %s: %w", path, err)
 	}
 	db.MaxBatchDelay = 2 * time.Millisecond
 	fresh := false
 	err = db.Update(func(tx *bolt.Tx) error {
 		fresh = tx.Bucket(bucketJobs) == nil
-		for _, name := range [][]byte{bucketJobs, bucketDeadLetters, bucketFinished, bucketMemory, bucketMemoryUsage} {
+		for _, name := range [][]byte{bucketJobs, bucketDeadLetters, bucketFinished, bucketMemory, bucketMemoryUsage, bucketMemoryWrites, bucketMeta} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
@@ -77,11 +114,17 @@ func (s *Store) Job(id string) (*jobs.Record, error) {
 	return rec, err
 }
 
-// ApplyEvents folds events into their job records in one durable transaction and
+// ApplyEvents folds events into their job records in one durable transaction,
+// records lastSeq as the events stream's applied sequence (0 leaves it), and
 // returns the records that changed.
-func (s *Store) ApplyEvents(evs []jobs.Event) ([]*jobs.Record, error) {
+func (s *Store) ApplyEvents(evs []jobs.Event, lastSeq uint64) ([]*jobs.Record, error) {
 	var changed []*jobs.Record
 	err := s.db.Update(func(tx *bolt.Tx) error {
+		if lastSeq > 0 {
+			if err := setApplied(tx, metaEventsSeq, lastSeq); err != nil {
+				return err
+			}
+		}
 		changed = changed[:0]
 		b := tx.Bucket(bucketJobs)
 		dl, fin := tx.Bucket(bucketDeadLetters), tx.Bucket(bucketFinished)
@@ -127,4 +170,27 @@ func (s *Store) ApplyEvents(evs []jobs.Event) ([]*jobs.Record, error) {
 		return nil
 	})
 	return changed, err
+}
+
+// Backup writes a consistent snapshot of the file to path (one read
+// transaction: the store goes on serving) and returns its size.
+func (s *Store) Backup(path string) (int64, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return 0, fmt.Errorf("backup: %w", err)
+	}
+	var n int64
+	err = s.db.View(func(tx *bolt.Tx) error {
+		var werr error
+		n, werr = tx.WriteTo(f)
+		return werr
+	})
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(path)
+		return 0, fmt.Errorf("backup to %s: %w", path, err)
+	}
+	return n, nil
 }

@@ -19,8 +19,8 @@ import (
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
-// Cluster is an in-process NATS cluster of brokers on loopback. Node 0 runs the
-// state service; the others run with NoState.
+// Cluster is an in-process NATS cluster of brokers on loopback, started with
+// the same flags: every node runs a state replica.
 type Cluster struct {
 	Nodes []*broker.Broker
 	URLs  []string // client URL of each node
@@ -59,7 +59,6 @@ func StartCluster(t testing.TB, n int, qcfg queue.Config, mutate ...func(i int, 
 				Logger:     Logger(t).With("node", i),
 				ServerName: fmt.Sprintf("node%d", i),
 				Cluster:    broker.ClusterConfig{Name: "mcpexec-test", Listen: fmt.Sprintf("127.0.0.1:%d", ports[i]), Routes: routes},
-				NoState:    i != 0,
 			}
 			for _, m := range mutate {
 				m(i, &cfg)
@@ -86,7 +85,7 @@ func StartCluster(t testing.TB, n int, qcfg queue.Config, mutate ...func(i int, 
 // configured.
 func (c *Cluster) URL() string { return strings.Join(c.URLs, ",") }
 
-// State is the node that runs the state service.
+// State is a node whose state replica tests read (node 0; every node has one).
 func (c *Cluster) State() *broker.Broker { return c.Nodes[0] }
 
 // Kill stops node i (its clients see their connection drop). Idempotent.

@@ -1,0 +1,253 @@
+package state
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+)
+
+// Every broker node runs a replica: it folds the replicated streams (job
+// events, memory writes) into its own bbolt file, each from the sequence after
+// the last one it applied (kept in the file, written in the same transaction
+// as what it applied). No replica is special; any answers any read.
+
+// Headers of read-your-writes. A request may carry the stream sequences its
+// sender has seen; the replica answers once it has applied them (or says it is
+// behind). Every answer carries the replica's applied sequences.
+const (
+	HeaderEventsSeq = "Mcpexec-Events-Seq"
+	HeaderMemorySeq = "Mcpexec-Memory-Seq"
+)
+
+// Bounds of read-your-writes.
+const (
+	// catchUpWait bounds a request's wait for the replica to apply what its
+	// sender has seen; past it the replica answers ErrBehind.
+	catchUpWait = 2 * time.Second
+	// writeWait bounds a write's wait for its own application.
+	writeWait = 3 * time.Second
+)
+
+// ErrBehind is the error of a replica that has not applied what a request's
+// sender has seen: another replica (or a retry) answers.
+var ErrBehind = errors.New("this state replica is behind the streams")
+
+// applied tracks how far the replica has folded each stream, and wakes those
+// who wait for it.
+type applied struct {
+	mu     sync.Mutex // guards events, memory, wake
+	events uint64
+	memory uint64
+	wake   chan struct{} // closed (and replaced) at each advance
+}
+
+func newApplied(events, memory uint64) *applied {
+	return &applied{events: events, memory: memory, wake: make(chan struct{})}
+}
+
+func (a *applied) get() (events, memory uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.events, a.memory
+}
+
+func (a *applied) advance(events, memory uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.events, a.memory = max(a.events, events), max(a.memory, memory)
+	close(a.wake)
+	a.wake = make(chan struct{})
+}
+
+// wait returns nil once events and memory are applied, else ErrBehind when d
+// passes (or ctx ends).
+func (a *applied) wait(ctx context.Context, events, memory uint64, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		a.mu.Lock()
+		ok := a.events >= events && a.memory >= memory
+		wake := a.wake
+		ae, am := a.events, a.memory
+		a.mu.Unlock()
+		if ok {
+			return nil
+		}
+		select {
+		case <-wake:
+		case <-t.C:
+			return fmt.Errorf("%w: it has applied events %d and memory %d, the request needs %d and %d: retry (another replica may answer)", ErrBehind, ae, am, events, memory)
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %w", ErrBehind, ctx.Err())
+		}
+	}
+}
+
+// seqHeader reads a sequence header (0 when absent or malformed).
+func seqHeader(h nats.Header, key string) uint64 {
+	n, _ := strconv.ParseUint(h.Get(key), 10, 64)
+	return n
+}
+
+// follow folds stream into the store, from the message after from, until ctx
+// ends. apply is given each batch and the stream sequence of its last message.
+func (s *Service) follow(ctx context.Context, stream string, from uint64, apply func([]jetstream.Msg, uint64) error) {
+	for ctx.Err() == nil {
+		cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
+		if from > 0 {
+			cfg = jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from + 1}
+		}
+		cons, err := s.js.OrderedConsumer(ctx, stream, cfg)
+		if err != nil {
+			s.logger.Warn("follow stream", "stream", stream, "err", err)
+			s.sleep(ctx, time.Second)
+			continue
+		}
+		from = s.drain(ctx, stream, cons, from, apply)
+	}
+}
+
+// drain applies what cons delivers, in batches of what has arrived, until it
+// fails or ctx ends; it returns the last sequence applied. The ordered
+// consumer recreates itself across leader changes and reconnects.
+func (s *Service) drain(ctx context.Context, stream string, cons jetstream.Consumer, from uint64, apply func([]jetstream.Msg, uint64) error) uint64 {
+	const maxBatch = 1024
+	msgs := make(chan jetstream.Msg, 4*maxBatch)
+	stop := make(chan struct{})
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case msgs <- m:
+		case <-stop:
+		}
+	}, jetstream.PullMaxMessages(maxBatch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		s.logger.Debug("follow stream", "stream", stream, "err", err)
+	}))
+	if err != nil {
+		s.logger.Warn("follow stream", "stream", stream, "err", err)
+		s.sleep(ctx, time.Second)
+		return from
+	}
+	defer cc.Stop()
+	defer close(stop) // runs first: a blocked callback returns
+	for {
+		var batch []jetstream.Msg
+		select {
+		case m := <-msgs:
+			batch = append(batch, m)
+		case <-ctx.Done():
+			return from
+		}
+	more:
+		for len(batch) < maxBatch {
+			select {
+			case m := <-msgs:
+				batch = append(batch, m)
+			default:
+				break more
+			}
+		}
+		// Drop what a reset redelivered: applied already.
+		fresh, last := batch[:0], from
+		for _, m := range batch {
+			if md, err := m.Metadata(); err == nil && md.Sequence.Stream > from {
+				fresh, last = append(fresh, m), md.Sequence.Stream
+			}
+		}
+		if batch = fresh; len(batch) == 0 {
+			continue
+		}
+		if err := apply(batch, last); err != nil {
+			// Not applied: start again after what was (the store says).
+			s.logger.Error("apply stream", "stream", stream, "count", len(batch), "err", err)
+			s.sleep(ctx, time.Second)
+			return from
+		}
+		from = last
+	}
+}
+
+// applyEvents folds a batch of the events stream.
+func (s *Service) applyEvents(msgs []jetstream.Msg, last uint64) error {
+	evs := make([]jobs.Event, 0, len(msgs))
+	for _, m := range msgs {
+		var ev jobs.Event
+		if err := json.Unmarshal(m.Data(), &ev); err != nil || !jobs.ValidID(ev.Job) {
+			s.logger.Warn("skipping malformed event", "subject", m.Subject(), "err", err)
+			continue
+		}
+		if !s.proven(ev) {
+			s.logger.Warn("skipping an event without its job's proof (a worker speaking for a job it does not hold?)",
+				"job", ev.Job, "kind", ev.Kind, "worker", ev.Worker)
+			continue
+		}
+		evs = append(evs, ev)
+	}
+	changed, err := s.store.ApplyEvents(evs, last)
+	if err != nil {
+		return err
+	}
+	s.observe(changed)
+	s.applied.advance(last, 0)
+	return nil
+}
+
+// applyMemory folds a batch of the memory stream.
+func (s *Service) applyMemory(msgs []jetstream.Msg, last uint64) error {
+	ops := make([]MemoryOp, 0, len(msgs))
+	for _, m := range msgs {
+		var op MemoryOp
+		md, err := m.Metadata()
+		if err == nil {
+			err = json.Unmarshal(m.Data(), &op)
+		}
+		if err != nil || (op.Op != MemoryPutOp && op.Op != MemoryDeleteOp) {
+			s.logger.Warn("skipping malformed memory write", "subject", m.Subject(), "err", err)
+			continue
+		}
+		op.Seq = md.Sequence.Stream
+		ops = append(ops, op)
+	}
+	if err := s.store.ApplyMemory(ops, last); err != nil {
+		return err
+	}
+	s.applied.advance(0, last)
+	return nil
+}
+
+// catchUp waits until the replica has applied what the streams held when it
+// began, so that it never answers from an old view after a restart or a
+// rebuild.
+func (s *Service) catchUp(ctx context.Context) error {
+	var want [2]uint64
+	for i, name := range []string{s.sub.EventsStream(), s.sub.MemoryStream()} {
+		st, err := s.js.Stream(ctx, name)
+		if err != nil {
+			return fmt.Errorf("look up stream %s: %w", name, err)
+		}
+		want[i] = st.CachedInfo().State.LastSeq
+	}
+	start := time.Now()
+	for {
+		err := s.applied.wait(ctx, want[0], want[1], 10*time.Second)
+		if err == nil {
+			if d := time.Since(start); d > time.Second {
+				s.logger.Info("state replica caught up with the streams", "events", want[0], "memory", want[1], "took", d.Round(time.Millisecond))
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		e, m := s.applied.get()
+		s.logger.Info("state replica catching up", "events", e, "of", want[0], "memory", m, "of_memory", want[1])
+	}
+}
