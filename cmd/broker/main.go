@@ -28,6 +28,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "auth" {
 		return authCmd(args[1:], os.Stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "backup" {
+		return backupCmd(ctx, args[1:], os.Stdout, stderr)
+	}
 	fs := flag.NewFlagSet("broker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	data := fs.String("data", "./data/broker", "directory of the JetStream store and the state file")

@@ -126,7 +126,13 @@ func TestRolesAreRefused(t *testing.T) {
 		t.Fatal("a worker deleted the events stream")
 	}
 
-	fe, _ := connect(natsauth.RoleFrontend)
+	fe, fr := connect(natsauth.RoleFrontend)
+	// A front-end writes memory only through the state service (which checks
+	// quota and CAS), never into the memory stream, and asks for no backup.
+	_ = fe.Publish(jobs.Subjects{}.Memory("a", "k"), []byte(`{}`))
+	fr.wait(t, `Permissions Violation for Publish to "`+jobs.Subjects{}.Memory("a", "k")+`"`)
+	_ = fe.Publish(jobs.Subjects{}.AdminBackup("any"), []byte(`{"path":"/tmp/x"}`))
+	fr.wait(t, `Permissions Violation for Publish to "mcpexec.admin.backup.any"`)
 	fjs, _ := jetstream.New(fe)
 	dctx, dcancel := context.WithTimeout(ctx, time.Second)
 	defer dcancel()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -343,6 +344,7 @@ type BackupRequest struct {
 // BackupReply is the answer to a BackupRequest.
 type BackupReply struct {
 	Bytes int64  `json:"bytes,omitempty"`
+	Node  string `json:"node,omitempty"` // the node that wrote it
 	Error string `json:"error,omitempty"`
 }
 
@@ -350,9 +352,9 @@ type BackupReply struct {
 // transaction, while the replica serves) to the path asked.
 func (s *Service) handleBackup(m *nats.Msg) {
 	var r BackupRequest
-	var reply BackupReply
-	if err := json.Unmarshal(m.Data, &r); err != nil || r.Path == "" {
-		reply.Error = `want {"path": "<file on the broker's host>"}`
+	reply := BackupReply{Node: s.Node}
+	if err := json.Unmarshal(m.Data, &r); err != nil || !filepath.IsAbs(r.Path) {
+		reply.Error = `want {"path": "<absolute path of a new file on the broker's host>"}`
 	} else if n, err := s.store.Backup(r.Path); err != nil {
 		reply.Error = err.Error()
 	} else {

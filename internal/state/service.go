@@ -28,6 +28,9 @@ const (
 	CodeUnavailable = "503"
 )
 
+// AnyNode in place of a node's name asks any one replica (of a backup).
+const AnyNode = "any"
+
 // Operations of the state service; the request subject of each is
 // jobs.Subjects.State(op).
 const (
@@ -67,12 +70,12 @@ type Service struct {
 	key     []byte   // the fleet's proxy key, which proves workers' events; set by Start
 	applied *applied // set by Start
 
-	mu      sync.Mutex // guards cancel, svc, advSub, admSub, stopped, and wg.Add of write handlers
+	mu      sync.Mutex // guards cancel, svc, advSub, admSubs, stopped, and wg.Add of write handlers
 	stopped bool
 	cancel  context.CancelFunc
 	svc     micro.Service
 	advSub  *nats.Subscription
-	admSub  *nats.Subscription
+	admSubs []*nats.Subscription
 	wg      sync.WaitGroup // followers, retention loop, advisory loop, write handlers
 	writes  chan struct{}  // bounds concurrent write handlers
 }
@@ -154,13 +157,22 @@ func (s *Service) Start(ctx context.Context) error {
 		_ = svc.Stop()
 		return fmt.Errorf("subscribe to max-deliveries advisories: %w", err)
 	}
-	var admSub *nats.Subscription
-	if s.Node != "" {
-		if admSub, err = s.nc.Subscribe(s.sub.AdminBackup(s.Node), s.handleBackup); err != nil {
+	// Backups: asked of this node by name, or of any one node.
+	var admSubs []*nats.Subscription
+	for _, subj := range []string{s.sub.AdminBackup(AnyNode), s.sub.AdminBackup(s.Node)} {
+		if subj == s.sub.AdminBackup("") {
+			continue // unnamed node: only "any" reaches it
+		}
+		sub, err := s.nc.QueueSubscribe(subj, "backup", s.handleBackup)
+		if err != nil {
 			_ = svc.Stop()
 			_ = advSub.Unsubscribe()
+			for _, a := range admSubs {
+				_ = a.Unsubscribe()
+			}
 			return fmt.Errorf("answer backup requests: %w", err)
 		}
+		admSubs = append(admSubs, sub)
 	}
 	// The server has the endpoints' subscriptions once Start returns, so no
 	// request gets "no responders".
@@ -170,7 +182,7 @@ func (s *Service) Start(ctx context.Context) error {
 		return fmt.Errorf("register state service: %w", err)
 	}
 	s.mu.Lock()
-	s.svc, s.advSub, s.admSub = svc, advSub, admSub
+	s.svc, s.advSub, s.admSubs = svc, advSub, admSubs
 	s.mu.Unlock()
 	s.wg.Add(2)
 	go func() {
@@ -187,8 +199,8 @@ func (s *Service) Start(ctx context.Context) error {
 // Stop stops answering and following. It is idempotent.
 func (s *Service) Stop() {
 	s.mu.Lock()
-	cancel, svc, advSub, admSub := s.cancel, s.svc, s.advSub, s.admSub
-	s.cancel, s.svc, s.advSub, s.admSub = nil, nil, nil, nil
+	cancel, svc, advSub, admSubs := s.cancel, s.svc, s.advSub, s.admSubs
+	s.cancel, s.svc, s.advSub, s.admSubs = nil, nil, nil, nil
 	s.stopped = true
 	s.mu.Unlock()
 	if svc != nil {
@@ -196,7 +208,7 @@ func (s *Service) Stop() {
 			s.logger.Warn("stop state service", "err", err)
 		}
 	}
-	for _, sub := range []*nats.Subscription{advSub, admSub} {
+	for _, sub := range append(admSubs, advSub) {
 		if sub != nil {
 			_ = sub.Unsubscribe() // a closed connection has none left
 		}
