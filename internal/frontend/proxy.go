@@ -2,10 +2,13 @@ package frontend
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -90,11 +93,28 @@ func (h *proxyHandler) Handle(ctx context.Context, req proxy.Request) (json.RawM
 	}
 	ctx, cancel := context.WithDeadline(ctx, rj.deadline)
 	defer cancel()
+	if len(req.CallID) > proxy.MaxCallID {
+		return nil, fmt.Errorf("proxy call refused: call_id is over %d bytes", proxy.MaxCallID)
+	}
+	if req.CallID != "" {
+		ctx = context.WithValue(ctx, writeIDKey{}, writeID(req))
+	}
 	res, err := h.dispatch(ctx, rj, req.Method, req.Params)
 	if err != nil {
 		return nil, err
 	}
 	return json.Marshal(res)
+}
+
+// writeIDKey carries, in a call's context, the id of the memory write it
+// makes: the same across the worker's retries of the call.
+type writeIDKey struct{}
+
+// writeID is the memory write id of req: its job, attempt and call id hashed
+// (so no sandbox-chosen text reaches the state service).
+func writeID(req proxy.Request) string {
+	sum := sha256.Sum256([]byte(req.Job + "\x00" + strconv.Itoa(req.Attempt) + "\x00" + req.CallID))
+	return hex.EncodeToString(sum[:16])
 }
 
 func (h *proxyHandler) dispatch(ctx context.Context, rj *runningJob, method string, params json.RawMessage) (any, error) {
@@ -509,7 +529,8 @@ func (h *proxyHandler) memory(ctx context.Context, rj *runningJob, method string
 		if string(p.Metadata) == "null" {
 			p.Metadata = nil
 		}
-		m, err := store.MemoryPutQuota(ctx, state.Memory{Namespace: ns, Key: p.Key, Value: p.Value, Metadata: p.Metadata}, p.IfVersion, h.f.policyFor(ns).MemoryBytes)
+		wid, _ := ctx.Value(writeIDKey{}).(string)
+		m, err := store.MemoryPutQuota(ctx, state.Memory{Namespace: ns, Key: p.Key, Value: p.Value, Metadata: p.Metadata, WriteID: wid}, p.IfVersion, h.f.policyFor(ns).MemoryBytes)
 		if errors.Is(err, state.ErrConflict) {
 			return map[string]any{"conflict": true}, nil
 		}

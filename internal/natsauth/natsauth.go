@@ -82,7 +82,8 @@ func For(role string, s jobs.Subjects) (Permissions, error) {
 			s.Event("*", jobs.EventStarted),
 			s.Event("*", jobs.EventFinished),
 			"$JS.API.DIRECT.GET." + events + "." + s.Event("*", jobs.EventCancelled),
-			"$JS.API.DIRECT.GET." + events + "." + s.Event("*", jobs.EventStarted), // a job's last attempt
+			"$JS.API.DIRECT.GET." + events + "." + s.Event("*", jobs.EventStarted),  // a job's last attempt
+			"$JS.API.DIRECT.GET." + events + "." + s.Event("*", jobs.EventFinished), // a redelivered job already done
 			s.Output("*"),
 			s.AllProxy(),
 			s.WorkerJobs("*"), // a session's job forwarded to the worker holding it

@@ -64,7 +64,19 @@ type Request struct {
 	Params     json.RawMessage `json:"params,omitempty"`
 	// TimeoutMS is how long the worker waits for the answer.
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// CallID names this call, the same across the worker's retries of it
+	// (at most MaxCallID bytes): a memory write retried after its answer was
+	// lost is applied once.
+	CallID string `json:"call_id,omitempty"`
 }
+
+// MaxCallID bounds Request.CallID.
+const MaxCallID = 64
+
+// Retryable reports whether a call of method may be sent again when its
+// answer did not come (a node of the cluster died with it in flight): every
+// method but call_tool, whose tools may not be idempotent, is.
+func Retryable(method string) bool { return method != MethodCallTool }
 
 // Response answers a Request: a result, or an error whose text reaches the
 // sandbox's code as MCPError.

@@ -532,29 +532,36 @@ func (c *Client) Cancelled(ctx context.Context, id string) (bool, error) {
 // History is what a worker needs to know of a job before running it.
 type History struct {
 	Cancelled bool // a cancellation is recorded
+	Finished  bool // an outcome is recorded
 	// LastAttempt is the attempt of the job's last recorded start (0: none).
 	// Only attempts that reached the code are counted: a delivery whose
 	// sandbox never came up consumes none.
 	LastAttempt int
 }
 
-// History looks up job id's cancellation and last start (two direct gets, at
-// once).
+// History looks up job id's cancellation, last start and outcome (three
+// direct gets, at once).
 func (c *Client) History(ctx context.Context, id string) (History, error) {
 	var h History
-	var started *nats.Msg
-	var startErr error
-	done := make(chan struct{})
+	var started, finished *nats.Msg
+	var startErr, finErr error
+	var wg sync.WaitGroup
+	wg.Add(2)
 	go func() {
-		defer close(done)
+		defer wg.Done()
 		started, startErr = c.lastEvent(ctx, id, jobs.EventStarted)
 	}()
+	go func() {
+		defer wg.Done()
+		finished, finErr = c.lastEvent(ctx, id, jobs.EventFinished)
+	}()
 	cancelled, err := c.lastEvent(ctx, id, jobs.EventCancelled)
-	<-done
-	if err = errors.Join(err, startErr); err != nil {
+	wg.Wait()
+	if err = errors.Join(err, startErr, finErr); err != nil {
 		return h, err
 	}
 	h.Cancelled = cancelled != nil
+	h.Finished = finished != nil
 	if started != nil {
 		var ev jobs.Event
 		if json.Unmarshal(started.Data, &ev) == nil {

@@ -207,7 +207,8 @@ func (c *Client) MemoryPut(ctx context.Context, m Memory, ifVersion *uint64) (*M
 }
 
 // MemoryPutQuota is MemoryPut within a namespace quota of maxBytes (0: none):
-// a write over it fails with ErrInvalid, saying so.
+// a write over it fails with ErrInvalid, saying so. m.WriteID, when set, names
+// the write across its sender's retries (else each call is one write).
 func (c *Client) MemoryPutQuota(ctx context.Context, m Memory, ifVersion *uint64, maxBytes int64) (*Memory, error) {
 	if len(m.Value) > 0 && !json.Valid(m.Value) {
 		return nil, invalidf("memory value is not valid JSON")
@@ -215,9 +216,13 @@ func (c *Client) MemoryPutQuota(ctx context.Context, m Memory, ifVersion *uint64
 	if len(m.Metadata) > 0 && !json.Valid(m.Metadata) {
 		return nil, invalidf("memory metadata is not valid JSON")
 	}
-	var id [16]byte
-	_, _ = rand.Read(id[:]) // never fails
-	req := MemoryPutRequest{Memory: m, IfVersion: ifVersion, MaxBytes: maxBytes, WriteID: hex.EncodeToString(id[:])}
+	req := MemoryPutRequest{Memory: m, IfVersion: ifVersion, MaxBytes: maxBytes, WriteID: m.WriteID}
+	req.Memory.WriteID = ""
+	if req.WriteID == "" {
+		var id [16]byte
+		_, _ = rand.Read(id[:]) // never fails
+		req.WriteID = hex.EncodeToString(id[:])
+	}
 	var out Memory
 	if err := c.call(ctx, OpMemoryPut, req, &out); err != nil {
 		return nil, err

@@ -4,6 +4,7 @@
 package state
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -193,4 +194,32 @@ func (s *Store) Backup(path string) (int64, error) {
 		return 0, fmt.Errorf("backup to %s: %w", path, err)
 	}
 	return n, nil
+}
+
+// Contents returns every key and value the replica holds (job records, their
+// indexes, memory and its usage; not how far it has folded the streams), each
+// key prefixed by the path of its bucket. Replicas that folded the same
+// streams hold the same contents, byte for byte. It is for tests and checks of
+// small stores: it holds everything in memory.
+func (s *Store) Contents() (map[string][]byte, error) {
+	out := map[string][]byte{}
+	var walk func(path string, b *bolt.Bucket) error
+	walk = func(path string, b *bolt.Bucket) error {
+		return b.ForEach(func(k, v []byte) error {
+			if v == nil {
+				return walk(path+"/"+string(k), b.Bucket(k))
+			}
+			out[path+"/"+string(k)] = bytes.Clone(v)
+			return nil
+		})
+	}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+			if bytes.Equal(name, bucketMeta) {
+				return nil
+			}
+			return walk(string(name), b)
+		})
+	})
+	return out, err
 }

@@ -25,6 +25,8 @@ type Cluster struct {
 	Nodes []*broker.Broker
 	URLs  []string // client URL of each node
 
+	cfgs []broker.Config // each node's configuration, to restart it
+
 	mu     sync.Mutex // guards closed
 	closed []bool
 }
@@ -38,12 +40,13 @@ func StartCluster(t testing.TB, n int, qcfg queue.Config, mutate ...func(i int, 
 	if qcfg.Replicas <= 1 {
 		qcfg.Replicas = min(n, 3)
 	}
-	ports := freePorts(t, n)
+	all := freePorts(t, 2*n)
+	ports, clientPorts := all[:n], all[n:]
 	routes := make([]string, n)
 	for i, p := range ports {
 		routes[i] = fmt.Sprintf("nats-route://127.0.0.1:%d", p)
 	}
-	c := &Cluster{Nodes: make([]*broker.Broker, n), URLs: make([]string, n), closed: make([]bool, n)}
+	c := &Cluster{Nodes: make([]*broker.Broker, n), URLs: make([]string, n), closed: make([]bool, n), cfgs: make([]broker.Config, n)}
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
 	errs := make([]error, n)
@@ -54,7 +57,7 @@ func StartCluster(t testing.TB, n int, qcfg queue.Config, mutate ...func(i int, 
 			defer wg.Done()
 			cfg := broker.Config{
 				DataDir:    t.TempDir(),
-				Listen:     "127.0.0.1:-1",
+				Listen:     fmt.Sprintf("127.0.0.1:%d", clientPorts[i]),
 				Queue:      qcfg,
 				Logger:     Logger(t).With("node", i),
 				ServerName: fmt.Sprintf("node%d", i),
@@ -63,6 +66,7 @@ func StartCluster(t testing.TB, n int, qcfg queue.Config, mutate ...func(i int, 
 			for _, m := range mutate {
 				m(i, &cfg)
 			}
+			c.cfgs[i] = cfg
 			c.Nodes[i], errs[i] = broker.Start(ctx, cfg)
 		}()
 	}
@@ -96,8 +100,34 @@ func (c *Cluster) Kill(i int) {
 		return
 	}
 	c.closed[i] = true
+	b := c.Nodes[i]
 	c.mu.Unlock()
-	_ = c.Nodes[i].Close()
+	_ = b.Close()
+}
+
+// Restart starts killed node i again, on its data dir, ports and name; mutate
+// may change its configuration first (e.g. RebuildState).
+func (c *Cluster) Restart(t testing.TB, i int, mutate ...func(cfg *broker.Config)) {
+	t.Helper()
+	c.mu.Lock()
+	if !c.closed[i] {
+		c.mu.Unlock()
+		t.Fatalf("restart node %d: it is running", i)
+	}
+	c.mu.Unlock()
+	cfg := c.cfgs[i]
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	b, err := broker.Start(ctx, cfg)
+	if err != nil {
+		t.Fatalf("restart node %d: %v", i, err)
+	}
+	c.mu.Lock()
+	c.Nodes[i], c.closed[i] = b, false
+	c.mu.Unlock()
 }
 
 // Index returns the index of the node whose server name is name, or -1.

@@ -15,6 +15,7 @@ const (
 	ranToEnd         outcomeKind = iota // the code ran; result says how it ended
 	cancelledRunning                    // the job was cancelled while its code ran
 	cancelledQueued                     // a cancellation was recorded before it ran
+	finishedAlready                     // its outcome is recorded (a redelivery after a lost ack)
 	stopping                            // the worker is shutting down mid-run
 	infraFailure                        // the runtime failed (err); started says whether the code had been sent
 	transient                           // the broker could not be reached (cancel look-up, started event)
@@ -77,7 +78,7 @@ func decide(o outcome, retryDelay time.Duration) verdict {
 	case cancelledRunning:
 		return verdict{action: actAck, result: &jobs.Result{Status: jobs.StatusCancelled, Error: "cancelled while running",
 			Stdout: o.result.Stdout, Stderr: o.result.Stderr, DurationMS: o.result.Duration.Milliseconds()}}
-	case cancelledQueued, forwarded:
+	case cancelledQueued, finishedAlready, forwarded:
 		return verdict{action: actAck}
 	case stopping:
 		return verdict{action: actHandBack}

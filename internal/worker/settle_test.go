@@ -26,6 +26,7 @@ func TestDecide(t *testing.T) {
 		{"timeout", outcome{kind: ranToEnd, result: sandbox.Result{Status: sandbox.StatusTimeout}}, actAck, jobs.StatusTimeout, 0},
 		{"cancelled while running", outcome{kind: cancelledRunning}, actAck, jobs.StatusCancelled, 0},
 		{"cancelled while queued", outcome{kind: cancelledQueued}, actAck, "", 0},
+		{"finished before a lost ack", outcome{kind: finishedAlready}, actAck, "", 0},
 		{"forwarded to its session's worker", outcome{kind: forwarded}, actAck, "", 0},
 		{"worker shutting down", outcome{kind: stopping, started: true}, actHandBack, "", 0},
 		{"broker unreachable", outcome{kind: transient, err: boom}, actRetry, "", base},

@@ -5,6 +5,8 @@ package worker
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -296,6 +298,12 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 		d.log.Info("job was cancelled while queued: not running it")
 		o.kind = cancelledQueued
 		return o
+	case h.Finished:
+		// Its worker recorded the outcome but the ack was lost (a broker
+		// node died between them): running it again would repeat its effects.
+		d.log.Info("job's outcome is already recorded: not running it again")
+		o.kind = finishedAlready
+		return o
 	case o.attempt > o.maxAttempts:
 		d.log.Warn("job exhausted its attempts: recording worker_lost")
 		o.kind = exhausted
@@ -464,8 +472,9 @@ func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessa
 		}
 		server, subject = p.Server, h.subj.ProxyServer(p.Server)
 	}
-	res, err := proxy.Call(ctx, h.nc, subject, proxy.Request{Job: h.job.ID, Attempt: h.attempt, Capability: h.capability, Method: method, Params: params},
-		nats.Header{jobs.TraceHeader: []string{jobs.TraceParent(h.job.ID)}})
+	req := proxy.Request{Job: h.job.ID, Attempt: h.attempt, Capability: h.capability, Method: method, Params: params, CallID: newCallID()}
+	hdr := nats.Header{jobs.TraceHeader: []string{jobs.TraceParent(h.job.ID)}}
+	res, err := callRetrying(ctx, h.nc, subject, req, hdr)
 	if errors.Is(err, proxy.ErrNoResponder) {
 		if server != "" {
 			return nil, fmt.Errorf("no front-end proxies MCP server %q right now: start a front-end that has it, or retry later", server)
@@ -473,6 +482,48 @@ func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessa
 		return nil, errors.New("no front-end is answering proxy calls right now: retry later")
 	}
 	return res, err
+}
+
+// Bounds of a proxy call's retries while the cluster fails over.
+const (
+	// proxyAttempt bounds one attempt of a retryable call: a request that
+	// was in flight on a node as it died gets no answer, and the next
+	// attempt (same call id) goes through another.
+	proxyAttempt = 8 * time.Second
+	// proxyNoResponder is how long a call waits for a front-end to answer
+	// at all (every front-end reconnecting, or restarting).
+	proxyNoResponder = 15 * time.Second
+)
+
+// callRetrying makes a proxy call, sending it again (with the same call id)
+// when no front-end answered: any call when none was listening, a retryable
+// one when its answer did not come within proxyAttempt.
+func callRetrying(ctx context.Context, nc *nats.Conn, subject string, req proxy.Request, hdr nats.Header) (json.RawMessage, error) {
+	first := time.Now()
+	for {
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if proxy.Retryable(req.Method) {
+			actx, cancel = context.WithTimeout(ctx, proxyAttempt)
+		}
+		res, err := proxy.Call(actx, nc, subject, req, hdr)
+		cancel()
+		lost := proxy.Retryable(req.Method) && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
+		none := errors.Is(err, proxy.ErrNoResponder) && time.Since(first) < proxyNoResponder
+		if !lost && !none {
+			return res, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func newCallID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // never fails
+	return hex.EncodeToString(b[:])
 }
 
 func (h *natsHost) Output(stream, data string) {
