@@ -42,9 +42,13 @@ type Client struct {
 	memory atomic.Uint64 // highest memory stream sequence seen
 }
 
-// attemptTimeout bounds one attempt of a request; a replica answers well
-// within it (its own waits are catchUpWait and writeWait).
-const attemptTimeout = 4 * time.Second
+// Bounds of one attempt of a request: a request that went to a replica as its
+// node died gets no answer, and the next attempt reaches another. A replica
+// answers well within them (its own waits are catchUpWait and writeWait).
+const (
+	readAttempt  = 1500 * time.Millisecond
+	writeAttempt = 4 * time.Second
+)
 
 // DefaultPatience is how long a Client retries a request while the fleet fails
 // over.
@@ -89,9 +93,13 @@ func (c *Client) call(ctx context.Context, op string, req, resp any) error {
 
 // once makes one request.
 func (c *Client) once(ctx context.Context, op string, data []byte, resp any) error {
-	// One attempt waits at most attemptTimeout: a request that went to a
+	// One attempt waits at most readAttempt or writeAttempt: a request that went to a
 	// node as it died gets no answer, and the next attempt reaches another.
-	ctx, cancel := context.WithTimeout(ctx, attemptTimeout)
+	d := readAttempt
+	if op == OpMemoryPut || op == OpMemoryDelete {
+		d = writeAttempt
+	}
+	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	msg := nats.NewMsg(c.sub.State(op))
 	msg.Data = data

@@ -32,9 +32,16 @@ const (
 const (
 	// catchUpWait bounds a request's wait for the replica to apply what its
 	// sender has seen; past it the replica answers ErrBehind.
-	catchUpWait = 2 * time.Second
+	catchUpWait = time.Second
 	// writeWait bounds a write's wait for its own application.
 	writeWait = 3 * time.Second
+)
+
+// Pull settings of the followers (the heartbeat must be at most half the
+// expiry).
+const (
+	followExpiry    = 5 * time.Second
+	followHeartbeat = 500 * time.Millisecond
 )
 
 // ErrBehind is the error of a replica that has not applied what a request's
@@ -128,9 +135,14 @@ func (s *Service) drain(ctx context.Context, stream string, cons jetstream.Consu
 		case msgs <- m:
 		case <-stop:
 		}
-	}, jetstream.PullMaxMessages(maxBatch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		s.logger.Debug("follow stream", "stream", stream, "err", err)
-	}))
+	}, jetstream.PullMaxMessages(maxBatch),
+		// A consumer whose node died is noticed after two missed heartbeats,
+		// and recreated on a live node: the replica stalls about a second,
+		// not the 10 s of the default heartbeat.
+		jetstream.PullExpiry(followExpiry), jetstream.PullHeartbeat(followHeartbeat),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			s.logger.Debug("follow stream", "stream", stream, "err", err)
+		}))
 	if err != nil {
 		s.logger.Warn("follow stream", "stream", stream, "err", err)
 		s.sleep(ctx, time.Second)

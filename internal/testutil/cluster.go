@@ -223,3 +223,6 @@ func frontendOn(t testing.TB, nc *nats.Conn, cfg frontend.Config) *frontend.Fron
 	t.Cleanup(fe.Stop)
 	return fe
 }
+
+// DataDir is node i's data directory (its JetStream store and state file).
+func (c *Cluster) DataDir(i int) string { return c.cfgs[i].DataDir }
