@@ -52,7 +52,7 @@ test-short: ## run the tests that need no Podman
 # Iterations of each benchmark; BENCH selects them (a regexp).
 BENCHTIME ?= 50x
 BENCH ?= .
-bench: image ## run the benchmarks: run_python p50/p90 through the fleet next to `podman run --rm`, warm/cold sandbox, throughput
+bench: image ## run the benchmarks: run_python p50/p90 through the fleet next to `podman run --rm`, warm/cold sandbox, throughput (BENCH=Throughput BENCHTIME=20000x), state reads over 1M records, update_memory
 	MCPEXEC_REQUIRE_PODMAN=1 $(GO) test -tags "$(TAGS)" -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -timeout 30m ./...
 	$(MAKE) bench-batch
 

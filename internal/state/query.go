@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -94,34 +96,43 @@ func (s *Store) List(f JobFilter) ([]*jobs.Record, string, error) {
 	next := ""
 	err := s.db.View(func(tx *bolt.Tx) error {
 		jb := tx.Bucket(bucketJobs)
-		idx := jb
-		if f.DeadLetter {
+		// Walk the narrowest index: its keys are a fixed head, then the id.
+		idx, head := jb, []byte(nil)
+		switch {
+		case f.DeadLetter:
 			idx = tx.Bucket(bucketDeadLetters)
+		case f.Status != "":
+			idx, head = tx.Bucket(bucketByStatus), statusKey(f.Status, "")
+		case len(f.Labels) > 0:
+			k := slices.Min(slices.Collect(maps.Keys(f.Labels)))
+			idx, head = tx.Bucket(bucketByLabel), labelPrefix(k, f.Labels[k])
 		}
 		c := idx.Cursor()
-		prefix := []byte(f.Prefix)
+		prefix := append(slices.Clip(head), f.Prefix...)
 		var k []byte
 		switch {
 		case f.Cursor != "":
-			k, _ = c.Seek([]byte(f.Cursor))
-			if k != nil && string(k) == f.Cursor {
+			at := append(slices.Clip(head), f.Cursor...)
+			k, _ = c.Seek(at)
+			if k != nil && bytes.Equal(k, at) {
 				k, _ = c.Next()
 			}
 		default:
 			k, _ = c.Seek(prefix)
 		}
 		for scanned := 0; k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			id := k[len(head):]
 			if scanned++; scanned > maxScan {
-				next = string(k)
+				next = string(id)
 				return nil
 			}
-			v := jb.Get(k)
+			v := jb.Get(id)
 			if v == nil {
 				continue
 			}
 			rec := new(jobs.Record)
 			if err := json.Unmarshal(v, rec); err != nil {
-				return fmt.Errorf("decode record %s: %w", k, err)
+				return fmt.Errorf("decode record %s: %w", id, err)
 			}
 			if !f.match(rec) {
 				continue
@@ -183,6 +194,15 @@ func (s *Store) pruneSome(r Retention, now time.Time, batch int) (deleted int, m
 			if err := fin.Delete(k); err != nil {
 				return err
 			}
+			if v := jb.Get(id); v != nil {
+				var rec jobs.Record
+				if err := json.Unmarshal(v, &rec); err != nil {
+					return fmt.Errorf("decode record %s: %w", id, err)
+				}
+				if err := unindex(tx, &rec); err != nil {
+					return err
+				}
+			}
 			// A record finished once; its index entry is its only one.
 			if err := jb.Delete(id); err != nil {
 				return err
@@ -204,7 +224,7 @@ func (s *Store) pruneSome(r Retention, now time.Time, batch int) (deleted int, m
 // rebuild from the events stream.
 func (s *Store) ResetJobs() error {
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{bucketJobs, bucketDeadLetters, bucketFinished} {
+		for _, name := range [][]byte{bucketJobs, bucketDeadLetters, bucketFinished, bucketByStatus, bucketByLabel} {
 			if err := tx.DeleteBucket(name); err != nil {
 				return err
 			}

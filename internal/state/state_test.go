@@ -214,6 +214,62 @@ func TestRetentionAndListing(t *testing.T) {
 	if dls, _, _ := s.List(state.JobFilter{DeadLetter: true}); len(dls) != 6 {
 		t.Fatalf("dead letters after prune: %d", len(dls))
 	}
+	// The indexes follow status changes and retention: a queued record that
+	// starts and succeeds leaves "queued" and "running"; pruned records
+	// leave every index.
+	count := func(f state.JobFilter) int {
+		t.Helper()
+		f.Limit = state.MaxListLimit
+		recs, _, err := s.List(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			if f.Status != "" && r.Status != f.Status {
+				t.Fatalf("listing status %s gave %s (%s)", f.Status, r.Job.ID, r.Status)
+			}
+		}
+		return len(recs)
+	}
+	if n := count(state.JobFilter{Status: jobs.StatusQueued}); n != 1 {
+		t.Fatalf("queued: %d", n)
+	}
+	if _, err := s.ApplyEvents([]jobs.Event{{Job: "queued1", Kind: jobs.EventStarted, Attempt: 1, At: now}}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if q, r := count(state.JobFilter{Status: jobs.StatusQueued}), count(state.JobFilter{Status: jobs.StatusRunning}); q != 0 || r != 1 {
+		t.Fatalf("after start: %d queued, %d running", q, r)
+	}
+	if _, err := s.ApplyEvents([]jobs.Event{{Job: "queued1", Kind: jobs.EventFinished, Attempt: 1, Result: &jobs.Result{Status: jobs.StatusSuccess}, At: now}}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := count(state.JobFilter{Status: jobs.StatusRunning}), count(state.JobFilter{Status: jobs.StatusSuccess}); r != 0 || ok != 1 {
+		t.Fatalf("after finish: %d running, %d success", r, ok)
+	}
+	if n := count(state.JobFilter{Labels: map[string]string{"batch": "b1"}}); n != 6 {
+		t.Fatalf("label batch=b1 after prune: %d, want the 6 kept", n)
+	}
+	if n := count(state.JobFilter{Labels: map[string]string{"batch": "b2"}}); n != 0 {
+		t.Fatalf("label batch=b2: %d", n)
+	}
+	if n := count(state.JobFilter{Status: jobs.StatusWorkerLost, Prefix: "new0"}); n != 6 {
+		t.Fatalf("worker_lost with prefix new0: %d", n)
+	}
+	contents, err := s.Contents()
+	if err != nil {
+		t.Fatal(err)
+	}
+	byBucket := map[string]int{}
+	for k := range contents {
+		if strings.Contains(k, "old") || strings.Contains(k, "new03") {
+			t.Errorf("a pruned record is still indexed: %q", k)
+		}
+		byBucket[k[:strings.IndexByte(k, '/')]]++
+	}
+	// One status entry per record (none stale), one label entry per labelled one.
+	if byBucket["bystatus"] != byBucket["jobs"] || byBucket["bylabel"] != 6 || byBucket["jobs"] != 7 {
+		t.Fatalf("entries by bucket: %v", byBucket)
+	}
 }
 
 // TestMemoryQuota: a namespace cannot store more than its quota (the attack

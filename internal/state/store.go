@@ -32,6 +32,10 @@ var (
 	// 'n' + namespace + 0 + key → sequence of the key's last write (put or delete)
 	bucketMemoryWrites = []byte("memwrites")
 	bucketMeta         = []byte("meta") // metaEventsSeq, metaMemorySeq → applied stream sequence (8 bytes)
+	// Indexes of the job records: statusKey(status, id) → empty, and
+	// labelKey(k, v, id) → empty.
+	bucketByStatus = []byte("bystatus")
+	bucketByLabel  = []byte("bylabel")
 )
 
 // Keys of the meta bucket: how far this replica has folded each stream.
@@ -80,10 +84,20 @@ func Open(path string) (*Store, error) {
 	fresh := false
 	err = db.Update(func(tx *bolt.Tx) error {
 		fresh = tx.Bucket(bucketJobs) == nil
-		for _, name := range [][]byte{bucketJobs, bucketDeadLetters, bucketFinished, bucketMemory, bucketMemoryUsage, bucketMemoryWrites, bucketMeta} {
+		unindexed := !fresh && tx.Bucket(bucketByStatus) == nil
+		for _, name := range [][]byte{bucketJobs, bucketDeadLetters, bucketFinished, bucketMemory, bucketMemoryUsage, bucketMemoryWrites, bucketMeta, bucketByStatus, bucketByLabel} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
+		}
+		if unindexed { // a file of an earlier version
+			return tx.Bucket(bucketJobs).ForEach(func(k, v []byte) error {
+				var rec jobs.Record
+				if err := json.Unmarshal(v, &rec); err != nil {
+					return fmt.Errorf("decode record %s: %w", k, err)
+				}
+				return index(tx, nil, &rec)
+			})
 		}
 		return nil
 	})
@@ -130,6 +144,7 @@ func (s *Store) ApplyEvents(evs []jobs.Event, lastSeq uint64) ([]*jobs.Record, e
 		b := tx.Bucket(bucketJobs)
 		dl, fin := tx.Bucket(bucketDeadLetters), tx.Bucket(bucketFinished)
 		cache := map[string]*jobs.Record{}
+		before := map[string]jobs.Record{} // what the index holds of each record read
 		dirty := map[string]bool{}
 		for _, ev := range evs {
 			rec, ok := cache[ev.Job]
@@ -139,6 +154,7 @@ func (s *Store) ApplyEvents(evs []jobs.Event, lastSeq uint64) ([]*jobs.Record, e
 					if err := json.Unmarshal(v, rec); err != nil {
 						return fmt.Errorf("decode record %s: %w", ev.Job, err)
 					}
+					before[ev.Job] = *rec
 				}
 			}
 			next, ch := jobs.Apply(rec, ev)
@@ -155,6 +171,13 @@ func (s *Store) ApplyEvents(evs []jobs.Event, lastSeq uint64) ([]*jobs.Record, e
 			}
 			if err := b.Put([]byte(id), v); err != nil {
 				return fmt.Errorf("write record %s: %w", id, err)
+			}
+			var old *jobs.Record
+			if o, ok := before[id]; ok {
+				old = &o
+			}
+			if err := index(tx, old, rec); err != nil {
+				return fmt.Errorf("index record %s: %w", id, err)
 			}
 			if rec.Status.Terminal() && rec.FinishedAt != nil {
 				if err := fin.Put(finishedKey(*rec.FinishedAt, id), nil); err != nil {
@@ -222,4 +245,60 @@ func (s *Store) Contents() (map[string][]byte, error) {
 		})
 	})
 	return out, err
+}
+
+// statusKey is the status index's key of a record: its status, a zero byte,
+// its id (so one status's records are in id order).
+func statusKey(st jobs.Status, id string) []byte {
+	return append(append([]byte(st), 0), id...)
+}
+
+// labelPrefix is the label index's prefix of label k=v: both
+// length-prefixed, so that no label's entries run into another's.
+func labelPrefix(k, v string) []byte {
+	b := binary.AppendUvarint(nil, uint64(len(k)))
+	b = append(b, k...)
+	b = binary.AppendUvarint(b, uint64(len(v)))
+	return append(b, v...)
+}
+
+// index moves rec's index entries from what old (nil: none) had to what rec
+// has. Labels never change after submission.
+func index(tx *bolt.Tx, old, rec *jobs.Record) error {
+	id := rec.Job.ID
+	bs := tx.Bucket(bucketByStatus)
+	if old != nil && old.Status != rec.Status {
+		if err := bs.Delete(statusKey(old.Status, id)); err != nil {
+			return err
+		}
+	}
+	if old == nil || old.Status != rec.Status {
+		if err := bs.Put(statusKey(rec.Status, id), nil); err != nil {
+			return err
+		}
+	}
+	if old == nil || len(old.Job.Labels) != len(rec.Job.Labels) {
+		bl := tx.Bucket(bucketByLabel)
+		for k, v := range rec.Job.Labels {
+			if err := bl.Put(append(labelPrefix(k, v), id...), nil); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// unindex deletes rec's index entries.
+func unindex(tx *bolt.Tx, rec *jobs.Record) error {
+	id := rec.Job.ID
+	if err := tx.Bucket(bucketByStatus).Delete(statusKey(rec.Status, id)); err != nil {
+		return err
+	}
+	bl := tx.Bucket(bucketByLabel)
+	for k, v := range rec.Job.Labels {
+		if err := bl.Delete(append(labelPrefix(k, v), id...)); err != nil {
+			return err
+		}
+	}
+	return nil
 }

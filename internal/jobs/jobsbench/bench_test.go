@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
@@ -25,27 +28,47 @@ var _ sandbox.Runtime = nopRuntime{}
 
 // BenchmarkThroughput measures jobs submitted, run and recorded per second: b.N
 // jobs are submitted in batches through JetStream, run by two workers with a
-// no-op runtime, and counted once the state service has recorded each one's
-// terminal status in bbolt (fsynced).
+// no-op runtime, and counted once every state replica has recorded each one's
+// terminal status in its bbolt file (fsynced). "nodes=1" is one broker;
+// "nodes=3" a cluster of three, streams replicated three ways and every node
+// folding them into its own replica.
 func BenchmarkThroughput(b *testing.B) {
+	for _, nodes := range []int{1, 3} {
+		b.Run(fmt.Sprintf("nodes=%d", nodes), func(b *testing.B) { throughput(b, nodes) })
+	}
+}
+
+func throughput(b *testing.B, nodes int) {
 	qcfg := queue.DefaultConfig()
 	qcfg.MaxQueued = 1_000_000
-	br := testutil.Broker(b, "", qcfg)
+	var replicas []*broker.Broker
+	var connect func(name string) *nats.Conn
+	if nodes == 1 {
+		br := testutil.Broker(b, "", qcfg)
+		replicas = []*broker.Broker{br}
+		connect = func(name string) *nats.Conn { return testutil.Connect(b, br, name) }
+	} else {
+		c := testutil.StartCluster(b, nodes, qcfg)
+		replicas = c.Nodes
+		connect = func(name string) *nats.Conn { return c.ConnectAll(b, name) }
+	}
 	for i := range 2 {
 		wcfg := worker.DefaultConfig(fmt.Sprintf("bench-w%d", i))
 		wcfg.Slots = 64
 		wcfg.Queue = qcfg
 		wcfg.FetchWait = 200 * time.Millisecond
-		testutil.Worker(b, br, nopRuntime{}, wcfg)
+		testutil.WorkerOn(b, connect(wcfg.ID), nopRuntime{}, wcfg)
 	}
-	client, err := queue.NewClient(testutil.Connect(b, br, "bench-submit"), qcfg.Subjects)
+	client, err := queue.NewClient(connect("bench-submit"), qcfg.Subjects)
 	if err != nil {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	base, err := br.Store().FinishedCount()
-	if err != nil {
-		b.Fatal(err)
+	base := make([]int, len(replicas))
+	for i, r := range replicas {
+		if base[i], err = r.Store().FinishedCount(); err != nil {
+			b.Fatal(err)
+		}
 	}
 	b.ResetTimer()
 	start := time.Now()
@@ -65,19 +88,23 @@ func BenchmarkThroughput(b *testing.B) {
 			}
 		}
 	}
+	submitted := time.Since(start)
 	deadline := time.Now().Add(time.Minute + time.Duration(b.N)*time.Millisecond)
-	for {
-		n, err := br.Store().FinishedCount()
-		if err != nil {
-			b.Fatal(err)
+	for i, r := range replicas {
+		for {
+			n, err := r.Store().FinishedCount()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if n-base[i] >= b.N {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("replica %d: only %d of %d jobs recorded as finished", i, n-base[i], b.N)
+			}
+			time.Sleep(2 * time.Millisecond)
 		}
-		if n-base >= b.N {
-			break
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("only %d of %d jobs recorded as finished", n-base, b.N)
-		}
-		time.Sleep(2 * time.Millisecond)
+		b.Logf("replica %d has every record %s after the start (submitting took %s)", i, time.Since(start).Round(time.Millisecond), submitted.Round(time.Millisecond))
 	}
 	elapsed := time.Since(start)
 	b.StopTimer()
