@@ -307,3 +307,21 @@ func (s *Store) MemoryUsage(ns string) (int64, error) {
 	})
 	return n, err
 }
+
+// AllMemory returns every memory entry of every namespace, with its value.
+func (s *Store) AllMemory() ([]Memory, error) {
+	var out []Memory
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMemory).ForEachBucket(func(name []byte) error {
+			return tx.Bucket(bucketMemory).Bucket(name).ForEach(func(_, v []byte) error {
+				var m Memory
+				if err := json.Unmarshal(v, &m); err != nil {
+					return err
+				}
+				out = append(out, m)
+				return nil
+			})
+		})
+	})
+	return out, err
+}

@@ -106,6 +106,11 @@ func (s *Service) Start(ctx context.Context) error {
 		return err
 	}
 	s.applied = newApplied(ev, mem)
+	if mem == 0 {
+		if err := s.migrateMemory(ctx); err != nil {
+			return fmt.Errorf("state service: %w", err)
+		}
+	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.mu.Lock()
 	s.cancel = cancel
@@ -376,4 +381,38 @@ func (s *Service) observe(changed []*jobs.Record) {
 		}
 		s.Metrics.Finished(string(rec.Status), rec.Job.SubmittedAt, started, finished)
 	}
+}
+
+// migrateMemory republishes, once, the memory of a state file written before
+// memory went through the memory stream: its entries would otherwise live on
+// this node only, and their versions would never match a stream sequence. It
+// does nothing when the stream holds writes already; the replica then folds
+// the republished entries like any write (new versions).
+func (s *Service) migrateMemory(ctx context.Context) error {
+	st, err := s.js.Stream(ctx, s.sub.MemoryStream())
+	if err != nil {
+		return fmt.Errorf("look up the memory stream: %w", err)
+	}
+	if st.CachedInfo().State.LastSeq > 0 {
+		return nil
+	}
+	legacy, err := s.store.AllMemory()
+	if err != nil || len(legacy) == 0 {
+		return err
+	}
+	for _, m := range legacy {
+		op := MemoryOp{Op: MemoryPutOp, Namespace: m.Namespace, Key: m.Key, Value: m.Value, Metadata: m.Metadata, CreatedAt: m.CreatedAt, At: m.UpdatedAt}
+		data, err := json.Marshal(op)
+		if err != nil {
+			return err
+		}
+		msg := nats.NewMsg(s.sub.Memory(m.Namespace, m.Key))
+		msg.Data = data
+		msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0") // never over a newer write
+		if _, err := s.js.PublishMsg(ctx, msg); err != nil && !isWrongLastSeq(err) {
+			return fmt.Errorf("republish memory %q of %q: %w", m.Key, m.Namespace, err)
+		}
+	}
+	s.logger.Info("republished the memory of an earlier state file into the memory stream", "entries", len(legacy))
+	return nil
 }

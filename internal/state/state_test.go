@@ -309,3 +309,30 @@ func TestMemoryQuota(t *testing.T) {
 		t.Fatalf("another namespace: %v", err)
 	}
 }
+
+// TestLegacyMemoryIsRepublished: memory in a state file written before memory
+// went through the memory stream (entries, no applied sequence) is put into
+// the stream on start, so other replicas get it and compare-and-set works.
+func TestLegacyMemoryIsRepublished(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s, err := state.Open(filepath.Join(dir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if err := s.ApplyMemory([]state.MemoryOp{{Op: state.MemoryPutOp, Namespace: "ns", Key: "old", Value: json.RawMessage(`41`), CreatedAt: now, At: now, Seq: 7}}, 0); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	b := testutil.Broker(t, dir, queue.DefaultConfig())
+	c := state.NewClient(testutil.Connect(t, b, "c"), jobs.Subjects{})
+	ctx := context.Background()
+	m, err := c.MemoryGet(ctx, "ns", "old")
+	if err != nil || string(m.Value) != "41" || m.Version == 7 {
+		t.Fatalf("republished entry: %+v %v (want 41 at a stream version)", m, err)
+	}
+	if _, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "old", Value: json.RawMessage(`42`)}, u64(m.Version)); err != nil {
+		t.Fatalf("compare-and-set on the republished entry: %v", err)
+	}
+}
