@@ -42,7 +42,7 @@ run: image build ## start the embedded default: MCP on http://$(HTTP)/mcp
 
 .PHONY: test
 test: image ## install what tests need, then run all tests (race detector on)
-	CGO_ENABLED=1 MCPEXEC_REQUIRE_PODMAN=1 $(GO) test -race -tags "$(TAGS)" -timeout 30m ./...
+	CGO_ENABLED=1 MCPEXEC_REQUIRE_PODMAN=1 $(GO) test -race -tags "$(TAGS)" -timeout 30m -p 1 ./...
 
 .PHONY: test-short
 test-short: ## run the tests that need no Podman

@@ -223,10 +223,25 @@ func (s *Service) handleMemoryPut(req micro.Request) {
 	conflict := fmt.Errorf("%w: memory %q changed since it was read: read it again and retry", ErrConflict, m.Key)
 	var expect *uint64
 	if r.IfVersion != nil {
+		stale := (*r.IfVersion == 0 && cur != nil) || (*r.IfVersion != 0 && (cur == nil || cur.Version != *r.IfVersion))
 		switch {
-		case *r.IfVersion == 0 && cur != nil, *r.IfVersion != 0 && (cur == nil || cur.Version != *r.IfVersion):
+		case stale && r.WriteID == "":
 			s.respond(req, nil, conflict)
 			return
+		case stale:
+			// It may be a retry of this very write, which landed and was
+			// overwritten since: answered with what it stored, below.
+			// JetStream also remembers its id when this replica has not
+			// applied it yet; else the expected sequence refuses it.
+			if seq, ok, err := s.store.WriteSeq(r.WriteID); err != nil || ok {
+				s.respond(req, landed(op, seq), err)
+				return
+			}
+			var never uint64 // when cur exists, its subject is never empty
+			if *r.IfVersion != 0 {
+				never = *r.IfVersion
+			}
+			expect = &never
 		case *r.IfVersion == 0:
 			last, err := s.store.LastWrite(m.Namespace, m.Key) // a deleted key's tombstone
 			if err != nil {
@@ -243,6 +258,16 @@ func (s *Service) handleMemoryPut(req micro.Request) {
 		return
 	}
 	seq, err := s.writeMemory(op, expect)
+	if isWrongLastSeq(err) && r.WriteID != "" {
+		// Refused: unless this is a retry of a write that landed after
+		// what this replica has applied. Catch up with the stream, look again.
+		if s.catchUpMemory() == nil {
+			if seq, ok, err := s.store.WriteSeq(r.WriteID); err != nil || ok {
+				s.respond(req, landed(op, seq), err)
+				return
+			}
+		}
+	}
 	if isWrongLastSeq(err) {
 		s.respond(req, nil, conflict)
 		return
@@ -253,6 +278,24 @@ func (s *Service) handleMemoryPut(req micro.Request) {
 	}
 	s.respond(req, &Memory{Namespace: op.Namespace, Key: op.Key, Value: op.Value, Metadata: op.Metadata,
 		CreatedAt: op.CreatedAt, UpdatedAt: op.At, Version: seq}, nil)
+}
+
+// landed is the answer to a retried put that had landed at seq.
+func landed(op MemoryOp, seq uint64) *Memory {
+	return &Memory{Namespace: op.Namespace, Key: op.Key, Value: op.Value, Metadata: op.Metadata,
+		CreatedAt: op.CreatedAt, UpdatedAt: op.At, Version: seq, WriteID: op.WriteID}
+}
+
+// catchUpMemory waits (within catchUpWait) until this replica has applied
+// everything the memory stream holds now.
+func (s *Service) catchUpMemory() error {
+	ctx, cancel := context.WithTimeout(context.Background(), catchUpWait)
+	defer cancel()
+	st, err := s.js.Stream(ctx, s.sub.MemoryStream())
+	if err != nil {
+		return err
+	}
+	return s.applied.wait(ctx, 0, st.CachedInfo().State.LastSeq, catchUpWait)
 }
 
 // writeMemory publishes op (with the expected last sequence of its key's

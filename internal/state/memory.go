@@ -1,6 +1,7 @@
 package state
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -258,6 +259,9 @@ func (s *Store) ApplyMemory(ops []MemoryOp, lastSeq uint64) error {
 			if err := writes.Put(memWriteKey(op.Namespace, op.Key), binary.BigEndian.AppendUint64(nil, op.Seq)); err != nil {
 				return err
 			}
+			if err := rememberWrite(tx, op); err != nil {
+				return err
+			}
 		}
 		return setApplied(tx, metaMemorySeq, lastSeq)
 	})
@@ -324,4 +328,49 @@ func (s *Store) AllMemory() ([]Memory, error) {
 		})
 	})
 	return out, err
+}
+
+// writeIDMemory is how long a replica remembers the write ids it applied (by
+// the writes' own times, so every replica forgets the same ones): a put
+// retried within it is answered with what it stored.
+const writeIDMemory = 15 * time.Minute
+
+// rememberWrite records op's write id with its sequence, and forgets the ids
+// of writes more than writeIDMemory older than op.
+func rememberWrite(tx *bolt.Tx, op MemoryOp) error {
+	if op.WriteID == "" {
+		return nil
+	}
+	ids, byTime := tx.Bucket(bucketWriteIDs), tx.Bucket(bucketWriteIDsByTime)
+	if err := ids.Put([]byte(op.WriteID), binary.BigEndian.AppendUint64(nil, op.Seq)); err != nil {
+		return err
+	}
+	if err := byTime.Put(finishedKey(op.At, op.WriteID), nil); err != nil {
+		return err
+	}
+	cutoff := finishedKey(op.At.Add(-writeIDMemory), "")
+	c := byTime.Cursor()
+	for k, _ := c.First(); k != nil && bytes.Compare(k, cutoff) < 0; k, _ = c.First() {
+		if err := ids.Delete(k[8:]); err != nil {
+			return err
+		}
+		if err := byTime.Delete(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WriteSeq returns the stream sequence of the applied write whose id is id,
+// if this replica remembers it.
+func (s *Store) WriteSeq(id string) (uint64, bool, error) {
+	var seq uint64
+	var ok bool
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketWriteIDs).Get([]byte(id)); len(v) == 8 {
+			seq, ok = binary.BigEndian.Uint64(v), true
+		}
+		return nil
+	})
+	return seq, ok, err
 }

@@ -336,3 +336,35 @@ func TestLegacyMemoryIsRepublished(t *testing.T) {
 		t.Fatalf("compare-and-set on the republished entry: %v", err)
 	}
 }
+
+// TestRetriedPutLandsOnce: a compare-and-set put retried (same write id) after
+// it landed and was overwritten by another writer is answered as the success
+// it was, not refused (the caller would read again and apply its change
+// twice) and not applied again.
+func TestRetriedPutLandsOnce(t *testing.T) {
+	t.Parallel()
+	c := client(t)
+	ctx := context.Background()
+	first, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "n", Value: json.RawMessage(`1`), WriteID: "w-1"}, u64(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "n", Value: json.RawMessage(`2`), WriteID: "w-2"}, u64(first.Version))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "n", Value: json.RawMessage(`1`), WriteID: "w-1"}, u64(0))
+	if err != nil || again.Version != first.Version {
+		t.Fatalf("retry of w-1: %+v %v, want its first version %d", again, err, first.Version)
+	}
+	if m, err := c.MemoryGet(ctx, "ns", "n"); err != nil || string(m.Value) != "2" || m.Version != second.Version {
+		t.Fatalf("after the retry: %+v %v, want w-2's value", m, err)
+	}
+	// A new write with a stale version is still refused.
+	if _, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "n", Value: json.RawMessage(`3`), WriteID: "w-3"}, u64(first.Version)); !errors.Is(err, state.ErrConflict) {
+		t.Fatalf("stale write: %v, want a conflict", err)
+	}
+	if _, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: "n", Value: json.RawMessage(`3`), WriteID: "w-4"}, u64(0)); !errors.Is(err, state.ErrConflict) {
+		t.Fatalf("create over an existing key: %v, want a conflict", err)
+	}
+}

@@ -36,6 +36,9 @@ var (
 	// labelKey(k, v, id) → empty.
 	bucketByStatus = []byte("bystatus")
 	bucketByLabel  = []byte("bylabel")
+	// Memory write ids applied lately: id → sequence, and (time, id) → empty.
+	bucketWriteIDs       = []byte("writeids")
+	bucketWriteIDsByTime = []byte("writeidsbytime")
 )
 
 // Keys of the meta bucket: how far this replica has folded each stream.
@@ -85,7 +88,7 @@ func Open(path string) (*Store, error) {
 	err = db.Update(func(tx *bolt.Tx) error {
 		fresh = tx.Bucket(bucketJobs) == nil
 		unindexed := !fresh && tx.Bucket(bucketByStatus) == nil
-		for _, name := range [][]byte{bucketJobs, bucketDeadLetters, bucketFinished, bucketMemory, bucketMemoryUsage, bucketMemoryWrites, bucketMeta, bucketByStatus, bucketByLabel} {
+		for _, name := range [][]byte{bucketJobs, bucketDeadLetters, bucketFinished, bucketMemory, bucketMemoryUsage, bucketMemoryWrites, bucketMeta, bucketByStatus, bucketByLabel, bucketWriteIDs, bucketWriteIDsByTime} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
@@ -220,7 +223,9 @@ func (s *Store) Backup(path string) (int64, error) {
 }
 
 // Contents returns every key and value the replica holds (job records, their
-// indexes, memory and its usage; not how far it has folded the streams), each
+// indexes, memory and its usage; not how far it has folded the streams, nor
+// the write ids it applied lately: a rebuilt replica sees only each key's
+// last write, as the memory stream keeps only that), each
 // key prefixed by the path of its bucket. Replicas that folded the same
 // streams hold the same contents, byte for byte. It is for tests and checks of
 // small stores: it holds everything in memory.
@@ -238,8 +243,8 @@ func (s *Store) Contents() (map[string][]byte, error) {
 	}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
-			if bytes.Equal(name, bucketMeta) {
-				return nil
+			if bytes.Equal(name, bucketMeta) || bytes.Equal(name, bucketWriteIDs) || bytes.Equal(name, bucketWriteIDsByTime) {
+				return nil // progress, and a replica's own recent history
 			}
 			return walk(string(name), b)
 		})

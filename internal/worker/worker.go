@@ -401,12 +401,24 @@ func (w *Worker) record(ctx context.Context, d *delivery, attempt int, res jobs.
 	res.Worker, res.Attempt = w.cfg.ID, attempt
 	ev := jobs.Event{Job: d.job.ID, Kind: jobs.EventFinished, Attempt: attempt, Worker: w.cfg.ID, Result: &res,
 		Proof: jobs.EventProof(d.capability, jobs.EventFinished, attempt)}
-	pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	err := w.client.PublishEvent(pubCtx, ev)
-	if err != nil && isTooLarge(err) {
-		shrinkOutput(&res, int(w.nc.MaxPayload())/4)
+	// While the cluster fails over, publishing is retried (the event's
+	// Nats-Msg-Id makes a retry of one that landed a no-op): an outcome not
+	// recorded would cost the job an attempt.
+	deadline := time.Now().Add(queue.DefaultPatience)
+	var err error
+	for {
+		pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 4*time.Second)
 		err = w.client.PublishEvent(pubCtx, ev)
+		if err != nil && isTooLarge(err) {
+			shrinkOutput(&res, int(w.nc.MaxPayload())/4)
+			err = w.client.PublishEvent(pubCtx, ev)
+		}
+		cancel()
+		if !queue.Transient(err) || time.Now().After(deadline) {
+			break
+		}
+		d.log.Warn("record result: retrying", "err", err)
+		time.Sleep(250 * time.Millisecond)
 	}
 	if err == nil {
 		w.cfg.Metrics.WorkerJob(string(res.Status))
