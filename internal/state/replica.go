@@ -42,6 +42,10 @@ const (
 const (
 	followExpiry    = 5 * time.Second
 	followHeartbeat = 500 * time.Millisecond
+	// Under load, a batch smaller than lingerBelow waits up to
+	// followLinger for more.
+	followLinger = 2 * time.Millisecond
+	lingerBelow  = 64
 )
 
 // ErrBehind is the error of a replica that has not applied what a request's
@@ -150,6 +154,7 @@ func (s *Service) drain(ctx context.Context, stream string, cons jetstream.Consu
 	}
 	defer cc.Stop()
 	defer close(stop) // runs first: a blocked callback returns
+	prev := 0         // the size of the last batch: more than one means load
 	for {
 		var batch []jetstream.Msg
 		select {
@@ -158,15 +163,32 @@ func (s *Service) drain(ctx context.Context, stream string, cons jetstream.Consu
 		case <-ctx.Done():
 			return from
 		}
+		// Take what has arrived. Under load (the last batch held more than
+		// one message), linger up to followLinger for more while the batch
+		// is small, so that commits (fsyncs, which three replicas on one
+		// disk contend for) each apply many messages; without load, a
+		// message is applied at once (a write waits for it).
+		linger := time.NewTimer(followLinger)
 	more:
 		for len(batch) < maxBatch {
 			select {
 			case m := <-msgs:
 				batch = append(batch, m)
+				continue
 			default:
+			}
+			if len(batch) >= lingerBelow || prev <= 1 {
+				break
+			}
+			select {
+			case m := <-msgs:
+				batch = append(batch, m)
+			case <-linger.C:
 				break more
 			}
 		}
+		linger.Stop()
+		prev = len(batch)
 		// Drop what a reset redelivered: applied already.
 		fresh, last := batch[:0], from
 		for _, m := range batch {
