@@ -1,11 +1,13 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -112,6 +114,7 @@ func TestWorkersFailSafe(t *testing.T) {
 }
 
 func runFault(t *testing.T, f fault) {
+	reapOrphanRuncInits(t)
 	q := queue.DefaultConfig()
 	b := testutil.Broker(t, "", q)
 	cfgA := podman.Config{Pool: 2, WorkerID: "fault-a-" + randomID()}
@@ -244,6 +247,48 @@ func privateStorage(t *testing.T, root, image string) string {
 	// No `system reset` at the end: it also empties the host's shared
 	// libpod tmpdir. The tmpfs goes, and with it the storage.
 	return root
+}
+
+// reapOrphanRuncInits kills, when the test ends, the `runc init` processes
+// orphaned during it: a Podman service killed while it created a container
+// leaves its runc init waiting forever, and Podman 4.3 can then wedge the
+// next test that shares the storage.
+func reapOrphanRuncInits(t *testing.T) {
+	before := orphanRuncInits()
+	t.Cleanup(func() {
+		for pid := range orphanRuncInits() {
+			if !before[pid] {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+}
+
+// orphanRuncInits returns the pids of `runc init` processes whose parent is
+// gone (adopted by pid 1).
+func orphanRuncInits() map[int]bool {
+	out := map[int]bool{}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		cmd, err := os.ReadFile(p)
+		if err != nil || !bytes.HasSuffix(bytes.TrimRight(cmd, "\x00"), []byte("runc\x00init")) {
+			continue
+		}
+		dir := filepath.Dir(p)
+		stat, err := os.ReadFile(filepath.Join(dir, "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so split after ')'.
+		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(fields) < 2 || fields[0] == "Z" || fields[1] != "1" {
+			continue
+		}
+		if pid, err := strconv.Atoi(filepath.Base(dir)); err == nil {
+			out[pid] = true
+		}
+	}
+	return out
 }
 
 func mustKill(t *testing.T, pid int) {
