@@ -61,9 +61,11 @@ bench-batch: image build ## N jobs (N=40), each in a fresh container, through br
 	IMAGE=$(IMAGE) bash deploy/bench/bench-batch.sh
 
 .PHONY: vet
-vet: ## gofmt and go vet
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+vet: ## gofmt, go vet and staticcheck (pinned; fetched through the Go module proxy)
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet -tags "$(TAGS)" ./...
+	$(GO) run $(STATICCHECK) -tags "$(TAGS)" ./...
 
 .PHONY: tags
 tags: ## print the Go build tags (go test -tags "$$(make -s tags)" ./...)

@@ -152,7 +152,7 @@ func TestJobsAPI(t *testing.T) {
 	if st != 200 || len(page.Jobs) != 1 || page.Jobs[0].Job.ID != "api-2" {
 		t.Fatalf("list page 2: %d %s", st, body)
 	}
-	if st, body = e.call(t, "tok-b", "GET", "/api/jobs", nil); len(decode[jobsapi.ListResponse](t, body).Jobs) != 0 {
+	if _, body = e.call(t, "tok-b", "GET", "/api/jobs", nil); len(decode[jobsapi.ListResponse](t, body).Jobs) != 0 {
 		t.Fatalf("namespace b sees jobs: %s", body)
 	}
 	if st, _ = e.call(t, "tok-a", "GET", "/api/jobs?status=bogus", nil); st != 400 {

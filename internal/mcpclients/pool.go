@@ -63,9 +63,8 @@ type Pool struct {
 	order   []string
 	servers map[string]*slot // fixed after New
 
-	mu     sync.Mutex // guards cancel, ctx
-	ctx    context.Context
-	cancel context.CancelFunc
+	ctx    context.Context    // set by New, before any goroutine starts
+	cancel context.CancelFunc // ends ctx, in Close
 	wg     sync.WaitGroup
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
@@ -77,7 +78,7 @@ type Store struct {
 // Open opens (creating if needed) the bbolt file at path.
 func Open(path string) (*Store, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, fmt.Errorf("open state file %s: %w (is another broker using the same --data?)", path, ErrLocked)
 	}
 	if err != nil {
