@@ -499,6 +499,7 @@ func connect(t *testing.T, b *broker.Broker) *nats.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(nc.Close)
 	return nc
 }
 
