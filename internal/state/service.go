@@ -351,10 +351,14 @@ func (s *Service) concurrently(h micro.HandlerFunc) micro.HandlerFunc {
 		}
 		s.wg.Add(1)
 		s.mu.Unlock()
+		// The micro service inspects its own request once this handler
+		// returns: the goroutine answers through a copy that shares nothing
+		// with it.
+		d := &detached{nc: s.nc, subject: req.Subject(), reply: req.Reply(), data: req.Data(), headers: req.Headers()}
 		go func() {
 			defer s.wg.Done()
 			defer func() { <-s.writes }()
-			h(req)
+			h(d)
 		}()
 	}
 }
@@ -416,3 +420,44 @@ func (s *Service) migrateMemory(ctx context.Context) error {
 	s.logger.Info("republished the memory of an earlier state file into the memory stream", "entries", len(legacy))
 	return nil
 }
+
+// detached is a micro.Request answered from another goroutine than the
+// handler micro called: it publishes the answer on the request's reply
+// subject itself.
+type detached struct {
+	nc             *nats.Conn
+	subject, reply string
+	data           []byte
+	headers        micro.Headers
+}
+
+var _ micro.Request = (*detached)(nil)
+
+func (d *detached) send(m *nats.Msg, opts []micro.RespondOpt) error {
+	for _, o := range opts {
+		o(m)
+	}
+	m.Subject = d.reply
+	return d.nc.PublishMsg(m)
+}
+
+func (d *detached) Respond(data []byte, opts ...micro.RespondOpt) error {
+	return d.send(&nats.Msg{Data: data}, opts)
+}
+
+func (d *detached) RespondJSON(v any, opts ...micro.RespondOpt) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("%w: %w", micro.ErrMarshalResponse, err)
+	}
+	return d.Respond(data, opts...)
+}
+
+func (d *detached) Error(code, description string, data []byte, opts ...micro.RespondOpt) error {
+	return d.send(&nats.Msg{Data: data, Header: nats.Header{micro.ErrorHeader: {description}, micro.ErrorCodeHeader: {code}}}, opts)
+}
+
+func (d *detached) Data() []byte           { return d.data }
+func (d *detached) Headers() micro.Headers { return d.headers }
+func (d *detached) Subject() string        { return d.subject }
+func (d *detached) Reply() string          { return d.reply }
