@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/queue"
 )
 
 // ErrUnavailable wraps failures to reach the state service.
@@ -51,8 +52,8 @@ const (
 )
 
 // DefaultPatience is how long a Client retries a request while the fleet fails
-// over.
-const DefaultPatience = 15 * time.Second
+// over: as long as a submission is retried.
+const DefaultPatience = queue.DefaultPatience
 
 // NewClient returns a Client on nc.
 func NewClient(nc *nats.Conn, s jobs.Subjects) *Client {

@@ -228,21 +228,7 @@ func (s *Service) handleMemoryPut(req micro.Request) {
 		case stale && r.WriteID == "":
 			s.respond(req, nil, conflict)
 			return
-		case stale:
-			// It may be a retry of this very write, which landed and was
-			// overwritten since: answered with what it stored, below.
-			// JetStream also remembers its id when this replica has not
-			// applied it yet; else the expected sequence refuses it.
-			if seq, ok, err := s.store.WriteSeq(r.WriteID); err != nil || ok {
-				s.respond(req, landed(op, seq), err)
-				return
-			}
-			var never uint64 // when cur exists, its subject is never empty
-			if *r.IfVersion != 0 {
-				never = *r.IfVersion
-			}
-			expect = &never
-		case *r.IfVersion == 0:
+		case *r.IfVersion == 0 && !stale:
 			last, err := s.store.LastWrite(m.Namespace, m.Key) // a deleted key's tombstone
 			if err != nil {
 				s.respond(req, nil, err)
@@ -250,6 +236,10 @@ func (s *Service) handleMemoryPut(req micro.Request) {
 			}
 			expect = &last
 		default:
+			// Stale, this may still be a retry of this very write, which
+			// landed and was overwritten since: JetStream answers it by its id
+			// when it remembers it, else refuses it (the key's subject is
+			// not at the version asked), and it is looked up below.
 			expect = r.IfVersion
 		}
 	}
@@ -263,7 +253,7 @@ func (s *Service) handleMemoryPut(req micro.Request) {
 		// what this replica has applied. Catch up with the stream, look again.
 		if s.catchUpMemory() == nil {
 			if seq, ok, err := s.store.WriteSeq(r.WriteID); err != nil || ok {
-				s.respond(req, landed(op, seq), err)
+				s.respond(req, op.entry(seq), err)
 				return
 			}
 		}
@@ -276,14 +266,7 @@ func (s *Service) handleMemoryPut(req micro.Request) {
 		s.respond(req, nil, err)
 		return
 	}
-	s.respond(req, &Memory{Namespace: op.Namespace, Key: op.Key, Value: op.Value, Metadata: op.Metadata,
-		CreatedAt: op.CreatedAt, UpdatedAt: op.At, Version: seq}, nil)
-}
-
-// landed is the answer to a retried put that had landed at seq.
-func landed(op MemoryOp, seq uint64) *Memory {
-	return &Memory{Namespace: op.Namespace, Key: op.Key, Value: op.Value, Metadata: op.Metadata,
-		CreatedAt: op.CreatedAt, UpdatedAt: op.At, Version: seq, WriteID: op.WriteID}
+	s.respond(req, op.entry(seq), nil)
 }
 
 // catchUpMemory waits (within catchUpWait) until this replica has applied
@@ -291,11 +274,11 @@ func landed(op MemoryOp, seq uint64) *Memory {
 func (s *Service) catchUpMemory() error {
 	ctx, cancel := context.WithTimeout(context.Background(), catchUpWait)
 	defer cancel()
-	st, err := s.js.Stream(ctx, s.sub.MemoryStream())
+	last, err := s.lastSeq(ctx, s.sub.MemoryStream())
 	if err != nil {
 		return err
 	}
-	return s.applied.wait(ctx, 0, st.CachedInfo().State.LastSeq, catchUpWait)
+	return s.applied.wait(ctx, 0, last, catchUpWait)
 }
 
 // writeMemory publishes op (with the expected last sequence of its key's

@@ -14,8 +14,8 @@ import (
 )
 
 // Memory is one entry of an agent's memory: a JSON value under a key in a
-// namespace (the authenticated caller's). Version starts at 1 and grows by one
-// on every write, for compare-and-set.
+// namespace (the authenticated caller's). Version is the stream sequence of
+// the write that stored it, for compare-and-set.
 type Memory struct {
 	Namespace string          `json:"namespace"`
 	Key       string          `json:"key"`
@@ -166,11 +166,15 @@ func CheckMemory(m Memory) error {
 	return nil
 }
 
-// memEntry is how a put stores its entry (also what counts against the quota).
-func memEntry(op MemoryOp) ([]byte, error) {
-	return json.Marshal(Memory{Namespace: op.Namespace, Key: op.Key, Value: op.Value, Metadata: op.Metadata,
-		CreatedAt: op.CreatedAt.UTC(), UpdatedAt: op.At.UTC(), Version: op.Seq, WriteID: op.WriteID})
+// entry is the memory entry a put stores when applied at seq (also what a
+// writer is answered).
+func (op MemoryOp) entry(seq uint64) *Memory {
+	return &Memory{Namespace: op.Namespace, Key: op.Key, Value: op.Value, Metadata: op.Metadata,
+		CreatedAt: op.CreatedAt.UTC(), UpdatedAt: op.At.UTC(), Version: seq, WriteID: op.WriteID}
 }
+
+// memEntry is how a put stores its entry (also what counts against the quota).
+func memEntry(op MemoryOp) ([]byte, error) { return json.Marshal(op.entry(op.Seq)) }
 
 // QuotaCheck reports ErrQuota when putting op (its Seq unknown yet) would make
 // its namespace's memory larger than maxBytes (0: no quota). Writes that

@@ -263,11 +263,11 @@ func (s *Service) applyMemory(msgs []jetstream.Msg, last uint64) error {
 func (s *Service) catchUp(ctx context.Context) error {
 	var want [2]uint64
 	for i, name := range []string{s.sub.EventsStream(), s.sub.MemoryStream()} {
-		st, err := s.js.Stream(ctx, name)
+		last, err := s.lastSeq(ctx, name)
 		if err != nil {
-			return fmt.Errorf("look up stream %s: %w", name, err)
+			return err
 		}
-		want[i] = st.CachedInfo().State.LastSeq
+		want[i] = last
 	}
 	start := time.Now()
 	for {
@@ -284,4 +284,13 @@ func (s *Service) catchUp(ctx context.Context) error {
 		e, m := s.applied.get()
 		s.logger.Info("state replica catching up", "events", e, "of", want[0], "memory", m, "of_memory", want[1])
 	}
+}
+
+// lastSeq returns the sequence of the last message stream holds now.
+func (s *Service) lastSeq(ctx context.Context, stream string) (uint64, error) {
+	st, err := s.js.Stream(ctx, stream)
+	if err != nil {
+		return 0, fmt.Errorf("look up stream %s: %w", stream, err)
+	}
+	return st.CachedInfo().State.LastSeq, nil
 }

@@ -393,12 +393,8 @@ func (s *Service) observe(changed []*jobs.Record) {
 // does nothing when the stream holds writes already; the replica then folds
 // the republished entries like any write (new versions).
 func (s *Service) migrateMemory(ctx context.Context) error {
-	st, err := s.js.Stream(ctx, s.sub.MemoryStream())
-	if err != nil {
-		return fmt.Errorf("look up the memory stream: %w", err)
-	}
-	if st.CachedInfo().State.LastSeq > 0 {
-		return nil
+	if last, err := s.lastSeq(ctx, s.sub.MemoryStream()); err != nil || last > 0 {
+		return err
 	}
 	legacy, err := s.store.AllMemory()
 	if err != nil || len(legacy) == 0 {
