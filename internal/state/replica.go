@@ -163,31 +163,11 @@ func (s *Service) drain(ctx context.Context, stream string, cons jetstream.Consu
 		case <-ctx.Done():
 			return from
 		}
-		// Take what has arrived. Under load (the last batch held more than
-		// one message), linger up to followLinger for more while the batch
-		// is small, so that commits (fsyncs, which three replicas on one
+		// Under load (the last batch held more than one message), linger
+		// for more, so that commits (fsyncs, which three replicas on one
 		// disk contend for) each apply many messages; without load, a
 		// message is applied at once (a write waits for it).
-		linger := time.NewTimer(followLinger)
-	more:
-		for len(batch) < maxBatch {
-			select {
-			case m := <-msgs:
-				batch = append(batch, m)
-				continue
-			default:
-			}
-			if len(batch) >= lingerBelow || prev <= 1 {
-				break
-			}
-			select {
-			case m := <-msgs:
-				batch = append(batch, m)
-			case <-linger.C:
-				break more
-			}
-		}
-		linger.Stop()
+		batch = gather(msgs, batch, maxBatch, prev > 1)
 		prev = len(batch)
 		// Drop what a reset redelivered: applied already.
 		fresh, last := batch[:0], from
@@ -207,6 +187,36 @@ func (s *Service) drain(ctx context.Context, stream string, cons jetstream.Consu
 		}
 		from = last
 	}
+}
+
+// gather adds to batch what has arrived on msgs, up to limit messages; when
+// linger is set and the batch is under lingerBelow, it waits up to
+// followLinger for more.
+func gather(msgs <-chan jetstream.Msg, batch []jetstream.Msg, limit int, linger bool) []jetstream.Msg {
+	var deadline <-chan time.Time
+	for len(batch) < limit {
+		select {
+		case m := <-msgs:
+			batch = append(batch, m)
+			continue
+		default:
+		}
+		if !linger || len(batch) >= lingerBelow {
+			return batch
+		}
+		if deadline == nil {
+			t := time.NewTimer(followLinger)
+			defer t.Stop()
+			deadline = t.C
+		}
+		select {
+		case m := <-msgs:
+			batch = append(batch, m)
+		case <-deadline:
+			return batch
+		}
+	}
+	return batch
 }
 
 // applyEvents folds a batch of the events stream.
