@@ -198,14 +198,18 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		mopts.Namespace = mcpserver.NamespaceFromContext
 	}
 	srv := mcpserver.New(stack.Frontend, mopts)
+	tasks := mcpserver.NewTasks(srv, stack.Frontend, mopts, 0)
+	defer tasks.Close()
 	if c.httpAddr == "" {
 		log.Info("serving MCP on stdio", "frontend", c.id, "mode", mode)
-		return serveStdio(ctx, srv, stack.Frontend, c.fleet.grace, stdin, stdout, log)
+		return serveStdio(ctx, srv, tasks, stack.Frontend, c.fleet.grace, stdin, stdout, log)
 	}
-	return serveHTTP(ctx, c, srv, stack.Frontend, m, log, mode)
+	return serveHTTP(ctx, c, srv, tasks, stack.Frontend, m, log, mode)
 }
 
-func serveStdio(ctx context.Context, srv *server.MCPServer, fe *frontend.Frontend, grace time.Duration, stdin io.Reader, stdout io.Writer, log *slog.Logger) error {
+func serveStdio(ctx context.Context, srv *server.MCPServer, tasks *mcpserver.Tasks, fe *frontend.Frontend, grace time.Duration, stdin io.Reader, stdout io.Writer, log *slog.Logger) error {
+	// Task methods are answered in front of mcp-go, from the state service.
+	stdin, stdout = tasks.Stdio(stdin, stdout)
 	s := server.NewStdioServer(srv)
 	s.SetErrorLogger(slog.NewLogLogger(log.Handler(), slog.LevelError))
 	// On SIGTERM, in-flight calls get the grace period before the session ends
@@ -229,8 +233,8 @@ func serveStdio(ctx context.Context, srv *server.MCPServer, fe *frontend.Fronten
 	return err
 }
 
-func serveHTTP(ctx context.Context, c *config, srv *server.MCPServer, fe *frontend.Frontend, m *metrics.Metrics, log *slog.Logger, mode string) error {
-	opts := mcpserver.HTTPOptions{Health: fe.Health, Tokens: map[string]string{},
+func serveHTTP(ctx context.Context, c *config, srv *server.MCPServer, tasks *mcpserver.Tasks, fe *frontend.Frontend, m *metrics.Metrics, log *slog.Logger, mode string) error {
+	opts := mcpserver.HTTPOptions{Health: fe.Health, Tokens: map[string]string{}, Tasks: tasks,
 		Extra: map[string]http.Handler{"GET /metrics": mcpserver.MetricsGuard(m.Handler(), c.servers.metricsTokens)}}
 	opts.API = jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext, Logger: log})
 	for tok, ns := range c.servers.tokens {

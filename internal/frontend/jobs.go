@@ -257,3 +257,12 @@ func (f *Frontend) list(ctx context.Context, ns string, flt state.JobFilter, fn 
 
 // State returns the client of the state service (job records and memory).
 func (f *Frontend) State() *state.Client { return f.state }
+
+// Submit validates and submits one job for its namespace (job.Namespace) without
+// waiting for it, and returns its record as the namespace sees it: what
+// SubmitMany does for a batch of one. A job refused because the queue is full
+// comes back as its rejected record with queue.ErrQueueFull.
+func (f *Frontend) Submit(ctx context.Context, job *jobs.Job) (*jobs.Record, error) {
+	s := f.SubmitMany(ctx, []*jobs.Job{job}, job.Namespace)[0]
+	return s.Record, s.Err
+}

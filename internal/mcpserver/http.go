@@ -35,6 +35,8 @@ type HTTPOptions struct {
 	API http.Handler
 	// Extra handlers mounted as given (e.g. "/metrics", "/"), without auth.
 	Extra map[string]http.Handler
+	// Tasks, when set, answers the task methods in front of s (NewTasks).
+	Tasks *Tasks
 }
 
 type ctxKey struct{}
@@ -61,8 +63,12 @@ func Handler(s *server.MCPServer, opts HTTPOptions) http.Handler {
 			return ctx
 		}),
 	)
+	var mcpHandler http.Handler = streamable
+	if opts.Tasks != nil {
+		mcpHandler = opts.Tasks.HTTP(streamable)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", guard(streamable, opts))
+	mux.Handle("/mcp", guard(mcpHandler, opts))
 	if opts.API != nil {
 		mux.Handle("/api/", guard(opts.API, opts))
 	}

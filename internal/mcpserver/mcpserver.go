@@ -88,12 +88,17 @@ func New(r Runner, opts Options) *server.MCPServer {
 			m.MCPRequest(string(method))
 		})
 	}
-	s := server.NewMCPServer(opts.Name, opts.Version,
+	sopts := []server.ServerOption{
 		server.WithHooks(hooks),
 		server.WithToolCapabilities(false),
 		server.WithResourceCapabilities(false, false),
-		server.WithInstructions("Run Python with "+ToolName+"; read "+CapabilitiesURI+" for the in-sandbox API."),
-	)
+		server.WithInstructions("Run Python with " + ToolName + "; read " + CapabilitiesURI + " for the in-sandbox API."),
+	}
+	if _, ok := r.(TaskBackend); ok {
+		// Declared here, answered by Tasks in front of mcp-go.
+		sopts = append(sopts, server.WithTaskCapabilities(true, true, true))
+	}
+	s := server.NewMCPServer(opts.Name, opts.Version, sopts...)
 	h := &handler{r: r, opts: opts}
 	s.AddTool(h.tool(), h.call)
 	s.AddResource(mcp.NewResource(CapabilitiesURI, "mcpexec capabilities",
@@ -131,7 +136,26 @@ func (h *handler) tool() mcp.Tool {
 		mcp.WithInteger("timeout", mcp.Min(1), mcp.Max(l.MaxTimeout),
 			mcp.Description(fmt.Sprintf("Seconds before the run is stopped (default %d).", l.DefaultTimeout))),
 		mcp.WithString("session", mcp.Description("Optional name: calls with the same session share Python globals.")),
+		mcp.WithTaskSupport(h.taskSupport()),
 	)
+}
+
+// taskSupport says whether run_python may be called as a task.
+func (h *handler) taskSupport() mcp.TaskSupport {
+	if _, ok := h.r.(TaskBackend); ok {
+		return mcp.TaskSupportOptional
+	}
+	return mcp.TaskSupportForbidden
+}
+
+// namespace returns the caller's namespace.
+func (h *handler) namespace(ctx context.Context) string {
+	if h.opts.Namespace != nil {
+		if ns := h.opts.Namespace(ctx); ns != "" {
+			return ns
+		}
+	}
+	return DefaultNamespace
 }
 
 // args is run_python's input.
@@ -194,12 +218,7 @@ func (h *handler) call(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	if err := h.checkServers(job.Servers); err != nil {
 		return mcp.NewToolResultError(err.Error()), nil
 	}
-	job.Namespace = DefaultNamespace
-	if h.opts.Namespace != nil {
-		if ns := h.opts.Namespace(ctx); ns != "" {
-			job.Namespace = ns
-		}
-	}
+	job.Namespace = h.namespace(ctx)
 	job.ID = jobs.NewID()
 	log := h.logger(ctx, job.Namespace, job.ID)
 	log.Info("run_python accepted", "namespace", job.Namespace, "servers", job.Servers, "session", job.Session)

@@ -45,6 +45,10 @@ func MCPClientWith(t testing.TB, fe *frontend.Frontend, opts mcpserver.Options, 
 	if hopts.Health == nil {
 		hopts.Health = fe.Health
 	}
+	if hopts.Tasks == nil {
+		hopts.Tasks = mcpserver.NewTasks(srv, fe, opts, 0)
+		t.Cleanup(hopts.Tasks.Close) // after the server below is closed
+	}
 	hs := httptest.NewServer(mcpserver.Handler(srv, hopts))
 	t.Cleanup(hs.Close)
 	c, err := client.NewStreamableHttpClient(hs.URL+"/mcp", append([]transport.StreamableHTTPCOption{transport.WithHTTPTimeout(5 * time.Minute)}, copts...)...)

@@ -1,0 +1,456 @@
+package mcpserver
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/state"
+)
+
+// TaskBackend is the optional ability of a Runner that makes run_python a
+// task: jobs started without waiting, then found, waited for, listed and
+// cancelled by id from the state service, so any front-end answers for any
+// task of the caller's namespace. *frontend.Frontend has it.
+type TaskBackend interface {
+	Submit(ctx context.Context, job *jobs.Job) (*jobs.Record, error)
+	Get(ctx context.Context, ns, id string) (*jobs.Record, error)
+	List(ctx context.Context, ns string, f state.JobFilter) ([]*jobs.Record, string, error)
+	Cancel(ctx context.Context, ns, id, reason string) error
+	Wait(ctx context.Context, ns, id string) (*jobs.Record, error)
+}
+
+// Tasks answers the MCP task methods (tasks/get, tasks/result, tasks/list,
+// tasks/cancel) and task-augmented run_python calls in front of mcp-go, whose
+// own task store lives in one process's memory and would lose every task with
+// it. A task is a job: its id is the job id, its state is the job's record.
+type Tasks struct {
+	b    TaskBackend
+	h    *handler
+	srv  *server.MCPServer
+	ttl  time.Duration
+	poll time.Duration
+
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup // status watchers and stdio answers
+	watchers chan struct{}  // bounds status watchers
+}
+
+// Task bounds.
+const (
+	// DefaultTaskTTL is how long a task's record is kept: the state service's
+	// default retention of finished jobs.
+	DefaultTaskTTL      = 7 * 24 * time.Hour
+	taskPollInterval    = 250 * time.Millisecond
+	maxStatusWatchers   = 256 // tasks whose status change a front-end notifies at once
+	maxTaskListPage     = 100
+	maxStdioMessageSize = 16 << 20
+)
+
+// NewTasks returns the task layer of srv (made by New with the same r and
+// opts), or nil when r cannot run tasks. ttl is how long the state service
+// keeps finished jobs (zero: DefaultTaskTTL). Close it after the transport
+// has stopped.
+func NewTasks(srv *server.MCPServer, r Runner, opts Options, ttl time.Duration) *Tasks {
+	b, ok := r.(TaskBackend)
+	if !ok {
+		return nil
+	}
+	if ttl <= 0 {
+		ttl = DefaultTaskTTL
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Tasks{b: b, h: &handler{r: r, opts: opts}, srv: srv, ttl: ttl, poll: taskPollInterval,
+		ctx: ctx, cancel: cancel, watchers: make(chan struct{}, maxStatusWatchers)}
+}
+
+// Close stops status watchers and waits for every goroutine t started.
+func (t *Tasks) Close() {
+	if t == nil {
+		return
+	}
+	t.cancel()
+	t.wg.Wait()
+}
+
+// rpcRequest is the part of a JSON-RPC request the task layer reads.
+type rpcRequest struct {
+	ID     json.RawMessage `json:"id"`
+	Method string          `json:"method"`
+	Params json.RawMessage `json:"params"`
+}
+
+type rpcError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+type rpcResponse struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id"`
+	Result  any             `json:"result,omitempty"`
+	Error   *rpcError       `json:"error,omitempty"`
+}
+
+// claims reports whether msg is a request the task layer answers, and decodes it.
+func (t *Tasks) claims(msg []byte) (rpcRequest, bool) {
+	var req rpcRequest
+	trimmed := bytes.TrimSpace(msg)
+	if len(trimmed) == 0 || trimmed[0] != '{' || json.Unmarshal(trimmed, &req) != nil || len(req.ID) == 0 {
+		return req, false
+	}
+	switch mcp.MCPMethod(req.Method) {
+	case mcp.MethodTasksGet, mcp.MethodTasksResult, mcp.MethodTasksList, mcp.MethodTasksCancel:
+		return req, true
+	case mcp.MethodToolsCall:
+		var p struct {
+			Name string           `json:"name"`
+			Task *json.RawMessage `json:"task"`
+		}
+		return req, json.Unmarshal(req.Params, &p) == nil && p.Task != nil && p.Name == ToolName
+	}
+	return req, false
+}
+
+// handle answers a claimed request. session is the caller's MCP session id
+// ("" when unknown): status notifications of the tasks it starts go there.
+func (t *Tasks) handle(ctx context.Context, session string, req rpcRequest) []byte {
+	if m := t.h.opts.Metrics; m != nil {
+		m.MCPRequest(req.Method)
+	}
+	ns := t.h.namespace(ctx)
+	var result any
+	var err *rpcError
+	switch mcp.MCPMethod(req.Method) {
+	case mcp.MethodToolsCall:
+		result, err = t.create(ctx, ns, session, req.Params)
+	case mcp.MethodTasksGet:
+		result, err = t.get(ctx, ns, req.Params)
+	case mcp.MethodTasksResult:
+		result, err = t.result(ctx, ns, req.Params)
+	case mcp.MethodTasksList:
+		result, err = t.list(ctx, ns, req.Params)
+	case mcp.MethodTasksCancel:
+		result, err = t.cancelTask(ctx, ns, req.Params)
+	}
+	out, merr := json.Marshal(rpcResponse{JSONRPC: mcp.JSONRPC_VERSION, ID: req.ID, Result: result, Error: err})
+	if merr != nil {
+		out, _ = json.Marshal(rpcResponse{JSONRPC: mcp.JSONRPC_VERSION, ID: req.ID, Error: &rpcError{Code: mcp.INTERNAL_ERROR, Message: merr.Error()}})
+	}
+	return out
+}
+
+func invalidParams(format string, args ...any) *rpcError {
+	return &rpcError{Code: mcp.INVALID_PARAMS, Message: fmt.Sprintf(format, args...)}
+}
+
+// create starts run_python as a task and answers at once with the task.
+func (t *Tasks) create(ctx context.Context, ns, session string, params json.RawMessage) (any, *rpcError) {
+	var p struct {
+		Arguments any `json:"arguments"`
+	}
+	if err := json.Unmarshal(params, &p); err != nil {
+		return nil, invalidParams("tools/call params: %v", err)
+	}
+	job, err := parseArgs(p.Arguments)
+	if err == nil {
+		err = t.h.checkServers(job.Servers)
+	}
+	if err != nil {
+		return nil, invalidParams("%v", err)
+	}
+	job.Namespace = ns
+	job.ID = jobs.NewID()
+	rec, err := t.b.Submit(ctx, job)
+	if rec == nil {
+		var inv *jobs.InvalidError
+		if errors.As(err, &inv) {
+			return nil, invalidParams("%v", err)
+		}
+		return nil, &rpcError{Code: mcp.INTERNAL_ERROR, Message: fmt.Sprintf("the task could not be started: %v", err)}
+	}
+	t.h.logger(ctx, ns, rec.Job.ID).Info("run_python task accepted", "namespace", ns, "servers", job.Servers, "session", job.Session, "status", rec.Status)
+	if session != "" && !rec.Status.Terminal() {
+		t.watch(ns, session, rec.Job.ID)
+	}
+	return mcp.CreateTaskResult{Task: t.task(rec)}, nil
+}
+
+// watch sends the task's terminal status to session when the job ends, if
+// the front-end is not already watching too many.
+func (t *Tasks) watch(ns, session, id string) {
+	select {
+	case t.watchers <- struct{}{}:
+	default:
+		return // notifications are optional: the client polls tasks/get
+	}
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		defer func() { <-t.watchers }()
+		rec, err := t.b.Wait(t.ctx, ns, id)
+		if err != nil || rec == nil || !rec.Status.Terminal() {
+			return
+		}
+		task := t.task(rec)
+		params := map[string]any{"taskId": task.TaskId, "status": task.Status, "createdAt": task.CreatedAt,
+			"lastUpdatedAt": task.LastUpdatedAt, "ttl": task.TTL}
+		if task.StatusMessage != "" {
+			params["statusMessage"] = task.StatusMessage
+		}
+		// The session may be gone (the client closed it): nothing to tell.
+		_ = t.srv.SendNotificationToSpecificClient(session, mcp.MethodNotificationTasksStatus, params)
+	}()
+}
+
+func taskID(params json.RawMessage) (string, *rpcError) {
+	var p struct {
+		TaskID string `json:"taskId"`
+	}
+	if err := json.Unmarshal(params, &p); err != nil || p.TaskID == "" {
+		return "", invalidParams("taskId is required: pass the id that tools/call returned in task.taskId")
+	}
+	return p.TaskID, nil
+}
+
+// lookup returns the namespace's record of task id, or the error to answer.
+func (t *Tasks) lookup(ctx context.Context, ns string, params json.RawMessage) (*jobs.Record, *rpcError) {
+	id, rerr := taskID(params)
+	if rerr != nil {
+		return nil, rerr
+	}
+	rec, err := t.b.Get(ctx, ns, id)
+	return rec, t.backendError(id, err)
+}
+
+func (t *Tasks) backendError(id string, err error) *rpcError {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, state.ErrNotFound):
+		return invalidParams("task %q not found: it is not a task of this namespace, or it ended more than %s ago and was deleted", id, t.ttl)
+	}
+	return &rpcError{Code: mcp.INTERNAL_ERROR, Message: fmt.Sprintf("task %s: %v", id, err)}
+}
+
+func (t *Tasks) get(ctx context.Context, ns string, params json.RawMessage) (any, *rpcError) {
+	rec, err := t.lookup(ctx, ns, params)
+	if err != nil {
+		return nil, err
+	}
+	return mcp.NewGetTaskResult(t.task(rec)), nil
+}
+
+// result waits for the task's end and answers what the tools/call would have.
+func (t *Tasks) result(ctx context.Context, ns string, params json.RawMessage) (any, *rpcError) {
+	id, rerr := taskID(params)
+	if rerr != nil {
+		return nil, rerr
+	}
+	rec, err := t.b.Wait(ctx, ns, id)
+	if rerr := t.backendError(id, err); rerr != nil {
+		if ctx.Err() != nil {
+			return nil, &rpcError{Code: mcp.REQUEST_INTERRUPTED, Message: "tasks/result was interrupted before the task ended: call it again"}
+		}
+		return nil, rerr
+	}
+	if st, msg := taskStatus(rec); st == mcp.TaskStatusFailed {
+		return nil, &rpcError{Code: mcp.INTERNAL_ERROR, Message: fmt.Sprintf("task %s failed: %s", id, msg)}
+	}
+	res := resultOf(rec, t.h.opts.OutputMode)
+	res.Meta = mcp.WithRelatedTask(id)
+	return res, nil
+}
+
+func (t *Tasks) list(ctx context.Context, ns string, params json.RawMessage) (any, *rpcError) {
+	var p struct {
+		Cursor string `json:"cursor"`
+	}
+	if len(params) > 0 && string(params) != "null" {
+		if err := json.Unmarshal(params, &p); err != nil {
+			return nil, invalidParams("tasks/list params: %v", err)
+		}
+	}
+	if p.Cursor != "" && !jobs.ValidUserID(p.Cursor) {
+		return nil, invalidParams("cursor %q is not one tasks/list returned", p.Cursor)
+	}
+	recs, next, err := t.b.List(ctx, ns, state.JobFilter{Cursor: p.Cursor, Limit: maxTaskListPage})
+	if err != nil {
+		return nil, &rpcError{Code: mcp.INTERNAL_ERROR, Message: fmt.Sprintf("list tasks: %v", err)}
+	}
+	out := mcp.ListTasksResult{Tasks: make([]mcp.Task, 0, len(recs))}
+	for _, r := range recs {
+		out.Tasks = append(out.Tasks, t.task(r))
+	}
+	out.NextCursor = mcp.Cursor(next)
+	return out, nil
+}
+
+func (t *Tasks) cancelTask(ctx context.Context, ns string, params json.RawMessage) (any, *rpcError) {
+	rec, rerr := t.lookup(ctx, ns, params)
+	if rerr != nil {
+		return nil, rerr
+	}
+	if rec.Status.Terminal() {
+		return nil, invalidParams("task %s already ended (%s): only a working task can be cancelled", rec.Job.ID, rec.Status)
+	}
+	if err := t.b.Cancel(ctx, ns, rec.Job.ID, "cancelled by tasks/cancel"); err != nil {
+		return nil, t.backendError(rec.Job.ID, err)
+	}
+	task := t.task(rec)
+	if got, err := t.b.Get(ctx, ns, rec.Job.ID); err == nil {
+		task = t.task(got)
+	}
+	if !task.Status.IsTerminal() { // recorded, not yet applied
+		task.Status, task.StatusMessage = mcp.TaskStatusCancelled, "cancelled by tasks/cancel"
+		task.LastUpdatedAt = time.Now().UTC().Format(time.RFC3339Nano)
+	}
+	return mcp.CancelTaskResult{Task: task}, nil
+}
+
+// task is the MCP view of a job record.
+func (t *Tasks) task(rec *jobs.Record) mcp.Task {
+	status, msg := taskStatus(rec)
+	created := rec.Job.SubmittedAt
+	if created.IsZero() {
+		created = rec.CreatedAt
+	}
+	updated := created
+	for _, at := range []*time.Time{rec.StartedAt, rec.FinishedAt} {
+		if at != nil && at.After(updated) {
+			updated = *at
+		}
+	}
+	ttl, poll := t.ttl.Milliseconds(), t.poll.Milliseconds()
+	return mcp.Task{TaskId: rec.Job.ID, Status: status, StatusMessage: msg,
+		CreatedAt: created.UTC().Format(time.RFC3339Nano), LastUpdatedAt: updated.UTC().Format(time.RFC3339Nano),
+		TTL: &ttl, PollInterval: &poll}
+}
+
+// taskStatus maps a job's status to a task's. A run of the code that ended,
+// whatever its outcome, is a completed tools/call (its result says
+// isError); a job that never ran its code to an end failed.
+func taskStatus(rec *jobs.Record) (mcp.TaskStatus, string) {
+	msg := string(rec.Status)
+	if rec.Result != nil && rec.Result.Error != "" {
+		msg += ": " + rec.Result.Error
+	}
+	switch {
+	case rec.Status == jobs.StatusSuccess || rec.Status == jobs.StatusError || rec.Status == jobs.StatusTimeout:
+		return mcp.TaskStatusCompleted, msg
+	case rec.Status == jobs.StatusCancelled:
+		return mcp.TaskStatusCancelled, msg
+	case rec.Status.Terminal():
+		return mcp.TaskStatusFailed, msg
+	}
+	return mcp.TaskStatusWorking, msg
+}
+
+// HTTP returns next with the task layer in front of it: a POST whose body is
+// a request the layer claims is answered here with a JSON response; anything
+// else goes on to next (mcp-go's streamable HTTP server). The body must
+// already be bounded (guard does it).
+func (t *Tasks) HTTP(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			next.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				httpError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("the request body is over %d bytes: send less code", tooBig.Limit))
+				return
+			}
+			httpError(w, http.StatusBadRequest, "bad_body", "reading the request body: "+err.Error())
+			return
+		}
+		req, ok := t.claims(body)
+		if !ok {
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			next.ServeHTTP(w, r)
+			return
+		}
+		out := t.handle(r.Context(), r.Header.Get(server.HeaderKeySessionID), req)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(out) // a client that went away has nothing to read
+	})
+}
+
+// Stdio puts the task layer between a stdio client and mcp-go's stdio server:
+// it reads the client's messages from in, answers those it claims on out
+// (each in its own goroutine: tasks/result waits), and passes the rest on
+// through the returned reader. Give mcp-go the returned writer too: it
+// serialises both writers' messages, one whole line at a time. The reader
+// ends when in does.
+func (t *Tasks) Stdio(in io.Reader, out io.Writer) (io.Reader, io.Writer) {
+	lw := &lineWriter{w: out}
+	pr, pw := io.Pipe()
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		br := bufio.NewReaderSize(in, 64<<10)
+		for {
+			line, err := readLine(br, maxStdioMessageSize)
+			if len(line) > 0 {
+				if req, ok := t.claims(line); ok {
+					t.wg.Add(1)
+					go func() {
+						defer t.wg.Done()
+						_, _ = lw.Write(append(t.handle(t.ctx, stdioSessionID, req), '\n'))
+					}()
+				} else if _, werr := pw.Write(line); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				_ = pw.CloseWithError(err)
+				return
+			}
+		}
+	}()
+	return pr, lw
+}
+
+// stdioSessionID is the id mcp-go gives the one stdio session.
+const stdioSessionID = "stdio"
+
+// readLine returns the next line of br with its newline; a line over max
+// bytes is returned cut at max (mcp-go then answers it as a parse error).
+func readLine(br *bufio.Reader, max int) ([]byte, error) {
+	var line []byte
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if len(line)+len(chunk) <= max {
+			line = append(line, chunk...)
+		}
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			return line, err
+		}
+	}
+}
+
+// lineWriter serialises whole-message writes from several writers.
+type lineWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lineWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
