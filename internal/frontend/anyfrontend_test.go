@@ -280,8 +280,15 @@ func TestHealthSaysWhenNoHealthyWorkerIsLeft(t *testing.T) {
 	w := testutil.Worker(t, b, brokenRuntime{}, wc)
 	fe := testutil.Frontend(t, b, "fe")
 	ctx := context.Background()
-	if err := fe.Health(ctx); err != nil {
-		t.Fatalf("health before any job: %v", err)
+	// The worker answers status requests once it has started (moments).
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		err := fe.Health(ctx)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("health before any job: %v", err)
+		}
 	}
 	out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "a", Code: "x"}, {ID: "b", Code: "x"}, {ID: "c", Code: "x"}, {ID: "d", Code: "x"}}, "ns")
 	for _, s := range out {

@@ -39,7 +39,11 @@ type Submitted struct {
 // Records come back as the namespace sees them.
 func (f *Frontend) SubmitMany(ctx context.Context, js []*jobs.Job, ns string) []Submitted {
 	ns = jobs.NamespaceOf(ns)
-	out := f.submitMany(ctx, js, ns)
+	return viewed(f.submit(ctx, js, ns, false), ns)
+}
+
+// viewed returns out with its records as namespace ns sees them.
+func viewed(out []Submitted, ns string) []Submitted {
 	for i := range out {
 		if out[i].Record != nil {
 			out[i].Record = out[i].Record.View(ns)
@@ -48,9 +52,10 @@ func (f *Frontend) SubmitMany(ctx context.Context, js []*jobs.Job, ns string) []
 	return out
 }
 
-func (f *Frontend) submitMany(ctx context.Context, js []*jobs.Job, ns string) []Submitted {
+// submit submits js for namespace ns; with all, none is submitted unless
+// every one is valid (a workflow).
+func (f *Frontend) submit(ctx context.Context, js []*jobs.Job, ns string, all bool) []Submitted {
 	out := make([]Submitted, len(js))
-	var ids []string
 	// The caller's jobs stay as they are (a client may submit them again):
 	// the wire jobs are copies.
 	mine := make([]*jobs.Job, len(js))
@@ -62,17 +67,37 @@ func (f *Frontend) submitMany(ctx context.Context, js []*jobs.Job, ns string) []
 	for i, j := range js {
 		if err := f.prepare(j, ns); err != nil {
 			out[i].Err = err
-			continue
 		}
-		ids = append(ids, j.ID)
 	}
 	for i, err := range f.checkSessions(ctx, js) {
 		if out[i].Err == nil && err != nil {
 			out[i].Err = err
 		}
 	}
-	// Ids already recorded (possibly beyond the events stream's retention).
-	known, err := f.state.Jobs(ctx, ids)
+	// Parents first: a job's submission reaches the events stream after its
+	// parents' in the same batch.
+	order := f.order(js, out)
+	var ids []string
+	for _, i := range order {
+		if out[i].Err == nil {
+			ids = append(ids, js[i].ID)
+		}
+	}
+	// Ids already recorded (possibly beyond the events stream's retention),
+	// and parents named outside the batch.
+	inBatch := make(map[string]int, len(js))
+	for i, j := range js {
+		inBatch[j.ID] = i
+	}
+	look := ids
+	for _, i := range order {
+		for _, p := range js[i].Parents() {
+			if _, ok := inBatch[p]; !ok {
+				look = append(look, p)
+			}
+		}
+	}
+	known, err := f.state.Jobs(ctx, look)
 	if err != nil {
 		return unavailable(out, err)
 	}
@@ -80,9 +105,21 @@ func (f *Frontend) submitMany(ctx context.Context, js []*jobs.Job, ns string) []
 	for _, r := range known {
 		byID[r.Job.ID] = r
 	}
+	f.checkParents(js, order, out, inBatch, byID, ns)
+	if all {
+		if bad := slices.IndexFunc(out, func(s Submitted) bool { return s.Err != nil }); bad >= 0 {
+			for i := range out {
+				if out[i].Err == nil {
+					out[i].Err = &jobs.InvalidError{Field: "jobs", Message: fmt.Sprintf("not submitted: job %d of the workflow was refused (%v)", bad, out[bad].Err)}
+				}
+			}
+			return out
+		}
+	}
 	var todo []*jobs.Job
 	var at []int
-	for i, j := range js {
+	for _, i := range order {
+		j := js[i]
 		if out[i].Err != nil {
 			continue
 		}
@@ -100,7 +137,11 @@ func (f *Frontend) submitMany(ctx context.Context, js []*jobs.Job, ns string) []
 		f.adm.submitted(j.ID, err)
 		switch {
 		case err == nil:
-			out[i].Record = &jobs.Record{Job: *j, Status: jobs.StatusQueued, CreatedAt: j.SubmittedAt}
+			st := jobs.StatusQueued
+			if j.Waits() {
+				st = jobs.StatusWaiting
+			}
+			out[i].Record = &jobs.Record{Job: *j, Status: st, CreatedAt: j.SubmittedAt}
 		case errors.Is(err, queue.ErrQueueFull):
 			fin := time.Now().UTC()
 			out[i] = Submitted{Err: queue.ErrQueueFull, Record: &jobs.Record{Job: *j, Status: jobs.StatusRejected, CreatedAt: j.SubmittedAt, FinishedAt: &fin,
@@ -128,6 +169,53 @@ func (f *Frontend) submitMany(ctx context.Context, js []*jobs.Job, ns string) []
 		}
 	}
 	return out
+}
+
+// order returns the indexes of js, parents before children; a cycle marks
+// every job of the batch invalid.
+func (f *Frontend) order(js []*jobs.Job, out []Submitted) []int {
+	idx := make(map[*jobs.Job]int, len(js))
+	for i, j := range js {
+		idx[j] = i
+	}
+	sorted, err := jobs.Order(js)
+	if err != nil {
+		for i := range out {
+			if out[i].Err == nil {
+				out[i].Err = err
+			}
+		}
+		sorted = js
+	}
+	order := make([]int, len(sorted))
+	for k, j := range sorted {
+		order[k] = idx[j]
+	}
+	return order
+}
+
+// checkParents refuses jobs whose parents are neither recorded in namespace
+// ns nor submitted with them, and jobs whose parent in the batch is refused.
+func (f *Frontend) checkParents(js []*jobs.Job, order []int, out []Submitted, inBatch map[string]int, known map[string]*jobs.Record, ns string) {
+	for _, i := range order {
+		if out[i].Err != nil {
+			continue
+		}
+		for _, p := range js[i].Parents() {
+			name, _ := jobs.UnscopedID(ns, p)
+			if k, ok := inBatch[p]; ok {
+				if out[k].Err != nil {
+					out[i].Err = &jobs.InvalidError{Field: "after", Message: fmt.Sprintf("parent %s was refused: %v", name, out[k].Err)}
+					break
+				}
+				continue
+			}
+			if known[p] == nil {
+				out[i].Err = &jobs.InvalidError{Field: "after", Message: fmt.Sprintf("parent %s is not a job of this namespace: submit it first, or in the same request", name)}
+				break
+			}
+		}
+	}
 }
 
 func (f *Frontend) waitRecords(ctx context.Context, ids []string) (map[string]*jobs.Record, error) {
@@ -172,7 +260,8 @@ func existing(rec *jobs.Record, j *jobs.Job) Submitted {
 func sameJob(a, b *jobs.Job) bool {
 	return a.Code == b.Code && slices.Equal(a.Servers, b.Servers) && a.Timeout == b.Timeout &&
 		a.MaxAttempts == b.MaxAttempts && a.Session == b.Session && a.Pool == b.Pool &&
-		a.Namespace == b.Namespace && maps.Equal(a.Labels, b.Labels)
+		a.Namespace == b.Namespace && maps.Equal(a.Labels, b.Labels) &&
+		slices.Equal(a.After, b.After) && slices.Equal(a.AfterAny, b.AfterAny)
 }
 
 // Wait returns namespace ns's record of job id once it is terminal, or its
@@ -257,6 +346,13 @@ func (f *Frontend) list(ctx context.Context, ns string, flt state.JobFilter, fn 
 
 // State returns the client of the state service (job records and memory).
 func (f *Frontend) State() *state.Client { return f.state }
+
+// SubmitWorkflow is SubmitMany for jobs that belong together: unless every
+// job is valid (parents known, no cycle), none is submitted.
+func (f *Frontend) SubmitWorkflow(ctx context.Context, js []*jobs.Job, ns string) []Submitted {
+	ns = jobs.NamespaceOf(ns)
+	return viewed(f.submit(ctx, js, ns, true), ns)
+}
 
 // Submit validates and submits one job for its namespace (job.Namespace) without
 // waiting for it, and returns its record as the namespace sees it: what

@@ -118,5 +118,6 @@ func (f *Frontend) prepare(job *jobs.Job, ns string) error {
 	if job.RetryOf != "" {
 		job.RetryOf = jobs.ScopedID(ns, job.RetryOf)
 	}
+	job.After, job.AfterAny = jobs.ScopeAll(ns, job.After), jobs.ScopeAll(ns, job.AfterAny)
 	return nil
 }

@@ -173,6 +173,14 @@ func (h *proxyHandler) dispatch(ctx context.Context, rj *runningJob, method stri
 		return h.summary(ctx, rj), nil
 	case "memory_get", "memory_put", "memory_delete", "memory_list":
 		return h.memory(ctx, rj, method, params)
+	case proxy.MethodJobResult:
+		var p struct {
+			ID string `json:"id"`
+		}
+		if err := decode(params, &p); err != nil {
+			return nil, err
+		}
+		return h.jobResult(ctx, rj, p.ID)
 	}
 	return nil, fmt.Errorf("unknown proxy method %q", method)
 }
@@ -560,3 +568,23 @@ func (h *proxyHandler) memory(ctx context.Context, rj *runningJob, method string
 func memErr(err error) error { return fmt.Errorf("memory: %v", err) }
 
 var _ MemoryStore = (*state.Client)(nil)
+
+// jobResult answers job_result: the outcome of an ended job of the calling
+// job's namespace.
+func (h *proxyHandler) jobResult(ctx context.Context, rj *runningJob, id string) (any, error) {
+	ns := rj.namespace()
+	if !jobs.ValidUserID(id) {
+		return nil, fmt.Errorf("job_result: %.40q is not a job id", id)
+	}
+	rec, err := h.f.state.Job(ctx, jobs.ScopedID(ns, id))
+	if errors.Is(err, state.ErrNotFound) || (err == nil && rec.Job.Namespace != ns) {
+		return nil, fmt.Errorf("job_result: no job %s in this namespace", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("job_result: %v", err)
+	}
+	if !rec.Status.Terminal() {
+		return nil, fmt.Errorf("job_result: job %s has not ended (it is %s): name it in this job's after or after_any to wait for it", id, rec.Status)
+	}
+	return rec.View(ns).Structured(), nil
+}

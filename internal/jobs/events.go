@@ -14,6 +14,9 @@ const (
 	EventStarted   EventKind = "started"
 	EventFinished  EventKind = "finished"
 	EventCancelled EventKind = "cancelled"
+	// EventReleased: a waiting job's parents have ended as it needs, and it
+	// is enqueued. Its subject is claimed once, like a submission's.
+	EventReleased EventKind = "released"
 )
 
 // Event is one record of the events stream.
@@ -33,7 +36,9 @@ type Event struct {
 }
 
 // NeedsProof reports whether events of kind k must carry the job's capability.
-func NeedsProof(k EventKind) bool { return k == EventStarted || k == EventFinished }
+func NeedsProof(k EventKind) bool {
+	return k == EventStarted || k == EventFinished || k == EventReleased
+}
 
 // Record is the state service's view of one job.
 type Record struct {
@@ -60,6 +65,9 @@ func Apply(rec *Record, ev Event) (*Record, bool) {
 		rec = &Record{Job: Job{ID: ev.Job}, Status: StatusQueued, CreatedAt: ev.At}
 		if ev.Spec != nil {
 			rec.Job = *ev.Spec
+			if rec.Job.Waits() {
+				rec.Status = StatusWaiting
+			}
 		}
 		if ev.Kind == EventSubmitted {
 			return rec, true
@@ -74,6 +82,12 @@ func Apply(rec *Record, ev Event) (*Record, bool) {
 	switch ev.Kind {
 	case EventSubmitted:
 		return rec, false
+	case EventReleased:
+		if rec.Status != StatusWaiting {
+			return rec, false
+		}
+		rec.Status = StatusQueued
+		return rec, true
 	case EventStarted:
 		if ev.Attempt < rec.Attempt || (ev.Attempt == rec.Attempt && rec.Status == StatusRunning) {
 			return rec, false

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +17,9 @@ type Status string
 
 // Job statuses. Every accepted job ends in exactly one terminal status.
 const (
+	// StatusWaiting: the job names parents (Job.After, Job.AfterAny) that
+	// have not all ended yet; it is queued when they have.
+	StatusWaiting    Status = "waiting"
 	StatusQueued     Status = "queued"
 	StatusRunning    Status = "running"
 	StatusSuccess    Status = "success"
@@ -27,19 +31,24 @@ const (
 	// StatusInfraError: no worker could run the job's code (no container could
 	// be created or started) on any of its deliveries.
 	StatusInfraError Status = "infra_error"
+	// StatusSkipped: a parent the job needed to succeed (Job.After) did not;
+	// the job never ran.
+	StatusSkipped Status = "skipped"
 )
 
 // Terminal reports whether s is a final status.
 func (s Status) Terminal() bool {
 	switch s {
-	case StatusSuccess, StatusError, StatusTimeout, StatusCancelled, StatusWorkerLost, StatusRejected, StatusInfraError:
+	case StatusSuccess, StatusError, StatusTimeout, StatusCancelled, StatusWorkerLost, StatusRejected, StatusInfraError, StatusSkipped:
 		return true
 	}
 	return false
 }
 
 // Valid reports whether s is a known status.
-func (s Status) Valid() bool { return s == StatusQueued || s == StatusRunning || s.Terminal() }
+func (s Status) Valid() bool {
+	return s == StatusWaiting || s == StatusQueued || s == StatusRunning || s.Terminal()
+}
 
 // Job is one unit of work: code to run in a sandbox, and where it may reach.
 type Job struct {
@@ -56,7 +65,20 @@ type Job struct {
 	Labels      map[string]string `json:"labels,omitempty"`
 	// RetryOf names the dead-letter job this one re-runs, if any.
 	RetryOf string `json:"retry_of,omitempty"`
+	// After names jobs that must all succeed before this one runs; if one
+	// ends otherwise, this one ends skipped. AfterAny names jobs that must
+	// end, in any status, before it runs. Until then it is waiting.
+	After    []string `json:"after,omitempty"`
+	AfterAny []string `json:"after_any,omitempty"`
 }
+
+// Parents returns the ids the job waits for: After, then AfterAny.
+func (j *Job) Parents() []string {
+	return append(append([]string(nil), j.After...), j.AfterAny...)
+}
+
+// Waits reports whether the job names parents.
+func (j *Job) Waits() bool { return len(j.After)+len(j.AfterAny) > 0 }
 
 // TimeoutDuration returns the job's time limit.
 func (j *Job) TimeoutDuration() time.Duration { return time.Duration(j.Timeout) * time.Second }
@@ -113,6 +135,7 @@ type Limits struct {
 	MaxAttempts    int // upper bound of max_attempts
 	MaxServers     int
 	MaxLabels      int
+	MaxParents     int // ids in After and AfterAny together
 }
 
 // DefaultLimits are the limits of DESIGN.md §7: code up to 256 KiB, timeout 30 s
@@ -125,6 +148,7 @@ func DefaultLimits() Limits {
 		MaxAttempts:    4,
 		MaxServers:     64,
 		MaxLabels:      32,
+		MaxParents:     1000,
 	}
 }
 
@@ -177,6 +201,9 @@ func (j *Job) Normalize(l Limits, now time.Time) error {
 			return invalid("labels", "label %q: keys must be 1-128 bytes without '=' or ',', values at most 512 bytes", truncate(k, 40))
 		}
 	}
+	if err := j.checkParents(l); err != nil {
+		return err
+	}
 	if j.RetryOf != "" && !ValidID(j.RetryOf) {
 		return invalid("retry_of", "%q is not a job id", truncate(j.RetryOf, 40))
 	}
@@ -190,6 +217,33 @@ func (j *Job) Normalize(l Limits, now time.Time) error {
 	}
 	if j.SubmittedAt.IsZero() {
 		j.SubmittedAt = now.UTC()
+	}
+	return nil
+}
+
+func (j *Job) checkParents(l Limits) error {
+	max := l.MaxParents
+	if max == 0 {
+		max = DefaultLimits().MaxParents
+	}
+	if n := len(j.After) + len(j.AfterAny); n > max {
+		return invalid("after", "%d parents named, at most %d allowed: join through an intermediate job", n, max)
+	}
+	seen := map[string]bool{}
+	for _, p := range j.Parents() {
+		field := "after"
+		if !slices.Contains(j.After, p) {
+			field = "after_any"
+		}
+		switch {
+		case !ValidUserID(p):
+			return invalid(field, "%q is not a job id", truncate(p, 40))
+		case p == j.ID:
+			return invalid(field, "job %s names itself as its parent", j.ID)
+		case seen[p]:
+			return invalid(field, "parent %s is named twice", p)
+		}
+		seen[p] = true
 	}
 	return nil
 }

@@ -53,5 +53,32 @@ func (r *Record) View(ns string) *Record {
 	if id, ok := UnscopedID(ns, r.Job.RetryOf); ok {
 		v.Job.RetryOf = id
 	}
+	v.Job.After, v.Job.AfterAny = unscopeAll(ns, r.Job.After), unscopeAll(ns, r.Job.AfterAny)
 	return &v
+}
+
+// ScopeAll returns the wire ids of namespace ns's ids (nil for none).
+func ScopeAll(ns string, ids []string) []string {
+	if len(ids) == 0 {
+		return nil
+	}
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = ScopedID(ns, id)
+	}
+	return out
+}
+
+func unscopeAll(ns string, wire []string) []string {
+	if len(wire) == 0 {
+		return nil
+	}
+	out := make([]string, len(wire))
+	for i, w := range wire {
+		out[i] = w
+		if id, ok := UnscopedID(ns, w); ok {
+			out[i] = id
+		}
+	}
+	return out
 }

@@ -39,6 +39,7 @@ type Backend interface {
 	Cancel(ctx context.Context, namespace, id, reason string) error
 	Wait(ctx context.Context, namespace, id string) (*jobs.Record, error)
 	List(ctx context.Context, namespace string, f state.JobFilter) ([]*jobs.Record, string, error)
+	SubmitWorkflow(ctx context.Context, js []*jobs.Job, namespace string) []frontend.Submitted
 	DeadLetters(ctx context.Context, namespace string, f state.JobFilter) ([]*jobs.Record, string, error)
 	LimitsFor(namespace string) jobs.Limits
 }
@@ -80,8 +81,10 @@ func New(cfg Config) http.Handler {
 	mux.HandleFunc("GET /api/jobs/{id}/wait", a.wait)
 	mux.HandleFunc("POST /api/jobs/{id}/retry", a.retry)
 	mux.HandleFunc("GET /api/deadletters", a.deadLetters)
+	mux.HandleFunc("POST /api/workflows", a.submitWorkflow)
+	mux.HandleFunc("GET /api/workflows/{id}", a.getWorkflow)
 	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no API route %s %s: see the routes of GET/POST /api/jobs and GET /api/deadletters", r.Method, r.URL.Path), nil)
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no API route %s %s: see the routes of GET/POST /api/jobs, /api/workflows and GET /api/deadletters", r.Method, r.URL.Path), nil)
 	})
 	return mux
 }
@@ -101,6 +104,16 @@ type JobRequest struct {
 	Labels      map[string]string `json:"labels,omitempty"`
 	Session     string            `json:"session,omitempty"`
 	Pool        string            `json:"pool,omitempty"`
+	// After: ids of jobs that must all succeed first (else this one is
+	// skipped); AfterAny: ids of jobs that must end first, in any status.
+	After    []string `json:"after,omitempty"`
+	AfterAny []string `json:"after_any,omitempty"`
+}
+
+// job is the request's job.
+func (q JobRequest) job() *jobs.Job {
+	return &jobs.Job{ID: q.ID, Code: q.Code, Servers: q.Servers, Timeout: q.Timeout, MaxAttempts: q.MaxAttempts,
+		Labels: q.Labels, Session: q.Session, Pool: q.Pool, After: q.After, AfterAny: q.AfterAny}
 }
 
 // Item is the answer for one submitted job: its record, flagged when the id
@@ -151,7 +164,7 @@ func (a *api) submit(w http.ResponseWriter, r *http.Request) {
 		reqs = []JobRequest{one}
 	}
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "bad_json", "the body must be a job object or an array of them, with fields id, code, servers, timeout, max_attempts, labels: "+err.Error(), nil)
+		writeError(w, http.StatusBadRequest, "bad_json", "the body must be a job object or an array of them, with fields id, code, servers, timeout, max_attempts, labels, session, pool, after, after_any: "+err.Error(), nil)
 		return
 	}
 	if len(reqs) == 0 || len(reqs) > MaxBatch {
@@ -161,8 +174,7 @@ func (a *api) submit(w http.ResponseWriter, r *http.Request) {
 	js := make([]*jobs.Job, len(reqs))
 	now := time.Now()
 	for i, q := range reqs {
-		js[i] = &jobs.Job{ID: q.ID, Code: q.Code, Servers: q.Servers, Timeout: q.Timeout, MaxAttempts: q.MaxAttempts,
-			Labels: q.Labels, Session: q.Session, Pool: q.Pool}
+		js[i] = q.job()
 		// Validate every job before submitting any.
 		if err := js[i].Normalize(a.be.LimitsFor(a.cfg.Namespace(r.Context())), now); err != nil {
 			msg := err.Error()

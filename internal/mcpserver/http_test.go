@@ -113,7 +113,7 @@ stderr[0]:
 error: "ValueError: x"
 timeoutSeconds: 30
 jobId: 01J`
-	if got := st.TOON(); got != want {
+	if got := TOON(st); got != want {
 		t.Fatalf("got:\n%s\nwant:\n%s", got, want)
 	}
 }

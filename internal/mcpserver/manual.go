@@ -48,6 +48,11 @@ All of these are also in module ` + "`runtime`" + ` (` + "`import runtime`" + ` 
   (compare-and-set on the server, retried on conflict) and returns it.
 Keys are any non-empty strings; they are stored as given.
 
+## Workflows (jobs of the HTTP API)
+A job submitted with ` + "`after`" + ` (or ` + "`after_any`" + `) parents can read an ended parent's
+outcome: ` + "`job_result(id)`" + ` returns {status, summary, exitCode, stdout[], stderr[], error,
+timeoutSeconds, jobId} of a job of the same caller.
+
 ## Outcome
 status is success, error (an exception: traceback in stderr; or a non-zero exit code),
 timeout or cancelled. stdout and stderr are each capped at 1 MiB; the result says when

@@ -382,16 +382,7 @@ func (p *progress) lineLocked(stream, line string) {
 }
 
 // Structured is run_python's structuredContent.
-type Structured struct {
-	Status         string   `json:"status"`
-	Summary        string   `json:"summary"`
-	ExitCode       int      `json:"exitCode"`
-	Stdout         []string `json:"stdout"`
-	Stderr         []string `json:"stderr"`
-	Error          string   `json:"error,omitempty"`
-	TimeoutSeconds int      `json:"timeoutSeconds"`
-	JobID          string   `json:"jobId"`
-}
+type Structured = jobs.Structured
 
 // resultOf renders a terminal record as the tool result: the compact text form
 // plus structuredContent.
@@ -400,16 +391,7 @@ func resultOf(rec *jobs.Record, mode string) *mcp.CallToolResult {
 	if res == nil {
 		res = &jobs.Result{Status: rec.Status}
 	}
-	st := Structured{
-		Status:         string(res.Status),
-		ExitCode:       res.ExitCode,
-		Stdout:         lines(res.Stdout),
-		Stderr:         lines(res.Stderr),
-		Error:          res.Error,
-		TimeoutSeconds: rec.Job.Timeout,
-		JobID:          rec.Job.ID,
-	}
-	st.Summary = summary(res)
+	st := rec.Structured()
 	var b strings.Builder
 	b.WriteString(strings.TrimRight(res.Stdout, "\n"))
 	if res.StdoutTruncated {
@@ -439,34 +421,9 @@ func resultOf(rec *jobs.Record, mode string) *mcp.CallToolResult {
 	}
 	text := b.String()
 	if mode == OutputTOON {
-		text = st.TOON()
+		text = TOON(st)
 	}
 	out := mcp.NewToolResultStructured(st, text)
 	out.IsError = res.Status != jobs.StatusSuccess
 	return out
-}
-
-func summary(r *jobs.Result) string {
-	switch r.Status {
-	case jobs.StatusSuccess:
-		if r.Stdout == "" && r.Stderr == "" {
-			return "Success (no output)"
-		}
-		return "Success"
-	case jobs.StatusTimeout:
-		return "Timed out"
-	default:
-		if r.Error != "" {
-			return fmt.Sprintf("%s: %s", r.Status, r.Error)
-		}
-		return string(r.Status)
-	}
-}
-
-func lines(s string) []string {
-	s = strings.TrimRight(s, "\n")
-	if s == "" {
-		return []string{}
-	}
-	return strings.Split(s, "\n")
 }

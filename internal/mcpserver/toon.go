@@ -6,10 +6,10 @@ import (
 	"strings"
 )
 
-// TOON renders the structured result in TOON (Token-Oriented Object Notation):
+// TOON renders a structured result in TOON (Token-Oriented Object Notation):
 // `key: value` lines, arrays of strings inline as `key[N]: a,b`, strings quoted
 // only when they would otherwise be ambiguous.
-func (s Structured) TOON() string {
+func TOON(s Structured) string {
 	var b strings.Builder
 	field := func(k, v string) {
 		b.WriteString(k)

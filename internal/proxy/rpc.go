@@ -25,13 +25,14 @@ const (
 	MethodMemoryPut         = "memory_put"
 	MethodMemoryDelete      = "memory_delete"
 	MethodMemoryList        = "memory_list"
+	MethodJobResult         = "job_result"
 )
 
 var knownMethods = map[string]bool{
 	MethodCallTool: true, MethodListServers: true, MethodDiscoveredServers: true,
 	MethodListTools: true, MethodQueryToolDocs: true, MethodSearchToolDocs: true,
 	MethodCapabilitySummary: true, MethodMemoryGet: true, MethodMemoryPut: true,
-	MethodMemoryDelete: true, MethodMemoryList: true,
+	MethodMemoryDelete: true, MethodMemoryList: true, MethodJobResult: true,
 }
 
 // KnownMethod reports whether m is a proxy method.

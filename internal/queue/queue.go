@@ -401,13 +401,32 @@ func (c *Client) SubmitMany(ctx context.Context, js []*jobs.Job) []error {
 }
 
 func (c *Client) submitAll(ctx context.Context, js []*jobs.Job, errs []error) {
+	c.claimAll(ctx, js, errs, jobs.EventSubmitted)
+}
+
+// ReleaseMany enqueues waiting jobs whose parents have ended as they need
+// (jobs, as recorded). The released event claims each job's release once,
+// as the submitted event claims its id: it returns nil for a job it
+// enqueued, ErrDuplicate for one released before (whose enqueue it repairs
+// when the first releaser may have died before it), ErrQueueFull (the job
+// is recorded as rejected), or another error when the broker could not be
+// reached: releasing again is then safe.
+func (c *Client) ReleaseMany(ctx context.Context, js []*jobs.Job) []error {
+	errs := make([]error, len(js))
+	c.claimAll(ctx, js, errs, jobs.EventReleased)
+	return errs
+}
+
+func (c *Client) claimAll(ctx context.Context, js []*jobs.Job, errs []error, kind jobs.EventKind) {
 	for lo := 0; lo < len(js); lo += submitChunk {
 		hi := min(lo+submitChunk, len(js))
-		c.submitChunk(ctx, js[lo:hi], errs[lo:hi])
+		c.claimChunk(ctx, js[lo:hi], errs[lo:hi], kind)
 	}
 }
 
-func (c *Client) submitChunk(ctx context.Context, js []*jobs.Job, errs []error) {
+// claimChunk claims each job's event of kind (submitted or released) and
+// enqueues the jobs it claimed, except submitted jobs that wait for parents.
+func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, kind jobs.EventKind) {
 	key, err := c.proxyKey(ctx)
 	if err != nil {
 		for i := range errs {
@@ -415,16 +434,20 @@ func (c *Client) submitChunk(ctx context.Context, js []*jobs.Job, errs []error) 
 		}
 		return
 	}
-	// 1. Claim each id: the submitted event is stored only if its subject is empty.
+	// 1. Claim each id: the event is stored only if its subject is empty.
 	claims := make([]jetstream.PubAckFuture, len(js))
 	for i, job := range js {
-		m, err := c.eventMsg(&jobs.Event{Job: job.ID, Kind: jobs.EventSubmitted, Spec: job, At: job.SubmittedAt})
+		ev := &jobs.Event{Job: job.ID, Kind: kind}
+		if kind == jobs.EventSubmitted {
+			ev.Spec, ev.At = job, job.SubmittedAt
+		}
+		m, err := c.eventMsg(ev)
 		if err == nil {
 			m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
 			claims[i], err = c.js.PublishMsgAsync(m)
 		}
 		if err != nil {
-			errs[i] = fmt.Errorf("record submission of %s: %w", job.ID, err)
+			errs[i] = fmt.Errorf("record %s of %s: %w", kind, job.ID, err)
 		}
 	}
 	for i, f := range claims {
@@ -439,14 +462,18 @@ func (c *Client) submitChunk(ctx context.Context, js []*jobs.Job, errs []error) 
 		case isWrongLastSeq(err) || (err == nil && ack.Duplicate):
 			errs[i] = ErrDuplicate
 		case err != nil:
-			errs[i] = fmt.Errorf("record submission of %s: %w", js[i].ID, err)
+			errs[i] = fmt.Errorf("record %s of %s: %w", kind, js[i].ID, err)
 		}
 	}
-	// 2. Enqueue the claimed jobs, and repair a duplicate whose first submitter
+	// 2. Enqueue the claimed jobs, and repair a duplicate whose first claimer
 	// may have died between claim and enqueue (the jobs stream deduplicates).
+	// A submitted job that waits for parents is enqueued by its release.
 	enq := make([]jetstream.PubAckFuture, len(js))
 	for i, job := range js {
-		if errs[i] != nil && !(errors.Is(errs[i], ErrDuplicate) && c.mayBeUnqueued(ctx, job.ID)) {
+		if kind == jobs.EventSubmitted && job.Waits() {
+			continue
+		}
+		if errs[i] != nil && !(errors.Is(errs[i], ErrDuplicate) && c.mayBeUnqueued(ctx, job.ID, kind)) {
 			continue
 		}
 		subject, done, rerr := c.route(ctx, job)
@@ -498,10 +525,11 @@ func (c *Client) submitChunk(ctx context.Context, js []*jobs.Job, errs []error) 
 	}
 }
 
-// mayBeUnqueued reports whether a duplicate submission of id should republish
-// the job message: its first submission is recent enough for the jobs stream to
-// deduplicate the republish, and it has not already finished or been rejected.
-func (c *Client) mayBeUnqueued(ctx context.Context, id string) bool {
+// mayBeUnqueued reports whether a duplicate claim (of kind) of id should
+// republish the job message: the first claim is recent enough for the jobs
+// stream to deduplicate the republish, and the job has not already finished or
+// been rejected.
+func (c *Client) mayBeUnqueued(ctx context.Context, id string, kind jobs.EventKind) bool {
 	window := c.DedupeWindow
 	if window == 0 {
 		window = DefaultConfig().DedupeWindow
@@ -510,7 +538,7 @@ func (c *Client) mayBeUnqueued(ctx context.Context, id string) bool {
 	if err != nil {
 		return false
 	}
-	m, err := stream.GetLastMsgForSubject(ctx, c.sub.Event(id, jobs.EventSubmitted))
+	m, err := stream.GetLastMsgForSubject(ctx, c.sub.Event(id, kind))
 	if err != nil || time.Since(m.Time) > window*9/10 {
 		return false
 	}

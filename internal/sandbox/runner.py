@@ -52,7 +52,7 @@ MAX_PENDING_TO_EXECUTOR = 32 << 20
 KNOWN_METHODS = frozenset((
     "call_tool", "list_servers", "discovered_servers", "list_tools", "query_tool_docs",
     "search_tool_docs", "capability_summary", "memory_get", "memory_put", "memory_delete",
-    "memory_list",
+    "memory_list", "job_result",
 ))
 SECRET_ENV = "MCPEXEC_RUNNER_SECRET"
 
@@ -584,6 +584,15 @@ def _api(runner):
     def _info(m):
         return _AwaitableDict({k: v for k, v in (m or {}).items() if k != "value"})
 
+    # -- workflows ---------------------------------------------------------------
+    def job_result(job_id):
+        """The outcome of an ended job of the same namespace (typically a parent
+        named in this job's after/after_any): {status, summary, exitCode,
+        stdout[], stderr[], error, timeoutSeconds, jobId}."""
+        if not isinstance(job_id, str) or not job_id:
+            raise TypeError("job ids are non-empty strings, got %r" % (job_id,))
+        return _AwaitableDict(runner.rpc_sync("job_result", {"id": job_id}))
+
     api = {
         "MCPError": MCPError,
         "MCPServerProxy": MCPServerProxy,
@@ -601,6 +610,7 @@ def _api(runner):
         "memory_exists": memory_exists,
         "get_memory_info": get_memory_info,
         "update_memory": update_memory,
+        "job_result": job_result,
     }
     rt = type(sys)("runtime", "The mcpexec sandbox API (the same names are available without import).")
     rt.__dict__.update(api)

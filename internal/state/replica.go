@@ -240,6 +240,7 @@ func (s *Service) applyEvents(msgs []jetstream.Msg, last uint64) error {
 		return err
 	}
 	s.observe(changed)
+	s.sched.observe(changed)
 	s.applied.advance(last, 0)
 	return nil
 }

@@ -67,8 +67,9 @@ type Service struct {
 	// Node names this replica for admin requests (the broker's server name).
 	Node string
 
-	key     []byte   // the fleet's proxy key, which proves workers' events; set by Start
-	applied *applied // set by Start
+	key     []byte     // the fleet's proxy key, which proves workers' events; set by Start
+	applied *applied   // set by Start
+	sched   *scheduler // releases waiting jobs; set by Start
 
 	mu      sync.Mutex // guards cancel, svc, advSub, admSubs, stopped, and wg.Add of write handlers
 	stopped bool
@@ -111,6 +112,11 @@ func (s *Service) Start(ctx context.Context) error {
 			return fmt.Errorf("state service: %w", err)
 		}
 	}
+	q, err := queue.NewClient(s.nc, s.sub)
+	if err != nil {
+		return fmt.Errorf("state service: %w", err)
+	}
+	s.sched = newScheduler(s, q)
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.mu.Lock()
 	s.cancel = cancel
@@ -189,10 +195,14 @@ func (s *Service) Start(ctx context.Context) error {
 	s.mu.Lock()
 	s.svc, s.advSub, s.admSubs = svc, advSub, admSubs
 	s.mu.Unlock()
-	s.wg.Add(2)
+	s.wg.Add(3)
 	go func() {
 		defer s.wg.Done()
 		s.retentionLoop(runCtx)
+	}()
+	go func() {
+		defer s.wg.Done()
+		s.sched.run(runCtx)
 	}()
 	go func() {
 		defer s.wg.Done()

@@ -37,6 +37,8 @@ var (
 	// labelKey(k, v, id) → empty.
 	bucketByStatus = []byte("bystatus")
 	bucketByLabel  = []byte("bylabel")
+	// parent id + 0 + child id → empty: the jobs that wait for each job.
+	bucketByParent = []byte("byparent")
 	// Memory write ids applied lately: id → sequence, and (time, id) → empty.
 	bucketWriteIDs       = []byte("writeids")
 	bucketWriteIDsByTime = []byte("writeidsbytime")
@@ -89,7 +91,7 @@ func Open(path string) (*Store, error) {
 	err = db.Update(func(tx *bolt.Tx) error {
 		fresh = tx.Bucket(bucketJobs) == nil
 		unindexed := !fresh && tx.Bucket(bucketByStatus) == nil
-		for _, name := range [][]byte{bucketJobs, bucketDeadLetters, bucketFinished, bucketMemory, bucketMemoryUsage, bucketMemoryWrites, bucketMeta, bucketByStatus, bucketByLabel, bucketWriteIDs, bucketWriteIDsByTime} {
+		for _, name := range [][]byte{bucketJobs, bucketDeadLetters, bucketFinished, bucketMemory, bucketMemoryUsage, bucketMemoryWrites, bucketMeta, bucketByStatus, bucketByLabel, bucketByParent, bucketWriteIDs, bucketWriteIDsByTime} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
@@ -291,7 +293,47 @@ func index(tx *bolt.Tx, old, rec *jobs.Record) error {
 			}
 		}
 	}
+	if old == nil || (!old.Job.Waits() && rec.Job.Waits()) {
+		bp := tx.Bucket(bucketByParent)
+		for _, p := range rec.Job.Parents() {
+			if err := bp.Put(parentKey(p, id), nil); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
+}
+
+func parentKey(parent, child string) []byte {
+	return append(append([]byte(parent), 0), child...)
+}
+
+// Children returns the ids of the jobs that name id as a parent.
+func (s *Store) Children(id string) ([]string, error) {
+	var out []string
+	prefix := append([]byte(id), 0)
+	err := s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketByParent).Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			out = append(out, string(k[len(prefix):]))
+		}
+		return nil
+	})
+	return out, err
+}
+
+// WithStatus returns the ids of the records in status st.
+func (s *Store) WithStatus(st jobs.Status) ([]string, error) {
+	var out []string
+	prefix := statusKey(st, "")
+	err := s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketByStatus).Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			out = append(out, string(k[len(prefix):]))
+		}
+		return nil
+	})
+	return out, err
 }
 
 // unindex deletes rec's index entries.
@@ -303,6 +345,12 @@ func unindex(tx *bolt.Tx, rec *jobs.Record) error {
 	bl := tx.Bucket(bucketByLabel)
 	for k, v := range rec.Job.Labels {
 		if err := bl.Delete(append(labelPrefix(k, v), id...)); err != nil {
+			return err
+		}
+	}
+	bp := tx.Bucket(bucketByParent)
+	for _, p := range rec.Job.Parents() {
+		if err := bp.Delete(parentKey(p, id)); err != nil {
 			return err
 		}
 	}

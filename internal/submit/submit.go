@@ -117,7 +117,7 @@ func ReadJobs(r io.Reader) ([]jobsapi.JobRequest, error) {
 		dec := json.NewDecoder(bytes.NewReader(b))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&j); err != nil {
-			return nil, fmt.Errorf("jobs file line %d: %v (want a JSON object with code, and optionally id, servers, timeout, max_attempts, labels)", line, err)
+			return nil, fmt.Errorf("jobs file line %d: %v (want a JSON object with code, and optionally id, servers, timeout, max_attempts, labels, session, pool, after, after_any)", line, err)
 		}
 		if j.ID == "" {
 			j.ID = jobs.NewID()
@@ -133,6 +133,27 @@ func ReadJobs(r io.Reader) ([]jobsapi.JobRequest, error) {
 	return out, nil
 }
 
+// parentsFirst orders reqs so that every job comes after the parents it
+// names in the file (batches are submitted in order, and a parent must be
+// known when its child is submitted).
+func parentsFirst(reqs []jobsapi.JobRequest) ([]jobsapi.JobRequest, error) {
+	js := make([]*jobs.Job, len(reqs))
+	at := make(map[*jobs.Job]int, len(reqs))
+	for i, q := range reqs {
+		js[i] = &jobs.Job{ID: q.ID, After: q.After, AfterAny: q.AfterAny}
+		at[js[i]] = i
+	}
+	sorted, err := jobs.Order(js)
+	if err != nil {
+		return reqs, fmt.Errorf("jobs file: %w", err)
+	}
+	out := make([]jobsapi.JobRequest, len(reqs))
+	for k, j := range sorted {
+		out[k] = reqs[at[j]]
+	}
+	return out, nil
+}
+
 // Summary counts the outcomes of a run.
 type Summary struct {
 	Total, Submitted, Done, Succeeded, Failed int
@@ -141,6 +162,10 @@ type Summary struct {
 // Submit submits reqs in batches, waits for each job, and writes each final
 // record to out as one JSON line, in completion order. Progress goes to status.
 func (c *Config) Submit(ctx context.Context, reqs []jobsapi.JobRequest, out, status io.Writer) (Summary, error) {
+	reqs, err := parentsFirst(reqs)
+	if err != nil {
+		return Summary{Total: len(reqs)}, err
+	}
 	var submitted, done, failed atomic.Int64
 	stopProgress := c.progress(len(reqs), &submitted, &done, &failed, status)
 	defer stopProgress()
