@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -263,4 +264,62 @@ func TestSubmitCommandAfter(t *testing.T) {
 	if code, _ := e.call(t, "tok-a", "GET", "/api/jobs/p", nil); code != http.StatusNotFound {
 		t.Fatalf("a job of a cyclic file was submitted: %d", code)
 	}
+}
+
+// BenchmarkWorkflowEdges measures what an edge costs on one broker with a
+// fake runtime (jobs end at once): along a chain of 20 jobs, the time from a
+// parent's end to its child's start (release latency, per edge); across a
+// fan-out of 200, the time from the root's end to the last child's start,
+// divided by the edges.
+func BenchmarkWorkflowEdges(b *testing.B) {
+	br := testutil.Broker(b, "", queue.DefaultConfig())
+	wc := worker.DefaultConfig("w")
+	wc.Slots = 16
+	testutil.Worker(b, br, testutil.NewFakeRuntime(1), wc)
+	fe := testutil.Frontend(b, br, "fe")
+	const chain, fan = 20, 200
+	var perChainEdge, perFanEdge []time.Duration
+	for n := range b.N {
+		var js []*jobs.Job
+		for i := range chain {
+			j := &jobs.Job{ID: fmt.Sprintf("c%d-%d", n, i), Code: "ok"}
+			if i > 0 {
+				j.After = []string{fmt.Sprintf("c%d-%d", n, i-1)}
+			}
+			js = append(js, j)
+		}
+		root := fmt.Sprintf("r%d", n)
+		js = append(js, &jobs.Job{ID: root, Code: "ok"})
+		for i := range fan {
+			js = append(js, &jobs.Job{ID: fmt.Sprintf("f%d-%d", n, i), Code: "ok", After: []string{root}})
+		}
+		for _, s := range fe.SubmitWorkflow(context.Background(), js, "bench") {
+			if s.Err != nil {
+				b.Fatal(s.Err)
+			}
+		}
+		recs := map[string]*jobs.Record{}
+		for _, j := range js {
+			rec, err := fe.Wait(context.Background(), "bench", j.ID)
+			if err != nil || rec.Status != jobs.StatusSuccess {
+				b.Fatalf("%s: %v %+v", j.ID, err, rec)
+			}
+			recs[j.ID] = rec
+		}
+		for i := 1; i < chain; i++ {
+			p, c := recs[fmt.Sprintf("c%d-%d", n, i-1)], recs[fmt.Sprintf("c%d-%d", n, i)]
+			perChainEdge = append(perChainEdge, c.StartedAt.Sub(*p.FinishedAt))
+		}
+		var last time.Time
+		for i := range fan {
+			if s := *recs[fmt.Sprintf("f%d-%d", n, i)].StartedAt; s.After(last) {
+				last = s
+			}
+		}
+		perFanEdge = append(perFanEdge, last.Sub(*recs[root].FinishedAt)/fan)
+	}
+	slices.Sort(perChainEdge)
+	slices.Sort(perFanEdge)
+	b.ReportMetric(float64(perChainEdge[len(perChainEdge)/2].Microseconds())/1000, "chain-edge-p50-ms")
+	b.ReportMetric(float64(perFanEdge[len(perFanEdge)/2].Microseconds())/1000, "fanout-edge-ms")
 }
