@@ -40,6 +40,7 @@ type Backend interface {
 	Wait(ctx context.Context, namespace, id string) (*jobs.Record, error)
 	List(ctx context.Context, namespace string, f state.JobFilter) ([]*jobs.Record, string, error)
 	SubmitWorkflow(ctx context.Context, js []*jobs.Job, namespace string) []frontend.Submitted
+	Follow(ctx context.Context, namespace string, after uint64, resume bool, fn func(frontend.JobEvent) error) error
 	DeadLetters(ctx context.Context, namespace string, f state.JobFilter) ([]*jobs.Record, string, error)
 	LimitsFor(namespace string) jobs.Limits
 }
@@ -72,7 +73,7 @@ func New(cfg Config) http.Handler {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	a := &api{cfg: cfg, be: cfg.Backend}
+	a := &api{cfg: cfg, be: cfg.Backend, streams: make(chan struct{}, MaxEventStreams)}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /api/jobs", a.submit)
 	mux.HandleFunc("GET /api/jobs", a.list)
@@ -83,6 +84,7 @@ func New(cfg Config) http.Handler {
 	mux.HandleFunc("GET /api/deadletters", a.deadLetters)
 	mux.HandleFunc("POST /api/workflows", a.submitWorkflow)
 	mux.HandleFunc("GET /api/workflows/{id}", a.getWorkflow)
+	mux.HandleFunc("GET /api/events", a.events)
 	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no API route %s %s: see the routes of GET/POST /api/jobs, /api/workflows and GET /api/deadletters", r.Method, r.URL.Path), nil)
 	})
@@ -90,8 +92,9 @@ func New(cfg Config) http.Handler {
 }
 
 type api struct {
-	cfg Config
-	be  Backend
+	cfg     Config
+	be      Backend
+	streams chan struct{} // open event streams
 }
 
 // JobRequest is one job as submitted to POST /api/jobs.

@@ -1,0 +1,124 @@
+package frontend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/state"
+)
+
+// JobEvent is a job's lifecycle event as its namespace sees it: the job's
+// own id, what happened, and the job's labels. Seq is the event's position in
+// the fleet's events stream: following again after it misses nothing.
+type JobEvent struct {
+	Seq     uint64            `json:"seq"`
+	Job     string            `json:"job"`
+	Kind    jobs.EventKind    `json:"kind"`
+	Status  jobs.Status       `json:"status"` // the job's status after the event
+	Attempt int               `json:"attempt,omitempty"`
+	Worker  string            `json:"worker,omitempty"`
+	At      time.Time         `json:"at"`
+	Error   string            `json:"error,omitempty"` // of a finished or cancelled job
+	Labels  map[string]string `json:"labels,omitempty"`
+}
+
+// maxLabelCache bounds the labels Follow remembers per follower.
+const maxLabelCache = 10_000
+
+// Follow calls fn with each job event of namespace ns, in the events
+// stream's order, until ctx ends (it returns nil) or fn returns an error (it
+// returns it). With resume it starts after stream sequence after (0: the
+// oldest event kept); without, at the next new event.
+func (f *Frontend) Follow(ctx context.Context, ns string, after uint64, resume bool, fn func(JobEvent) error) error {
+	ns = jobs.NamespaceOf(ns)
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{f.cfg.Subjects.AllEvents()}, DeliverPolicy: jetstream.DeliverNewPolicy}
+	if resume {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, after+1
+	}
+	cons, err := f.client.JetStream().OrderedConsumer(ctx, f.cfg.Subjects.EventsStream(), cfg)
+	if err != nil {
+		return fmt.Errorf("%w: follow the events stream: %w", ErrUnavailable, err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("%w: follow the events stream: %w", ErrUnavailable, err)
+	}
+	defer it.Stop()
+	stopped := make(chan struct{})
+	defer close(stopped)
+	done := make(chan struct{})
+	go func() { // Next blocks: end it with ctx
+		defer close(done)
+		select {
+		case <-ctx.Done():
+			it.Stop()
+		case <-stopped:
+		}
+	}()
+	defer func() { <-done }()
+	labels := map[string]map[string]string{}
+	for {
+		m, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return nil
+			}
+			return fmt.Errorf("%w: follow the events stream: %w", ErrUnavailable, err)
+		}
+		var ev jobs.Event
+		md, merr := m.Metadata()
+		if merr != nil || json.Unmarshal(m.Data(), &ev) != nil {
+			continue
+		}
+		id, ok := jobs.UnscopedID(ns, ev.Job)
+		if !ok || id == "" {
+			continue
+		}
+		out := JobEvent{Seq: md.Sequence.Stream, Job: id, Kind: ev.Kind, Attempt: ev.Attempt, Worker: ev.Worker, At: ev.At}
+		switch ev.Kind {
+		case jobs.EventSubmitted:
+			out.Status = jobs.StatusQueued
+			if ev.Spec != nil {
+				if ev.Spec.Waits() {
+					out.Status = jobs.StatusWaiting
+				}
+				labels[ev.Job] = ev.Spec.Labels
+			}
+		case jobs.EventReleased:
+			out.Status = jobs.StatusQueued
+		case jobs.EventStarted:
+			out.Status = jobs.StatusRunning
+		case jobs.EventFinished:
+			if ev.Result == nil {
+				continue
+			}
+			out.Status, out.Error = ev.Result.Status, ev.Result.Error
+		case jobs.EventCancelled:
+			out.Status, out.Error = jobs.StatusCancelled, ev.Reason
+		default:
+			continue
+		}
+		l, known := labels[ev.Job]
+		if !known {
+			if rec, err := f.state.Job(ctx, ev.Job); err == nil {
+				l = rec.Job.Labels
+			} else if !errors.Is(err, state.ErrNotFound) && ctx.Err() == nil {
+				return fmt.Errorf("%w: labels of job %s: %w", ErrUnavailable, id, err)
+			}
+			if len(labels) >= maxLabelCache {
+				clear(labels)
+			}
+			labels[ev.Job] = l
+		}
+		out.Labels = l
+		if err := fn(out); err != nil {
+			return err
+		}
+	}
+}

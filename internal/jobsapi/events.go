@@ -1,0 +1,147 @@
+package jobsapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/jobs"
+)
+
+// Bounds of GET /api/events.
+const (
+	MaxEventStreams  = 256              // open at once on one front-end
+	eventKeepalive   = 15 * time.Second // a comment line when nothing happens
+	eventWriteWithin = 10 * time.Second // a client that does not read is dropped
+)
+
+// events serves GET /api/events: a Server-Sent Events stream of the
+// namespace's job events, filtered by label (repeatable KEY=VALUE), prefix
+// and workflow. Each event's id is its position in the fleet's events
+// stream: a client that reconnects with Last-Event-ID (or ?after=) misses
+// nothing.
+func (a *api) events(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	match, err := eventFilter(q["label"], q.Get("prefix"), q.Get("workflow"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "bad_filter", err.Error(), nil)
+		return
+	}
+	after, resume := uint64(0), false
+	for _, s := range []string{q.Get("after"), r.Header.Get("Last-Event-ID")} {
+		if s == "" {
+			continue
+		}
+		n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "bad_event_id", fmt.Sprintf("event id %.40q must be a whole number: the id of the last event received", s), nil)
+			return
+		}
+		after, resume = n, true
+	}
+	select {
+	case a.streams <- struct{}{}:
+		defer func() { <-a.streams }()
+	default:
+		w.Header().Set("Retry-After", "5")
+		writeError(w, http.StatusServiceUnavailable, "too_many_streams", fmt.Sprintf("this front-end already serves %d event streams: retry later, or use another front-end", MaxEventStreams), nil)
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	evs := make(chan frontend.JobEvent, 64)
+	errc := make(chan error, 1)
+	go func() {
+		errc <- a.be.Follow(ctx, a.cfg.Namespace(r.Context()), after, resume, func(ev frontend.JobEvent) error {
+			if !match(ev) {
+				return nil
+			}
+			select {
+			case evs <- ev:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+	}()
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	write := func(text string) bool {
+		_ = rc.SetWriteDeadline(time.Now().Add(eventWriteWithin))
+		if _, err := fmt.Fprint(w, text); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	if !write(": mcpexec job events\n\n") {
+		cancel()
+		<-errc
+		return
+	}
+	keep := time.NewTicker(eventKeepalive)
+	defer keep.Stop()
+	for {
+		select {
+		case ev := <-evs:
+			data, _ := json.Marshal(ev)
+			if !write(fmt.Sprintf("id: %d\nevent: %s\ndata: %s\n\n", ev.Seq, ev.Kind, data)) {
+				cancel()
+				<-errc
+				return
+			}
+		case <-keep.C:
+			if !write(": keepalive\n\n") {
+				cancel()
+				<-errc
+				return
+			}
+		case err := <-errc:
+			if err != nil && !errors.Is(err, context.Canceled) {
+				// The stream breaks; the client reconnects with Last-Event-ID.
+				write(fmt.Sprintf("event: error\ndata: %s\n\n", strings.ReplaceAll(err.Error(), "\n", " ")))
+			}
+			return
+		}
+	}
+}
+
+// eventFilter returns the matcher of the filters of GET /api/events.
+func eventFilter(labels []string, prefix, workflow string) (func(frontend.JobEvent) bool, error) {
+	want := map[string]string{}
+	for _, l := range labels {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("label %.60q must be KEY=VALUE", l)
+		}
+		want[k] = v
+	}
+	if workflow != "" {
+		if !jobs.ValidUserID(workflow) {
+			return nil, fmt.Errorf("workflow %.40q is not a workflow id", workflow)
+		}
+		want[WorkflowLabel] = workflow
+	}
+	if len(prefix) > jobs.MaxIDLength {
+		return nil, fmt.Errorf("prefix is over %d bytes", jobs.MaxIDLength)
+	}
+	return func(ev frontend.JobEvent) bool {
+		if !strings.HasPrefix(ev.Job, prefix) {
+			return false
+		}
+		for k, v := range want {
+			if ev.Labels[k] != v {
+				return false
+			}
+		}
+		return true
+	}, nil
+}
