@@ -252,7 +252,8 @@ func unavailable(out []Submitted, err error) []Submitted {
 // the new submission asks for a different job.
 func existing(rec *jobs.Record, j *jobs.Job) Submitted {
 	if !sameJob(&rec.Job, j) {
-		return Submitted{Record: rec, Existing: true, Err: fmt.Errorf("%w: job %s was submitted before with different code, servers, timeout, attempts, session or labels: choose a new id", ErrConflict, j.ID)}
+		name, _ := jobs.UnscopedID(j.Namespace, j.ID)
+		return Submitted{Record: rec, Existing: true, Err: fmt.Errorf("%w: job %s was submitted before with different code, servers, timeout, attempts, session, labels or parents: choose a new id", ErrConflict, name)}
 	}
 	return Submitted{Record: rec, Existing: true}
 }

@@ -15,6 +15,7 @@ package jobsapi
 import (
 	"bytes"
 	"context"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,6 +47,12 @@ type Backend interface {
 }
 
 var _ Backend = (*frontend.Frontend)(nil)
+
+// OpenAPI is the OpenAPI 3.0 description of the front-end's HTTP API, served
+// at GET /api/openapi.json.
+//
+//go:embed openapi.json
+var OpenAPI []byte
 
 // Limits of the API.
 const (
@@ -85,6 +92,10 @@ func New(cfg Config) http.Handler {
 	mux.HandleFunc("POST /api/workflows", a.submitWorkflow)
 	mux.HandleFunc("GET /api/workflows/{id}", a.getWorkflow)
 	mux.HandleFunc("GET /api/events", a.events)
+	mux.HandleFunc("GET /api/openapi.json", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(OpenAPI)
+	})
 	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no API route %s %s: see the routes of GET/POST /api/jobs, /api/workflows and GET /api/deadletters", r.Method, r.URL.Path), nil)
 	})
