@@ -262,7 +262,8 @@ func sameJob(a, b *jobs.Job) bool {
 	return a.Code == b.Code && slices.Equal(a.Servers, b.Servers) && a.Timeout == b.Timeout &&
 		a.MaxAttempts == b.MaxAttempts && a.Session == b.Session && a.Pool == b.Pool &&
 		a.Namespace == b.Namespace && maps.Equal(a.Labels, b.Labels) &&
-		slices.Equal(a.After, b.After) && slices.Equal(a.AfterAny, b.AfterAny)
+		slices.Equal(a.After, b.After) && slices.Equal(a.AfterAny, b.AfterAny) &&
+		a.MemoryMB == b.MemoryMB && a.CPUs == b.CPUs
 }
 
 // Wait returns namespace ns's record of job id once it is terminal, or its

@@ -17,6 +17,11 @@ type Policy struct {
 	// MaxTimeout is the longest timeout, in seconds, its jobs may ask for;
 	// it may exceed the front-end's default maximum (for batch namespaces).
 	MaxTimeout int `json:"max_timeout,omitempty"`
+	// MaxMemoryMB and MaxCPUs are the largest sandbox a job may ask for
+	// (memory_mb, cpus); they may exceed the front-end's defaults (512 MiB,
+	// one CPU) for batch namespaces.
+	MaxMemoryMB int     `json:"max_memory_mb,omitempty"`
+	MaxCPUs     float64 `json:"max_cpus,omitempty"`
 	// MaxQueued caps its jobs waiting for a worker, MaxActive its jobs queued
 	// or running, on each front-end.
 	MaxQueued int `json:"max_queued,omitempty"`
@@ -43,6 +48,12 @@ func (p Policy) Inherit(def Policy) Policy {
 	if p.MaxTimeout == 0 {
 		p.MaxTimeout = def.MaxTimeout
 	}
+	if p.MaxMemoryMB == 0 {
+		p.MaxMemoryMB = def.MaxMemoryMB
+	}
+	if p.MaxCPUs == 0 {
+		p.MaxCPUs = def.MaxCPUs
+	}
 	if p.MaxQueued == 0 {
 		p.MaxQueued = def.MaxQueued
 	}
@@ -64,7 +75,7 @@ func (p Policy) Enabled() bool { return p.MaxQueued > 0 || p.MaxActive > 0 }
 // Validate reports the first field out of range.
 func (p Policy) Validate() error {
 	switch {
-	case p.MaxTimeout < 0, p.MaxQueued < 0, p.MaxActive < 0, p.MaxSessions < 0, p.MemoryBytes < 0:
+	case p.MaxTimeout < 0, p.MaxQueued < 0, p.MaxActive < 0, p.MaxSessions < 0, p.MemoryBytes < 0, p.MaxMemoryMB < 0, p.MaxCPUs < 0:
 		return fmt.Errorf("policy caps must not be negative: %+v", p)
 	case p.MaxTimeout > 24*3600:
 		return fmt.Errorf("policy max_timeout %d is over a day", p.MaxTimeout)
@@ -89,8 +100,15 @@ func (f *Frontend) policyFor(ns string) Policy {
 // with the namespace's own maximum timeout.
 func (f *Frontend) LimitsFor(ns string) jobs.Limits {
 	l := f.cfg.Limits
-	if p := f.policyFor(ns); p.MaxTimeout > 0 {
+	p := f.policyFor(ns)
+	if p.MaxTimeout > 0 {
 		l.MaxTimeout = p.MaxTimeout
+	}
+	if p.MaxMemoryMB > 0 {
+		l.MaxMemoryMB = p.MaxMemoryMB
+	}
+	if p.MaxCPUs > 0 {
+		l.MaxCPUs = p.MaxCPUs
 	}
 	return l
 }

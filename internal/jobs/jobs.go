@@ -70,6 +70,11 @@ type Job struct {
 	// end, in any status, before it runs. Until then it is waiting.
 	After    []string `json:"after,omitempty"`
 	AfterAny []string `json:"after_any,omitempty"`
+	// MemoryMB and CPUs size the job's sandbox; zero is the worker's default
+	// (512 MiB, one CPU). A job that asks for its own size gets a container
+	// of its own, not a warm one.
+	MemoryMB int     `json:"memory_mb,omitempty"`
+	CPUs     float64 `json:"cpus,omitempty"`
 }
 
 // Parents returns the ids the job waits for: After, then AfterAny.
@@ -135,7 +140,9 @@ type Limits struct {
 	MaxAttempts    int // upper bound of max_attempts
 	MaxServers     int
 	MaxLabels      int
-	MaxParents     int // ids in After and AfterAny together
+	MaxParents     int     // ids in After and AfterAny together
+	MaxMemoryMB    int     // largest MemoryMB a job may ask for
+	MaxCPUs        float64 // largest CPUs a job may ask for
 }
 
 // DefaultLimits are the limits of DESIGN.md §7: code up to 256 KiB, timeout 30 s
@@ -149,6 +156,8 @@ func DefaultLimits() Limits {
 		MaxServers:     64,
 		MaxLabels:      32,
 		MaxParents:     1000,
+		MaxMemoryMB:    512,
+		MaxCPUs:        1,
 	}
 }
 
@@ -200,6 +209,12 @@ func (j *Job) Normalize(l Limits, now time.Time) error {
 		if k == "" || len(k) > 128 || len(v) > 512 || strings.ContainsAny(k, "=,") {
 			return invalid("labels", "label %q: keys must be 1-128 bytes without '=' or ',', values at most 512 bytes", truncate(k, 40))
 		}
+	}
+	if j.MemoryMB < 0 || j.MemoryMB > l.MaxMemoryMB || (j.MemoryMB > 0 && j.MemoryMB < 16) {
+		return invalid("memory_mb", "%d MiB is outside 16..%d: ask for less, or for a namespace whose policy allows more (max_memory_mb)", j.MemoryMB, l.MaxMemoryMB)
+	}
+	if j.CPUs < 0 || j.CPUs > l.MaxCPUs || (j.CPUs > 0 && j.CPUs < 0.1) {
+		return invalid("cpus", "%g CPUs is outside 0.1..%g: ask for less, or for a namespace whose policy allows more (max_cpus)", j.CPUs, l.MaxCPUs)
 	}
 	if err := j.checkParents(l); err != nil {
 		return err

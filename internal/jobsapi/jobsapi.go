@@ -122,12 +122,15 @@ type JobRequest struct {
 	// skipped); AfterAny: ids of jobs that must end first, in any status.
 	After    []string `json:"after,omitempty"`
 	AfterAny []string `json:"after_any,omitempty"`
+	// MemoryMB and CPUs size the job's sandbox, within the namespace's policy.
+	MemoryMB int     `json:"memory_mb,omitempty"`
+	CPUs     float64 `json:"cpus,omitempty"`
 }
 
 // job is the request's job.
 func (q JobRequest) job() *jobs.Job {
 	return &jobs.Job{ID: q.ID, Code: q.Code, Servers: q.Servers, Timeout: q.Timeout, MaxAttempts: q.MaxAttempts,
-		Labels: q.Labels, Session: q.Session, Pool: q.Pool, After: q.After, AfterAny: q.AfterAny}
+		Labels: q.Labels, Session: q.Session, Pool: q.Pool, After: q.After, AfterAny: q.AfterAny, MemoryMB: q.MemoryMB, CPUs: q.CPUs}
 }
 
 // Item is the answer for one submitted job: its record, flagged when the id

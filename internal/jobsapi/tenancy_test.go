@@ -1,16 +1,19 @@
 package jobsapi_test
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
@@ -74,11 +77,10 @@ func TestTenantsDoNotMeet(t *testing.T) {
 func TestNamespacePolicies(t *testing.T) {
 	t.Parallel()
 	b := testutil.Broker(t, "", queue.DefaultConfig())
-	g := gate{release: make(chan struct{})}
-	close(g.release)
-	testutil.Worker(t, b, g, worker.DefaultConfig("w"))
+	rt := &sizes{seen: make(chan sandbox.Job, 8)}
+	testutil.Worker(t, b, rt, worker.DefaultConfig("w"))
 	fe := testutil.FrontendWith(t, b, frontend.Config{ID: "fe", Policy: frontend.DefaultPolicy(), Policies: map[string]frontend.Policy{
-		"batch":  {MaxTimeout: 3600},
+		"batch":  {MaxTimeout: 3600, MaxMemoryMB: 4096, MaxCPUs: 2},
 		"narrow": {Servers: []string{"github"}},
 	}})
 	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})
@@ -95,7 +97,52 @@ func TestNamespacePolicies(t *testing.T) {
 	if st, body := e.call(t, "tok-narrow", "POST", "/api/jobs", map[string]any{"code": "x", "servers": []string{"filesystem"}}); st != http.StatusBadRequest || !strings.Contains(string(body), "may not use filesystem") {
 		t.Fatalf("narrow namespace, another server: %d %s", st, body)
 	}
+	// Batch jobs may ask for more memory and CPUs, within their policy; the
+	// worker sizes the sandbox as asked.
+	for _, c := range []struct {
+		tok  string
+		job  map[string]any
+		want string
+	}{
+		{"tok-plain", map[string]any{"code": "x", "memory_mb": 1024}, "outside 16..512"},
+		{"tok-plain", map[string]any{"code": "x", "cpus": 2}, "outside 0.1..1"},
+		{"tok-batch", map[string]any{"code": "x", "memory_mb": 8192}, "outside 16..4096"},
+		{"tok-batch", map[string]any{"code": "x", "memory_mb": -1}, "memory_mb"},
+		{"tok-batch", map[string]any{"code": "x", "cpus": 0.01}, "cpus"},
+	} {
+		if st, body := e.call(t, c.tok, "POST", "/api/jobs", c.job); st != http.StatusBadRequest || !strings.Contains(string(body), c.want) {
+			t.Errorf("%s %v: %d %s, want 400 with %q", c.tok, c.job, st, body, c.want)
+		}
+	}
+	for len(rt.seen) > 0 {
+		<-rt.seen
+	}
+	st, body := e.call(t, "tok-batch", "POST", "/api/jobs", map[string]any{"code": "big", "timeout": 3600, "memory_mb": 4096, "cpus": 2})
+	if st != http.StatusCreated || !strings.Contains(string(body), `"memory_mb":4096`) {
+		t.Fatalf("batch namespace, big job: %d %s", st, body)
+	}
+	for j := range rt.seen {
+		if j.Code != "big" {
+			continue
+		}
+		if j.Memory != 4096<<20 || j.CPUs != 2 || j.Timeout != time.Hour {
+			t.Fatalf("the worker ran the big job with %d bytes, %g CPUs, %s", j.Memory, j.CPUs, j.Timeout)
+		}
+		break
+	}
 }
+
+// sizes is a runtime that reports each job it is given.
+type sizes struct{ seen chan sandbox.Job }
+
+func (r *sizes) Run(_ context.Context, job sandbox.Job, _ sandbox.Host) (sandbox.Result, error) {
+	select {
+	case r.seen <- job:
+	default:
+	}
+	return sandbox.Result{Status: sandbox.StatusSuccess}, nil
+}
+func (r *sizes) Close() error { return nil }
 
 func TestMetricsNeedATokenBeyondLoopback(t *testing.T) {
 	t.Parallel()

@@ -52,6 +52,10 @@ type Job struct {
 	Servers   []string      // server names the code may call through the host
 	Timeout   time.Duration // wall-clock limit of the run
 	OutputCap int           // bytes kept of each stream; 0 means DefaultOutputCap
+	// Memory (bytes) and CPUs size the job's sandbox; zero is the runtime's
+	// configured limit. Runtimes that cannot size a sandbox per job ignore them.
+	Memory int64
+	CPUs   float64
 	// BeforeExec, when set, is called by runtimes that implement StartReporter
 	// once the job's sandbox is up and just before its code is sent: the job
 	// has reached the code (failures before it are the host's, not the

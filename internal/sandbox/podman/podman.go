@@ -183,7 +183,7 @@ func (r *Runtime) ReportsStart() {}
 
 // Probe implements sandbox.Prober: it starts a container and removes it.
 func (r *Runtime) Probe(ctx context.Context) error {
-	b, err := r.acquire(ctx, "probe")
+	b, err := r.acquire(ctx, "probe", r.cfg.Limits)
 	if err != nil {
 		return err
 	}
@@ -193,10 +193,11 @@ func (r *Runtime) Probe(ctx context.Context) error {
 
 // box is one started container whose runner completed its handshake.
 type box struct {
-	id  string
-	dir string
-	ln  net.Listener
-	rc  *sandbox.RunnerConn
+	limits sandbox.Limits // its container's
+	id     string
+	dir    string
+	ln     net.Listener
+	rc     *sandbox.RunnerConn
 }
 
 // New connects to Podman, checks the image, removes this worker's orphans and
@@ -250,7 +251,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		r.log = slog.Default()
 	}
 	r.sessions = &sandbox.Sessions[*box]{
-		Start:     func(ctx context.Context) (*box, error) { return r.acquire(ctx, "session") },
+		Start:     func(ctx context.Context) (*box, error) { return r.acquire(ctx, "session", r.cfg.Limits) },
 		Drive:     r.drive,
 		Reusable:  func(b *box) bool { return b.rc.Reusable() },
 		Discard:   r.discard,
@@ -304,7 +305,7 @@ var ErrClosed = errors.New("podman sandbox: runtime is closed")
 
 // Run implements sandbox.Runtime.
 func (r *Runtime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	b, err := r.acquire(ctx, job.ID)
+	b, err := r.acquire(ctx, job.ID, r.limitsFor(job))
 	if err != nil {
 		return sandbox.Result{}, err
 	}
@@ -331,10 +332,23 @@ func (r *Runtime) drive(ctx context.Context, b *box, job sandbox.Job, host sandb
 	}
 	// The code's process killed by SIGKILL: from inside the container only the
 	// kernel's OOM killer does that (the code cannot signal the runner, PID 1).
-	if err == nil && res.ExitCode == 137 && !b.rc.Reusable() && r.cfg.Limits.Memory > 0 {
-		res.Error = fmt.Sprintf("the sandbox hit its memory limit (%s) and the code's process was killed", formatBytes(r.cfg.Limits.Memory))
+	if err == nil && res.ExitCode == 137 && !b.rc.Reusable() && b.limits.Memory > 0 {
+		res.Error = fmt.Sprintf("the sandbox hit its memory limit (%s) and the code's process was killed", formatBytes(b.limits.Memory))
 	}
 	return res, err
+}
+
+// limitsFor returns the limits of job's sandbox: the configured ones, with
+// the job's own memory and CPUs when it asks for them.
+func (r *Runtime) limitsFor(job sandbox.Job) sandbox.Limits {
+	l := r.cfg.Limits
+	if job.Memory > 0 {
+		l.Memory = job.Memory
+	}
+	if job.CPUs > 0 {
+		l.CPUs = job.CPUs
+	}
+	return l
 }
 
 // RunInSession implements sandbox.SessionRuntime.

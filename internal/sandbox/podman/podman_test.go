@@ -103,7 +103,7 @@ func TestOrphansRemoved(t *testing.T) {
 	ctx := context.Background()
 	create := func(worker string) string {
 		t.Helper()
-		s := rt.spec(t.TempDir(), "orphan", rt.seq.Add(1))
+		s := rt.spec(t.TempDir(), "orphan", rt.seq.Add(1), rt.cfg.Limits)
 		s.Labels[LabelWorker] = worker
 		s.Name = ""
 		c, cancel := rt.callCtx(ctx, 30*time.Second)
@@ -214,7 +214,7 @@ func TestWarmPool(t *testing.T) {
 
 	// A cold start, for comparison.
 	cold0 := time.Now()
-	b, err := rt.start(ctx, "cold")
+	b, err := rt.start(ctx, "cold", rt.cfg.Limits)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +271,7 @@ for host in ("127.0.0.1", "localhost", "host.containers.internal", "10.88.0.1"):
 
 func TestSpecIsLockedDown(t *testing.T) {
 	rt := &Runtime{cfg: Config{Image: "img", OCIRuntime: "runc", Limits: sandbox.DefaultLimits(), WorkerID: "w"}}
-	s := rt.spec("/d", "job1", 1)
+	s := rt.spec("/d", "job1", 1, rt.cfg.Limits)
 	if !*s.ReadOnlyFilesystem || *s.ReadWriteTmpfs || !*s.NoNewPrivileges || !slices.Equal(s.CapDrop, []string{"ALL"}) {
 		t.Fatalf("spec not locked down: %+v", s)
 	}
@@ -512,5 +512,41 @@ func TestReapsContainersOfDeadOwners(t *testing.T) {
 	}
 	if !slices.Contains(ids, gone) || slices.Contains(ids, live) {
 		t.Fatalf("ownerless = %v; want %s (dead owner) and not %s (this process)", ids, shortID(gone), shortID(live))
+	}
+}
+
+// TestJobSizedSandbox: a job that asks for its own memory and CPUs runs in
+// a container of that size (read from its cgroup), not a warm one of the
+// default size; a job that asks for nothing gets the default.
+func TestJobSizedSandbox(t *testing.T) {
+	rt := newRuntime(t, Config{Pool: 1})
+	if !rt.Info().LimitsEnforced {
+		unavailable(t, "limits are not enforced by %s", rt.Info().URI)
+	}
+	waitWarm(t, rt, 1)
+	code := `import os
+def first(*paths):
+    for p in paths:
+        if os.path.exists(p):
+            return open(p).read().split()
+mem = first("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+cpu = first("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us")
+print(mem[0], cpu[0])`
+	run := func(mem int64, cpus float64) string {
+		res, err := rt.Run(context.Background(), sandbox.Job{ID: "sized", Code: code, Timeout: 30 * time.Second, Memory: mem, CPUs: cpus}, nil)
+		if err != nil || res.Status != sandbox.StatusSuccess {
+			t.Fatalf("run: %v %+v", err, res)
+		}
+		return strings.TrimSpace(res.Stdout)
+	}
+	before := rt.Stats().Started
+	if got := run(1<<30, 2); got != "1073741824 200000" {
+		t.Fatalf("a job of 1 GiB and 2 CPUs sees %q", got)
+	}
+	if rt.Stats().Started == before {
+		t.Fatal("the sized job ran in a warm container of the default size")
+	}
+	if got := run(0, 0); got != "536870912 100000" {
+		t.Fatalf("a default job sees %q", got)
 	}
 }

@@ -62,7 +62,7 @@ func (r *Runtime) discard(b *box) {
 }
 
 // start creates and starts a container and waits for its runner's hello.
-func (r *Runtime) start(ctx context.Context, jobLabel string) (_ *box, err error) {
+func (r *Runtime) start(ctx context.Context, jobLabel string, l sandbox.Limits) (_ *box, err error) {
 	n := r.seq.Add(1)
 	dir := filepath.Join(r.base, strconv.FormatUint(n, 10))
 	if err := os.Mkdir(dir, 0o755); err != nil {
@@ -71,7 +71,7 @@ func (r *Runtime) start(ctx context.Context, jobLabel string) (_ *box, err error
 	if err := os.Chmod(dir, 0o755); err != nil { // umask
 		return nil, err
 	}
-	b := &box{dir: dir}
+	b := &box{dir: dir, limits: l}
 	defer func() {
 		if err == nil {
 			r.started.Add(1)
@@ -102,7 +102,7 @@ func (r *Runtime) start(ctx context.Context, jobLabel string) (_ *box, err error
 	}
 
 	secret := sandbox.NewSecret()
-	s := r.spec(dir, jobLabel, n)
+	s := r.spec(dir, jobLabel, n, l)
 	s.Env[sandbox.SecretEnv] = secret
 	c, cancel := r.callCtx(ctx, 60*time.Second)
 	defer cancel()
@@ -218,7 +218,7 @@ func (r *Runtime) fillOne() error {
 		case <-ctx.Done():
 		}
 	}()
-	b, err := r.start(ctx, "pool")
+	b, err := r.start(ctx, "pool", r.cfg.Limits)
 	r.mu.Lock()
 	r.starting--
 	keep := err == nil && !r.closed
@@ -232,21 +232,24 @@ func (r *Runtime) fillOne() error {
 	return err
 }
 
-// acquire returns a warm box, or starts one labelled with label.
-func (r *Runtime) acquire(ctx context.Context, label string) (*box, error) {
+// acquire returns a warm box, or starts one labelled with label; a box of
+// other limits than the configured ones is always started for the caller.
+func (r *Runtime) acquire(ctx context.Context, label string, l sandbox.Limits) (*box, error) {
 	r.mu.Lock()
 	closed := r.closed
 	r.mu.Unlock()
 	if closed {
 		return nil, ErrClosed
 	}
-	if b := r.take(); b != nil {
-		return b, nil
+	if l == r.cfg.Limits {
+		if b := r.take(); b != nil {
+			return b, nil
+		}
 	}
 	if label == "" {
 		label = "job"
 	}
-	b, err := r.start(ctx, label)
+	b, err := r.start(ctx, label, l)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("podman sandbox: %w", context.Cause(ctx))

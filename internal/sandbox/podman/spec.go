@@ -8,15 +8,16 @@ import (
 	"strconv"
 
 	"github.com/containers/podman/v5/pkg/specgen"
+
 	storagetypes "github.com/containers/storage/types"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
 	spec "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 var unsafeName = regexp.MustCompile(`[^a-zA-Z0-9_.-]+`)
 
 // spec is the locked-down container specification.
-func (r *Runtime) spec(dir, jobLabel string, n uint64) *specgen.SpecGenerator {
-	l := r.cfg.Limits
+func (r *Runtime) spec(dir, jobLabel string, n uint64, l sandbox.Limits) *specgen.SpecGenerator {
 	t, f := true, false
 	s := specgen.NewSpecGenerator(r.cfg.Image, false)
 	s.Name = fmt.Sprintf("mcpexec-%s-%d-%d", unsafeName.ReplaceAllString(r.cfg.WorkerID, "_"), os.Getpid(), n)
