@@ -135,8 +135,14 @@ print(total)`, fan)})
 	}
 	t.Logf("diamond: %d jobs succeeded, %d of them on a second attempt after the worker died", len(recs), retried)
 
+	var failed jobsapi.Workflow
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(250 * time.Millisecond) {
+		if failed = getWorkflow(t, hs.URL, "fails"); failed.Status != "running" || time.Now().After(deadline) {
+			break
+		}
+	}
 	got := map[string]string{}
-	for _, it := range getWorkflow(t, hs.URL, "fails").Jobs {
+	for _, it := range failed.Jobs {
 		got[it.Job.ID] = string(it.Status)
 		if it.Result != nil {
 			got[it.Job.ID] += " " + strings.TrimSpace(it.Result.Stdout+it.Result.Error)

@@ -323,3 +323,18 @@ func BenchmarkWorkflowEdges(b *testing.B) {
 	b.ReportMetric(float64(perChainEdge[len(perChainEdge)/2].Microseconds())/1000, "chain-edge-p50-ms")
 	b.ReportMetric(float64(perFanEdge[len(perFanEdge)/2].Microseconds())/1000, "fanout-edge-ms")
 }
+
+// TestWorkflowSkipFirst: a state service whose first decision is a skip
+// (no release before it) records it: the skip carries its proof.
+func TestWorkflowSkipFirst(t *testing.T) {
+	e := workflowEnv(t)
+	req := jobsapi.WorkflowRequest{ID: "skip-first", Jobs: []jobsapi.JobRequest{
+		{ID: "a", Code: "sleep x"}, {ID: "b", Code: "b", After: []string{"a"}},
+	}}
+	if code, body := e.call(t, "tok-a", "POST", "/api/workflows", req); code != http.StatusCreated {
+		t.Fatalf("submit: %d %s", code, body)
+	}
+	if recs := byID(waitWorkflow(t, e, "skip-first")); recs["b"].Status != jobs.StatusSkipped {
+		t.Fatalf("b: %+v", recs["b"])
+	}
+}

@@ -326,6 +326,13 @@ func EventMsgID(ev jobs.Event) string {
 
 // PublishEvent records ev in the events stream and waits for the stream's ack.
 func (c *Client) PublishEvent(ctx context.Context, ev jobs.Event) error {
+	if ev.Proof == "" && jobs.NeedsProof(ev.Kind) {
+		// An outcome recorded by a holder of the key (a rejection, a skip)
+		// carries its proof: read the key if no submission did yet.
+		if _, err := c.proxyKey(ctx); err != nil {
+			return fmt.Errorf("publish %s event of %s: %w", ev.Kind, ev.Job, err)
+		}
+	}
 	m, err := c.eventMsg(&ev)
 	if err != nil {
 		return err
