@@ -135,3 +135,66 @@ func BenchmarkRunPythonFleet(b *testing.B) {
 	b.Logf("p50 of parts alone: warm sandbox Run %.2f ms; front-end Go API (no MCP/HTTP) %.2f ms; so MCP+HTTP ≈ %.2f ms, queue+events ≈ %.2f ms",
 		ms(sandboxRun.pct(50)), ms(frontendOnly.pct(50)), ms(total.pct(50)-frontendOnly.pct(50)), ms(frontendOnly.pct(50)-sandboxRun.pct(50)))
 }
+
+// BenchmarkRunPythonPaced is issue 15's table, in one run through a real
+// fleet (MCP over streamable HTTP → front-end → JetStream → one worker with
+// the default configuration → Podman): print(1) back to back (b.N calls),
+// spaced one per second (15 calls), back to back with a session (b.N calls),
+// and one `podman run --rm` per call (10 calls).
+//
+//	go test -tags "$TAGS" -run '^$' -bench RunPythonPaced -benchtime 100x ./internal/e2e
+func BenchmarkRunPythonPaced(b *testing.B) {
+	bk := testutil.Broker(b, "", queue.DefaultConfig())
+	rt := podmantest.New(b, podman.Config{Pool: worker.DefaultConfig("").Slots})
+	testutil.Worker(b, bk, rt, worker.DefaultConfig("bench-worker"))
+	fe := testutil.Frontend(b, bk, "bench-fe")
+	c := testutil.MCPClient(b, fe)
+	call := func(args map[string]any) time.Duration {
+		start := time.Now()
+		res := testutil.CallRunPython(b, c, args)
+		el := time.Since(start)
+		if res.IsError || testutil.Text(res) != "1" {
+			b.Fatalf("run_python: %q", testutil.Text(res))
+		}
+		return el
+	}
+	for range 3 {
+		call(map[string]any{"code": "print(1)"})
+	}
+	var b2b, spaced, session, baseline samples
+	b.ResetTimer()
+	for range b.N {
+		b2b = append(b2b, call(map[string]any{"code": "print(1)"}))
+	}
+	b.StopTimer()
+	for range 15 {
+		time.Sleep(time.Second)
+		spaced = append(spaced, call(map[string]any{"code": "print(1)"}))
+	}
+	call(map[string]any{"code": "print(1)", "session": "bench"})
+	for range b.N {
+		session = append(session, call(map[string]any{"code": "print(1)", "session": "bench"}))
+	}
+	image := os.Getenv("MCPEXEC_IMAGE")
+	if image == "" {
+		image = podman.DefaultImage
+	}
+	for range 10 {
+		start := time.Now()
+		out, err := exec.Command("podman", "run", "--rm", "--runtime", "runc", "--network", "none",
+			"--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
+			image, "python3", "-c", "print(1)").CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "1" {
+			b.Fatalf("podman run: %v %s", err, out)
+		}
+		baseline = append(baseline, time.Since(start))
+	}
+	for _, m := range []struct {
+		name string
+		s    samples
+	}{{"b2b", b2b}, {"spaced", spaced}, {"session", session}, {"podman-run", baseline}} {
+		b.ReportMetric(ms(m.s.pct(50)), m.name+"-p50-ms")
+		b.ReportMetric(ms(m.s.pct(90)), m.name+"-p90-ms")
+		b.Logf("%-10s %3d calls: p50 %6.2f ms  p90 %6.2f ms", m.name, len(m.s), ms(m.s.pct(50)), ms(m.s.pct(90)))
+	}
+}

@@ -28,6 +28,10 @@ type Frame struct {
 	Version  int    `json:"version,omitempty"`
 	Secret   string `json:"secret,omitempty"`
 	Isolated bool   `json:"isolated,omitempty"`
+	// Reset: the runner is PID 1 of its own container and sweeps it after
+	// each fresh job (kills what the job left running, wipes what it wrote),
+	// so the container may serve another job of the same caller.
+	Reset bool `json:"reset,omitempty"`
 
 	// out (runner → host)
 	Stream string `json:"stream,omitempty"`
@@ -46,6 +50,10 @@ type Frame struct {
 	Servers   []string `json:"servers,omitempty"`
 	TimeoutMS int64    `json:"timeout_ms,omitempty"`
 	OutputCap int      `json:"output_cap,omitempty"`
+	// Fresh runs the job in a process of its own, forked for it from the
+	// runner's pre-imported parent, and ends that process with the job (not
+	// a session's job, whose process and globals last).
+	Fresh bool `json:"fresh,omitempty"`
 
 	// done (runner → host); Last says the runner takes no further job (the
 	// code's process is gone). Out, call and done frames name the job (Job) they

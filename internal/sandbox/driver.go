@@ -59,6 +59,12 @@ type RunnerConn struct {
 	reusable atomic.Bool
 	// isolated is what the runner's hello said: its code cannot reach it.
 	isolated bool
+	// resets is what the runner's hello said: it sweeps its container after
+	// each fresh job.
+	resets bool
+	// unread is set while the reader holds a frame nobody has taken: a runner
+	// that spoke while idle is not fit for another job.
+	unread atomic.Bool
 
 	frameTokens *bucket           // throttles frames read, across jobs
 	async       chan *proxy.Frame // small frames written by asyncWriter (refusals)
@@ -71,6 +77,14 @@ func (c *RunnerConn) Reusable() bool { return c.reusable.Load() }
 
 // Isolated reports whether the runner said its code cannot reach it (its hello).
 func (c *RunnerConn) Isolated() bool { return c.isolated }
+
+// Resets reports whether the runner said it sweeps its container after each
+// fresh job (its hello), so that the container may serve another job.
+func (c *RunnerConn) Resets() bool { return c.resets }
+
+// Idle reports whether the runner may take a job now: it finished its last
+// one cleanly and has said nothing since.
+func (c *RunnerConn) Idle() bool { return c.reusable.Load() && !c.unread.Load() }
 
 // NewRunnerConn wraps a connection from a runner. maxFrame 0 means
 // proxy.DefaultMaxFrame.
@@ -133,8 +147,10 @@ func (c *RunnerConn) readLoop() {
 			return
 		}
 		f, err := c.r.Read()
+		c.unread.Store(true)
 		select {
 		case c.frames <- readResult{f, err}:
+			c.unread.Store(false)
 		case <-c.done:
 			return
 		}
@@ -193,7 +209,7 @@ func (c *RunnerConn) Handshake(ctx context.Context, secret string) error {
 	if secret != "" && subtle.ConstantTimeCompare([]byte(f.Secret), []byte(secret)) != 1 {
 		return fmt.Errorf("runner hello without the sandbox's secret: %w", errWrongSecret)
 	}
-	c.isolated = f.Isolated
+	c.isolated, c.resets = f.Isolated, f.Reset
 	go c.readLoop()
 	go c.asyncWriter()
 	c.reusable.Store(true)
@@ -262,7 +278,7 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 	c.reusable.Store(false)
 	err := c.write(&proxy.Frame{
 		Type: proxy.TypeExec, Job: job.ID, Code: job.Code, Servers: job.Servers,
-		TimeoutMS: job.Timeout.Milliseconds(), OutputCap: limit,
+		TimeoutMS: job.Timeout.Milliseconds(), OutputCap: limit, Fresh: job.Fresh,
 	})
 	if errors.Is(err, proxy.ErrFrameTooLarge) {
 		// Nothing was written: the runner is untouched and may serve another job.

@@ -56,6 +56,12 @@ type Job struct {
 	// configured limit. Runtimes that cannot size a sandbox per job ignore them.
 	Memory int64
 	CPUs   float64
+	// Tenant is the namespace the job belongs to: a runtime that reuses
+	// sandboxes gives one only to jobs of the tenant it served.
+	Tenant string
+	// Fresh is set by runtimes for a job that runs in a process of its own
+	// (every job but a session's); see proxy.Frame.Fresh.
+	Fresh bool
 	// BeforeExec, when set, is called by runtimes that implement StartReporter
 	// once the job's sandbox is up and just before its code is sent: the job
 	// has reached the code (failures before it are the host's, not the

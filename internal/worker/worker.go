@@ -329,7 +329,7 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 		return err
 	}
 	sj := sandbox.Job{ID: d.job.ID, Code: d.job.Code, Servers: d.job.Servers, Timeout: d.job.TimeoutDuration(), OutputCap: w.cfg.OutputCap,
-		Memory: int64(d.job.MemoryMB) << 20, CPUs: d.job.CPUs}
+		Memory: int64(d.job.MemoryMB) << 20, CPUs: d.job.CPUs, Tenant: jobs.NamespaceOf(d.job.Namespace)}
 	if _, ok := w.rt.(sandbox.StartReporter); ok {
 		sj.BeforeExec = recordStart // the attempt begins when the code is sent
 	} else if err := recordStart(); err != nil {

@@ -91,6 +91,20 @@ type Config struct {
 	// Pool is how many started containers, runner connected and waiting, are kept
 	// ready for jobs. 0 starts a container per job.
 	Pool int
+	// Reuse is ReuseNamespace (the default): a container whose job ended
+	// cleanly serves the next job of the same namespace (tenant), each job in
+	// a process of its own forked from the runner's pre-imported parent, the
+	// container swept in between; or ReuseNone: a container per job.
+	Reuse string
+	// MaxUses retires a container after that many jobs (default 100).
+	MaxUses int
+	// MaxIdle bounds the containers kept idle for their namespace's next job,
+	// in all (default 8) and per namespace (MaxIdlePerTenant, default 4);
+	// the least recently used go first. IdleTTL retires an idle container
+	// (default 2 minutes).
+	MaxIdle          int
+	MaxIdlePerTenant int
+	IdleTTL          time.Duration
 	// Logger receives warnings and pool errors; default slog.Default().
 	Logger *slog.Logger
 	// MaxFrame bounds a protocol frame; 0 means proxy.DefaultMaxFrame.
@@ -145,8 +159,10 @@ type Runtime struct {
 	started       atomic.Uint64 // containers whose runner completed its handshake
 	startFailures atomic.Uint64 // containers that failed to start
 
-	mu       sync.Mutex // guards warm, starting, closed
+	mu       sync.Mutex // guards warm, idle, idleCount, starting, closed
 	warm     []*box
+	idle     map[string][]*box // by tenant, least recently used first
+	idleN    int
 	starting int
 	closed   bool
 	sessions *sandbox.Sessions[*box] // session containers; safe for concurrent use
@@ -193,11 +209,14 @@ func (r *Runtime) Probe(ctx context.Context) error {
 
 // box is one started container whose runner completed its handshake.
 type box struct {
-	limits sandbox.Limits // its container's
-	id     string
-	dir    string
-	ln     net.Listener
-	rc     *sandbox.RunnerConn
+	tenant   string         // the namespace it served (reused boxes)
+	uses     int            // jobs it ran
+	idleFrom time.Time      // when it went idle
+	limits   sandbox.Limits // its container's
+	id       string
+	dir      string
+	ln       net.Listener
+	rc       *sandbox.RunnerConn
 }
 
 // New connects to Podman, checks the image, removes this worker's orphans and
@@ -234,6 +253,25 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	if cfg.Pool < 0 {
 		cfg.Pool = 0
+	}
+	switch cfg.Reuse {
+	case "":
+		cfg.Reuse = ReuseNamespace
+	case ReuseNamespace, ReuseNone:
+	default:
+		return nil, fmt.Errorf("podman sandbox: reuse mode %q: want %q or %q", cfg.Reuse, ReuseNamespace, ReuseNone)
+	}
+	if cfg.MaxUses <= 0 {
+		cfg.MaxUses = 100
+	}
+	if cfg.MaxIdle <= 0 {
+		cfg.MaxIdle = 8
+	}
+	if cfg.MaxIdlePerTenant <= 0 {
+		cfg.MaxIdlePerTenant = 4
+	}
+	if cfg.IdleTTL <= 0 {
+		cfg.IdleTTL = 2 * time.Minute
 	}
 	r := &Runtime{
 		cfg: cfg,
@@ -305,11 +343,26 @@ var ErrClosed = errors.New("podman sandbox: runtime is closed")
 
 // Run implements sandbox.Runtime.
 func (r *Runtime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	b, err := r.acquire(ctx, job.ID, r.limitsFor(job))
-	if err != nil {
-		return sandbox.Result{}, err
+	l := r.limitsFor(job)
+	reuse := r.cfg.Reuse == ReuseNamespace && job.Tenant != "" && l == r.cfg.Limits
+	var b *box
+	if reuse {
+		b = r.takeIdle(job.Tenant)
 	}
+	if b == nil {
+		var err error
+		if b, err = r.acquire(ctx, job.ID, l); err != nil {
+			return sandbox.Result{}, err
+		}
+	}
+	job.Fresh = true
 	res, err := r.drive(ctx, b, job, host)
+	b.uses++
+	if reuse && err == nil && res.Status != sandbox.StatusTimeout && b.rc.Resets() && b.rc.Idle() && b.uses < r.cfg.MaxUses {
+		b.tenant = job.Tenant
+		r.putIdle(b)
+		return res, nil
+	}
 	r.discard(b)
 	return res, err
 }
@@ -374,6 +427,10 @@ func (r *Runtime) Close() error {
 		r.closed = true
 		warm := r.warm
 		r.warm = nil
+		for _, bs := range r.idle {
+			warm = append(warm, bs...)
+		}
+		r.idle, r.idleN = nil, 0
 		r.mu.Unlock()
 		r.sessions.Close()
 		close(r.stop)

@@ -550,3 +550,80 @@ print(mem[0], cpu[0])`
 		t.Fatalf("a default job sees %q", got)
 	}
 }
+
+// TestReuseWithinNamespace: a container serves the next job of the same
+// namespace, each job in a fresh process, with nothing of the last job
+// visible (files in every writable place, environment, Python globals,
+// modules, builtins); a job that leaves a process behind retires its
+// container; another namespace never gets it.
+func TestReuseWithinNamespace(t *testing.T) {
+	rt := newRuntime(t, Config{Pool: 1})
+	run := func(tenant, code string) string {
+		t.Helper()
+		res, err := rt.Run(context.Background(), sandbox.Job{ID: "reuse", Tenant: tenant, Code: code, Timeout: 30 * time.Second}, nil)
+		if err != nil || res.Status != sandbox.StatusSuccess {
+			t.Fatalf("run: %v %+v", err, res)
+		}
+		return strings.TrimSpace(res.Stdout)
+	}
+	const who = "import os, socket\nprint(socket.gethostname(), os.getpid())\n"
+	const dirty = who + `import os, sys, builtins, json
+for p in ("/tmp/x", "/workspace/y", "/dev/shm/z"):
+    open(p, "w").write("left")
+os.makedirs("/tmp/d/e", exist_ok=True)
+open("/tmp/d/e/f", "w").write("left")
+os.chmod("/tmp/d/e", 0)
+try:  # fill /tmp to its last byte
+    with open("/tmp/fill", "wb") as f:
+        while True:
+            f.write(b"x" * (1 << 20))
+except OSError:
+    pass
+os.environ["LEFT"] = "1"
+builtins.LEFT = 1
+json.LEFT = 1
+sys.modules["left"] = json
+LEFT = 1`
+	const check = who + `import os, sys, builtins, json
+seen = [p for p in ("/tmp/x", "/workspace/y", "/dev/shm/z", "/tmp/d", "/tmp/fill") if os.path.exists(p)]
+seen += [n for n in ("LEFT",) if n in os.environ]
+seen += [n for n, o in (("builtins", builtins), ("json", json)) if hasattr(o, "LEFT")]
+seen += [m for m in ("left",) if m in sys.modules]
+seen += [g for g in ("LEFT",) if g in globals()]
+open("/tmp/room", "wb").write(b"x" * (8 << 20))  # /tmp has room again
+os.remove("/tmp/room")
+procs = [p for p in os.listdir("/proc") if p.isdigit()]
+print(seen, len(procs))`
+	first := strings.Fields(run("a", dirty))
+	out := strings.SplitN(run("a", check), "\n", 2)
+	second := strings.Fields(out[0])
+	if second[0] != first[0] {
+		t.Fatalf("the second job of namespace a ran in another container (%s, then %s)", first[0], second[0])
+	}
+	if second[1] == first[1] {
+		t.Fatalf("both jobs ran in process %s", first[1])
+	}
+	// Visible: nothing of the last job; processes: the supervisor, the
+	// zygote, this job's.
+	if out[1] != "[] 3" {
+		t.Fatalf("the next job saw %q", out[1])
+	}
+	// A job that leaves a process running retires its container.
+	left := strings.Fields(run("a", who+"import subprocess\nsubprocess.Popen(['sleep', '60'], start_new_session=True)"))
+	if left[0] != first[0] {
+		t.Fatalf("the third job of a ran in another container")
+	}
+	after := strings.SplitN(run("a", check), "\n", 2)
+	if strings.Fields(after[0])[0] == first[0] || after[1] != "[] 3" {
+		t.Fatalf("after a job left a process: %q (container %s)", after, first[0])
+	}
+	// Another namespace never gets a's container.
+	for range 3 {
+		if b := strings.Fields(run("b", who))[0]; b == first[0] || b == strings.Fields(after[0])[0] {
+			t.Fatalf("namespace b ran in a's container %s", b)
+		}
+	}
+	if rt.Idle() == 0 {
+		t.Fatal("no container waits for its namespace's next job")
+	}
+}

@@ -141,6 +141,115 @@ func (r *Runtime) take() *box {
 	return b
 }
 
+// Reuse modes (Config.Reuse).
+const (
+	ReuseNamespace = "namespace"
+	ReuseNone      = "none"
+)
+
+// takeIdle returns the most recently used idle box of tenant that is still
+// fit for a job, or nil. Boxes past IdleTTL, or whose runner spoke or went
+// while idle, are discarded.
+func (r *Runtime) takeIdle(tenant string) *box {
+	var stale []*box
+	defer func() {
+		for _, b := range stale {
+			r.discard(b)
+		}
+	}()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	bs := r.idle[tenant]
+	for len(bs) > 0 {
+		b := bs[len(bs)-1]
+		bs = bs[:len(bs)-1]
+		r.idleN--
+		if time.Since(b.idleFrom) > r.cfg.IdleTTL || !b.rc.Idle() {
+			stale = append(stale, b)
+			continue
+		}
+		r.setIdle(tenant, bs)
+		return b
+	}
+	r.setIdle(tenant, bs)
+	return nil
+}
+
+func (r *Runtime) setIdle(tenant string, bs []*box) {
+	if len(bs) == 0 {
+		delete(r.idle, tenant)
+		return
+	}
+	r.idle[tenant] = bs
+}
+
+// putIdle keeps b for its tenant's next job, within the idle bounds (the
+// least recently used box of the tenant, or of all, makes room).
+func (r *Runtime) putIdle(b *box) {
+	var out []*box
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		r.discard(b)
+		return
+	}
+	if r.idle == nil {
+		r.idle = map[string][]*box{}
+	}
+	b.idleFrom = time.Now()
+	bs := append(r.idle[b.tenant], b)
+	r.idleN++
+	if len(bs) > r.cfg.MaxIdlePerTenant {
+		out, bs = append(out, bs[0]), bs[1:]
+		r.idleN--
+	}
+	r.idle[b.tenant] = bs
+	for r.idleN > r.cfg.MaxIdle {
+		var oldest string
+		for t, tbs := range r.idle {
+			if oldest == "" || tbs[0].idleFrom.Before(r.idle[oldest][0].idleFrom) {
+				oldest = t
+			}
+		}
+		out = append(out, r.idle[oldest][0])
+		r.setIdle(oldest, r.idle[oldest][1:])
+		r.idleN--
+	}
+	r.mu.Unlock()
+	for _, o := range out {
+		r.discard(o)
+	}
+}
+
+// retireIdle discards the idle boxes past IdleTTL.
+func (r *Runtime) retireIdle() {
+	var out []*box
+	r.mu.Lock()
+	for t, bs := range r.idle {
+		keep := bs[:0]
+		for _, b := range bs {
+			if time.Since(b.idleFrom) > r.cfg.IdleTTL {
+				out = append(out, b)
+				r.idleN--
+			} else {
+				keep = append(keep, b)
+			}
+		}
+		r.setIdle(t, keep)
+	}
+	r.mu.Unlock()
+	for _, b := range out {
+		r.discard(b)
+	}
+}
+
+// Idle returns how many containers wait for their namespace's next job.
+func (r *Runtime) Idle() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.idleN
+}
+
 // poke wakes the pool filler.
 func (r *Runtime) poke() {
 	select {

@@ -135,6 +135,7 @@ func (r *Runtime) reapLoop() {
 			return
 		case <-t.C:
 		}
+		r.retireIdle()
 		ids, err := r.ownerless(context.Background())
 		if err != nil {
 			r.log.Warn("podman sandbox: look for containers left behind", "err", err)
