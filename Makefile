@@ -57,7 +57,7 @@ bench: image ## run the benchmarks: run_python p50/p90 through the fleet next to
 	$(MAKE) bench-batch
 
 .PHONY: bench-batch
-bench-batch: image build ## N jobs (N=40), each in a fresh container, through broker+worker+frontend vs 4 lanes of podman run --rm; peak RSS
+bench-batch: image build ## N jobs (N=200, RUNS=3), each in a process of its own, through broker+worker+frontend vs 4 lanes of podman run --rm; median ratio; peak RSS
 	IMAGE=$(IMAGE) bash deploy/bench/bench-batch.sh
 
 .PHONY: vet

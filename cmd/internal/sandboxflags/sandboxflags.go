@@ -31,6 +31,8 @@ type Flags struct {
 	Podman     string
 	OCIRuntime string
 	Pool       int
+	Reuse      string
+	MaxUses    int
 	Memory     string
 	Pids       int64
 	CPUs       float64
@@ -67,6 +69,8 @@ func Register(fs *flag.FlagSet) *Flags {
 	fs.StringVar(&f.Podman, "podman", "", "Podman API socket URI (default: the user's socket, else /run/podman/podman.sock, else start one)")
 	fs.StringVar(&f.OCIRuntime, "oci-runtime", "runc", "OCI runtime Podman uses (runc works on cgroups v1 hosts; crun does not)")
 	fs.IntVar(&f.Pool, "pool", 2, "warm sandboxes kept started and waiting")
+	fs.StringVar(&f.Reuse, "reuse", podman.ReuseNamespace, "namespace: a sandbox serves the next job of the same namespace (each job in a fresh process, the sandbox swept in between); none: a sandbox per job")
+	fs.IntVar(&f.MaxUses, "reuse-max-jobs", 100, "jobs a reused sandbox runs before it is retired")
 	fs.StringVar(&f.Memory, "memory", "512m", "memory limit of a sandbox (e.g. 512m, 1g)")
 	fs.Int64Var(&f.Pids, "pids", d.Pids, "process limit of a sandbox")
 	fs.Float64Var(&f.CPUs, "cpus", d.CPUs, "CPU limit of a sandbox (0: none)")
@@ -115,8 +119,11 @@ func (f *Flags) Limits() (sandbox.Limits, error) {
 	if l.TmpfsSize, err = ParseBytes(f.TmpfsSize); err != nil {
 		return l, cli.Usagef("--tmpfs-size %q: %v", f.TmpfsSize, err)
 	}
-	if f.Pids < 0 || f.CPUs < 0 || f.Pool < 0 {
-		return l, cli.Usagef("--pids, --cpus and --pool must not be negative")
+	if f.Pids < 0 || f.CPUs < 0 || f.Pool < 0 || f.MaxUses < 1 {
+		return l, cli.Usagef("--pids, --cpus and --pool must not be negative, --reuse-max-jobs at least 1")
+	}
+	if f.Reuse != podman.ReuseNamespace && f.Reuse != podman.ReuseNone {
+		return l, cli.Usagef("--reuse %q: want %s or %s", f.Reuse, podman.ReuseNamespace, podman.ReuseNone)
 	}
 	if f.Rootfs != "" {
 		return l, cli.Usagef("--rootfs is not supported yet: use --image (build one with deploy/sandbox/build.sh)")
@@ -161,7 +168,7 @@ func (f *Flags) Open(ctx context.Context, workerID string, log *slog.Logger) (sa
 	}
 	cfg := podman.Config{
 		URI: f.Podman, Image: f.Image, OCIRuntime: f.OCIRuntime, Limits: limits,
-		WorkerID: workerID, Pool: f.Pool, Logger: log, RunDir: f.RunDir, UserNS: f.UserNS,
+		WorkerID: workerID, Pool: f.Pool, Logger: log, RunDir: f.RunDir, UserNS: f.UserNS, Reuse: f.Reuse, MaxUses: f.MaxUses,
 	}
 	rt, err := podman.New(ctx, cfg)
 	if errors.Is(err, podman.ErrNoImage) && f.BuildImage {
@@ -177,7 +184,7 @@ func (f *Flags) Open(ctx context.Context, workerID string, log *slog.Logger) (sa
 	info := rt.Info()
 	log.Info("podman sandbox ready", "uri", info.URI, "podman", info.ServerVersion, "rootless", info.Rootless,
 		"cgroups", info.CgroupsVersion, "oci_runtime", info.OCIRuntime, "image", info.Image,
-		"limits_enforced", info.LimitsEnforced, "warm_pool", f.Pool)
+		"limits_enforced", info.LimitsEnforced, "warm_pool", f.Pool, "reuse", f.Reuse)
 	if !info.LimitsEnforced {
 		log.Warn("sandbox resource limits are NOT enforced on this host (rootless Podman on cgroups v1): memory, pids and CPU limits do not apply", "rootless", info.Rootless, "cgroups", info.CgroupsVersion)
 	}
