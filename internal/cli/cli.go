@@ -42,6 +42,12 @@ func EnvName(flagName string) string {
 // Parse sets each flag of fs from its environment variable (or one of its aliases,
 // such as the seed's MCP_BRIDGE_* names), then parses args, so flags win.
 func Parse(fs *flag.FlagSet, args []string, aliases map[string][]string) error {
+	return ParseArgs(fs, args, aliases, 0)
+}
+
+// ParseArgs is Parse for a command that takes up to maxArgs positional
+// arguments after its flags (fs.Args()); more are refused.
+func ParseArgs(fs *flag.FlagSet, args []string, aliases map[string][]string, maxArgs int) error {
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
 		names := append([]string{EnvName(f.Name)}, aliases[f.Name]...)
@@ -63,9 +69,12 @@ func Parse(fs *flag.FlagSet, args []string, aliases map[string][]string) error {
 		}
 		return &UsageError{Err: perr}
 	}
-	if fs.NArg() > 0 {
+	if fs.NArg() > maxArgs {
 		fs.Usage()
-		return &UsageError{Err: fmt.Errorf("unexpected argument %q: %s takes only flags (see the usage above)", fs.Arg(0), fs.Name())}
+		if maxArgs == 0 {
+			return &UsageError{Err: fmt.Errorf("unexpected argument %q: %s takes only flags (see the usage above)", fs.Arg(0), fs.Name())}
+		}
+		return &UsageError{Err: fmt.Errorf("unexpected argument %q: %s takes at most %d arguments after its flags (see the usage above)", fs.Arg(maxArgs), fs.Name(), maxArgs)}
 	}
 	return nil
 }

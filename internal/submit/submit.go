@@ -52,7 +52,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintln(stderr, "usage: frontend submit [flags] JOBS.jsonl   (one job object per line: id, code, servers, timeout, max_attempts, labels; - reads stdin)")
 		fs.PrintDefaults()
 	}
-	if err := cli.Parse(fs, args, nil); err != nil {
+	if err := cli.ParseArgs(fs, args, nil, 1); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
