@@ -220,6 +220,15 @@ type Client struct {
 	key   []byte     // the fleet's proxy key, read on first submission
 }
 
+// UseKey gives the client the fleet's proxy key up front, so that the
+// outcomes it records itself (a skip, a rejection) carry their proof before
+// any submission has read the key.
+func (c *Client) UseKey(key []byte) {
+	c.keyMu.Lock()
+	defer c.keyMu.Unlock()
+	c.key = key
+}
+
 // proxyKey returns the fleet's proxy key, reading it on first use.
 func (c *Client) proxyKey(ctx context.Context) ([]byte, error) {
 	c.keyMu.Lock()
@@ -326,13 +335,6 @@ func EventMsgID(ev jobs.Event) string {
 
 // PublishEvent records ev in the events stream and waits for the stream's ack.
 func (c *Client) PublishEvent(ctx context.Context, ev jobs.Event) error {
-	if ev.Proof == "" && jobs.NeedsProof(ev.Kind) {
-		// An outcome recorded by a holder of the key (a rejection, a skip)
-		// carries its proof: read the key if no submission did yet.
-		if _, err := c.proxyKey(ctx); err != nil {
-			return fmt.Errorf("publish %s event of %s: %w", ev.Kind, ev.Job, err)
-		}
-	}
 	m, err := c.eventMsg(&ev)
 	if err != nil {
 		return err

@@ -116,6 +116,7 @@ func (s *Service) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("state service: %w", err)
 	}
+	q.UseKey(key) // its skips carry their proof
 	s.sched = newScheduler(s, q)
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.mu.Lock()
