@@ -1,0 +1,253 @@
+package queue
+
+// Submissions and releases: a job's submitted (or released) event claims it
+// once, then its message is enqueued.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+)
+
+// ErrDuplicate is returned by Submit for a job id that was submitted before
+// (within the events stream's retention): nothing is enqueued again.
+var ErrDuplicate = errors.New("a job with this id was already submitted")
+
+// submitChunk bounds the asynchronous publishes in flight of one SubmitMany.
+const submitChunk = 1024
+
+// Submit records the submission of job, which must be normalised, and enqueues
+// it. See SubmitMany.
+func (c *Client) Submit(ctx context.Context, job *jobs.Job) error {
+	return c.SubmitMany(ctx, []*jobs.Job{job})[0]
+}
+
+// SubmitMany records the submission of each job (which must be normalised) and
+// enqueues it, pipelining the publishes. It returns one error per job: nil when
+// the job was enqueued; ErrDuplicate when its id was submitted before (the
+// submitted event claims the id in the events stream, so this holds beyond the
+// jobs stream's dedupe window too); ErrQueueFull when the jobs stream is full, in
+// which case the job is recorded as rejected; any other error when the broker
+// could not be reached — submitting again is then safe.
+//
+// While the cluster fails over, SubmitMany retries the jobs whose submission
+// failed transiently, for up to Patience: a retry of a job whose claim landed
+// finds its own claim and repairs the enqueue, so nothing is submitted twice.
+func (c *Client) SubmitMany(ctx context.Context, js []*jobs.Job) []error {
+	errs := make([]error, len(js))
+	c.submitAll(ctx, js, errs)
+	patience := c.Patience
+	if patience <= 0 {
+		patience = DefaultPatience
+	}
+	deadline := time.Now().Add(patience)
+	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
+		var idx []int
+		for i, err := range errs {
+			if Transient(err) {
+				idx = append(idx, i)
+			}
+		}
+		if len(idx) == 0 || time.Now().Add(delay).After(deadline) {
+			return errs
+		}
+		select {
+		case <-ctx.Done():
+			return errs
+		case <-time.After(delay):
+		}
+		again := make([]*jobs.Job, len(idx))
+		for k, i := range idx {
+			again[k] = js[i]
+		}
+		aerrs := make([]error, len(again))
+		c.submitAll(ctx, again, aerrs)
+		for k, i := range idx {
+			if errors.Is(aerrs[k], ErrDuplicate) {
+				aerrs[k] = nil // the failed attempt's claim landed; this one enqueued
+			}
+			errs[i] = aerrs[k]
+		}
+	}
+}
+
+func (c *Client) submitAll(ctx context.Context, js []*jobs.Job, errs []error) {
+	c.claimAll(ctx, js, errs, jobs.EventSubmitted)
+}
+
+// ReleaseMany enqueues waiting jobs whose parents have ended as they need
+// (jobs, as recorded). The released event claims each job's release once,
+// as the submitted event claims its id: it returns nil for a job it
+// enqueued, ErrDuplicate for one released before (whose enqueue it repairs
+// when the first releaser may have died before it), ErrQueueFull (the job
+// is recorded as rejected), or another error when the broker could not be
+// reached: releasing again is then safe.
+func (c *Client) ReleaseMany(ctx context.Context, js []*jobs.Job) []error {
+	errs := make([]error, len(js))
+	c.claimAll(ctx, js, errs, jobs.EventReleased)
+	return errs
+}
+
+func (c *Client) claimAll(ctx context.Context, js []*jobs.Job, errs []error, kind jobs.EventKind) {
+	for lo := 0; lo < len(js); lo += submitChunk {
+		hi := min(lo+submitChunk, len(js))
+		c.claimChunk(ctx, js[lo:hi], errs[lo:hi], kind)
+	}
+}
+
+// claimChunk claims each job's event of kind (submitted or released) and
+// enqueues the jobs it claimed, except submitted jobs that wait for parents.
+func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, kind jobs.EventKind) {
+	key, err := c.proxyKey(ctx)
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return
+	}
+	// 1. Claim each id: the event is stored only if its subject is empty.
+	claims := make([]jetstream.PubAckFuture, len(js))
+	for i, job := range js {
+		ev := &jobs.Event{Job: job.ID, Kind: kind}
+		if kind == jobs.EventSubmitted {
+			ev.Spec, ev.At = job, job.SubmittedAt
+		}
+		m, err := c.eventMsg(ev)
+		if err == nil {
+			m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
+			claims[i], err = c.js.PublishMsgAsync(m)
+		}
+		if err != nil {
+			errs[i] = fmt.Errorf("record %s of %s: %w", kind, job.ID, err)
+		}
+	}
+	for i, f := range claims {
+		if f == nil {
+			continue
+		}
+		ack, err := waitAck(ctx, f)
+		if err == nil {
+			c.sawEvent(ack.Sequence)
+		}
+		switch {
+		case isWrongLastSeq(err) || (err == nil && ack.Duplicate):
+			errs[i] = ErrDuplicate
+		case err != nil:
+			errs[i] = fmt.Errorf("record %s of %s: %w", kind, js[i].ID, err)
+		}
+	}
+	// 2. Enqueue the claimed jobs, and repair a duplicate whose first claimer
+	// may have died between claim and enqueue (the jobs stream deduplicates).
+	// A submitted job that waits for parents is enqueued by its release.
+	enq := make([]jetstream.PubAckFuture, len(js))
+	for i, job := range js {
+		if kind == jobs.EventSubmitted && job.Waits() {
+			continue
+		}
+		if errs[i] != nil && !(errors.Is(errs[i], ErrDuplicate) && c.mayBeUnqueued(ctx, job.ID, kind)) {
+			continue
+		}
+		subject, done, rerr := c.route(ctx, job)
+		if done {
+			errs[i] = rerr
+			continue
+		}
+		data, err := EncodeMessage(job, jobs.Capability(key, job.ID))
+		if err == nil {
+			m := nats.NewMsg(subject)
+			m.Data = data
+			m.Header.Set(jobs.TraceHeader, jobs.TraceParent(job.ID))
+			enq[i], err = c.js.PublishMsgAsync(m, jetstream.WithMsgID(job.ID))
+		}
+		if err != nil && errs[i] == nil {
+			errs[i] = fmt.Errorf("publish job %s: %w", job.ID, err)
+		}
+	}
+	var rejects []jetstream.PubAckFuture
+	for i, f := range enq {
+		if f == nil {
+			continue
+		}
+		_, err := waitAck(ctx, f)
+		if err == nil || errors.Is(errs[i], ErrDuplicate) {
+			continue
+		}
+		if !isFull(err) {
+			errs[i] = fmt.Errorf("publish job %s: %w", js[i].ID, err)
+			continue
+		}
+		errs[i] = ErrQueueFull
+		m, merr := c.eventMsg(&jobs.Event{Job: js[i].ID, Kind: jobs.EventFinished, Result: &jobs.Result{
+			Status: jobs.StatusRejected,
+			Error:  "the job queue is full: retry later with a new id, or add workers",
+		}})
+		if merr == nil {
+			var rf jetstream.PubAckFuture
+			if rf, merr = c.js.PublishMsgAsync(m); merr == nil {
+				rejects = append(rejects, rf)
+			}
+		}
+		if merr != nil {
+			errs[i] = fmt.Errorf("%w (and recording the rejection failed: %v)", ErrQueueFull, merr)
+		}
+	}
+	for _, f := range rejects {
+		_, _ = waitAck(ctx, f) // the rejection is deduplicated by id if republished
+	}
+}
+
+// mayBeUnqueued reports whether a duplicate claim (of kind) of id should
+// republish the job message: the first claim is recent enough for the jobs
+// stream to deduplicate the republish, and the job has not already finished or
+// been rejected.
+func (c *Client) mayBeUnqueued(ctx context.Context, id string, kind jobs.EventKind) bool {
+	window := c.DedupeWindow
+	if window == 0 {
+		window = DefaultConfig().DedupeWindow
+	}
+	stream, err := c.js.Stream(ctx, c.sub.EventsStream())
+	if err != nil {
+		return false
+	}
+	m, err := stream.GetLastMsgForSubject(ctx, c.sub.Event(id, kind))
+	if err != nil || time.Since(m.Time) > window*9/10 {
+		return false
+	}
+	for _, k := range []jobs.EventKind{jobs.EventFinished, jobs.EventCancelled} {
+		if _, err := stream.GetLastMsgForSubject(ctx, c.sub.Event(id, k)); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return false
+		}
+	}
+	return true
+}
+
+func waitAck(ctx context.Context, f jetstream.PubAckFuture) (*jetstream.PubAck, error) {
+	select {
+	case ack := <-f.Ok():
+		return ack, nil
+	case err := <-f.Err():
+		return nil, err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func isWrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+	}
+	return err != nil && strings.Contains(err.Error(), "wrong last sequence")
+}
+
+func isFull(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "maximum messages exceeded") || strings.Contains(msg, "maximum bytes exceeded")
+}
