@@ -1,0 +1,103 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"io"
+	"net"
+	"os"
+
+	"github.com/mcpexec/mcpexec/cmd/internal/sandboxflags"
+	"github.com/mcpexec/mcpexec/internal/cli"
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/mcpserver"
+)
+
+// config is the front-end's parsed command line.
+type config struct {
+	nats           string
+	data           string
+	httpAddr       string
+	brokerListen   string
+	id             string
+	workerID       string
+	authToken      string
+	allowedOrigins string
+	slots          int
+	limits         jobs.Limits
+	level          string
+	sandbox        *sandboxflags.Flags
+	servers        *serverFlags
+	fleet          *fleetFlags
+}
+
+func parse(args []string, stderr io.Writer) (*config, error) {
+	fs := flag.NewFlagSet("frontend", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c := &config{limits: jobs.DefaultLimits()}
+	fs.StringVar(&c.nats, "nats", "", "NATS URL(s) of a broker fleet; absent: embed a broker and one worker")
+	fs.StringVar(&c.data, "data", "./data", "embedded mode's data directory")
+	fs.StringVar(&c.httpAddr, "http", "", "serve streamable HTTP MCP at /mcp and /healthz on HOST:PORT; absent: MCP on stdio")
+	fs.StringVar(&c.brokerListen, "broker-listen", "", "embedded mode: also let other workers and front-ends reach the broker at HOST:PORT")
+	fs.StringVar(&c.id, "id", "", "front-end id (its proxy subject); default: random")
+	host, _ := os.Hostname()
+	fs.StringVar(&c.workerID, "worker-id", embeddedWorkerID(host), "embedded worker's id (labels its containers; a restart removes the previous life's orphans)")
+	fs.StringVar(&c.authToken, "auth-token", "", "bearer token required on /mcp (required when --http is not loopback)")
+	fs.StringVar(&c.allowedOrigins, "allowed-origins", "", "comma-separated extra Origin hosts allowed on /mcp besides localhost")
+	fs.IntVar(&c.slots, "slots", 4, "embedded worker: jobs run at once")
+	fs.IntVar(&c.limits.DefaultTimeout, "timeout", c.limits.DefaultTimeout, "default run_python timeout in seconds")
+	fs.IntVar(&c.limits.MaxTimeout, "max-timeout", c.limits.MaxTimeout, "largest run_python timeout in seconds")
+	fs.IntVar(&c.limits.MaxCodeBytes, "max-code-bytes", c.limits.MaxCodeBytes, "largest accepted code in bytes")
+	fs.StringVar(&c.level, "log-level", "info", "log level: debug, info, warn, error")
+	c.sandbox = sandboxflags.Register(fs)
+	c.servers = registerServerFlags(fs)
+	c.fleet = registerFleetFlags(fs)
+	if err := cli.Parse(fs, args, sandboxflags.Aliases); err != nil {
+		return nil, err
+	}
+	return c, c.validate()
+}
+
+func (c *config) validate() error {
+	if c.id == "" {
+		b := make([]byte, 6)
+		_, _ = rand.Read(b)
+		c.id = "fe-" + hex.EncodeToString(b)
+	}
+	if !jobs.ValidID(c.id) {
+		return cli.Usagef("--id %q: use letters, digits, '-' or '_'", c.id)
+	}
+	if !jobs.ValidID(c.workerID) {
+		return cli.Usagef("--worker-id %q: use letters, digits, '-' or '_'", c.workerID)
+	}
+	if c.limits.MaxTimeout < 1 || c.limits.DefaultTimeout < 1 || c.limits.DefaultTimeout > c.limits.MaxTimeout {
+		return cli.Usagef("--timeout (%d) must be between 1 and --max-timeout (%d)", c.limits.DefaultTimeout, c.limits.MaxTimeout)
+	}
+	if c.limits.MaxCodeBytes < 1 {
+		return cli.Usagef("--max-code-bytes must be positive")
+	}
+	if c.slots < 1 {
+		return cli.Usagef("--slots must be at least 1, got %d", c.slots)
+	}
+	if c.httpAddr != "" {
+		if _, _, err := net.SplitHostPort(c.httpAddr); err != nil {
+			return cli.Usagef("--http %q: want HOST:PORT, e.g. 127.0.0.1:8080", c.httpAddr)
+		}
+		if !mcpserver.IsLoopback(c.httpAddr) && c.authToken == "" && c.servers.authTokensFile == "" {
+			return cli.Usagef("--http %s listens beyond loopback: set --auth-token (or MCPEXEC_AUTH_TOKEN) or --auth-tokens-file so strangers cannot run code", c.httpAddr)
+		}
+	}
+	if err := c.servers.validate(); err != nil {
+		return err
+	}
+	if err := c.fleet.validate(); err != nil {
+		return err
+	}
+	if c.nats == "" {
+		if _, err := c.sandbox.Limits(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
