@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,24 +22,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/testutil"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
-
-// fakeRuntime runs jobs by calling run; it counts the runs.
-type fakeRuntime struct {
-	runs atomic.Int32
-	run  func(ctx context.Context, job sandbox.Job) (sandbox.Result, error)
-}
-
-func (f *fakeRuntime) Run(ctx context.Context, job sandbox.Job, _ sandbox.Host) (sandbox.Result, error) {
-	f.runs.Add(1)
-	if f.run == nil {
-		return sandbox.Result{Status: sandbox.StatusSuccess, Stdout: "ok"}, nil
-	}
-	return f.run(ctx, job)
-}
-
-func (f *fakeRuntime) Close() error { return nil }
-
-var _ sandbox.Runtime = (*fakeRuntime)(nil)
 
 // blockUntil returns a run function that blocks until release is closed (then
 // succeeds with out) or ctx ends.
@@ -94,7 +75,7 @@ func TestDedupeWithinAndBeyondWindow(t *testing.T) {
 	q.DedupeWindow = 500 * time.Millisecond
 	b := testutil.Broker(t, "", q)
 	fe := testutil.Frontend(t, b, "fe")
-	rt := &fakeRuntime{}
+	rt := &testutil.FakeRuntime{}
 	testutil.Worker(t, b, rt, workerCfg("w1", q))
 
 	first := submit(t, fe, &jobs.Job{ID: "dup-1", Code: "print(1)"})[0]
@@ -131,7 +112,7 @@ func TestDedupeWithinAndBeyondWindow(t *testing.T) {
 		t.Fatalf("direct resubmission: %v, want ErrDuplicate", err)
 	}
 	time.Sleep(300 * time.Millisecond)
-	if n := rt.runs.Load(); n != 1 {
+	if n := rt.Runs(); n != 1 {
 		t.Fatalf("the job ran %d times, want 1", n)
 	}
 }
@@ -150,12 +131,12 @@ func TestCancelQueuedJobNeverRuns(t *testing.T) {
 	if rec.Result == nil || rec.Result.Error != "cancelled: not needed" {
 		t.Fatalf("record %+v", rec.Result)
 	}
-	rt := &fakeRuntime{}
+	rt := &testutil.FakeRuntime{}
 	testutil.Worker(t, b, rt, workerCfg("w1", q))
 	// A later job runs, so the worker has seen the cancelled one first.
 	mustSubmit(t, fe, &jobs.Job{ID: "cq-2", Code: "print(2)"})
 	testutil.WaitRecord(t, b, "cq-2", jobs.StatusSuccess)
-	if n := rt.runs.Load(); n != 1 {
+	if n := rt.Runs(); n != 1 {
 		t.Fatalf("runtime ran %d jobs, want 1 (the cancelled one must not run)", n)
 	}
 	if rec, _ := b.Store().Job(jobs.ScopedID("", "cq-1")); rec.Status != jobs.StatusCancelled || rec.StartedAt != nil {
@@ -209,7 +190,7 @@ func TestRedeliveryAfterWorkerDies(t *testing.T) {
 
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
-	dying := &fakeRuntime{run: blockUntil(release, "never")}
+	dying := &testutil.FakeRuntime{Func: blockUntil(release, "never")}
 	nc := testutil.Connect(t, b, "dying")
 	w, err := worker.New(nc, dying, workerCfg("dying", q))
 	if err != nil {
@@ -230,7 +211,7 @@ func TestRedeliveryAfterWorkerDies(t *testing.T) {
 	nc.Close() // the worker dies: no heartbeat, no result, no ack
 	died := time.Now()
 
-	healthy := &fakeRuntime{}
+	healthy := &testutil.FakeRuntime{}
 	testutil.Worker(t, b, healthy, workerCfg("healthy", q))
 	rec := testutil.WaitRecord(t, b, "rd-retry", jobs.StatusSuccess)
 	if rec.Worker != "healthy" || rec.Attempt != 2 {
@@ -245,7 +226,7 @@ func TestRedeliveryAfterWorkerDies(t *testing.T) {
 	if since := time.Since(died); since > 20*time.Second {
 		t.Fatalf("the dead worker was noticed after %s", since)
 	}
-	if n := healthy.runs.Load(); n != 1 {
+	if n := healthy.Runs(); n != 1 {
 		t.Fatalf("healthy worker ran %d jobs, want 1 (the max_attempts=1 job must not run twice)", n)
 	}
 	dls, _, err := fe.DeadLetters(context.Background(), "", state.JobFilter{})
@@ -261,14 +242,14 @@ func TestLongJobIsNotRedelivered(t *testing.T) {
 	q := shortAck()
 	b := testutil.Broker(t, "", q)
 	fe := testutil.Frontend(t, b, "fe")
-	slow := &fakeRuntime{run: func(ctx context.Context, _ sandbox.Job) (sandbox.Result, error) {
+	slow := &testutil.FakeRuntime{Func: func(ctx context.Context, _ sandbox.Job) (sandbox.Result, error) {
 		time.Sleep(3500 * time.Millisecond)
 		return sandbox.Result{Status: sandbox.StatusSuccess}, nil
 	}}
 	testutil.Worker(t, b, slow, workerCfg("slow", q))
 	mustSubmit(t, fe, &jobs.Job{ID: "long-1", Code: "x", MaxAttempts: 3})
 	testutil.WaitRecord(t, b, "long-1", jobs.StatusRunning)
-	other := &fakeRuntime{}
+	other := &testutil.FakeRuntime{}
 	testutil.Worker(t, b, other, workerCfg("other", q))
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -284,7 +265,7 @@ func TestLongJobIsNotRedelivered(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if n := other.runs.Load() + slow.runs.Load(); n != 1 {
+	if n := other.Runs() + slow.Runs(); n != 1 {
 		t.Fatalf("the job ran %d times", n)
 	}
 }
@@ -301,14 +282,14 @@ func TestStaleResultIsFenced(t *testing.T) {
 	slowQ := queue.DefaultConfig() // heartbeats every 10 s: too slow for 1 s
 	slowQ.MaxDeliver = q.MaxDeliver
 	releaseA, releaseB := make(chan struct{}), make(chan struct{})
-	a := &fakeRuntime{run: blockUntil(releaseA, "from A")}
+	a := &testutil.FakeRuntime{Func: blockUntil(releaseA, "from A")}
 	acfg := workerCfg("A", slowQ)
 	acfg.Slots = 1 // so the redelivery cannot go back to A
 	testutil.Worker(t, b, a, acfg)
 	mustSubmit(t, fe, &jobs.Job{ID: "stale-1", Code: "x", MaxAttempts: 3})
 	testutil.WaitRecord(t, b, "stale-1", jobs.StatusRunning)
 	// B re-creates the consumer with AckWait 1 s; A's delivery expires.
-	bRT := &fakeRuntime{run: blockUntil(releaseB, "from B")}
+	bRT := &testutil.FakeRuntime{Func: blockUntil(releaseB, "from B")}
 	testutil.Worker(t, b, bRT, workerCfg("B", q))
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -361,7 +342,7 @@ func TestBrokerRestart(t *testing.T) {
 	b1.Close()
 
 	b2 := testutil.Broker(t, dir, q)
-	rt := &fakeRuntime{}
+	rt := &testutil.FakeRuntime{}
 	testutil.Worker(t, b2, rt, workerCfg("w", q))
 	for _, id := range ids {
 		testutil.WaitRecord(t, b2, id, jobs.StatusSuccess)
@@ -370,7 +351,7 @@ func TestBrokerRestart(t *testing.T) {
 	if m, err := sc2.MemoryGet(context.Background(), "ns", "k"); err != nil || string(m.Value) != `"v"` {
 		t.Fatalf("memory after restart: %+v %v", m, err)
 	}
-	if n := rt.runs.Load(); n != 3 {
+	if n := rt.Runs(); n != 3 {
 		t.Fatalf("ran %d jobs after restart, want 3", n)
 	}
 }
@@ -387,7 +368,7 @@ func TestRebuildAfterStateLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(connect(t, b1), &fakeRuntime{}, workerCfg("w", q))
+	w, err := worker.New(connect(t, b1), &testutil.FakeRuntime{}, workerCfg("w", q))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,7 +418,7 @@ func TestFullQueueRejects(t *testing.T) {
 	if s := submit(t, fe, &jobs.Job{ID: "f-3", Code: "x"})[0]; !s.Existing || s.Record.Status != jobs.StatusRejected {
 		t.Fatalf("resubmitted rejected: %+v", s)
 	}
-	testutil.Worker(t, b, &fakeRuntime{}, workerCfg("w", q))
+	testutil.Worker(t, b, &testutil.FakeRuntime{}, workerCfg("w", q))
 	testutil.WaitRecord(t, b, "f-2", jobs.StatusSuccess)
 	mustSubmit(t, fe, &jobs.Job{ID: "f-4", Code: "x"})
 	testutil.WaitRecord(t, b, "f-4", jobs.StatusSuccess)
@@ -452,7 +433,7 @@ func TestWorkerTakesOnlyItsSlots(t *testing.T) {
 	fe := testutil.Frontend(t, b, "fe")
 	var mu sync.Mutex
 	running, peak := 0, 0
-	rt := &fakeRuntime{run: func(ctx context.Context, _ sandbox.Job) (sandbox.Result, error) {
+	rt := &testutil.FakeRuntime{Func: func(ctx context.Context, _ sandbox.Job) (sandbox.Result, error) {
 		mu.Lock()
 		running++
 		peak = max(peak, running)
@@ -549,7 +530,7 @@ func TestEventsNeedTheirJobsProof(t *testing.T) {
 	b := testutil.Broker(t, "", q)
 	fe := testutil.Frontend(t, b, "fe")
 	release := make(chan struct{})
-	testutil.Worker(t, b, &fakeRuntime{run: blockUntil(release, "real")}, workerCfg("w1", q))
+	testutil.Worker(t, b, &testutil.FakeRuntime{Func: blockUntil(release, "real")}, workerCfg("w1", q))
 	mustSubmit(t, fe, &jobs.Job{ID: "victim", Code: "x"})
 	rec := testutil.WaitRecord(t, b, "victim", jobs.StatusRunning)
 	forger, err := queue.NewClient(testutil.Connect(t, b, "forger"), jobs.Subjects{})
