@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -83,12 +82,10 @@ func (a *admission) start() error {
 		return nil
 	}
 	sub, err := a.f.nc.Subscribe(a.f.cfg.Subjects.AllEvents(), func(m *nats.Msg) {
-		// Subject: <prefix>.events.<job>.<kind>; no need to decode the body.
-		tok := strings.Split(m.Subject, ".")
-		if len(tok) < 2 {
-			return
+		// The subject names the job and the kind: no need to decode the body.
+		if job, kind, ok := a.f.cfg.Subjects.ParseEvent(m.Subject); ok {
+			a.observe(job, kind)
 		}
-		a.observe(tok[len(tok)-2], jobs.EventKind(tok[len(tok)-1]))
 	})
 	if err != nil {
 		return fmt.Errorf("follow job events for namespace caps: %w", err)

@@ -18,7 +18,7 @@ func (f *Frontend) recordPending(ctx context.Context, id string) bool {
 	sub := f.cfg.Subjects
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	msg, err := f.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+sub.EventsStream()+"."+sub.Event(id, jobs.EventSubmitted), nil)
+	msg, err := f.nc.RequestWithContext(ctx, sub.DirectGet(sub.EventsStream(), sub.Event(id, jobs.EventSubmitted)), nil)
 	return err == nil && msg.Header.Get("Status") == ""
 }
 

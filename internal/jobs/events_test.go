@@ -151,3 +151,24 @@ func TestDeadLetter(t *testing.T) {
 		t.Fatalf("RetryJob = %+v (original labels %v)", j, r.Job.Labels)
 	}
 }
+
+func TestParseEvent(t *testing.T) {
+	s := Subjects{}
+	for _, c := range []struct {
+		subject, job string
+		kind         EventKind
+		ok           bool
+	}{
+		{s.Event("abc-1", EventStarted), "abc-1", EventStarted, true},
+		{s.Event("ns-job_2", EventReleased), "ns-job_2", EventReleased, true},
+		{s.Output("abc"), "", "", false},
+		{s.p() + ".events.abc", "", "", false},
+		{s.p() + ".events.abc.", "", "", false},
+		{"other.events.abc.started", "", "", false},
+	} {
+		job, kind, ok := s.ParseEvent(c.subject)
+		if job != c.job || kind != c.kind || ok != c.ok {
+			t.Errorf("%s: %q %q %v", c.subject, job, kind, ok)
+		}
+	}
+}

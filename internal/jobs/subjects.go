@@ -40,6 +40,26 @@ func (s Subjects) Event(job string, kind EventKind) string {
 	return s.p() + ".events." + job + "." + string(kind)
 }
 
+// ParseEvent returns the job and kind an event subject names, and whether
+// subject is one.
+func (s Subjects) ParseEvent(subject string) (job string, kind EventKind, ok bool) {
+	rest, ok := strings.CutPrefix(subject, s.p()+".events.")
+	if !ok {
+		return "", "", false
+	}
+	i := strings.LastIndexByte(rest, '.')
+	if i <= 0 || i == len(rest)-1 {
+		return "", "", false
+	}
+	return rest[:i], EventKind(rest[i+1:]), true
+}
+
+// DirectGet is the JetStream API subject that reads the last message of
+// subject in stream (a direct get).
+func (s Subjects) DirectGet(stream, subject string) string {
+	return "$JS.API.DIRECT.GET." + stream + "." + subject
+}
+
 // JobEvents matches every event of job.
 func (s Subjects) JobEvents(job string) string { return s.p() + ".events." + job + ".*" }
 

@@ -397,7 +397,7 @@ func (c *Client) History(ctx context.Context, id string) (History, error) {
 
 // lastEvent returns job id's last event of kind, or nil when there is none.
 func (c *Client) lastEvent(ctx context.Context, id string, kind jobs.EventKind) (*nats.Msg, error) {
-	msg, err := c.js.Conn().RequestWithContext(ctx, "$JS.API.DIRECT.GET."+c.sub.EventsStream()+"."+c.sub.Event(id, kind), nil)
+	msg, err := c.js.Conn().RequestWithContext(ctx, c.sub.DirectGet(c.sub.EventsStream(), c.sub.Event(id, kind)), nil)
 	if err != nil {
 		return nil, fmt.Errorf("look up %s event of %s: %w", kind, id, err)
 	}
