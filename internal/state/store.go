@@ -310,24 +310,19 @@ func parentKey(parent, child string) []byte {
 
 // Children returns the ids of the jobs that name id as a parent.
 func (s *Store) Children(id string) ([]string, error) {
-	var out []string
-	prefix := append([]byte(id), 0)
-	err := s.db.View(func(tx *bolt.Tx) error {
-		c := tx.Bucket(bucketByParent).Cursor()
-		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-			out = append(out, string(k[len(prefix):]))
-		}
-		return nil
-	})
-	return out, err
+	return s.suffixes(bucketByParent, append([]byte(id), 0))
 }
 
 // WithStatus returns the ids of the records in status st.
 func (s *Store) WithStatus(st jobs.Status) ([]string, error) {
+	return s.suffixes(bucketByStatus, statusKey(st, ""))
+}
+
+// suffixes returns what follows prefix in the keys of bucket that have it.
+func (s *Store) suffixes(bucket, prefix []byte) ([]string, error) {
 	var out []string
-	prefix := statusKey(st, "")
 	err := s.db.View(func(tx *bolt.Tx) error {
-		c := tx.Bucket(bucketByStatus).Cursor()
+		c := tx.Bucket(bucket).Cursor()
 		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
 			out = append(out, string(k[len(prefix):]))
 		}
