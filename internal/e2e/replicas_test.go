@@ -23,6 +23,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
+	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox/process"
 	"github.com/mcpexec/mcpexec/internal/state"
 	"github.com/mcpexec/mcpexec/internal/testutil"
@@ -59,15 +60,7 @@ func loseBroker(t *testing.T, victim int) {
 	q := faultQueue()
 	q.AckWait, q.BackOff = 10*time.Second, nil
 	c := testutil.StartCluster(t, 3, q)
-	for i := range 2 {
-		rt, err := process.New()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { rt.Close() })
-		name := fmt.Sprint("w", i)
-		testutil.WorkerOn(t, c.ConnectAll(t, name), rt, faultWorker(name, q))
-	}
+	processWorkers(t, c, 2, q)
 	var urls [2]string
 	for i := range urls {
 		name := fmt.Sprint("fe", i)
@@ -395,4 +388,23 @@ func TestReplicaRebuilds(t *testing.T) {
 			}
 		})
 	}
+}
+
+// processWorkers starts n workers (w0, w1, ...) running real Python runners
+// (the process runtime), each connected to every node of c, and returns their
+// connections.
+func processWorkers(t *testing.T, c *testutil.Cluster, n int, q queue.Config) []*nats.Conn {
+	var conns []*nats.Conn
+	for i := range n {
+		rt, err := process.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rt.Close() })
+		name := fmt.Sprint("w", i)
+		nc := c.ConnectAll(t, name)
+		conns = append(conns, nc)
+		testutil.WorkerOn(t, nc, rt, faultWorker(name, q))
+	}
+	return conns
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -12,7 +11,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -106,36 +104,9 @@ func TestOfficialTypeScriptSDK(t *testing.T) {
 		if err := os.WriteFile(tokens, []byte("sdk-test-token-0123 sdk\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := ln.Addr().String()
-		ln.Close()
-		fe := exec.Command(bin, append(common, "--data", filepath.Join(dir, "http"), "--worker-id", "sdk-http",
-			"--http", addr, "--auth-tokens-file", tokens)...)
-		fe.Stderr = os.Stderr
-		if err := fe.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = fe.Process.Signal(syscall.SIGTERM)
-			_ = fe.Wait()
-		})
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
-			resp, err := http.Get("http://" + addr + "/healthz")
-			if err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == 200 {
-					break
-				}
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("front-end not healthy at %s: %v", addr, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		fe := startFrontend(t, bin, append(common, "--data", filepath.Join(dir, "http"), "--worker-id", "sdk-http",
+			"--auth-tokens-file", tokens)...)
+		addr := fe.addr
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		out, err := exec.CommandContext(ctx, "node", scriptPath, "http", "http://"+addr+"/mcp", "sdk-test-token-0123").Output()

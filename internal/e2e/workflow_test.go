@@ -14,7 +14,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
-	"github.com/mcpexec/mcpexec/internal/sandbox/process"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 )
 
@@ -32,18 +31,7 @@ func TestWorkflowSurvivesFaults(t *testing.T) {
 	q := faultQueue()
 	q.AckWait, q.BackOff = 10*time.Second, nil
 	c := testutil.StartCluster(t, 3, q)
-	var workerConns []*nats.Conn
-	for i := range 2 {
-		rt, err := process.New()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { rt.Close() })
-		name := fmt.Sprint("w", i)
-		nc := c.ConnectAll(t, name)
-		workerConns = append(workerConns, nc)
-		testutil.WorkerOn(t, nc, rt, faultWorker(name, q))
-	}
+	workerConns := processWorkers(t, c, 2, q)
 	nc, err := nats.Connect(c.URL(), nats.Name("fe"), nats.DontRandomize(), nats.MaxReconnects(-1),
 		nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
