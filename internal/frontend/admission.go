@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/errs"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -15,11 +17,11 @@ import (
 
 // ErrOverCap is the error of a submission that would exceed its namespace's
 // caps; the submission is refused and nothing is queued.
-var ErrOverCap = errors.New("namespace job cap reached")
+var ErrOverCap = errs.New(errs.OverCap, "namespace job cap reached")
 
 // ErrShuttingDown is the error of a submission to a front-end that is
 // shutting down, and of a wait it gave up (see ResumableError).
-var ErrShuttingDown = errors.New("the front-end is shutting down")
+var ErrShuttingDown = errs.New(errs.ShuttingDown, "the front-end is shutting down")
 
 // ResumableError is what Run returns for a job still unfinished when the
 // front-end shut down: the job goes on, and its result can be fetched by id

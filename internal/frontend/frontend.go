@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/errs"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -148,7 +150,7 @@ func (f *Frontend) Stop() {
 func (f *Frontend) Limits() jobs.Limits { return f.cfg.Limits }
 
 // ErrUnavailable wraps failures to reach the broker.
-var ErrUnavailable = errors.New("the job broker is unreachable")
+var ErrUnavailable = errs.New(errs.Unavailable, "the job broker is unreachable")
 
 var timeNow = time.Now
 

@@ -8,13 +8,15 @@ import (
 	"slices"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/errs"
+
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/state"
 )
 
 // ErrConflict is the error of a submission whose id belongs to a different job.
-var ErrConflict = errors.New("a different job with this id exists")
+var ErrConflict = errs.New(errs.Conflict, "a different job with this id exists")
 
 // Submitted is the outcome of submitting one job with SubmitMany.
 type Submitted struct {

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/errs"
+
 	"github.com/oklog/ulid/v2"
 )
 
@@ -168,6 +170,9 @@ type InvalidError struct {
 }
 
 func (e *InvalidError) Error() string { return fmt.Sprintf("invalid %s: %s", e.Field, e.Message) }
+
+// ErrKind makes an InvalidError of kind errs.Invalid.
+func (e *InvalidError) ErrKind() errs.Kind { return errs.Invalid }
 
 func invalid(field, format string, args ...any) error {
 	return &InvalidError{Field: field, Message: fmt.Sprintf(format, args...)}

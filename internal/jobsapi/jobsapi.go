@@ -26,6 +26,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/errs"
+
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
@@ -397,26 +399,29 @@ func (a *api) listWith(w http.ResponseWriter, r *http.Request, fn func(context.C
 	writeJSON(w, http.StatusOK, ListResponse{Jobs: recs, Next: next})
 }
 
-// classify maps an error to its HTTP status, code and message.
+// classify is the one mapping of errors to HTTP: status, code and message,
+// by the error's kind.
 func classify(err error) (int, string, string) {
-	var inv *jobs.InvalidError
-	switch {
-	case errors.As(err, &inv):
-		return http.StatusBadRequest, "invalid_job", err.Error()
-	case errors.Is(err, state.ErrInvalid):
+	k := errs.KindOf(err)
+	switch k {
+	case errs.Invalid:
+		var inv *jobs.InvalidError
+		if errors.As(err, &inv) {
+			return http.StatusBadRequest, "invalid_job", err.Error()
+		}
 		return http.StatusBadRequest, "invalid", err.Error()
-	case errors.Is(err, state.ErrNotFound):
-		return http.StatusNotFound, "not_found", err.Error()
-	case errors.Is(err, frontend.ErrConflict):
-		return http.StatusConflict, "conflict", err.Error()
-	case errors.Is(err, frontend.ErrOverCap):
-		return http.StatusTooManyRequests, "over_cap", err.Error()
-	case errors.Is(err, frontend.ErrShuttingDown):
-		return http.StatusServiceUnavailable, "shutting_down", err.Error()
-	case errors.Is(err, queue.ErrQueueFull):
-		return http.StatusServiceUnavailable, "queue_full", "the job queue is full, so the job was rejected: retry later with a new id, or add workers"
-	case errors.Is(err, frontend.ErrUnavailable), errors.Is(err, state.ErrUnavailable):
-		return http.StatusServiceUnavailable, "unavailable", err.Error()
+	case errs.Quota:
+		return http.StatusBadRequest, k.String(), err.Error()
+	case errs.NotFound:
+		return http.StatusNotFound, k.String(), err.Error()
+	case errs.Conflict:
+		return http.StatusConflict, k.String(), err.Error()
+	case errs.OverCap:
+		return http.StatusTooManyRequests, k.String(), err.Error()
+	case errs.QueueFull:
+		return http.StatusServiceUnavailable, k.String(), "the job queue is full, so the job was rejected: retry later with a new id, or add workers"
+	case errs.ShuttingDown, errs.Unavailable:
+		return http.StatusServiceUnavailable, k.String(), err.Error()
 	}
 	return http.StatusInternalServerError, "internal", err.Error()
 }

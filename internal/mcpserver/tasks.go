@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/errs"
+
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
 
@@ -175,8 +177,7 @@ func (t *Tasks) create(ctx context.Context, ns, session string, params json.RawM
 	job.ID = jobs.NewID()
 	rec, err := t.b.Submit(ctx, job)
 	if rec == nil {
-		var inv *jobs.InvalidError
-		if errors.As(err, &inv) {
+		if errs.KindOf(err) == errs.Invalid {
 			return nil, invalidParams("%v", err)
 		}
 		return nil, &rpcError{Code: mcp.INTERNAL_ERROR, Message: fmt.Sprintf("the task could not be started: %v", err)}
@@ -235,12 +236,17 @@ func (t *Tasks) lookup(ctx context.Context, ns string, params json.RawMessage) (
 	return rec, t.backendError(id, err)
 }
 
+// backendError is the one mapping of the backend's errors to JSON-RPC
+// errors, by kind.
 func (t *Tasks) backendError(id string, err error) *rpcError {
-	switch {
-	case err == nil:
+	if err == nil {
 		return nil
-	case errors.Is(err, state.ErrNotFound):
+	}
+	switch errs.KindOf(err) {
+	case errs.NotFound:
 		return invalidParams("task %q not found: it is not a task of this namespace, or it ended more than %s ago and was deleted", id, t.ttl)
+	case errs.Invalid:
+		return invalidParams("%v", err)
 	}
 	return &rpcError{Code: mcp.INTERNAL_ERROR, Message: fmt.Sprintf("task %s: %v", id, err)}
 }

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/errs"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -110,7 +112,7 @@ func (c Config) Heartbeat() time.Duration {
 }
 
 // ErrQueueFull is returned by Submit when the jobs stream holds MaxQueued jobs.
-var ErrQueueFull = errors.New("job queue is full")
+var ErrQueueFull = errs.New(errs.QueueFull, "job queue is full")
 
 // Setup creates or updates the streams. It is idempotent.
 func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {

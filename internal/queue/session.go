@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/errs"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -34,7 +36,7 @@ const SessionTTL = 15 * time.Minute
 const sessionAskTimeout = 2 * time.Second
 
 // ErrSessionGone says a job's session is no longer held by any worker.
-var ErrSessionGone = errors.New("session has expired or its worker is gone")
+var ErrSessionGone = errs.New(errs.NotFound, "session has expired or its worker is gone")
 
 // SessionGoneMessage is the error of a job whose session is gone.
 func SessionGoneMessage(session string) string {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/errs"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -18,7 +20,7 @@ import (
 
 // ErrDuplicate is returned by Submit for a job id that was submitted before
 // (within the events stream's retention): nothing is enqueued again.
-var ErrDuplicate = errors.New("a job with this id was already submitted")
+var ErrDuplicate = errs.New(errs.Conflict, "a job with this id was already submitted")
 
 // submitChunk bounds the asynchronous publishes in flight of one SubmitMany.
 const submitChunk = 1024

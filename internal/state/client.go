@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/errs"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
@@ -19,7 +21,7 @@ import (
 )
 
 // ErrUnavailable wraps failures to reach the state service.
-var ErrUnavailable = errors.New("the state service is unreachable")
+var ErrUnavailable = errs.New(errs.Unavailable, "the state service is unreachable")
 
 // Client reaches the state service over NATS request/reply. Coded errors come
 // back as ErrNotFound, ErrConflict and ErrInvalid (wrapped with the service's

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/errs"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
@@ -71,23 +73,30 @@ func (s *Service) respond(req micro.Request, v any, err error) {
 	ev, mem := s.applied.get()
 	h := micro.WithHeaders(micro.Headers{HeaderEventsSeq: {strconv.FormatUint(ev, 10)}, HeaderMemorySeq: {strconv.FormatUint(mem, 10)}})
 	var rerr error
-	switch {
-	case err == nil:
+	if err == nil {
 		rerr = req.RespondJSON(v, h)
-	case errors.Is(err, ErrNotFound):
-		rerr = req.Error(CodeNotFound, err.Error(), nil, h)
-	case errors.Is(err, ErrConflict):
-		rerr = req.Error(CodeConflict, err.Error(), nil, h)
-	case errors.Is(err, ErrInvalid):
-		rerr = req.Error(CodeBadRequest, err.Error(), nil, h)
-	case errors.Is(err, ErrBehind), errors.Is(err, ErrUnavailable):
-		rerr = req.Error(CodeUnavailable, err.Error(), nil, h)
-	default:
-		rerr = req.Error(CodeInternal, err.Error(), nil, h)
+	} else {
+		rerr = req.Error(codeOf(err), err.Error(), nil, h)
 	}
 	if rerr != nil {
 		s.logger.Debug("answer state request", "subject", req.Subject(), "err", rerr) // the asker is gone
 	}
+}
+
+// codeOf is the one mapping of errors to the service's error codes, by kind
+// (the client maps the codes back to the package's sentinels).
+func codeOf(err error) string {
+	switch errs.KindOf(err) {
+	case errs.NotFound:
+		return CodeNotFound
+	case errs.Conflict:
+		return CodeConflict
+	case errs.Invalid, errs.Quota:
+		return CodeBadRequest
+	case errs.Unavailable:
+		return CodeUnavailable
+	}
+	return CodeInternal
 }
 
 // consistent answers a request only once the replica has applied what the

@@ -4,11 +4,12 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/mcpexec/mcpexec/internal/errs"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -32,11 +33,11 @@ type Memory struct {
 
 // ErrConflict is returned by a compare-and-set write whose expected version is
 // not the stored one.
-var ErrConflict = errors.New("version conflict")
+var ErrConflict = errs.New(errs.Conflict, "version conflict")
 
 // ErrInvalid is returned for a request that can never succeed as sent (too
 // large, empty key, malformed JSON); its message says what to change.
-var ErrInvalid = errors.New("invalid request")
+var ErrInvalid = errs.New(errs.Invalid, "invalid request")
 
 // Memory limits.
 const (
@@ -118,7 +119,7 @@ func (s *Store) MemoryList(ns, prefix string) ([]Memory, error) {
 
 // ErrQuota is returned by a write that would take a namespace's memory over
 // its quota.
-var ErrQuota = errors.New("memory quota exceeded")
+var ErrQuota = errs.New(errs.Quota, "memory quota exceeded")
 
 // MemoryOp is one write of the memory stream: the log every replica folds.
 // Everything a replica stores comes from it (times included), so replicas

@@ -3,11 +3,12 @@ package state
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/mcpexec/mcpexec/internal/errs"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -50,7 +51,7 @@ const (
 
 // ErrBehind is the error of a replica that has not applied what a request's
 // sender has seen: another replica (or a retry) answers.
-var ErrBehind = errors.New("this state replica is behind the streams")
+var ErrBehind = errs.New(errs.Unavailable, "this state replica is behind the streams")
 
 // applied tracks how far the replica has folded each stream, and wakes those
 // who wait for it.

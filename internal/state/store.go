@@ -12,6 +12,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/errs"
+
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
@@ -22,7 +24,7 @@ import (
 var ErrLocked = errors.New("the state file is in use")
 
 // ErrNotFound is returned when no record exists for a key.
-var ErrNotFound = errors.New("not found")
+var ErrNotFound = errs.New(errs.NotFound, "not found")
 
 var (
 	bucketJobs        = []byte("jobs")        // job id → jobs.Record (JSON)

@@ -1,0 +1,91 @@
+// Package errs is mcpexec's one coded error type: a kind (what the caller can
+// do about it), a message, and a cause. Each package keeps its sentinel errors
+// (errors.Is works on them as before) but makes them of this type, so each
+// edge maps errors to its protocol in one place by kind: HTTP statuses in
+// jobsapi, NATS service codes in state, JSON-RPC codes in mcpserver.
+package errs
+
+// Kind says what kind of failure an error is, and so what the caller can do.
+type Kind int
+
+// Kinds of errors.
+const (
+	Internal     Kind = iota // a bug or an unexpected failure: report it
+	Invalid                  // the request is wrong: fix it
+	NotFound                 // no such thing (for this caller)
+	Conflict                 // the request collides with the current state: choose another id, or read again
+	Unavailable              // a part of the system cannot be reached now: retry
+	OverCap                  // a namespace cap is reached: wait for work to end
+	QueueFull                // the job queue is full: retry later, or add workers
+	ShuttingDown             // this process is stopping: use another
+	Quota                    // a namespace quota (memory) is exhausted: delete something
+)
+
+var names = [...]string{"internal", "invalid", "not_found", "conflict", "unavailable", "over_cap", "queue_full", "shutting_down", "quota"}
+
+// String is the kind's wire name (used as the code of API errors).
+func (k Kind) String() string {
+	if k < 0 || int(k) >= len(names) {
+		return "internal"
+	}
+	return names[k]
+}
+
+// Error is an error of a kind, with a message and an optional cause.
+type Error struct {
+	Kind Kind
+	Msg  string
+	Err  error
+}
+
+func (e *Error) Error() string {
+	if e.Err == nil {
+		return e.Msg
+	}
+	if e.Msg == "" {
+		return e.Err.Error()
+	}
+	return e.Msg + ": " + e.Err.Error()
+}
+
+// Unwrap returns the cause.
+func (e *Error) Unwrap() error { return e.Err }
+
+// New returns an error of kind with message msg (a sentinel, typically).
+func New(kind Kind, msg string) *Error { return &Error{Kind: kind, Msg: msg} }
+
+// Kinded is implemented by errors of other types that know their kind
+// (jobs.InvalidError).
+type Kinded interface {
+	ErrKind() Kind
+}
+
+// KindOf returns the kind of the first error in err's chain that has one;
+// Internal when none has.
+func KindOf(err error) Kind {
+	for e := err; e != nil; {
+		switch v := e.(type) {
+		case *Error:
+			return v.Kind
+		case Kinded:
+			return v.ErrKind()
+		}
+		switch u := e.(type) {
+		case interface{ Unwrap() error }:
+			e = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, x := range u.Unwrap() {
+				if k := KindOf(x); k != Internal {
+					return k
+				}
+			}
+			return Internal
+		default:
+			return Internal
+		}
+	}
+	return Internal
+}
+
+// Is reports whether err is of kind.
+func Is(err error, kind Kind) bool { return err != nil && KindOf(err) == kind }

@@ -1,0 +1,43 @@
+package errs_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/mcpexec/mcpexec/internal/errs"
+)
+
+type invalid struct{}
+
+func (invalid) Error() string      { return "bad field" }
+func (invalid) ErrKind() errs.Kind { return errs.Invalid }
+
+func TestKindOf(t *testing.T) {
+	notFound := errs.New(errs.NotFound, "not found")
+	unavailable := errs.New(errs.Unavailable, "the broker is unreachable")
+	for _, c := range []struct {
+		err  error
+		want errs.Kind
+	}{
+		{nil, errs.Internal},
+		{errors.New("plain"), errs.Internal},
+		{notFound, errs.NotFound},
+		{fmt.Errorf("look up job x: %w", notFound), errs.NotFound},
+		{fmt.Errorf("%w: %w", unavailable, errors.New("timeout")), errs.Unavailable},
+		{&errs.Error{Kind: errs.Conflict, Msg: "version", Err: notFound}, errs.Conflict},
+		{fmt.Errorf("job 3: %w", invalid{}), errs.Invalid},
+	} {
+		if got := errs.KindOf(c.err); got != c.want {
+			t.Errorf("%v: %v, want %v", c.err, got, c.want)
+		}
+	}
+	wrapped := fmt.Errorf("get: %w", notFound)
+	if !errors.Is(wrapped, notFound) || errors.Is(wrapped, errs.New(errs.NotFound, "not found")) {
+		t.Fatal("sentinels match by identity")
+	}
+	e := &errs.Error{Kind: errs.Unavailable, Msg: "state", Err: errors.New("no responders")}
+	if e.Error() != "state: no responders" || errs.Kind(99).String() != "internal" || errs.QueueFull.String() != "queue_full" {
+		t.Fatalf("%q", e.Error())
+	}
+}
