@@ -63,7 +63,7 @@ func Register(fs *flag.FlagSet) *Flags {
 	f := &Flags{}
 	d := sandbox.DefaultLimits()
 	fs.StringVar(&f.Image, "image", podman.DefaultImage, "sandbox image")
-	fs.StringVar(&f.Rootfs, "rootfs", "", "sandbox root filesystem directory instead of an image (not supported yet)")
+	fs.StringVar(&f.Rootfs, "rootfs", "", "a host directory (with python3) used read-only as every sandbox's root file system, instead of --image")
 	fs.StringVar(&f.RunDir, "run-dir", podman.DefaultRunDir(), "worker-private directory (made 0700) of the runners' sockets")
 	fs.StringVar(&f.UserNS, "userns", podman.UserNSAuto, "a user namespace per sandbox: auto (when the host has subordinate ids and Podman is 5+), on (whenever the ids exist), host (never)")
 	fs.StringVar(&f.Podman, "podman", "", "Podman API socket URI (default: the user's socket, else /run/podman/podman.sock, else start one)")
@@ -125,9 +125,6 @@ func (f *Flags) Limits() (sandbox.Limits, error) {
 	if f.Reuse != podman.ReuseNamespace && f.Reuse != podman.ReuseNone {
 		return l, cli.Usagef("--reuse %q: want %s or %s", f.Reuse, podman.ReuseNamespace, podman.ReuseNone)
 	}
-	if f.Rootfs != "" {
-		return l, cli.Usagef("--rootfs is not supported yet: use --image (build one with deploy/sandbox/build.sh)")
-	}
 	if parts := strings.Split(f.User, ":"); len(parts) != 2 || !isNum(parts[0]) || !isNum(parts[1]) {
 		return l, cli.Usagef("--container-user %q: want numeric uid:gid, e.g. 65534:65534", f.User)
 	}
@@ -167,7 +164,7 @@ func (f *Flags) Open(ctx context.Context, workerID string, log *slog.Logger) (sa
 		return nil, err
 	}
 	cfg := podman.Config{
-		URI: f.Podman, Image: f.Image, OCIRuntime: f.OCIRuntime, Limits: limits,
+		URI: f.Podman, Image: f.Image, Rootfs: f.Rootfs, OCIRuntime: f.OCIRuntime, Limits: limits,
 		WorkerID: workerID, Pool: f.Pool, Logger: log, RunDir: f.RunDir, UserNS: f.UserNS, Reuse: f.Reuse, MaxUses: f.MaxUses,
 	}
 	rt, err := podman.New(ctx, cfg)

@@ -70,6 +70,10 @@ type Config struct {
 	URI string
 	// Image of the sandbox; default DefaultImage.
 	Image string
+	// Rootfs, when set, is a host directory used as every container's root
+	// file system (read-only) instead of Image: for hosts that cannot build
+	// or import an image. It must hold python3.
+	Rootfs string
 	// OCIRuntime is the OCI runtime Podman uses; default "runc" (crun refuses
 	// cgroups v1/hybrid hosts).
 	OCIRuntime string

@@ -632,3 +632,39 @@ print(seen, len(procs))`
 		t.Fatal("no container waits for its namespace's next job")
 	}
 }
+
+// TestRootfs: with Rootfs, containers use a host directory as their root
+// file system, read-only, and jobs run in it as in the image.
+func TestRootfs(t *testing.T) {
+	newRuntime(t, Config{}) // skips when Podman is unavailable
+	image := os.Getenv("MCPEXEC_IMAGE")
+	if image == "" {
+		image = DefaultImage
+	}
+	dir := t.TempDir()
+	name := "mcpexec-rootfs-" + workerID(t)
+	if out, err := exec.Command("podman", "create", "--name", name, image, "true").CombinedOutput(); err != nil {
+		t.Fatalf("podman create: %v %s", err, out)
+	}
+	defer exec.Command("podman", "rm", "-f", name).Run()
+	export := exec.Command("sh", "-c", "podman export "+name+" | tar -x -C "+dir)
+	if out, err := export.CombinedOutput(); err != nil {
+		t.Fatalf("export the image: %v %s", err, out)
+	}
+	rt := newRuntime(t, Config{Rootfs: dir})
+	res, err := rt.Run(context.Background(), sandbox.Job{ID: "rootfs", Code: `import os
+try:
+    open("/etc/written", "w")
+except OSError as e:
+    print("ro", e.errno)
+print(os.getuid())`, Timeout: 30 * time.Second}, nil)
+	if err != nil || res.Status != sandbox.StatusSuccess || res.Stdout != "ro 30\n65534\n" {
+		t.Fatalf("%v %+v", err, res)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "etc", "written")); err == nil {
+		t.Fatal("the job wrote into the host's root directory")
+	}
+	if _, err := New(context.Background(), Config{Rootfs: t.TempDir(), WorkerID: workerID(t), URI: os.Getenv("MCPEXEC_PODMAN")}); err == nil || !strings.Contains(err.Error(), "usr/bin/python3") {
+		t.Fatalf("an empty rootfs: %v", err)
+	}
+}

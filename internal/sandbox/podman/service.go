@@ -67,6 +67,9 @@ func (r *Runtime) connect(ctx context.Context) error {
 		return fmt.Errorf("podman sandbox: podman info: %w", err)
 	}
 	r.info.Image = r.cfg.Image
+	if r.cfg.Rootfs != "" {
+		r.info.Image = "rootfs:" + r.cfg.Rootfs
+	}
 	r.info.OCIRuntime = r.cfg.OCIRuntime
 	r.info.Rootless = info.Host.Security.Rootless
 	r.info.CgroupsVersion = info.Host.CgroupsVersion
@@ -349,6 +352,12 @@ func writeConmonWrapper(dir, conmon string) (string, error) {
 }
 
 func (r *Runtime) checkImage(ctx context.Context) error {
+	if r.cfg.Rootfs != "" {
+		if _, err := os.Stat(filepath.Join(r.cfg.Rootfs, "usr", "bin", "python3")); err != nil {
+			return fmt.Errorf("podman sandbox: --rootfs %s has no usr/bin/python3 (%v): give a directory holding a root file system with Python 3, e.g. an exported sandbox image", r.cfg.Rootfs, err)
+		}
+		return nil
+	}
 	c, cancel := r.callCtx(ctx, 30*time.Second)
 	defer cancel()
 	ok, err := images.Exists(c, r.cfg.Image, nil)

@@ -20,6 +20,9 @@ var unsafeName = regexp.MustCompile(`[^a-zA-Z0-9_.-]+`)
 func (r *Runtime) spec(dir, jobLabel string, n uint64, l sandbox.Limits) *specgen.SpecGenerator {
 	t, f := true, false
 	s := specgen.NewSpecGenerator(r.cfg.Image, false)
+	if r.cfg.Rootfs != "" {
+		s = specgen.NewSpecGenerator(r.cfg.Rootfs, true)
+	}
 	s.Name = fmt.Sprintf("mcpexec-%s-%d-%d", unsafeName.ReplaceAllString(r.cfg.WorkerID, "_"), os.Getpid(), n)
 	s.Command = []string{"python3", "-I", "-B", "-u", "/mcpexec/runner.py", "/mcpexec/s", "--reset"}
 	s.Entrypoint = []string{}
