@@ -18,14 +18,13 @@ import (
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
-	"github.com/mcpexec/mcpexec/internal/submit"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
 func main() {
 	cli.Main("frontend", func(ctx context.Context) error {
 		if len(os.Args) > 1 && os.Args[1] == "submit" {
-			return submit.Run(ctx, os.Args[2:], os.Stdin, os.Stdout, os.Stderr)
+			return submitCmd(ctx, os.Args[2:], os.Stdin, os.Stdout, os.Stderr)
 		}
 		return run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	})

@@ -1,4 +1,4 @@
-// Package submit is the `frontend submit` command: it pushes a JSONL file of jobs
+// Package submit is what `frontend submit` does (its flags are cmd/frontend's): it pushes a JSONL file of jobs
 // through a front-end's HTTP jobs API, shows progress on the terminal, waits for
 // every job, and writes the final records as JSONL.
 package submit
@@ -9,7 +9,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -24,7 +23,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 )
 
-// Config is the parsed command line of `frontend submit`.
+// Config is what `frontend submit` was asked to do.
 type Config struct {
 	URL         string        // front-end base URL
 	Token       string        // bearer token
@@ -36,38 +35,25 @@ type Config struct {
 	Progress    time.Duration // how often progress is printed; 0 never
 }
 
-// Run parses args and runs the command.
-func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("frontend submit", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	c := Config{}
-	fs.StringVar(&c.URL, "url", "http://127.0.0.1:8080", "base URL of the front-end (its --http address)")
-	fs.StringVar(&c.Token, "token", "", "bearer token, when the front-end requires one (env MCPEXEC_TOKEN)")
-	fs.StringVar(&c.Out, "out", "-", "where to write the final job records as JSONL; - is stdout")
-	fs.IntVar(&c.Batch, "batch", 500, "jobs per submission request")
-	fs.IntVar(&c.Concurrency, "concurrency", 64, "jobs waited for at once")
-	fs.DurationVar(&c.Wait, "wait", 30*time.Second, "long-poll timeout of one wait request")
-	fs.DurationVar(&c.Progress, "progress", time.Second, "how often progress is printed to stderr; 0 disables it")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: frontend submit [flags] JOBS.jsonl   (one job object per line: id, code, servers, timeout, max_attempts, labels; - reads stdin)")
-		fs.PrintDefaults()
-	}
-	if err := cli.ParseArgs(fs, args, nil, 1); err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return cli.Usagef("submit needs exactly one JSONL file of jobs (or - for stdin), got %d arguments", fs.NArg())
-	}
-	c.In = fs.Arg(0)
-	if c.Token == "" {
-		c.Token = os.Getenv("MCPEXEC_TOKEN")
+// Validate says what is wrong with c.
+func (c *Config) Validate() error {
+	if c.In == "" {
+		return cli.Usagef("submit needs a JSONL file of jobs (or - for stdin)")
 	}
 	if c.Batch < 1 || c.Batch > jobsapi.MaxBatch {
 		return cli.Usagef("--batch must be 1..%d, got %d", jobsapi.MaxBatch, c.Batch)
 	}
 	if c.Concurrency < 1 {
 		return cli.Usagef("--concurrency must be at least 1, got %d", c.Concurrency)
+	}
+	return nil
+}
+
+// Run reads c.In, submits its jobs, writes their final records to c.Out,
+// and reports an error when any did not succeed.
+func (c *Config) Run(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) error {
+	if err := c.Validate(); err != nil {
+		return err
 	}
 	in := stdin
 	if c.In != "-" {

@@ -1,4 +1,4 @@
-package submit_test
+package main
 
 import (
 	"bytes"
@@ -14,14 +14,13 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
-	"github.com/mcpexec/mcpexec/internal/submit"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
-// TestRunCommandLine drives `frontend submit` as its command line does: flags,
-// then the JSONL file; results go to --out.
-func TestRunCommandLine(t *testing.T) {
+// TestSubmitCommandLine drives `frontend submit` as its command line does:
+// flags, then the JSONL file; results go to --out.
+func TestSubmitCommandLine(t *testing.T) {
 	b := testutil.Broker(t, "", queue.DefaultConfig())
 	testutil.Worker(t, b, testutil.NewFakeRuntime(16), worker.DefaultConfig("w"))
 	fe := testutil.Frontend(t, b, "fe")
@@ -33,7 +32,7 @@ func TestRunCommandLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stdout, stderr bytes.Buffer
-	err := submit.Run(context.Background(), []string{"--url", hs.URL, "--progress", "0", "--out", out, in}, nil, &stdout, &stderr)
+	err := submitCmd(context.Background(), []string{"--url", hs.URL, "--progress", "0", "--out", out, in}, nil, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("submit: %v\n%s", err, stderr.String())
 	}
@@ -42,14 +41,14 @@ func TestRunCommandLine(t *testing.T) {
 		t.Fatalf("results %s", got)
 	}
 	// Stdin, with -.
-	err = submit.Run(context.Background(), []string{"--url", hs.URL, "--progress", "0", "-"}, strings.NewReader("{\"id\": \"c\", \"code\": \"three\"}\n"), &stdout, &stderr)
+	err = submitCmd(context.Background(), []string{"--url", hs.URL, "--progress", "0", "-"}, strings.NewReader("{\"id\": \"c\", \"code\": \"three\"}\n"), &stdout, &stderr)
 	if err != nil || !strings.Contains(stdout.String(), `"id":"c"`) {
 		t.Fatalf("stdin: %v %s", err, stdout.String())
 	}
 	// Wrong command lines are usage errors that say what is wrong.
 	for _, args := range [][]string{{}, {in, in}, {"--batch", "0", in}, {"--nope", in}} {
 		stderr.Reset()
-		err := submit.Run(context.Background(), args, nil, &stdout, &stderr)
+		err := submitCmd(context.Background(), args, nil, &stdout, &stderr)
 		var ue *cli.UsageError
 		if !errors.As(err, &ue) {
 			t.Errorf("%v: %v, want a usage error", args, err)
