@@ -3,6 +3,7 @@ package state
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -146,7 +147,13 @@ func (s *Service) drain(ctx context.Context, stream string, cons jetstream.Consu
 		// not the 10 s of the default heartbeat.
 		jetstream.PullExpiry(followExpiry), jetstream.PullHeartbeat(followHeartbeat),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			s.logger.Debug("follow stream", "stream", stream, "err", err)
+			// Missed heartbeats are the normal sign of a node going: the
+			// ordered consumer recreates itself. Anything else is worth a look.
+			if errors.Is(err, jetstream.ErrNoHeartbeat) {
+				s.logger.Debug("follow stream", "stream", stream, "err", err)
+				return
+			}
+			s.logger.Warn("fetch from stream", "stream", stream, "err", err)
 		}))
 	if err != nil {
 		s.logger.Warn("follow stream", "stream", stream, "err", err)

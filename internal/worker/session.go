@@ -256,6 +256,9 @@ func (st *sessionTable) unannounce(ctx context.Context, key string, tombstone bo
 	defer cancel()
 	e, err := st.kv.Get(ctx, key)
 	if err != nil {
+		if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			st.w.log.Warn("read the session's entry to end it (it expires by itself)", "session", key, "err", err)
+		}
 		return
 	}
 	var ent queue.SessionEntry
@@ -263,12 +266,20 @@ func (st *sessionTable) unannounce(ctx context.Context, key string, tombstone bo
 		return
 	}
 	if !tombstone {
-		_ = st.kv.Delete(ctx, key, jetstream.LastRevision(e.Revision()))
+		// A revision that moved on means another worker holds the session now.
+		if err := st.kv.Delete(ctx, key, jetstream.LastRevision(e.Revision())); err != nil {
+			st.w.log.Warn("remove the session's entry (it expires by itself)", "session", key, "err", err)
+		}
 		return
 	}
 	ent.Ended = true
-	data, _ := json.Marshal(ent)
-	_, _ = st.kv.Update(ctx, key, data, e.Revision())
+	data, err := json.Marshal(ent)
+	if err == nil {
+		_, err = st.kv.Update(ctx, key, data, e.Revision())
+	}
+	if err != nil {
+		st.w.log.Warn("mark the session ended (its next job may wait for it to expire)", "session", key, "err", err)
+	}
 }
 
 // janitor ends idle sessions and keeps the bucket's entries of the others alive.
