@@ -59,7 +59,7 @@ type Broker struct {
 	cfg   Config
 	ns    *server.Server
 	nc    *nats.Conn
-	store *state.Store
+	store *state.Bolt
 	svc   *state.Service
 
 	once sync.Once
@@ -184,7 +184,7 @@ func (b *Broker) Connect(name string) (*nats.Conn, error) {
 func (b *Broker) Server() *server.Server { return b.ns }
 
 // Store returns the state store.
-func (b *Broker) Store() *state.Store { return b.store }
+func (b *Broker) Store() *state.Bolt { return b.store }
 
 // Close stops the state service and the server. It is idempotent.
 func (b *Broker) Close() error {

@@ -68,7 +68,7 @@ func checkNamespaceKey(ns, key string) error {
 func nsBucketName(ns string) []byte { return append([]byte{'n'}, ns...) }
 
 // MemoryGet returns the entry of key in ns, or ErrNotFound.
-func (s *Store) MemoryGet(ns, key string) (*Memory, error) {
+func (s *Bolt) MemoryGet(ns, key string) (*Memory, error) {
 	if err := checkNamespaceKey(ns, key); err != nil {
 		return nil, err
 	}
@@ -90,7 +90,7 @@ func (s *Store) MemoryGet(ns, key string) (*Memory, error) {
 
 // MemoryList returns the entries of ns whose key starts with prefix, in key
 // order, without their values.
-func (s *Store) MemoryList(ns, prefix string) ([]Memory, error) {
+func (s *Bolt) MemoryList(ns, prefix string) ([]Memory, error) {
 	if len(ns) > MaxNamespaceBytes {
 		return nil, invalidf("namespace must be at most %d bytes", MaxNamespaceBytes)
 	}
@@ -180,7 +180,7 @@ func memEntry(op MemoryOp) ([]byte, error) { return json.Marshal(op.entry(op.Seq
 // QuotaCheck reports ErrQuota when putting op (its Seq unknown yet) would make
 // its namespace's memory larger than maxBytes (0: no quota). Writes that
 // shrink it always pass.
-func (s *Store) QuotaCheck(op MemoryOp, maxBytes int64) error {
+func (s *Bolt) QuotaCheck(op MemoryOp, maxBytes int64) error {
 	if maxBytes <= 0 {
 		return nil
 	}
@@ -211,7 +211,7 @@ func (s *Store) QuotaCheck(op MemoryOp, maxBytes int64) error {
 // LastWrite returns the stream sequence of the last write (put or delete) of
 // key in ns that this replica applied, 0 when none: the expected last subject
 // sequence of a write that must find the key absent.
-func (s *Store) LastWrite(ns, key string) (uint64, error) {
+func (s *Bolt) LastWrite(ns, key string) (uint64, error) {
 	var seq uint64
 	err := s.db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bucketMemoryWrites).Get(memWriteKey(ns, key)); len(v) == 8 {
@@ -227,7 +227,7 @@ func memWriteKey(ns, key string) []byte { return append(append(nsBucketName(ns),
 // ApplyMemory folds memory writes (in stream order) into the store in one
 // durable transaction, and records lastSeq as the memory stream's applied
 // sequence.
-func (s *Store) ApplyMemory(ops []MemoryOp, lastSeq uint64) error {
+func (s *Bolt) ApplyMemory(ops []MemoryOp, lastSeq uint64) error {
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		writes := tx.Bucket(bucketMemoryWrites)
 		for _, op := range ops {
@@ -303,7 +303,7 @@ func setUsage(tx *bolt.Tx, ns string, n int64) error {
 }
 
 // MemoryUsage returns the bytes namespace ns's memory holds.
-func (s *Store) MemoryUsage(ns string) (int64, error) {
+func (s *Bolt) MemoryUsage(ns string) (int64, error) {
 	var n int64
 	err := s.db.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketMemory).Bucket(nsBucketName(ns))
@@ -318,7 +318,7 @@ func (s *Store) MemoryUsage(ns string) (int64, error) {
 }
 
 // AllMemory returns every memory entry of every namespace, with its value.
-func (s *Store) AllMemory() ([]Memory, error) {
+func (s *Bolt) AllMemory() ([]Memory, error) {
 	var out []Memory
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketMemory).ForEachBucket(func(name []byte) error {
@@ -368,7 +368,7 @@ func rememberWrite(tx *bolt.Tx, op MemoryOp) error {
 
 // WriteSeq returns the stream sequence of the applied write whose id is id,
 // if this replica remembers it.
-func (s *Store) WriteSeq(id string) (uint64, bool, error) {
+func (s *Bolt) WriteSeq(id string) (uint64, bool, error) {
 	var seq uint64
 	var ok bool
 	err := s.db.View(func(tx *bolt.Tx) error {

@@ -62,7 +62,7 @@ func (f *JobFilter) match(rec *jobs.Record) bool {
 }
 
 // Jobs returns the records of ids that exist, in the order of ids.
-func (s *Store) Jobs(ids []string) ([]*jobs.Record, error) {
+func (s *Bolt) Jobs(ids []string) ([]*jobs.Record, error) {
 	var out []*jobs.Record
 	err := s.db.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketJobs)
@@ -84,7 +84,7 @@ func (s *Store) Jobs(ids []string) ([]*jobs.Record, error) {
 
 // List returns the records matching f in id order (submission order for
 // generated ids), and the cursor of the next page ("" on the last page).
-func (s *Store) List(f JobFilter) ([]*jobs.Record, string, error) {
+func (s *Bolt) List(f JobFilter) ([]*jobs.Record, string, error) {
 	if err := f.Validate(); err != nil {
 		return nil, "", err
 	}
@@ -156,7 +156,7 @@ type Retention struct {
 
 // Prune deletes finished records as r says and returns how many it deleted.
 // It works in transactions of bounded size, oldest finished first.
-func (s *Store) Prune(r Retention, now time.Time) (int, error) {
+func (s *Bolt) Prune(r Retention, now time.Time) (int, error) {
 	total := 0
 	for {
 		n, more, err := s.pruneSome(r, now, 1000)
@@ -167,7 +167,7 @@ func (s *Store) Prune(r Retention, now time.Time) (int, error) {
 	}
 }
 
-func (s *Store) pruneSome(r Retention, now time.Time, batch int) (deleted int, more bool, err error) {
+func (s *Bolt) pruneSome(r Retention, now time.Time, batch int) (deleted int, more bool, err error) {
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		fin := tx.Bucket(bucketFinished)
 		excess := 0
@@ -222,7 +222,7 @@ func (s *Store) pruneSome(r Retention, now time.Time, batch int) (deleted int, m
 
 // ResetJobs deletes every job record and index (memory is kept), before a
 // rebuild from the events stream.
-func (s *Store) ResetJobs() error {
+func (s *Bolt) ResetJobs() error {
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		for _, name := range [][]byte{bucketJobs, bucketDeadLetters, bucketFinished, bucketByStatus, bucketByLabel} {
 			if err := tx.DeleteBucket(name); err != nil {
@@ -249,7 +249,7 @@ func finishedKey(t time.Time, id string) []byte {
 }
 
 // FinishedCount returns how many job records are terminal.
-func (s *Store) FinishedCount() (int, error) {
+func (s *Bolt) FinishedCount() (int, error) {
 	n := 0
 	err := s.db.View(func(tx *bolt.Tx) error {
 		n = tx.Bucket(bucketFinished).Stats().KeyN

@@ -53,7 +53,7 @@ var DefaultRetention = Retention{MaxAge: 7 * 24 * time.Hour, MaxCount: 1_000_000
 type Service struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
-	store  *Store
+	store  Store
 	sub    jobs.Subjects
 	logger *slog.Logger
 
@@ -82,7 +82,7 @@ type Service struct {
 }
 
 // NewService returns a Service; Start begins its work.
-func NewService(nc *nats.Conn, store *Store, sub jobs.Subjects, logger *slog.Logger) (*Service, error) {
+func NewService(nc *nats.Conn, store Store, sub jobs.Subjects, logger *slog.Logger) (*Service, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)

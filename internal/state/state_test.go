@@ -17,7 +17,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/testutil"
 )
 
-func openStore(t *testing.T) *state.Store {
+func openStore(t *testing.T) *state.Bolt {
 	t.Helper()
 	s, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
 	if err != nil {

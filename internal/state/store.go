@@ -58,7 +58,7 @@ func setApplied(tx *bolt.Tx, key []byte, seq uint64) error {
 
 // Applied returns the sequences of the events and memory streams this replica
 // has folded.
-func (s *Store) Applied() (events, memory uint64, err error) {
+func (s *Bolt) Applied() (events, memory uint64, err error) {
 	err = s.db.View(func(tx *bolt.Tx) error {
 		m := tx.Bucket(bucketMeta)
 		if v := m.Get(metaEventsSeq); len(v) == 8 {
@@ -72,15 +72,15 @@ func (s *Store) Applied() (events, memory uint64, err error) {
 	return events, memory, err
 }
 
-// Store is the bbolt file. Its methods are safe for concurrent use. Every write
-// is committed with fsync before the method returns.
-type Store struct {
+// Bolt is the Store in a bbolt file. Its methods are safe for concurrent use.
+// Every write is committed with fsync before the method returns.
+type Bolt struct {
 	db    *bolt.DB
 	fresh bool // the file had no job bucket when opened
 }
 
 // Open opens (creating if needed) the bbolt file at path.
-func Open(path string) (*Store, error) {
+func Open(path string) (*Bolt, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
 	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, fmt.Errorf("open state file %s: %w (is another broker using the same --data?)", path, ErrLocked)
@@ -113,18 +113,18 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("init state file %s: %w", path, err)
 	}
-	return &Store{db: db, fresh: fresh}, nil
+	return &Bolt{db: db, fresh: fresh}, nil
 }
 
 // Fresh reports whether the file held no job records when it was opened: the
 // job index should then be rebuilt from the events stream.
-func (s *Store) Fresh() bool { return s.fresh }
+func (s *Bolt) Fresh() bool { return s.fresh }
 
 // Close closes the file.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Bolt) Close() error { return s.db.Close() }
 
 // Job returns the record of id, or ErrNotFound.
-func (s *Store) Job(id string) (*jobs.Record, error) {
+func (s *Bolt) Job(id string) (*jobs.Record, error) {
 	var rec *jobs.Record
 	err := s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketJobs).Get([]byte(id))
@@ -140,7 +140,7 @@ func (s *Store) Job(id string) (*jobs.Record, error) {
 // ApplyEvents folds events into their job records in one durable transaction,
 // records lastSeq as the events stream's applied sequence (0 leaves it), and
 // returns the records that changed.
-func (s *Store) ApplyEvents(evs []jobs.Event, lastSeq uint64) ([]*jobs.Record, error) {
+func (s *Bolt) ApplyEvents(evs []jobs.Event, lastSeq uint64) ([]*jobs.Record, error) {
 	var changed []*jobs.Record
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		if lastSeq > 0 {
@@ -206,7 +206,7 @@ func (s *Store) ApplyEvents(evs []jobs.Event, lastSeq uint64) ([]*jobs.Record, e
 
 // Backup writes a consistent snapshot of the file to path (one read
 // transaction: the store goes on serving) and returns its size.
-func (s *Store) Backup(path string) (int64, error) {
+func (s *Bolt) Backup(path string) (int64, error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return 0, fmt.Errorf("backup: %w", err)
@@ -234,7 +234,7 @@ func (s *Store) Backup(path string) (int64, error) {
 // key prefixed by the path of its bucket. Replicas that folded the same
 // streams hold the same contents, byte for byte. It is for tests and checks of
 // small stores: it holds everything in memory.
-func (s *Store) Contents() (map[string][]byte, error) {
+func (s *Bolt) Contents() (map[string][]byte, error) {
 	out := map[string][]byte{}
 	var walk func(path string, b *bolt.Bucket) error
 	walk = func(path string, b *bolt.Bucket) error {
@@ -311,17 +311,17 @@ func parentKey(parent, child string) []byte {
 }
 
 // Children returns the ids of the jobs that name id as a parent.
-func (s *Store) Children(id string) ([]string, error) {
+func (s *Bolt) Children(id string) ([]string, error) {
 	return s.suffixes(bucketByParent, append([]byte(id), 0))
 }
 
 // WithStatus returns the ids of the records in status st.
-func (s *Store) WithStatus(st jobs.Status) ([]string, error) {
+func (s *Bolt) WithStatus(st jobs.Status) ([]string, error) {
 	return s.suffixes(bucketByStatus, statusKey(st, ""))
 }
 
 // suffixes returns what follows prefix in the keys of bucket that have it.
-func (s *Store) suffixes(bucket, prefix []byte) ([]string, error) {
+func (s *Bolt) suffixes(bucket, prefix []byte) ([]string, error) {
 	var out []string
 	err := s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucket).Cursor()

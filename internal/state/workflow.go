@@ -21,7 +21,7 @@ var SweepEvery = 5 * time.Second
 // event claims its id), and a skip is one deduplicated finished event, so
 // replicas that race do no harm.
 type scheduler struct {
-	store  *Store
+	store  Store
 	q      *queue.Client
 	logger interface {
 		Warn(msg string, args ...any)

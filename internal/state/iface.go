@@ -1,0 +1,56 @@
+package state
+
+import (
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+)
+
+// Store is what a state replica keeps: the job records folded from the
+// events stream, the memory folded from the memory stream, and how far it has
+// folded each. The Service speaks to it only through this interface; Bolt
+// (bbolt, one file per replica) is the implementation, and package statetest
+// holds the behaviour every Store must have.
+type Store interface {
+	// Applied returns the sequences of the events and memory streams folded.
+	Applied() (events, memory uint64, err error)
+
+	// ApplyEvents folds evs into their records durably, records lastSeq as
+	// the events stream's applied sequence (0 leaves it), and returns the
+	// records that changed.
+	ApplyEvents(evs []jobs.Event, lastSeq uint64) ([]*jobs.Record, error)
+	// Job returns id's record, or ErrNotFound.
+	Job(id string) (*jobs.Record, error)
+	// Jobs returns the records of those ids that exist.
+	Jobs(ids []string) ([]*jobs.Record, error)
+	// List returns one page of the records matching f and the next cursor.
+	List(f JobFilter) ([]*jobs.Record, string, error)
+	// Children returns the ids of the jobs that name id as a parent.
+	Children(id string) ([]string, error)
+	// WithStatus returns the ids of the records in status st.
+	WithStatus(st jobs.Status) ([]string, error)
+	// Prune deletes the finished records r does not keep, and counts them.
+	Prune(r Retention, now time.Time) (int, error)
+
+	// ApplyMemory folds memory writes durably and records lastSeq as the
+	// memory stream's applied sequence.
+	ApplyMemory(ops []MemoryOp, lastSeq uint64) error
+	// MemoryGet returns a key's memory, or ErrNotFound.
+	MemoryGet(ns, key string) (*Memory, error)
+	// MemoryList returns a namespace's memories whose keys start with prefix.
+	MemoryList(ns, prefix string) ([]Memory, error)
+	// AllMemory returns every namespace's memory (a migration's source).
+	AllMemory() ([]Memory, error)
+	// LastWrite returns the sequence of a key's last write (put or delete).
+	LastWrite(ns, key string) (uint64, error)
+	// WriteSeq returns the sequence a write id was applied at, if it was.
+	WriteSeq(id string) (uint64, bool, error)
+	// QuotaCheck reports ErrQuota when op would take its namespace over
+	// maxBytes.
+	QuotaCheck(op MemoryOp, maxBytes int64) error
+
+	// Backup writes a consistent copy of the store to path and returns its size.
+	Backup(path string) (int64, error)
+}
+
+var _ Store = (*Bolt)(nil)
