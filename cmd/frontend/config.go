@@ -62,7 +62,7 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 func (c *config) validate() error {
 	if c.id == "" {
 		b := make([]byte, 6)
-		_, _ = rand.Read(b)
+		_, _ = rand.Read(b) // never fails
 		c.id = "fe-" + hex.EncodeToString(b)
 	}
 	if !jobs.ValidID(c.id) {

@@ -114,7 +114,7 @@ func (s *Stack) Close() {
 		s.Worker = nil
 	}
 	if s.Runtime != nil {
-		_ = s.Runtime.Close()
+		_ = s.Runtime.Close() // closing on the way out: a failure leaves nothing to do
 		s.Runtime = nil
 	}
 	for _, c := range s.conns {
@@ -122,7 +122,7 @@ func (s *Stack) Close() {
 	}
 	s.conns = nil
 	if s.Broker != nil {
-		_ = s.Broker.Close()
+		_ = s.Broker.Close() // closing on the way out: a failure leaves nothing to do
 		s.Broker = nil
 	}
 }

@@ -19,10 +19,10 @@ func ServeOps(addr string, health func() error, metrics http.Handler, log *slog.
 		w.Header().Set("Content-Type", "application/json")
 		if err := health(); err != nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			_ = json.NewEncoder(w).Encode(map[string]string{"status": "unavailable", "error": err.Error()})
+			_ = json.NewEncoder(w).Encode(map[string]string{"status": "unavailable", "error": err.Error()}) // the client went away: nothing to tell it
 			return
 		}
-		_ = json.NewEncoder(w).Encode(map[string]string{"status": "ok"})
+		_ = json.NewEncoder(w).Encode(map[string]string{"status": "ok"}) // the client went away: nothing to tell it
 	})
 	if metrics != nil {
 		mux.Handle("GET /metrics", metrics)

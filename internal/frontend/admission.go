@@ -110,7 +110,7 @@ func (a *admission) close() {
 	a.sub, a.stop = nil, nil
 	a.mu.Unlock()
 	if sub != nil {
-		_ = sub.Unsubscribe()
+		_ = sub.Unsubscribe() // a closed connection has no subscription left
 	}
 	if stop != nil {
 		stop()

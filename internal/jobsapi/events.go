@@ -76,7 +76,7 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	write := func(text string) bool {
-		_ = rc.SetWriteDeadline(time.Now().Add(eventWriteWithin))
+		_ = rc.SetWriteDeadline(time.Now().Add(eventWriteWithin)) // a connection that refuses deadlines fails its next read or write
 		if _, err := fmt.Fprint(w, text); err != nil {
 			return false
 		}

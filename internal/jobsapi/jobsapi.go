@@ -96,7 +96,7 @@ func New(cfg Config) http.Handler {
 	mux.HandleFunc("GET /api/events", a.events)
 	mux.HandleFunc("GET /api/openapi.json", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(OpenAPI)
+		_, _ = w.Write(OpenAPI) // the client went away: nothing to tell it
 	})
 	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no API route %s %s: see the routes of GET/POST /api/jobs, /api/workflows and GET /api/deadletters", r.Method, r.URL.Path), nil)
@@ -441,7 +441,7 @@ func decodeStrict(data []byte, v any) error {
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	_ = json.NewEncoder(w).Encode(v) // the client went away: nothing to tell it
 }
 
 func writeError(w http.ResponseWriter, status int, code, msg string, rec *jobs.Record) {

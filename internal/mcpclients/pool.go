@@ -358,7 +358,7 @@ func (s *slot) start() (*session, error) {
 	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
 	init.Params.ClientInfo = mcp.Implementation{Name: cfg.ClientName, Version: cfg.Version}
 	if _, err := c.Initialize(ictx, init); err != nil {
-		_ = c.Close()
+		_ = c.Close() // closing on the way out: a failure leaves nothing to do
 		return nil, fmt.Errorf("initialize MCP server %q (%s): %w%s", s.def.Name, s.describe(), err, tail.hint())
 	}
 	sess.lastUsed = time.Now()
@@ -457,7 +457,7 @@ func (s *slot) closeIfIdle(idle time.Duration) {
 	s.sess, s.toolCache = nil, nil
 	s.mu.Unlock()
 	s.pool.log.Info("closing idle MCP server session", "server", s.def.Name, "idle", idle)
-	_ = sess.c.Close()
+	_ = sess.c.Close() // closing on the way out: a failure leaves nothing to do
 }
 
 func (s *slot) close(why string) {
@@ -467,7 +467,7 @@ func (s *slot) close(why string) {
 	s.mu.Unlock()
 	if sess != nil {
 		s.pool.log.Debug("closing MCP server session", "server", s.def.Name, "why", why)
-		_ = sess.c.Close()
+		_ = sess.c.Close() // closing on the way out: a failure leaves nothing to do
 	}
 }
 

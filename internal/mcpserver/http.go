@@ -80,11 +80,11 @@ func Handler(s *server.MCPServer, opts HTTPOptions) http.Handler {
 		if opts.Health != nil {
 			if err := opts.Health(r.Context()); err != nil {
 				w.WriteHeader(http.StatusServiceUnavailable)
-				_ = json.NewEncoder(w).Encode(map[string]string{"status": "unavailable", "error": err.Error()})
+				_ = json.NewEncoder(w).Encode(map[string]string{"status": "unavailable", "error": err.Error()}) // the client went away: nothing to tell it
 				return
 			}
 		}
-		_ = json.NewEncoder(w).Encode(map[string]string{"status": "ok"})
+		_ = json.NewEncoder(w).Encode(map[string]string{"status": "ok"}) // the client went away: nothing to tell it
 	})
 	return mux
 }
@@ -177,7 +177,7 @@ func originAllowed(origin string, extra []string) bool {
 func httpError(w http.ResponseWriter, status int, code, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": code, "message": msg}})
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": code, "message": msg}}) // the client went away: nothing to tell it
 }
 
 // IsLoopback reports whether a listen address binds only loopback.

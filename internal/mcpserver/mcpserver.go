@@ -288,7 +288,7 @@ func progressSender(ctx context.Context, req mcp.CallToolRequest, maxLines int) 
 
 func (p *progress) sendLocked(msg string) {
 	p.step++
-	_ = p.srv.SendNotificationToClient(p.ctx, "notifications/progress", map[string]any{
+	_ = p.srv.SendNotificationToClient(p.ctx, "notifications/progress", map[string]any{ // notifications are best effort: the client may be gone
 		"progressToken": p.token,
 		"progress":      p.step,
 		"message":       msg,

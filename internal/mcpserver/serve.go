@@ -69,7 +69,7 @@ func ServeHTTP(ctx context.Context, ln net.Listener, h http.Handler, drain func(
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil {
 		log.Warn("HTTP connections still open after the grace period: closing them", "err", err)
-		_ = hs.Close()
+		_ = hs.Close() // closing on the way out: a failure leaves nothing to do
 	}
 	<-drained
 	<-errc // Serve returned ErrServerClosed

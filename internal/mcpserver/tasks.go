@@ -416,14 +416,14 @@ func (t *Tasks) Stdio(in io.Reader, out io.Writer) (io.Reader, io.Writer) {
 					t.wg.Add(1)
 					go func() {
 						defer t.wg.Done()
-						_, _ = lw.Write(append(t.handle(t.ctx, stdioSessionID, req), '\n'))
+						_, _ = lw.Write(append(t.handle(t.ctx, stdioSessionID, req), '\n')) // the client went away: nothing to tell it
 					}()
 				} else if _, werr := pw.Write(line); werr != nil {
 					return
 				}
 			}
 			if err != nil {
-				_ = pw.CloseWithError(err)
+				_ = pw.CloseWithError(err) // never fails
 				return
 			}
 		}

@@ -118,13 +118,13 @@ func (c *Client) Route(ctx context.Context, job *jobs.Job) (string, error) {
 	}
 	var ent SessionEntry
 	if json.Unmarshal(e.Value(), &ent) != nil || !jobs.ValidID(ent.Worker) {
-		_ = kv.Delete(ctx, key, jetstream.LastRevision(e.Revision()))
+		_ = kv.Delete(ctx, key, jetstream.LastRevision(e.Revision())) // a stale entry expires by itself
 		return pool, nil
 	}
 	if !ent.Ended && HoldsSession(ctx, c.nc, c.sub, ent.Worker, key) {
 		return c.sub.WorkerJobs(ent.Worker), nil
 	}
-	_ = kv.Delete(ctx, key, jetstream.LastRevision(e.Revision()))
+	_ = kv.Delete(ctx, key, jetstream.LastRevision(e.Revision())) // a stale entry expires by itself
 	return "", fmt.Errorf("%w: %s", ErrSessionGone, SessionGoneMessage(job.Session))
 }
 

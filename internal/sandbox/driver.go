@@ -199,7 +199,7 @@ func (c *RunnerConn) Handshake(ctx context.Context, secret string) error {
 	}
 	_ = c.conn.SetReadDeadline(dl) // a connection without deadlines fails the read below
 	f, err := c.r.Read()
-	_ = c.conn.SetReadDeadline(time.Time{})
+	_ = c.conn.SetReadDeadline(time.Time{}) // a connection that refuses deadlines fails its next read or write
 	if err != nil {
 		return fmt.Errorf("wait for runner hello: %w", err)
 	}

@@ -117,7 +117,7 @@ func (s *Service) consistent(h micro.HandlerFunc) micro.HandlerFunc {
 
 func decodeReq(req micro.Request, v any, op, shape string) bool {
 	if err := json.Unmarshal(req.Data(), v); err != nil {
-		_ = req.Error(CodeBadRequest, fmt.Sprintf("%s needs a JSON body %s: %v", op, shape, err), nil)
+		_ = req.Error(CodeBadRequest, fmt.Sprintf("%s needs a JSON body %s: %v", op, shape, err), nil) // the asker may be gone
 		return false
 	}
 	return true

@@ -159,14 +159,14 @@ func (s *Service) Start(ctx context.Context) error {
 	for _, e := range endpoints {
 		name := endpointName(e.op)
 		if err := svc.AddEndpoint(name, e.h, micro.WithEndpointSubject(s.sub.State(e.op))); err != nil {
-			_ = svc.Stop()
+			_ = svc.Stop() // the start failed: its error is the one to report
 			return fmt.Errorf("add %s endpoint: %w", e.op, err)
 		}
 	}
 	advisories := make(chan *nats.Msg, 1024)
 	advSub, err := s.nc.ChanSubscribe(maxDeliveriesAdvisory(s.sub), advisories)
 	if err != nil {
-		_ = svc.Stop()
+		_ = svc.Stop() // the start failed: its error is the one to report
 		return fmt.Errorf("subscribe to max-deliveries advisories: %w", err)
 	}
 	// Backups: asked of this node by name, or of any one node.
@@ -177,10 +177,10 @@ func (s *Service) Start(ctx context.Context) error {
 		}
 		sub, err := s.nc.QueueSubscribe(subj, "backup", s.handleBackup)
 		if err != nil {
-			_ = svc.Stop()
-			_ = advSub.Unsubscribe()
+			_ = svc.Stop()           // the start failed: its error is the one to report
+			_ = advSub.Unsubscribe() // the start failed: its error is the one to report
 			for _, a := range admSubs {
-				_ = a.Unsubscribe()
+				_ = a.Unsubscribe() // the start failed: its error is the one to report
 			}
 			return fmt.Errorf("answer backup requests: %w", err)
 		}
@@ -189,8 +189,8 @@ func (s *Service) Start(ctx context.Context) error {
 	// The server has the endpoints' subscriptions once Start returns, so no
 	// request gets "no responders".
 	if err := s.nc.FlushTimeout(10 * time.Second); err != nil {
-		_ = svc.Stop()
-		_ = advSub.Unsubscribe()
+		_ = svc.Stop()           // the start failed: its error is the one to report
+		_ = advSub.Unsubscribe() // the start failed: its error is the one to report
 		return fmt.Errorf("register state service: %w", err)
 	}
 	s.mu.Lock()
@@ -357,7 +357,7 @@ func (s *Service) concurrently(h micro.HandlerFunc) micro.HandlerFunc {
 		if s.stopped {
 			s.mu.Unlock()
 			<-s.writes
-			_ = req.Error(CodeUnavailable, "this state replica is stopping: retry", nil)
+			_ = req.Error(CodeUnavailable, "this state replica is stopping: retry", nil) // the asker may be gone
 			return
 		}
 		s.wg.Add(1)

@@ -221,7 +221,7 @@ func (s *Bolt) Backup(path string) (int64, error) {
 		err = cerr
 	}
 	if err != nil {
-		_ = os.Remove(path)
+		_ = os.Remove(path) // best effort: what is left is removed at the next start
 		return 0, fmt.Errorf("backup to %s: %w", path, err)
 	}
 	return n, nil

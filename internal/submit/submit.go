@@ -204,7 +204,7 @@ func (c *Config) Submit(ctx context.Context, reqs []jobsapi.JobRequest, out, sta
 				// Not accepted (conflict without a record, broker trouble): report it.
 				failed.Add(1)
 				done.Add(1)
-				_ = write(map[string]any{"job": map[string]string{"id": batch[i].ID}, "error": it.Error})
+				_ = write(map[string]any{"job": map[string]string{"id": batch[i].ID}, "error": it.Error}) // a failing output is reported by the next write
 				continue
 			}
 			ids <- batch[i].ID

@@ -102,7 +102,7 @@ func (c *Cluster) Kill(i int) {
 	c.closed[i] = true
 	b := c.Nodes[i]
 	c.mu.Unlock()
-	_ = b.Close()
+	_ = b.Close() // a killed node: its errors do not matter
 }
 
 // Restart starts killed node i again, on its data dir, ports and name; mutate

@@ -113,7 +113,7 @@ type schema struct {
 // `echo(text: str, count: int = None)`.
 func Signature(alias string, inputSchema json.RawMessage) string {
 	var s schema
-	_ = json.Unmarshal(inputSchema, &s)
+	_ = json.Unmarshal(inputSchema, &s) // a schema that does not parse documents no properties
 	req := map[string]bool{}
 	for _, r := range s.Required {
 		req[r] = true
@@ -131,7 +131,7 @@ func Signature(alias string, inputSchema json.RawMessage) string {
 	parts := make([]string, 0, len(names))
 	for _, n := range names {
 		var p schema
-		_ = json.Unmarshal(s.Properties[n], &p)
+		_ = json.Unmarshal(s.Properties[n], &p) // a schema that does not parse documents no properties
 		part := n + ": " + pyType(p.Type)
 		if !req[n] {
 			part += " = None"
@@ -209,13 +209,13 @@ func NewIndex(tools []Tool) *Index {
 		add(t.Server, wServer)
 		add(t.Description, wDesc)
 		var s schema
-		_ = json.Unmarshal(t.InputSchema, &s)
+		_ = json.Unmarshal(t.InputSchema, &s) // a schema that does not parse documents no properties
 		for n, raw := range s.Properties {
 			add(n, wParam)
 			var p struct {
 				Description string `json:"description"`
 			}
-			_ = json.Unmarshal(raw, &p)
+			_ = json.Unmarshal(raw, &p) // a schema that does not parse documents no properties
 			add(p.Description, wParam/2)
 		}
 		for term := range d.terms {

@@ -101,7 +101,7 @@ func (st *sessionTable) answer(m *nats.Msg) {
 	if ok {
 		reply = queue.SessionHeld
 	}
-	_ = m.Respond([]byte(reply))
+	_ = m.Respond([]byte(reply)) // the asker may be gone
 }
 
 // admit decides whether this worker runs a job of a session. When it does
@@ -334,7 +334,7 @@ func (w *Worker) closeSessions() {
 	}
 	st.once.Do(func() {
 		close(st.stop)
-		_ = st.sub.Unsubscribe()
+		_ = st.sub.Unsubscribe() // a closed connection has no subscription left
 		select {
 		case <-st.done:
 		case <-time.After(10 * time.Second):

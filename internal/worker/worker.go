@@ -122,7 +122,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	statusSub, err := w.nc.Subscribe(w.cfg.Queue.Subjects.WorkerStatus(), w.answerStatus)
 	if err != nil {
-		_ = svc.Stop()
+		_ = svc.Stop() // the start failed: its error is the one to report
 		return fmt.Errorf("answer status requests: %w", err)
 	}
 	loopCtx, cancel := context.WithCancel(context.Background())
@@ -450,7 +450,7 @@ func (w *Worker) heartbeat(msg jetstream.Msg, done <-chan struct{}) {
 		case <-done:
 			return
 		case <-t.C:
-			_ = msg.InProgress()
+			_ = msg.InProgress() // a lost heartbeat costs at most a redelivery, which attempts fence
 		}
 	}
 }

@@ -304,7 +304,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		if !ok {
 			close(r.fillerDone)
 			close(r.reaperDone)
-			_ = r.Close()
+			_ = r.Close() // closing on the way out: a failure leaves nothing to do
 		}
 	}()
 
@@ -458,7 +458,7 @@ func (r *Runtime) Close() error {
 			r.svc.shutdown()
 		}
 		if r.base != "" {
-			_ = os.RemoveAll(r.base)
+			_ = os.RemoveAll(r.base) // best effort: what is left is removed at the next start
 		}
 	})
 	return r.closeErr

@@ -57,7 +57,7 @@ func (r *Runtime) discard(b *box) {
 			r.log.Error("podman sandbox: remove container", "id", shortID(b.id), "err", err)
 		}
 		b.ln.Close()
-		_ = os.RemoveAll(b.dir)
+		_ = os.RemoveAll(b.dir) // best effort: what is left is removed at the next start
 	}()
 }
 
@@ -83,9 +83,9 @@ func (r *Runtime) start(ctx context.Context, jobLabel string, l sandbox.Limits) 
 				b.ln.Close()
 			}
 			if b.id != "" {
-				_ = r.remove(ctx, b.id)
+				_ = r.remove(ctx, b.id) // best effort: the reaper removes what is left
 			}
-			_ = os.RemoveAll(dir)
+			_ = os.RemoveAll(dir) // best effort: what is left is removed at the next start
 		}
 	}()
 	if err := os.WriteFile(filepath.Join(dir, "runner.py"), sandbox.RunnerScript, 0o444); err != nil {

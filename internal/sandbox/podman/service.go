@@ -279,11 +279,11 @@ func (s *service) shutdown() {
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
+			_ = cmd.Process.Kill() // it may have exited already
 			<-done
 		}
 	}
-	_ = os.RemoveAll(s.dir)
+	_ = os.RemoveAll(s.dir) // best effort: what is left is removed at the next start
 }
 
 // conmonWrapperScript runs conmon without its exit command (see

@@ -37,7 +37,7 @@ func (h *EchoHost) Call(_ context.Context, method string, params json.RawMessage
 		Server    string          `json:"server"`
 		Arguments json.RawMessage `json:"arguments"`
 	}
-	_ = json.Unmarshal(params, &p)
+	_ = json.Unmarshal(params, &p) // a call without arguments echoes nothing
 	if p.Server == "bad" {
 		return nil, errors.New("server bad refused the call")
 	}

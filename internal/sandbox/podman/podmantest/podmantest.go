@@ -31,7 +31,7 @@ func New(tb testing.TB, cfg podman.Config) *podman.Runtime {
 	}
 	if cfg.WorkerID == "" {
 		b := make([]byte, 4)
-		_, _ = rand.Read(b)
+		_, _ = rand.Read(b) // never fails
 		cfg.WorkerID = "test-" + strings.NewReplacer("/", "-", " ", "-").Replace(tb.Name()) + "-" + hex.EncodeToString(b)
 	}
 	if cfg.Logger == nil {
