@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -13,20 +12,8 @@ import (
 	"github.com/mcpexec/mcpexec/internal/state"
 )
 
-// JobEvent is a job's lifecycle event as its namespace sees it: the job's
-// own id, what happened, and the job's labels. Seq is the event's position in
-// the fleet's events stream: following again after it misses nothing.
-type JobEvent struct {
-	Seq     uint64            `json:"seq"`
-	Job     string            `json:"job"`
-	Kind    jobs.EventKind    `json:"kind"`
-	Status  jobs.Status       `json:"status"` // the job's status after the event
-	Attempt int               `json:"attempt,omitempty"`
-	Worker  string            `json:"worker,omitempty"`
-	At      time.Time         `json:"at"`
-	Error   string            `json:"error,omitempty"` // of a finished or cancelled job
-	Labels  map[string]string `json:"labels,omitempty"`
-}
+// JobEvent is a job's lifecycle event as its namespace sees it.
+type JobEvent = jobs.EventView
 
 // maxLabelCache bounds the labels Follow remembers per follower.
 const maxLabelCache = 10_000

@@ -19,18 +19,7 @@ import (
 var ErrConflict = errs.New(errs.Conflict, "a different job with this id exists")
 
 // Submitted is the outcome of submitting one job with SubmitMany.
-type Submitted struct {
-	// Record is the job's record: a new queued one, the existing one for a
-	// resubmitted id, or the rejected one when the queue was full. Nil when Err
-	// is an *jobs.InvalidError or wraps ErrUnavailable.
-	Record *jobs.Record
-	// Existing says the id was submitted before and Record is that job's.
-	Existing bool
-	// Err is nil, an *jobs.InvalidError, ErrConflict (same id, different job:
-	// Record is the existing one), queue.ErrQueueFull (Record is rejected), or
-	// wraps ErrUnavailable.
-	Err error
-}
+type Submitted = jobs.Submitted
 
 // SubmitMany validates and submits jobs for namespace ns ("" is the default
 // one) without waiting for them; jobs that fail validation are not submitted.

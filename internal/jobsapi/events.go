@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
@@ -55,10 +54,10 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	evs := make(chan frontend.JobEvent, 64)
+	evs := make(chan jobs.EventView, 64)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- a.be.Follow(ctx, a.cfg.Namespace(r.Context()), after, resume, func(ev frontend.JobEvent) error {
+		errc <- a.be.Follow(ctx, a.cfg.Namespace(r.Context()), after, resume, func(ev jobs.EventView) error {
 			if !match(ev) {
 				return nil
 			}
@@ -115,7 +114,7 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 }
 
 // eventFilter returns the matcher of the filters of GET /api/events.
-func eventFilter(labels []string, prefix, workflow string) (func(frontend.JobEvent) bool, error) {
+func eventFilter(labels []string, prefix, workflow string) (func(jobs.EventView) bool, error) {
 	want := map[string]string{}
 	for _, l := range labels {
 		k, v, ok := strings.Cut(l, "=")
@@ -133,7 +132,7 @@ func eventFilter(labels []string, prefix, workflow string) (func(frontend.JobEve
 	if len(prefix) > jobs.MaxIDLength {
 		return nil, fmt.Errorf("prefix is over %d bytes", jobs.MaxIDLength)
 	}
-	return func(ev frontend.JobEvent) bool {
+	return func(ev jobs.EventView) bool {
 		if !strings.HasPrefix(ev.Job, prefix) {
 			return false
 		}

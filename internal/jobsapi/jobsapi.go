@@ -28,27 +28,23 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/errs"
 
-	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
-	"github.com/mcpexec/mcpexec/internal/queue"
-	"github.com/mcpexec/mcpexec/internal/state"
 )
 
-// Backend is what the API needs of a front-end; *frontend.Frontend is one.
+// Backend is what the API needs of a front-end, in job types only;
+// *frontend.Frontend is one.
 // Every method works within one namespace, with the namespace's own job ids.
 type Backend interface {
-	SubmitMany(ctx context.Context, js []*jobs.Job, namespace string) []frontend.Submitted
+	SubmitMany(ctx context.Context, js []*jobs.Job, namespace string) []jobs.Submitted
 	Get(ctx context.Context, namespace, id string) (*jobs.Record, error)
 	Cancel(ctx context.Context, namespace, id, reason string) error
 	Wait(ctx context.Context, namespace, id string) (*jobs.Record, error)
-	List(ctx context.Context, namespace string, f state.JobFilter) ([]*jobs.Record, string, error)
-	SubmitWorkflow(ctx context.Context, js []*jobs.Job, namespace string) []frontend.Submitted
-	Follow(ctx context.Context, namespace string, after uint64, resume bool, fn func(frontend.JobEvent) error) error
-	DeadLetters(ctx context.Context, namespace string, f state.JobFilter) ([]*jobs.Record, string, error)
+	List(ctx context.Context, namespace string, f jobs.Filter) ([]*jobs.Record, string, error)
+	SubmitWorkflow(ctx context.Context, js []*jobs.Job, namespace string) []jobs.Submitted
+	Follow(ctx context.Context, namespace string, after uint64, resume bool, fn func(jobs.EventView) error) error
+	DeadLetters(ctx context.Context, namespace string, f jobs.Filter) ([]*jobs.Record, string, error)
 	LimitsFor(namespace string) jobs.Limits
 }
-
-var _ Backend = (*frontend.Frontend)(nil)
 
 // OpenAPI is the OpenAPI 3.0 description of the front-end's HTTP API, served
 // at GET /api/openapi.json.
@@ -216,7 +212,7 @@ func (a *api) submit(w http.ResponseWriter, r *http.Request) {
 		if s.Err != nil {
 			_, code, msg := classify(s.Err)
 			items[i].Error = &ErrorBody{Code: code, Message: msg}
-			if errors.Is(s.Err, frontend.ErrUnavailable) {
+			if errs.Is(s.Err, errs.Unavailable) {
 				unavailable++
 			}
 		}
@@ -228,10 +224,10 @@ func (a *api) submit(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, items)
 }
 
-func (a *api) submitOne(w http.ResponseWriter, s frontend.Submitted) {
+func (a *api) submitOne(w http.ResponseWriter, s jobs.Submitted) {
 	if s.Err != nil {
 		status, code, msg := classify(s.Err)
-		if status == http.StatusServiceUnavailable && errors.Is(s.Err, queue.ErrQueueFull) {
+		if status == http.StatusServiceUnavailable && errs.Is(s.Err, errs.QueueFull) {
 			w.Header().Set("Retry-After", "5")
 		}
 		writeError(w, status, code, msg, s.Record)
@@ -360,17 +356,17 @@ func (a *api) deadLetters(w http.ResponseWriter, r *http.Request) {
 	a.listWith(w, r, a.be.DeadLetters)
 }
 
-func (a *api) listWith(w http.ResponseWriter, r *http.Request, fn func(context.Context, string, state.JobFilter) ([]*jobs.Record, string, error)) {
+func (a *api) listWith(w http.ResponseWriter, r *http.Request, fn func(context.Context, string, jobs.Filter) ([]*jobs.Record, string, error)) {
 	q := r.URL.Query()
-	f := state.JobFilter{
+	f := jobs.Filter{
 		Status: jobs.Status(q.Get("status")),
 		Prefix: q.Get("prefix"),
 		Cursor: q.Get("cursor"),
 	}
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > state.MaxListLimit {
-			writeError(w, http.StatusBadRequest, "bad_limit", fmt.Sprintf("limit %q must be a whole number from 1 to %d", s, state.MaxListLimit), nil)
+		if err != nil || n < 1 || n > jobs.MaxListLimit {
+			writeError(w, http.StatusBadRequest, "bad_limit", fmt.Sprintf("limit %q must be a whole number from 1 to %d", s, jobs.MaxListLimit), nil)
 			return
 		}
 		f.Limit = n

@@ -138,3 +138,6 @@ func TestNamespacePolicies(t *testing.T) {
 		break
 	}
 }
+
+// The front-end is the API's backend.
+var _ jobsapi.Backend = (*frontend.Frontend)(nil)

@@ -7,7 +7,6 @@ import (
 	"net/http"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
-	"github.com/mcpexec/mcpexec/internal/state"
 )
 
 // WorkflowLabel is the label that ties a workflow's jobs together: its id.
@@ -140,7 +139,7 @@ func (a *api) getWorkflow(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	wf := Workflow{ID: id}
-	f := state.JobFilter{Labels: map[string]string{WorkflowLabel: id}, Limit: state.MaxListLimit}
+	f := jobs.Filter{Labels: map[string]string{WorkflowLabel: id}, Limit: jobs.MaxListLimit}
 	for {
 		recs, next, err := a.be.List(r.Context(), a.cfg.Namespace(r.Context()), f)
 		if err != nil {

@@ -18,7 +18,6 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
-	"github.com/mcpexec/mcpexec/internal/state"
 )
 
 // TaskBackend is the optional ability of a Runner that makes run_python a
@@ -28,7 +27,7 @@ import (
 type TaskBackend interface {
 	Submit(ctx context.Context, job *jobs.Job) (*jobs.Record, error)
 	Get(ctx context.Context, ns, id string) (*jobs.Record, error)
-	List(ctx context.Context, ns string, f state.JobFilter) ([]*jobs.Record, string, error)
+	List(ctx context.Context, ns string, f jobs.Filter) ([]*jobs.Record, string, error)
 	Cancel(ctx context.Context, ns, id, reason string) error
 	Wait(ctx context.Context, ns, id string) (*jobs.Record, error)
 }
@@ -292,7 +291,7 @@ func (t *Tasks) list(ctx context.Context, ns string, params json.RawMessage) (an
 	if p.Cursor != "" && !jobs.ValidUserID(p.Cursor) {
 		return nil, invalidParams("cursor %q is not one tasks/list returned", p.Cursor)
 	}
-	recs, next, err := t.b.List(ctx, ns, state.JobFilter{Cursor: p.Cursor, Limit: maxTaskListPage})
+	recs, next, err := t.b.List(ctx, ns, jobs.Filter{Cursor: p.Cursor, Limit: maxTaskListPage})
 	if err != nil {
 		return nil, &rpcError{Code: mcp.INTERNAL_ERROR, Message: fmt.Sprintf("list tasks: %v", err)}
 	}

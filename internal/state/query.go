@@ -16,50 +16,16 @@ import (
 
 // Listing bounds.
 const (
-	DefaultListLimit = 100
-	MaxListLimit     = 1000
+	DefaultListLimit = jobs.DefaultListLimit
+	MaxListLimit     = jobs.MaxListLimit
 	// maxScan bounds the records one List call examines, so a filter that
 	// matches little cannot hold the file for long; the caller continues from
 	// the returned cursor.
 	maxScan = 50_000
 )
 
-// JobFilter selects job records. Zero fields match everything.
-type JobFilter struct {
-	Namespace  string            `json:"namespace,omitempty"` // jobs of this namespace only
-	Status     jobs.Status       `json:"status,omitempty"`
-	Prefix     string            `json:"prefix,omitempty"` // id prefix
-	Labels     map[string]string `json:"labels,omitempty"` // every label must match
-	Cursor     string            `json:"cursor,omitempty"` // list ids after this one
-	Limit      int               `json:"limit,omitempty"`  // DefaultListLimit when 0
-	DeadLetter bool              `json:"dead_letter,omitempty"`
-}
-
-// Validate checks the filter's fields.
-func (f *JobFilter) Validate() error {
-	if f.Limit < 0 || f.Limit > MaxListLimit {
-		return fmt.Errorf("limit %d is outside 0..%d", f.Limit, MaxListLimit)
-	}
-	if f.Status != "" && !f.Status.Valid() {
-		return fmt.Errorf("status %q is not one of queued, running, success, error, timeout, cancelled, worker_lost, rejected, infra_error", f.Status)
-	}
-	return nil
-}
-
-func (f *JobFilter) match(rec *jobs.Record) bool {
-	if f.Namespace != "" && rec.Job.Namespace != f.Namespace {
-		return false
-	}
-	if f.Status != "" && rec.Status != f.Status {
-		return false
-	}
-	for k, v := range f.Labels {
-		if got, ok := rec.Job.Labels[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
-}
+// JobFilter selects job records (jobs.Filter).
+type JobFilter = jobs.Filter
 
 // Jobs returns the records of ids that exist, in the order of ids.
 func (s *Bolt) Jobs(ids []string) ([]*jobs.Record, error) {
@@ -134,7 +100,7 @@ func (s *Bolt) List(f JobFilter) ([]*jobs.Record, string, error) {
 			if err := json.Unmarshal(v, rec); err != nil {
 				return fmt.Errorf("decode record %s: %w", id, err)
 			}
-			if !f.match(rec) {
+			if !f.Match(rec) {
 				continue
 			}
 			if len(out) == limit {
