@@ -82,6 +82,16 @@ func (w *Worker) openSessions(ctx context.Context) (jetstream.Consumer, error) {
 	return cons, nil
 }
 
+// dropSessions undoes openSessions for a Start that failed after it: the
+// session look-up subscription would otherwise outlive the worker.
+func (w *Worker) dropSessions() {
+	if w.sess == nil {
+		return
+	}
+	_ = w.sess.sub.Unsubscribe() // the start failed: its error is the one to report
+	w.sess = nil
+}
+
 // startSessions starts taking the jobs routed to this worker, and the janitor.
 func (w *Worker) startSessions(loopCtx, jobsCtx context.Context, cons jetstream.Consumer) {
 	w.loop.Add(1)
@@ -335,9 +345,13 @@ func (w *Worker) closeSessions() {
 	st.once.Do(func() {
 		close(st.stop)
 		_ = st.sub.Unsubscribe() // a closed connection has no subscription left
+		// The janitor's bucket calls have deadlines: wait for it, and say so
+		// when it takes long.
 		select {
 		case <-st.done:
 		case <-time.After(10 * time.Second):
+			w.log.Warn("waiting for the session janitor to stop")
+			<-st.done
 		}
 		st.mu.Lock()
 		keys := make([]string, 0, len(st.held))

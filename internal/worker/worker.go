@@ -118,11 +118,13 @@ func (w *Worker) Start(ctx context.Context) error {
 		Metadata:    map[string]string{"worker": w.cfg.ID, "pool": w.cfg.Pool, "slots": fmt.Sprint(w.cfg.Slots)},
 	})
 	if err != nil {
+		w.dropSessions()
 		return fmt.Errorf("register worker service: %w", err)
 	}
 	statusSub, err := w.nc.Subscribe(w.cfg.Queue.Subjects.WorkerStatus(), w.answerStatus)
 	if err != nil {
 		_ = svc.Stop() // the start failed: its error is the one to report
+		w.dropSessions()
 		return fmt.Errorf("answer status requests: %w", err)
 	}
 	loopCtx, cancel := context.WithCancel(context.Background())
