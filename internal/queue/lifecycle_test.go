@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -89,7 +90,7 @@ func TestDedupeWithinAndBeyondWindow(t *testing.T) {
 		}
 	}
 	testutil.WaitRecord(t, b, "dup-1", jobs.StatusSuccess)
-	time.Sleep(q.DedupeWindow + 200*time.Millisecond)
+	time.Sleep(q.DedupeWindow + 200*time.Millisecond) // the behaviour under test is the window's end
 	// Beyond the window: the state service still refuses a second record.
 	s := submit(t, fe, &jobs.Job{ID: "dup-1", Code: "print(1)"})[0]
 	if s.Err != nil || !s.Existing || s.Record.Status != jobs.StatusSuccess {
@@ -111,7 +112,7 @@ func TestDedupeWithinAndBeyondWindow(t *testing.T) {
 	if err := c.Submit(context.Background(), j); !errors.Is(err, queue.ErrDuplicate) {
 		t.Fatalf("direct resubmission: %v, want ErrDuplicate", err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // a negative check: no second run within the time one would take
 	if n := rt.Runs(); n != 1 {
 		t.Fatalf("the job ran %d times, want 1", n)
 	}
@@ -156,9 +157,25 @@ func TestCancelRunningJobKillsIt(t *testing.T) {
 	}
 	t.Cleanup(func() { rt.Close() })
 	testutil.Worker(t, b, rt, workerCfg("w1", q))
+	started := make(chan struct{}, 1)
+	stopWatch, err := fe.WatchOutput("", "cr-1", func(_, data string) {
+		if strings.Contains(data, "started") {
+			select {
+			case started <- struct{}{}:
+			default:
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopWatch()
 	mustSubmit(t, fe, &jobs.Job{ID: "cr-1", Code: "import time\nprint('started', flush=True)\ntime.sleep(60)", Timeout: 100})
-	testutil.WaitRecord(t, b, "cr-1", jobs.StatusRunning)
-	time.Sleep(300 * time.Millisecond) // let python start
+	select { // the code runs: its first line of output arrived
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the job's code did not start within 30 s")
+	}
 	start := time.Now()
 	if err := fe.Cancel(context.Background(), "", "cr-1", ""); err != nil {
 		t.Fatal(err)
@@ -302,8 +319,8 @@ func TestStaleResultIsFenced(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	close(releaseA) // A's stale attempt 1 reports success
-	time.Sleep(500 * time.Millisecond)
+	close(releaseA)                    // A's stale attempt 1 reports success
+	time.Sleep(500 * time.Millisecond) // a negative check: A's stale result, sent now, is never applied
 	if rec, _ := b.Store().Job(jobs.ScopedID("", "stale-1")); rec.Status != jobs.StatusRunning || rec.Attempt != 2 {
 		t.Fatalf("stale result was applied: %+v", rec)
 	}

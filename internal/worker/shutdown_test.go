@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -35,7 +36,16 @@ func TestStopLetsRunningJobsFinish(t *testing.T) {
 	<-rt.Started
 	stopped := make(chan struct{})
 	go func() { w.Stop(); close(stopped) }()
-	time.Sleep(50 * time.Millisecond) // Stop has begun
+	// Stop has begun once the worker no longer answers status requests.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		ws, err := fe.Workers(ctx)
+		if err == nil && !slices.ContainsFunc(ws, func(s jobs.WorkerStatus) bool { return s.ID == "w1" }) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the worker still answers status requests 10 s into Stop")
+		}
+	}
 	if out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "later", Code: "x"}}, "ns"); out[0].Err != nil {
 		t.Fatal(out[0].Err)
 	}
