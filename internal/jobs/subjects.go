@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"encoding/hex"
+	"fmt"
 	"strings"
 )
 
@@ -153,3 +154,34 @@ func (s Subjects) Memory(ns, key string) string {
 // AdminBackup is the subject an operator asks one broker node (by server name)
 // to write a snapshot of its state file on.
 func (s Subjects) AdminBackup(server string) string { return s.p() + ".admin.backup." + server }
+
+// Message ids (Nats-Msg-Id) and bucket keys: the other wire names.
+
+// EventMsgID is the message id of an event: one event of each kind per
+// attempt, so a republished event is deduplicated.
+func (s Subjects) EventMsgID(job string, kind EventKind, attempt int) string {
+	return fmt.Sprintf("%s.%s.%d", job, kind, attempt)
+}
+
+// JobMsgID is the message id of a job's message in the jobs stream.
+func (s Subjects) JobMsgID(job string) string { return job }
+
+// SessionJobMsgID is the message id of a session's job forwarded to the
+// worker holding the session.
+func (s Subjects) SessionJobMsgID(job string) string { return job + ".session" }
+
+// MemoryMsgID is the message id of a memory write with a write id.
+func (s Subjects) MemoryMsgID(writeID string) string { return "mem." + writeID }
+
+// SessionKey is the key of session in namespace in the sessions bucket (and
+// the session's name in the worker's sandbox runtime). Sessions of different
+// namespaces never meet.
+func (s Subjects) SessionKey(namespace, session string) string {
+	// Namespaces may hold any text; keys may not. '=' never occurs in a valid
+	// id, so the hex form (and "=" for no namespace) cannot collide with a plain one.
+	ns := "=" + hex.EncodeToString([]byte(namespace))
+	if ValidID(namespace) {
+		ns = namespace
+	}
+	return ns + "." + session
+}

@@ -331,7 +331,7 @@ func (c *Client) eventMsg(ev *jobs.Event) (*nats.Msg, error) {
 // EventMsgID is the Nats-Msg-Id of an event: one event of each kind per attempt,
 // so a republished event is deduplicated.
 func EventMsgID(ev jobs.Event) string {
-	return fmt.Sprintf("%s.%s.%d", ev.Job, ev.Kind, ev.Attempt)
+	return jobs.Subjects{}.EventMsgID(ev.Job, ev.Kind, ev.Attempt)
 }
 
 // PublishEvent records ev in the events stream and waits for the stream's ack.

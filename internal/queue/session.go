@@ -2,7 +2,6 @@ package queue
 
 import (
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -54,17 +53,10 @@ type SessionEntry struct {
 	Ended bool `json:"ended,omitempty"`
 }
 
-// SessionKey is the key of session in namespace in the sessions bucket (and the
-// session's name in the worker's sandbox runtime). Sessions of different
-// namespaces never meet.
+// SessionKey is jobs.Subjects.SessionKey (the key does not depend on the
+// subjects' prefix).
 func SessionKey(namespace, session string) string {
-	// Namespaces may hold any text; keys may not. '=' never occurs in a valid
-	// id, so the hex form (and "=" for no namespace) cannot collide with a plain one.
-	ns := "=" + hex.EncodeToString([]byte(namespace))
-	if jobs.ValidID(namespace) {
-		ns = namespace
-	}
-	return ns + "." + session
+	return jobs.Subjects{}.SessionKey(namespace, session)
 }
 
 // SessionsBucket creates or updates the sessions bucket and returns it.

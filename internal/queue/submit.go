@@ -166,7 +166,7 @@ func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, k
 			m := nats.NewMsg(subject)
 			m.Data = data
 			m.Header.Set(jobs.TraceHeader, jobs.TraceParent(job.ID))
-			enq[i], err = c.js.PublishMsgAsync(m, jetstream.WithMsgID(job.ID))
+			enq[i], err = c.js.PublishMsgAsync(m, jetstream.WithMsgID(c.sub.JobMsgID(job.ID)))
 		}
 		if err != nil && errs[i] == nil {
 			errs[i] = fmt.Errorf("publish job %s: %w", job.ID, err)

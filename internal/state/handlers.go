@@ -302,7 +302,7 @@ func (s *Service) writeMemory(op MemoryOp, expect *uint64) (uint64, error) {
 	if op.WriteID != "" {
 		// JetStream answers a retry within its duplicate window with the
 		// first write's sequence, before it checks the expected one.
-		msg.Header.Set(jetstream.MsgIDHeader, "mem."+op.WriteID)
+		msg.Header.Set(jetstream.MsgIDHeader, s.sub.MemoryMsgID(op.WriteID))
 	}
 	if expect != nil {
 		msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(*expect, 10))

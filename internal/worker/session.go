@@ -187,7 +187,7 @@ func (w *Worker) forward(ctx context.Context, d *delivery, worker string) error 
 	data, err := queue.EncodeMessage(&d.job, d.capability)
 	if err == nil {
 		_, err = w.client.JetStream().Publish(ctx, w.client.Subjects().WorkerJobs(worker), data,
-			jetstream.WithMsgID(d.job.ID+".session"))
+			jetstream.WithMsgID(w.client.Subjects().SessionJobMsgID(d.job.ID)))
 	}
 	if err != nil {
 		return fmt.Errorf("forward session job to %s: %w", worker, err)
