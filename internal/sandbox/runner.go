@@ -2,15 +2,37 @@ package sandbox
 
 import (
 	"crypto/rand"
-	_ "embed" // the runner script
+	"embed"
 	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
 )
 
-// RunnerScript is the in-sandbox Python runner. Runtimes place it in the sandbox
-// read-only and start it as `python3 runner.py SOCKET`.
+// runnerFiles are the in-sandbox Python runner: runner.py, which runtimes
+// start as `python3 runner.py SOCKET`, and the modules beside it.
 //
-//go:embed runner.py
-var RunnerScript []byte
+//go:embed runner.py mcpexec_*.py
+var runnerFiles embed.FS
+
+// WriteRunner writes the runner's files into dir, read-only; runtimes mount
+// or use dir as the runner's directory.
+func WriteRunner(dir string) error {
+	entries, err := runnerFiles.ReadDir(".")
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		data, err := runnerFiles.ReadFile(e.Name())
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, e.Name()), data, 0o444); err != nil {
+			return fmt.Errorf("write runner: %w", err)
+		}
+	}
+	return nil
+}
 
 // SecretEnv is the environment variable that gives a runner the secret it
 // proves itself with in its hello (the runner removes it from its

@@ -1,7 +1,7 @@
 // Package podman is a sandbox.Runtime that runs each job in a fresh, locked-down
 // Podman container, talking to a Podman API socket through the Podman bindings.
 //
-// Every container runs the runner (sandbox.RunnerScript) as its only process. The
+// Every container runs the runner (sandbox.WriteRunner) as its only process. The
 // runner connects back over a Unix socket in a host directory bind-mounted
 // read-only at /mcpexec, says hello and waits for its job, so a warm pool of started
 // containers makes a run cost one round trip instead of a container start.

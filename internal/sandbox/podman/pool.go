@@ -88,8 +88,8 @@ func (r *Runtime) start(ctx context.Context, jobLabel string, l sandbox.Limits) 
 			_ = os.RemoveAll(dir) // best effort: what is left is removed at the next start
 		}
 	}()
-	if err := os.WriteFile(filepath.Join(dir, "runner.py"), sandbox.RunnerScript, 0o444); err != nil {
-		return nil, fmt.Errorf("write runner: %w", err)
+	if err := sandbox.WriteRunner(dir); err != nil {
+		return nil, err
 	}
 	sock := filepath.Join(dir, "s")
 	ln, err := net.Listen("unix", sock)

@@ -43,8 +43,8 @@ func New() (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create runner dir: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "runner.py"), sandbox.RunnerScript, 0o444); err != nil {
-		return nil, fmt.Errorf("write runner: %w", err)
+	if err := sandbox.WriteRunner(dir); err != nil {
+		return nil, err
 	}
 	// Run as nobody when we are root, so that the code is no more privileged
 	// than in a container: it must not be able to reach the runner's host

@@ -1,0 +1,510 @@
+"""mcpexec runner: the executor's state (calls to the host, running code)
+and the API the sandbox's code sees. Standard library only."""
+
+import builtins
+import json
+import sys
+import threading
+
+from mcpexec_protocol import CO_COROUTINE, MAX_CONCURRENT_CALLS, MCPError, PYCF_ALLOW_TOP_LEVEL_AWAIT
+
+
+class Runner:
+    """The executor's state: the channel to the supervisor, calls in flight,
+    the session's globals and event loop."""
+
+    def __init__(self, chan):
+        self.chan = chan
+        self._next_id = 0
+        self._pending = {}
+        self._plock = threading.Lock()
+        self.loop = None
+        self.globals = None
+        self.servers = []
+        self._call_slots = None
+
+    # -- proxy calls -------------------------------------------------------------
+    async def rpc(self, method, params=None):
+        if self._call_slots is None:
+            import asyncio
+
+            self._call_slots = asyncio.Semaphore(MAX_CONCURRENT_CALLS - 1)
+        async with self._call_slots:
+            return await self._rpc(method, params)
+
+    async def _rpc(self, method, params):
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        with self._plock:
+            self._next_id += 1
+            cid = self._next_id
+            self._pending[cid] = (loop, fut)
+        try:
+            self.chan.send({"type": "call", "id": cid, "method": method, "params": params or {}})
+        except BaseException:
+            with self._plock:
+                self._pending.pop(cid, None)
+            raise
+        return await fut
+
+    def rpc_sync(self, method, params=None):
+        """Calls the host and blocks until it answers (for helpers that are plain
+        functions, such as memory and docs)."""
+        done = threading.Event()
+        box = {}
+        with self._plock:
+            self._next_id += 1
+            cid = self._next_id
+            self._pending[cid] = (None, (done, box))
+        try:
+            self.chan.send({"type": "call", "id": cid, "method": method, "params": params or {}})
+        except BaseException:
+            with self._plock:
+                self._pending.pop(cid, None)
+            raise
+        done.wait()
+        if box.get("error"):
+            raise MCPError(box["error"])
+        return box.get("result")
+
+    def on_reply(self, frame):
+        with self._plock:
+            entry = self._pending.pop(frame.get("id"), None)
+        if entry is None:
+            return
+        loop, fut = entry
+        if loop is None:  # a blocking rpc_sync call
+            done, box = fut
+            box["error"], box["result"] = frame.get("error"), frame.get("result")
+            done.set()
+            return
+
+        def settle():
+            if fut.done():
+                return
+            if frame.get("error"):
+                fut.set_exception(MCPError(frame["error"]))
+            else:
+                fut.set_result(frame.get("result"))
+
+        loop.call_soon_threadsafe(settle)
+
+    # -- execution ---------------------------------------------------------------
+    def new_globals(self):
+        g = {"__name__": "__main__", "__builtins__": builtins}
+        g.update(_api(self))
+        return g
+
+    def execute(self, code, g):
+        compiled = compile(code, "<code>", "exec", flags=PYCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+        if not compiled.co_flags & CO_COROUTINE:
+            # No top-level await: plain code needs no event loop.
+            exec(compiled, g)  # noqa: S102 - running the user's code is the point
+            return
+        if self.loop is None:
+            # The first job that awaits creates the loop; a session's later jobs
+            # reuse it (tasks they left behind go on).
+            import asyncio
+
+            self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(eval(compiled, g))  # noqa: S307
+
+    def run_job(self, frame):
+        """Runs one exec frame; returns the done frame."""
+        self.servers = [s for s in (frame.get("servers") or []) if isinstance(s, str)]
+        if self.globals is None:
+            self.globals = self.new_globals()
+        else:  # a session's next job: its servers may differ
+            _bind_servers(self, self.globals)
+        g = self.globals
+        status, code, err = "success", 0, ""
+        try:
+            self.execute(frame.get("code", ""), g)
+        except SystemExit as e:
+            if e.code is None:
+                code = 0
+            elif isinstance(e.code, int):
+                code = e.code
+            else:
+                print(e.code, file=sys.stderr)
+                code = 1
+            if code != 0:
+                status, err = "error", "exited with code %d" % code
+        except BaseException as e:  # the user's failure is data, not our crash
+            import traceback
+
+            traceback.print_exc()
+            status, code = "error", 1
+            err = "%s: %s" % (type(e).__name__, e)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        return {"type": "done", "status": status, "exit_code": code, "error": err}
+
+
+# -- the API user code sees ---------------------------------------------------------
+#
+# Helpers that fetch metadata (docs, memory) are plain functions that block on the
+# host; their list/dict/str results may also be awaited, so both `list_servers()`
+# and `await list_servers()` work. Tool calls are coroutines: await them (or gather
+# several).
+
+
+class _AwaitableList(list):
+    def __await__(self):
+        yield from ()
+        return self
+
+
+class _AwaitableDict(dict):
+    def __await__(self):
+        yield from ()
+        return self
+
+
+class _AwaitableStr(str):
+    def __await__(self):
+        yield from ()
+        return self
+
+
+def _aw(v):
+    if isinstance(v, list):
+        return _AwaitableList(v)
+    if isinstance(v, dict):
+        return _AwaitableDict(v)
+    if isinstance(v, str):
+        return _AwaitableStr(v)
+    return v
+
+
+def _identifier(name):
+    """The Python alias of a server or tool name (same rule as the host's)."""
+    import keyword
+
+    a = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in name)
+    if not a or a[0].isdigit():
+        a = "_" + a
+    if keyword.iskeyword(a):
+        a += "_"
+    return a
+
+
+def _aliases(names):
+    out, used = {}, set()
+    for n in names:
+        a = base = _identifier(n)
+        i = 2
+        while a in used:
+            a = "%s_%d" % (base, i)
+            i += 1
+        used.add(a)
+        out[n] = a
+    return out
+
+
+def _json_value(value, what):
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as e:
+        raise TypeError("%s must be JSON-serialisable (dict, list, str, int, float, bool, None): %s" % (what, e)) from None
+    return value
+
+
+class _Tool:
+    """One tool of a server: `await tool(**arguments)`."""
+
+    def __init__(self, runner, server, info):
+        self._runner = runner
+        self._server = server
+        self.name = info["name"]
+        self.alias = info.get("alias") or _identifier(self.name)
+        self.__doc__ = info.get("description") or ""
+        self.__name__ = self.alias
+        props = ((info.get("input_schema") or {}).get("properties") or {})
+        self._takes_raw = "raw" in props
+
+    async def __call__(self, *args, **kwargs):
+        if args:
+            raise TypeError("%s.%s takes keyword arguments only, e.g. %s(name=value)" % (self._server, self.name, self.alias))
+        raw = False
+        if not self._takes_raw:
+            raw = bool(kwargs.pop("raw", False))
+        return await _call_tool(self._runner, self._server, self.name, kwargs, raw, None)
+
+    def __repr__(self):
+        return "<MCP tool %s.%s>" % (self._server, self.name)
+
+
+class MCPServerProxy:
+    """A server given to this run: `await mcp_x.tool(**kwargs)`,
+    `await mcp_x.list_tools()`, `mcp_x["tool-name"]`."""
+
+    def __init__(self, runner, name):
+        self._runner = runner
+        self._name = name
+        self._tools = None
+
+    def _load(self):
+        if self._tools is None:
+            infos = self._runner.rpc_sync("list_tools", {"server": self._name}) or []
+            tools = {}
+            for info in infos:
+                t = _Tool(self._runner, self._name, info)
+                tools[t.name] = t
+                tools.setdefault(t.alias, t)
+            self._tools = tools
+        return self._tools
+
+    def _tool(self, name):
+        tools = self._load()
+        if name in tools:
+            return tools[name]
+        self._tools = None  # the list may have changed: look once more
+        tools = self._load()
+        if name in tools:
+            return tools[name]
+        names = sorted({t.alias for t in tools.values()})
+        raise AttributeError("MCP server %r has no tool %r; its tools are: %s" % (self._name, name, ", ".join(names) or "none"))
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return self._tool(attr)
+
+    def __getitem__(self, name):
+        try:
+            return self._tool(name)
+        except AttributeError as e:
+            raise KeyError(str(e)) from None
+
+    def __dir__(self):
+        return sorted({t.alias for t in self._load().values()} | {"list_tools"})
+
+    async def list_tools(self):
+        infos = await self._runner.rpc("list_tools", {"server": self._name})
+        self._tools = None
+        return infos
+
+    def __repr__(self):
+        return "<MCP server %s>" % self._name
+
+
+class _Servers(dict):
+    """mcp_servers: the servers given to this run, by name."""
+
+    def __missing__(self, name):
+        raise KeyError("MCP server %r was not given to this run; it may use: %s (add it to run_python's servers)"
+                       % (name, ", ".join(sorted(self)) or "none"))
+
+
+async def _call_tool(runner, server, tool, arguments, raw, timeout):
+    params = {"server": server, "tool": tool, "arguments": arguments or {}, "raw": bool(raw)}
+    if timeout is not None:
+        params["timeout"] = float(timeout)
+    return await runner.rpc("call_tool", params)
+
+
+class _Finder:
+    """Serves the synthetic modules `mcp`, `mcp.runtime`, `mcp.servers` and
+    `mcp.servers.<alias>` (whose names are the server's tools). A meta path
+    finder and loader by protocol (importlib.abc is not imported: it costs
+    start-up time)."""
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in ("mcp", "mcp.servers"):
+            from importlib.machinery import ModuleSpec
+
+            return ModuleSpec(fullname, self, is_package=True)
+        if fullname == "mcp.runtime" or fullname.startswith("mcp.servers."):
+            from importlib.machinery import ModuleSpec
+
+            return ModuleSpec(fullname, self, is_package=False)
+        return None
+
+    def create_module(self, spec):
+        if spec.name == "mcp.runtime":
+            return sys.modules["runtime"]
+        return None
+
+    def exec_module(self, module):
+        name = module.__name__
+        if module is sys.modules.get("runtime"):
+            return  # mcp.runtime is the runtime module itself
+        if name in ("mcp", "mcp.servers"):
+            module.__path__ = []
+            if name == "mcp":
+                module.runtime = sys.modules.get("runtime")
+            return
+        alias = name[len("mcp.servers."):]
+        server = {_identifier(s): s for s in self.runner.servers}.get(alias, alias if alias in self.runner.servers else None)
+        if server is None:
+            raise ImportError("no MCP server %r in this run; it may use: %s (add it to run_python's servers)"
+                              % (alias, ", ".join(sorted(self.runner.servers)) or "none"), name=name)
+        proxy = MCPServerProxy(self.runner, server)
+        tools = {t.alias: t for t in proxy._load().values()}
+        module.__dict__.update(tools)
+        module.__all__ = sorted(tools)
+        module.list_tools = proxy.list_tools
+        module.server = proxy
+
+
+def _install_finder(runner):
+    for name in [m for m in sys.modules if m == "mcp" or m.startswith("mcp.")]:
+        del sys.modules[name]
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Finder)]
+    sys.meta_path.insert(0, _Finder(runner))
+
+
+def _bind_servers(runner, g):
+    """(Re)binds mcp_servers and mcp_<alias> for the servers of the current job."""
+    for name in [k for k, v in g.items() if k.startswith("mcp_") and isinstance(v, MCPServerProxy)]:
+        del g[name]
+    servers = _Servers()
+    for name, alias in _aliases(runner.servers).items():
+        proxy = MCPServerProxy(runner, name)
+        servers[name] = proxy
+        g["mcp_" + alias] = proxy
+    g["mcp_servers"] = servers
+    for name in [m for m in sys.modules if m.startswith("mcp.servers.")]:
+        del sys.modules[name]
+    rt = sys.modules.get("runtime")
+    if rt is not None:
+        rt.mcp_servers = servers
+
+
+def _api(runner):
+    """The names the user's code sees without import (also in module `runtime`)."""
+
+    async def call_tool(server, tool, arguments=None, raw=False, timeout=None):
+        """Calls tool of server. The result is the tool's text, JSON-decoded when
+        it parses; raw=True gives the whole MCP result. Errors raise MCPError."""
+        return await _call_tool(runner, server, tool, arguments, raw, timeout)
+
+    def list_servers():
+        """Names of the MCP servers this run may call."""
+        return _AwaitableList(sorted(runner.servers))
+
+    def discovered_servers(detailed=False):
+        """Every server the front-end knows (detailed: dicts with description,
+        transport and whether this run may use it)."""
+        return _aw(runner.rpc_sync("discovered_servers", {"detailed": bool(detailed)}))
+
+    def list_tools(server):
+        """Tools of a server: dicts of name, alias, description, input_schema."""
+        return _aw(runner.rpc_sync("list_tools", {"server": server}))
+
+    def query_tool_docs(server, tool=None, detail="summary"):
+        """Documentation of a server's tools (or of one tool): summary and
+        signature; detail="full" adds the description and input schema."""
+        return _aw(runner.rpc_sync("query_tool_docs", {"server": server, "tool": tool, "detail": detail}))
+
+    def search_tool_docs(query, limit=5, detail="summary"):
+        """Tools of this run's servers ranked by relevance to query."""
+        return _aw(runner.rpc_sync("search_tool_docs", {"query": str(query), "limit": int(limit), "detail": detail}))
+
+    def capability_summary():
+        """A short text overview of what this run can use."""
+        return _aw(runner.rpc_sync("capability_summary"))
+
+    # -- memory: kept by the state service across runs, per caller --------------
+    def _key(key):
+        if not isinstance(key, str) or not key:
+            raise TypeError("memory keys are non-empty strings, got %r" % (key,))
+        return key
+
+    def save_memory(key, value, metadata=None):
+        """Stores value (JSON-serialisable) under key; returns its info."""
+        params = {"key": _key(key), "value": _json_value(value, "the value")}
+        if metadata is not None:
+            params["metadata"] = _json_value(metadata, "metadata")
+        return _info(runner.rpc_sync("memory_put", params))
+
+    def load_memory(key, default=None):
+        """The value stored under key, or default."""
+        m = runner.rpc_sync("memory_get", {"key": _key(key)})
+        return default if m is None else m.get("value")
+
+    def delete_memory(key):
+        """Deletes key; True when it existed."""
+        return bool(runner.rpc_sync("memory_delete", {"key": _key(key)}))
+
+    def list_memories(prefix=""):
+        """Infos (key, metadata, created_at, updated_at, version) of the stored
+        memories whose key starts with prefix."""
+        return _AwaitableList(runner.rpc_sync("memory_list", {"prefix": str(prefix)}) or [])
+
+    def memory_exists(key):
+        """True when key is stored."""
+        return runner.rpc_sync("memory_get", {"key": _key(key)}) is not None
+
+    def get_memory_info(key):
+        """key's info without its value, or None."""
+        m = runner.rpc_sync("memory_get", {"key": _key(key)})
+        return None if m is None else _info(m)
+
+    def update_memory(key, fn, default=None, metadata=None):
+        """Atomically replaces key's value with fn(current) (current is default
+        when absent) and returns the new value. It is compare-and-set on the
+        server, retried when another run changed the key meanwhile."""
+        _key(key)
+        for _ in range(50):
+            m = runner.rpc_sync("memory_get", {"key": key})
+            current = default if m is None else m.get("value")
+            new = _json_value(fn(current), "fn's result")
+            params = {"key": key, "value": new, "if_version": 0 if m is None else m["version"]}
+            meta = metadata if metadata is not None else (None if m is None else m.get("metadata"))
+            if meta is not None:
+                params["metadata"] = meta
+            res = runner.rpc_sync("memory_put", params)
+            if not (isinstance(res, dict) and res.get("conflict")):
+                return new
+        raise MCPError("update_memory(%r): the key kept changing under concurrent updates; try again" % key)
+
+    def _info(m):
+        return _AwaitableDict({k: v for k, v in (m or {}).items() if k != "value"})
+
+    # -- workflows ---------------------------------------------------------------
+    def job_result(job_id):
+        """The outcome of an ended job of the same namespace (typically a parent
+        named in this job's after/after_any): {status, summary, exitCode,
+        stdout[], stderr[], error, timeoutSeconds, jobId}."""
+        if not isinstance(job_id, str) or not job_id:
+            raise TypeError("job ids are non-empty strings, got %r" % (job_id,))
+        return _AwaitableDict(runner.rpc_sync("job_result", {"id": job_id}))
+
+    api = {
+        "MCPError": MCPError,
+        "MCPServerProxy": MCPServerProxy,
+        "call_tool": call_tool,
+        "list_servers": list_servers,
+        "discovered_servers": discovered_servers,
+        "list_tools": list_tools,
+        "query_tool_docs": query_tool_docs,
+        "search_tool_docs": search_tool_docs,
+        "capability_summary": capability_summary,
+        "save_memory": save_memory,
+        "load_memory": load_memory,
+        "delete_memory": delete_memory,
+        "list_memories": list_memories,
+        "memory_exists": memory_exists,
+        "get_memory_info": get_memory_info,
+        "update_memory": update_memory,
+        "job_result": job_result,
+    }
+    rt = type(sys)("runtime", "The mcpexec sandbox API (the same names are available without import).")
+    rt.__dict__.update(api)
+    sys.modules["runtime"] = rt
+    api["runtime"] = rt
+    _install_finder(runner)
+    _bind_servers(runner, api)
+    rt.mcp_servers = api["mcp_servers"]
+    return api

@@ -1,0 +1,116 @@
+"""mcpexec runner: the frame protocol between the host, the supervisor and
+the code's process, its bounds, and process helpers. Standard library only."""
+
+import json
+import signal
+import struct
+import threading
+
+
+PROTOCOL_VERSION = 2
+# ast.PyCF_ALLOW_TOP_LEVEL_AWAIT and inspect.CO_COROUTINE, without importing ast
+# and inspect.
+PYCF_ALLOW_TOP_LEVEL_AWAIT = 0x2000
+CO_COROUTINE = 0x0080
+MAX_FRAME = 16 << 20
+# Largest call the executor may send (the host's proxy request limit).
+MAX_CALL = 8 << 20
+# The host answers at most this many calls of a job at once (sandbox.MaxConcurrentCalls)
+# and refuses more; coroutines beyond it wait here instead. One slot is kept for the
+# blocking helpers (docs, memory).
+MAX_CONCURRENT_CALLS = 16
+# What the supervisor buffers for an executor that does not read its channel.
+MAX_PENDING_TO_EXECUTOR = 32 << 20
+KNOWN_METHODS = frozenset((
+    "call_tool", "list_servers", "discovered_servers", "list_tools", "query_tool_docs",
+    "search_tool_docs", "capability_summary", "memory_get", "memory_put", "memory_delete",
+    "memory_list", "job_result",
+))
+SECRET_ENV = "MCPEXEC_RUNNER_SECRET"
+
+
+class MCPError(Exception):
+    """An error reported by the host for a proxy call (tool error, unknown server...)."""
+
+
+def _encode(frame):
+    body = json.dumps(frame, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+    if len(body) > MAX_FRAME:
+        raise MCPError("message of %d bytes exceeds the %d-byte frame limit" % (len(body), MAX_FRAME))
+    return struct.pack(">I", len(body)) + body
+
+
+class _Channel:
+    """Length-prefixed JSON frames over a blocking socket."""
+
+    def __init__(self, sock):
+        self._sock = sock
+        self._wlock = threading.Lock()
+
+    def send(self, frame):
+        data = _encode(frame)
+        with self._wlock:
+            self._sock.sendall(data)
+
+    def _read_exact(self, n):
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self._sock.recv(min(n - len(buf), 1 << 20))
+            if not chunk:
+                raise EOFError("connection closed")
+            buf += chunk
+        return bytes(buf)
+
+    def recv(self):
+        (n,) = struct.unpack(">I", self._read_exact(4))
+        if n > MAX_FRAME:
+            raise EOFError("frame too large")
+        return json.loads(self._read_exact(n))
+
+
+class _FrameBuffer:
+    """Splits a byte stream into frames; raises ValueError on a bad one."""
+
+    def __init__(self, limit):
+        self._buf = bytearray()
+        self._limit = limit
+
+    def feed(self, data):
+        self._buf += data
+        frames = []
+        while len(self._buf) >= 4:
+            (n,) = struct.unpack(">I", self._buf[:4])
+            if n > self._limit:
+                raise ValueError("frame of %d bytes is over the %d-byte limit" % (n, self._limit))
+            if len(self._buf) < 4 + n:
+                break
+            body = bytes(self._buf[4:4 + n])
+            del self._buf[:4 + n]
+            frame = json.loads(body)
+            if not isinstance(frame, dict):
+                raise ValueError("frame is not an object")
+            frames.append(frame)
+        return frames
+
+
+
+def _set_nondumpable():
+    """prctl(PR_SET_DUMPABLE, 0): no process of the same user may ptrace this one
+    or open its /proc files (memory, file descriptors)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(4, 0, 0, 0, 0) == 0
+    except Exception:
+        return False
+
+
+def _set_pdeathsig():
+    """The calling process dies with its parent (outside a container too)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+    except Exception:
+        pass

@@ -1,0 +1,486 @@
+"""mcpexec runner: the supervisor, PID 1 of the container. It holds the host
+connection, relays and checks the code's frames, and sweeps the container
+between fresh jobs. Standard library only."""
+
+import codecs
+import fcntl
+import json
+import os
+import select
+import signal
+import socket
+
+from mcpexec_protocol import KNOWN_METHODS, MAX_CALL, MAX_FRAME, MAX_PENDING_TO_EXECUTOR, _FrameBuffer, _encode, _set_pdeathsig
+
+
+class _Executor:
+    """One job's (or one session's) code process, as the supervisor sees it."""
+
+    def __init__(self, pid, chan, pipes, persist):
+        self.pid = pid
+        self.chan = chan  # non-blocking socket
+        self.pipes = pipes  # read fd -> stream name
+        self.persist = persist
+        self.exited = None  # its wait status, once the zygote has reaped it
+
+    def close(self):
+        try:
+            self.chan.close()
+        except OSError:
+            pass
+        for fd in list(self.pipes):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.pipes.clear()
+
+
+class _Zygote:
+    def __init__(self, pid, sock):
+        self.pid = pid
+        self.sock = sock  # SOCK_SEQPACKET, blocking (messages are small)
+
+
+def _spawn_zygote(host_sock, zygote_main):
+    """Forks the zygote, which runs zygote_main on its end of a SOCK_SEQPACKET
+    pair; returns the supervisor's handle of it."""
+    parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        code = 70
+        try:
+            host_sock.close()
+            parent_end.close()
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.close(null)
+            _set_pdeathsig()
+            try:
+                with open("/proc/self/oom_score_adj", "w") as f:
+                    f.write("1000")  # the OOM killer takes the code, not the supervisor
+            except OSError:
+                pass
+            code = zygote_main(child_end) or 0
+        except BaseException:
+            pass
+        os._exit(code)
+    child_end.close()
+    return _Zygote(pid, parent_end)
+
+
+# Writable places of a container that a job may leave things in; a sandbox
+# that serves another job is wiped of them first.
+WRITABLE = ("/tmp", "/workspace", "/dev/shm")
+
+
+class _Supervisor:
+    def __init__(self, host, zygote, reset):
+        self.host = host
+        self.hbuf = _FrameBuffer(MAX_FRAME)
+        self.zygote = zygote
+        self.reset_ok = reset  # PID 1 of its own container: may sweep and wipe
+        self.ex = None  # the running executor
+        self.xbuf = None
+        self.to_ex = bytearray()
+        self.pending = None  # the exec frame waiting for its executor
+        self.result = None  # a fresh job's done frame, sent once its process is gone
+        self.fresh = False
+        self.job = None
+        self.cap = 1 << 20
+        self.sent = {}
+        self.decoders = {}
+        self.hello = None  # sent to the host when the zygote is ready
+
+    def send_host(self, frame):
+        self.host.sendall(_encode(frame))
+
+    def to_executor(self, frame):
+        if self.ex is None:
+            return
+        self.to_ex += _encode(frame)
+        if len(self.to_ex) > MAX_PENDING_TO_EXECUTOR:
+            self.fail("the code stopped reading the answers to its calls")
+
+    # -- output -------------------------------------------------------------------
+    def drain(self, fds=None):
+        if self.ex is None:
+            return
+        for fd in list(fds if fds is not None else self.ex.pipes):
+            while fd in self.ex.pipes:
+                try:
+                    data = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    data = b""
+                if not data:
+                    del self.ex.pipes[fd]
+                    os.close(fd)
+                    break
+                self.output(self.ex.pipes[fd], data)
+
+    def output(self, name, data):
+        if self.job is None:
+            return  # between jobs: what leftover processes write is dropped
+        text = self.decoders[name].decode(data)
+        # Forward at most one character past the cap, so the host sees the overflow.
+        room = self.cap + 1 - self.sent[name]
+        if room <= 0 or not text:
+            return
+        text = text[:room]
+        self.sent[name] += len(text)
+        self.send_host({"type": "out", "job": self.job, "stream": name, "data": text})
+
+    # -- frames -------------------------------------------------------------------
+    def on_host(self, frame):
+        kind = frame.get("type")
+        if kind == "exec" and self.job is None:
+            job = frame.get("job")
+            self.job = job if isinstance(job, str) else ""
+            cap = frame.get("output_cap")
+            self.cap = cap if isinstance(cap, int) and cap > 0 else 1 << 20
+            self.sent = {"stdout": 0, "stderr": 0}
+            self.decoders = {n: codecs.getincrementaldecoder("utf-8")("replace") for n in ("stdout", "stderr")}
+            self.fresh = frame.get("fresh") is True
+            self.result = None
+            exec_frame = {"type": "exec", "code": frame.get("code", ""), "servers": frame.get("servers") or []}
+            if self.ex is not None and self.ex.persist and not self.fresh:
+                self.drain()
+                self.to_executor(exec_frame)  # a session's next job
+                return
+            if self.ex is not None:
+                self.end_executor()
+            self.pending = exec_frame
+            try:
+                self.zygote.sock.send(json.dumps({"type": "fork", "persist": not self.fresh}).encode())
+            except OSError:
+                self.zygote_gone()
+        elif kind == "reply":
+            self.to_executor({"type": "reply", "id": frame.get("id"), "result": frame.get("result"), "error": frame.get("error")})
+
+    def on_zygote(self):
+        try:
+            msg, fds, _, _ = socket.recv_fds(self.zygote.sock, 4096, 3)
+        except OSError:
+            msg, fds = b"", []
+        if not msg:
+            for fd in fds:
+                os.close(fd)
+            self.zygote_gone()
+        try:
+            frame = json.loads(msg)
+        except ValueError:
+            frame = {}
+        kind = frame.get("type")
+        if kind == "ready" and self.hello is not None:
+            self.send_host(self.hello)
+            self.hello = None
+        elif kind == "forked" and len(fds) == 3 and self.pending is not None and self.ex is None:
+            chan = socket.socket(fileno=fds[0])
+            chan.setblocking(False)
+            for fd in fds[1:]:
+                fl = fcntl.fcntl(fd, fcntl.F_GETFL)
+                fcntl.fcntl(fd, fcntl.F_SETFL, fl | os.O_NONBLOCK)
+            self.ex = _Executor(frame.get("pid"), chan, {fds[1]: "stdout", fds[2]: "stderr"}, not self.fresh)
+            self.xbuf = _FrameBuffer(MAX_CALL + 4096)
+            self.to_ex = bytearray()
+            self.to_executor(self.pending)
+            self.pending = None
+        elif kind == "exited" and self.ex is not None and frame.get("pid") == self.ex.pid:
+            status = frame.get("status")
+            self.ex.exited = status if isinstance(status, int) else 0
+            self.executor_gone()
+        else:
+            for fd in fds:
+                os.close(fd)
+            self.fail_zygote("the code's parent process sent an unexpected message")
+
+    def on_executor(self, frame):
+        kind = frame.get("type")
+        if kind == "call":
+            cid, method, params = frame.get("id"), frame.get("method"), frame.get("params")
+            if not isinstance(cid, int) or isinstance(cid, bool) or cid <= 0:
+                self.fail("the code sent a call without a valid id")
+            elif method not in KNOWN_METHODS:
+                self.to_executor({"type": "reply", "id": cid, "error": "unknown proxy method %r" % (str(method)[:40],)})
+            elif params is not None and not isinstance(params, dict):
+                self.to_executor({"type": "reply", "id": cid, "error": "call parameters must be an object"})
+            elif self.job is None:
+                self.to_executor({"type": "reply", "id": cid, "error": "no job is running: calls are answered only during a job"})
+            else:
+                self.send_host({"type": "call", "job": self.job, "id": cid, "method": method, "params": params or {}})
+        elif kind == "done":
+            if self.job is None or self.result is not None:
+                return
+            status = frame.get("status")
+            code = frame.get("exit_code")
+            err = frame.get("error")
+            done = {
+                "status": status if status in ("success", "error") else "error",
+                "exit_code": code if isinstance(code, int) and not isinstance(code, bool) else 1,
+                "error": err[:65536] if isinstance(err, str) else "",
+            }
+            if self.fresh:
+                self.result = done  # sent once the job's process is gone and swept
+            else:
+                self.finish(done)
+        else:
+            self.fail("the code sent an unexpected %r frame" % (str(kind)[:40],))
+
+    def finish(self, done, last=False):
+        self.drain()
+        frame = {"type": "done", "job": self.job}
+        frame.update(done)
+        if last:
+            frame["last"] = True
+        self.send_host(frame)
+        self.job = None
+
+    def fail(self, why):
+        """The executor broke the protocol: end it, and the job with it."""
+        self.kill_all()
+        if self.job is not None:
+            self.finish({"status": "error", "exit_code": -1, "error": "the code broke the runner protocol: " + why}, last=True)
+        self.exit()
+
+    def fail_zygote(self, why):
+        self.kill_all()
+        if self.job is not None:
+            self.finish({"status": "error", "exit_code": -1, "error": "the sandbox broke: " + why}, last=True)
+        self.exit()
+
+    def zygote_gone(self):
+        self.fail_zygote("the code's parent process is gone")
+
+    def end_executor(self):
+        if self.ex is None:
+            return
+        if self.ex.exited is None:
+            try:
+                os.kill(self.ex.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.ex.close()
+        self.ex = None
+
+    def executor_gone(self):
+        """The zygote reaped the executor: the job ends (a fresh one now, with
+        the result it sent), and a fresh job's leftovers are swept."""
+        ex = self.ex
+        self.drain()
+        self.read_rest()  # its last frames (its done) may not have been read yet
+        done = self.result
+        if done is None and self.job is not None:
+            status = ex.exited
+            if os.WIFSIGNALED(status):
+                sig = os.WTERMSIG(status)
+                code = 128 + sig
+                if sig == signal.SIGKILL:
+                    why = "the code's process was killed (SIGKILL): it most likely hit the sandbox's memory limit"
+                else:
+                    why = "the code's process was killed by signal %d" % sig
+            else:
+                code = os.WEXITSTATUS(status)
+                why = "the code's process exited with code %d" % code
+            done = {"status": "error", "exit_code": code, "error": why}
+        self.end_executor()
+        if done is None:
+            return
+        clean = self.result is not None and self.fresh and self.sweep()
+        self.result = None
+        self.finish(done, last=not clean)
+        if not clean:
+            self.exit()
+
+    def read_rest(self):
+        """Reads what an exited executor left in its channel (non-blocking: a
+        process it left behind may hold the channel open)."""
+        ex = self.ex
+        while ex is not None and ex is self.ex:
+            try:
+                data = ex.chan.recv(1 << 20)
+            except OSError:
+                return
+            if not data:
+                return
+            try:
+                frames = self.xbuf.feed(data)
+            except ValueError as e:
+                self.fail(str(e))
+            for frame in frames:
+                self.on_executor(frame)
+
+    # -- between jobs -------------------------------------------------------------
+    def strangers(self):
+        """Processes of the container other than the supervisor and the zygote."""
+        mine = {os.getpid(), self.zygote.pid}
+        out = []
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) not in mine:
+                out.append(int(name))
+        return out
+
+    def reap(self):
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.zygote.pid:
+                self.zygote_gone()
+
+    def sweep(self):
+        """After a fresh job: kill what it left running and wipe what it wrote.
+        Returns whether the sandbox may serve another job of the same caller;
+        any sign of damage (a leftover process, something that cannot be
+        wiped, System V IPC objects, a stopped zygote, memory still held)
+        retires it."""
+        if not self.reset_ok:
+            return False
+        clean = True
+        for _ in range(50):
+            self.reap()
+            left = self.strangers()
+            if not left:
+                break
+            clean = False  # a process outlived its job
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            select.select([], [], [], 0.002)
+        else:
+            return False
+        for top in WRITABLE:
+            try:
+                entries = os.listdir(top)
+            except OSError:
+                continue
+            for name in entries:
+                if not _remove(os.path.join(top, name)):
+                    clean = False
+        for kind in ("shm", "msg", "sem"):
+            try:
+                with open("/proc/sysvipc/" + kind) as f:
+                    if len(f.read().splitlines()) > 1:
+                        clean = False
+            except OSError:
+                pass
+        try:
+            with open("/proc/%d/stat" % self.zygote.pid) as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            if state not in ("S", "R"):
+                clean = False
+        except (OSError, IndexError):
+            clean = False
+        return clean and not _memory_held()
+
+    def kill_all(self):
+        if self.ex is not None and self.ex.exited is None:
+            try:
+                os.kill(self.ex.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.kill(self.zygote.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def exit(self):
+        self.kill_all()
+        os._exit(0)
+
+    # -- the loop -----------------------------------------------------------------
+    def loop(self, hello):
+        """Relays until the host or the zygote goes. hello is sent to the host
+        once the zygote says it is ready: a warm sandbox is one whose code
+        process waits with its API built."""
+        self.hello = hello
+        host_fd = self.host.fileno()
+        zfd = self.zygote.sock.fileno()
+        while True:
+            rl = [host_fd, zfd]
+            wl = []
+            ex = self.ex
+            if ex is not None:
+                rl.append(ex.chan.fileno())
+                rl += list(ex.pipes)
+                if self.to_ex:
+                    wl.append(ex.chan.fileno())
+            readable, writable, _ = select.select(rl, wl, [])
+            if ex is not None and ex is self.ex and ex.chan.fileno() in writable:
+                try:
+                    n = ex.chan.send(self.to_ex[:1 << 20])
+                    del self.to_ex[:n]
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    self.to_ex = bytearray()  # the executor closed it: its exit is reported
+            for fd in readable:
+                if fd == host_fd:
+                    data = self.host.recv(1 << 20)
+                    if not data:
+                        self.exit()  # host gone: nothing left to do
+                    for frame in self.hbuf.feed(data):
+                        self.on_host(frame)
+                elif fd == zfd:
+                    self.on_zygote()
+                elif self.ex is not ex or ex is None:
+                    continue  # the executor ended in this round
+                elif fd == ex.chan.fileno():
+                    try:
+                        data = ex.chan.recv(1 << 20)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        data = b""
+                    if not data:
+                        continue  # its exit is reported by the zygote
+                    try:
+                        frames = self.xbuf.feed(data)
+                    except ValueError as e:
+                        self.fail(str(e))
+                    for frame in frames:
+                        self.on_executor(frame)
+                        if self.ex is not ex:
+                            break
+                else:
+                    self.drain([fd])
+
+
+def _remove(path):
+    """Removes path, whatever the job made of its modes. Reports success."""
+    try:
+        if os.path.islink(path) or not os.path.isdir(path):
+            os.unlink(path)
+            return True
+        os.chmod(path, 0o700)
+        for name in os.listdir(path):
+            _remove(os.path.join(path, name))
+        os.rmdir(path)
+        return True
+    except OSError:
+        return False
+
+
+def _memory_held():
+    """Whether the container still holds over half its memory limit after a
+    job's processes are gone and its files wiped (cgroup v2 or v1)."""
+    for cur, lim in (("/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.max"),
+                     ("/sys/fs/cgroup/memory/memory.usage_in_bytes", "/sys/fs/cgroup/memory/memory.limit_in_bytes")):
+        try:
+            with open(cur) as f:
+                used = int(f.read())
+            with open(lim) as f:
+                limit = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:
+            return False
+        return used > int(limit) // 2
+    return False
