@@ -11,9 +11,10 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
+
+	"github.com/mcpexec/mcpexec/internal/cli"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -214,7 +215,7 @@ func checkExposure(cfg Config) error {
 		return nil
 	}
 	for _, l := range []struct{ flag, addr string }{{"--listen", cfg.Listen}, {"--cluster-listen", cfg.Cluster.Listen}} {
-		if l.addr == "" || isLoopback(l.addr) {
+		if l.addr == "" || cli.IsLoopback(l.addr) {
 			continue
 		}
 		return fmt.Errorf("%s %s listens beyond loopback without authentication: anyone reaching it could read every tenant's memory and run jobs. "+
@@ -222,17 +223,4 @@ func checkExposure(cfg Config) error {
 			"or set --auth-user/--auth-password, or --tls-cert/--tls-key/--tls-ca; or listen on 127.0.0.1", l.flag, l.addr)
 	}
 	return nil
-}
-
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	host = strings.Trim(host, "[]")
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }

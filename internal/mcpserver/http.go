@@ -13,6 +13,8 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/mcpexec/mcpexec/internal/cli"
+
 	"github.com/mark3labs/mcp-go/server"
 )
 
@@ -181,18 +183,7 @@ func httpError(w http.ResponseWriter, status int, code, msg string) {
 }
 
 // IsLoopback reports whether a listen address binds only loopback.
-func IsLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	host = strings.Trim(host, "[]")
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
+func IsLoopback(addr string) bool { return cli.IsLoopback(addr) }
 
 // TokensFile is the tokens file in its full form: bearer tokens to
 // namespaces, and each namespace's policy (read by the front-end's command).
