@@ -249,29 +249,35 @@ func privateStorage(t *testing.T, root, image string) string {
 	return root
 }
 
-// reapOrphanRuncInits kills, when the test ends, the `runc init` processes
-// orphaned during it: a Podman service killed while it created a container
-// leaves its runc init waiting forever, and Podman 4.3 can then wedge the
-// next test that shares the storage.
+// reapOrphanRuncInits kills, when the test ends, the processes a killed
+// Podman service left during it: orphaned `runc init`s (a service killed
+// while it created a container leaves its runc init waiting forever, and
+// Podman 4.3 can then wedge the next test that shares the storage), and the
+// conmon monitors of the fault tests' private storage with their runc inits.
 func reapOrphanRuncInits(t *testing.T) {
-	before := orphanRuncInits()
+	before := leftovers()
 	t.Cleanup(func() {
-		for pid := range orphanRuncInits() {
+		for pid := range leftovers() {
 			if !before[pid] {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
+				_ = syscall.Kill(pid, syscall.SIGKILL) // it may have gone already
 			}
 		}
 	})
 }
 
-// orphanRuncInits returns the pids of `runc init` processes whose parent is
-// gone (adopted by pid 1).
-func orphanRuncInits() map[int]bool {
-	out := map[int]bool{}
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
+// leftovers returns the pids of `runc init` processes whose parent is gone
+// (adopted by pid 1), of orphaned conmons of the fault tests' storage, and of
+// the runc inits under those.
+func leftovers() map[int]bool {
+	type proc struct {
+		cmd  []byte
+		ppid int
+	}
+	procs := map[int]proc{}
+	paths, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range paths {
 		cmd, err := os.ReadFile(p)
-		if err != nil || !bytes.HasSuffix(bytes.TrimRight(cmd, "\x00"), []byte("runc\x00init")) {
+		if err != nil {
 			continue
 		}
 		dir := filepath.Dir(p)
@@ -281,10 +287,27 @@ func orphanRuncInits() map[int]bool {
 		}
 		// pid (comm) state ppid ...: comm may hold spaces, so split after ')'.
 		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-		if len(fields) < 2 || fields[0] == "Z" || fields[1] != "1" {
+		if len(fields) < 2 || fields[0] == "Z" {
 			continue
 		}
-		if pid, err := strconv.Atoi(filepath.Base(dir)); err == nil {
+		pid, err1 := strconv.Atoi(filepath.Base(dir))
+		ppid, err2 := strconv.Atoi(fields[1])
+		if err1 == nil && err2 == nil {
+			procs[pid] = proc{cmd: bytes.TrimRight(cmd, "\x00"), ppid: ppid}
+		}
+	}
+	isRuncInit := func(p proc) bool { return bytes.HasSuffix(p.cmd, []byte("runc\x00init")) }
+	out := map[int]bool{}
+	for pid, p := range procs {
+		switch {
+		case isRuncInit(p) && p.ppid == 1:
+			out[pid] = true
+		case p.ppid == 1 && bytes.Contains(p.cmd, []byte("conmon")) && bytes.Contains(p.cmd, []byte("mcpexec-fault-")):
+			out[pid] = true
+		}
+	}
+	for pid, p := range procs {
+		if isRuncInit(p) && out[p.ppid] && !isRuncInit(procs[p.ppid]) {
 			out[pid] = true
 		}
 	}
@@ -334,3 +357,30 @@ func remount(t *testing.T, dir, mode string) {
 }
 
 func randomID() string { return jobs.NewID()[18:] }
+
+// TestLeftoversFound: the reaper of the fault tests recognises an orphaned
+// conmon of their storage (here a stand-in: a process named like one, adopted
+// by pid 1).
+func TestLeftoversFound(t *testing.T) {
+	cmd := exec.Command("bash", "-c", `(exec -a "conmon -n mcpexec-fault-probe" sleep 30 &) ; exit 0`)
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var found int
+		for pid := range leftovers() {
+			if cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); bytes.Contains(cmdline, []byte("mcpexec-fault-probe")) {
+				found = pid
+			}
+		}
+		if found != 0 {
+			_ = syscall.Kill(found, syscall.SIGKILL) // the stand-in's job is done
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("an orphaned conmon of the fault tests' storage was not found")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
