@@ -200,7 +200,7 @@ func (h *proxyHandler) tools() ToolSource { return h.f.cfg.Tools }
 // server checks that the job was given name.
 func (h *proxyHandler) server(rj *runningJob, name string) error {
 	if name == "" {
-		return errors.New("name a server: one of " + quoteList(h.jobServers(rj)))
+		return errors.New("name a server: one of " + proxy.QuoteNames(h.jobServers(rj)))
 	}
 	if !h.f.policyFor(rj.namespace()).allowsServer(name) {
 		return fmt.Errorf("server %q is not allowed for namespace %q", name, rj.namespace())
@@ -210,23 +210,12 @@ func (h *proxyHandler) server(rj *runningJob, name string) error {
 		if len(given) == 0 {
 			return fmt.Errorf("server %q was not given to this run: run_python was called without servers; call it again with servers=[%q]", name, name)
 		}
-		return fmt.Errorf("server %q was not given to this run (it may use %s): add it to run_python's servers", name, quoteList(given))
+		return fmt.Errorf("server %q was not given to this run (it may use %s): add it to run_python's servers", name, proxy.QuoteNames(given))
 	}
 	if h.tools() == nil {
 		return fmt.Errorf("no MCP servers are configured on this front-end, so %q is unavailable: start it with --servers FILE", name)
 	}
 	return nil
-}
-
-func quoteList(names []string) string {
-	if len(names) == 0 {
-		return "none"
-	}
-	q := make([]string, len(names))
-	for i, n := range names {
-		q[i] = fmt.Sprintf("%q", n)
-	}
-	return strings.Join(q, ", ")
 }
 
 // jobServers are the job's servers, sorted.
@@ -388,7 +377,7 @@ func (h *proxyHandler) queryDocs(ctx context.Context, rj *runningJob, server str
 		for _, t := range ts {
 			names = append(names, t.Name)
 		}
-		return nil, fmt.Errorf("server %q has no tool %q; its tools are %s", server, *tool, quoteList(names))
+		return nil, fmt.Errorf("server %q has no tool %q; its tools are %s", server, *tool, proxy.QuoteNames(names))
 	}
 	docs := make([]tooldocs.Doc, 0, len(ts))
 	for _, t := range ts {

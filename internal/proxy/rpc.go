@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -295,4 +296,17 @@ func Call(ctx context.Context, nc *nats.Conn, subject string, req Request, hdr .
 		return nil, errors.New(resp.Error)
 	}
 	return resp.Result, nil
+}
+
+// QuoteNames lists server or tool names for an error message: quoted,
+// comma-separated, "none" for none.
+func QuoteNames(names []string) string {
+	if len(names) == 0 {
+		return "none"
+	}
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = fmt.Sprintf("%q", n)
+	}
+	return strings.Join(q, ", ")
 }

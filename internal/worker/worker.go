@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -483,7 +482,7 @@ func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessa
 			return nil, errors.New("name a server: the call needs a \"server\" parameter")
 		}
 		if !slices.Contains(h.job.Servers, p.Server) {
-			return nil, fmt.Errorf("server %q was not given to this run (it may use %s): add it to the job's servers", truncate(p.Server, 80), quoteList(h.job.Servers))
+			return nil, fmt.Errorf("server %q was not given to this run (it may use %s): add it to the job's servers", truncate(p.Server, 80), proxy.QuoteNames(h.job.Servers))
 		}
 		server, subject = p.Server, h.subj.ProxyServer(p.Server)
 	}
@@ -551,15 +550,4 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
-}
-
-func quoteList(names []string) string {
-	if len(names) == 0 {
-		return "none"
-	}
-	q := make([]string, len(names))
-	for i, n := range names {
-		q[i] = fmt.Sprintf("%q", n)
-	}
-	return strings.Join(q, ", ")
 }
