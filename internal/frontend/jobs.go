@@ -165,22 +165,18 @@ func (f *Frontend) submit(ctx context.Context, js []*jobs.Job, ns string, all bo
 // order returns the indexes of js, parents before children; a cycle marks
 // every job of the batch invalid.
 func (f *Frontend) order(js []*jobs.Job, out []Submitted) []int {
-	idx := make(map[*jobs.Job]int, len(js))
-	for i, j := range js {
-		idx[j] = i
+	order, err := jobs.Order(js)
+	if err == nil {
+		return order
 	}
-	sorted, err := jobs.Order(js)
-	if err != nil {
-		for i := range out {
-			if out[i].Err == nil {
-				out[i].Err = err
-			}
+	for i := range out {
+		if out[i].Err == nil {
+			out[i].Err = err
 		}
-		sorted = js
 	}
-	order := make([]int, len(sorted))
-	for k, j := range sorted {
-		order[k] = idx[j]
+	order = make([]int, len(js))
+	for i := range order {
+		order[i] = i
 	}
 	return order
 }

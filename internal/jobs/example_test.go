@@ -38,10 +38,10 @@ func ExampleOrder() {
 		{ID: "right", After: []string{"root"}},
 		{ID: "root"},
 	}
-	sorted, _ := jobs.Order(batch)
+	order, _ := jobs.Order(batch)
 	var ids []string
-	for _, j := range sorted {
-		ids = append(ids, j.ID)
+	for _, i := range order {
+		ids = append(ids, batch[i].ID)
 	}
 	fmt.Println(strings.Join(ids, " "))
 	_, err := jobs.Order([]*jobs.Job{{ID: "a", After: []string{"b"}}, {ID: "b", After: []string{"a"}}})

@@ -5,11 +5,11 @@ import (
 	"strings"
 )
 
-// Order returns the jobs of one submission with every job after the parents
-// it names within it (the order their submissions must reach the events
-// stream), or an *InvalidError naming a cycle. Parents outside js are not
-// looked at.
-func Order(js []*Job) ([]*Job, error) {
+// Order returns the indexes of one submission's jobs with every job after
+// the parents it names within it (the order their submissions must reach
+// the events stream), or an *InvalidError naming a cycle. Parents outside js
+// are not looked at.
+func Order(js []*Job) ([]int, error) {
 	byID := make(map[string]int, len(js))
 	for i, j := range js {
 		byID[j.ID] = i
@@ -20,7 +20,7 @@ func Order(js []*Job) ([]*Job, error) {
 		done
 	)
 	mark := make([]int, len(js))
-	out := make([]*Job, 0, len(js))
+	out := make([]int, 0, len(js))
 	// Iterative depth-first search: a chain of 10,000 jobs must not blow the stack.
 	type frame struct {
 		i       int
@@ -36,7 +36,7 @@ func Order(js []*Job) ([]*Job, error) {
 			top := &stack[len(stack)-1]
 			if len(top.parents) == 0 {
 				mark[top.i] = done
-				out = append(out, js[top.i])
+				out = append(out, top.i)
 				stack = stack[:len(stack)-1]
 				continue
 			}

@@ -22,9 +22,9 @@ func TestOrderAndCycles(t *testing.T) {
 	if err != nil || len(out) != n {
 		t.Fatalf("chain: %v %d", err, len(out))
 	}
-	for i, j := range out {
-		if j.ID != fmt.Sprintf("j%d", i) {
-			t.Fatalf("position %d holds %s", i, j.ID)
+	for k, i := range out {
+		if js[i].ID != fmt.Sprintf("j%d", k) {
+			t.Fatalf("position %d holds %s", k, js[i].ID)
 		}
 	}
 	// Parents outside the batch are not the batch's business.

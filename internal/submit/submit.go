@@ -124,18 +124,16 @@ func ReadJobs(r io.Reader) ([]jobsapi.JobRequest, error) {
 // known when its child is submitted).
 func parentsFirst(reqs []jobsapi.JobRequest) ([]jobsapi.JobRequest, error) {
 	js := make([]*jobs.Job, len(reqs))
-	at := make(map[*jobs.Job]int, len(reqs))
 	for i, q := range reqs {
 		js[i] = &jobs.Job{ID: q.ID, After: q.After, AfterAny: q.AfterAny}
-		at[js[i]] = i
 	}
-	sorted, err := jobs.Order(js)
+	order, err := jobs.Order(js)
 	if err != nil {
 		return reqs, fmt.Errorf("jobs file: %w", err)
 	}
 	out := make([]jobsapi.JobRequest, len(reqs))
-	for k, j := range sorted {
-		out[k] = reqs[at[j]]
+	for k, i := range order {
+		out[k] = reqs[i]
 	}
 	return out, nil
 }
