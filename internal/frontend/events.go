@@ -37,18 +37,8 @@ func (f *Frontend) Follow(ctx context.Context, ns string, after uint64, resume b
 		return fmt.Errorf("%w: follow the events stream: %w", ErrUnavailable, err)
 	}
 	defer it.Stop()
-	stopped := make(chan struct{})
-	defer close(stopped)
-	done := make(chan struct{})
-	go func() { // Next blocks: end it with ctx
-		defer close(done)
-		select {
-		case <-ctx.Done():
-			it.Stop()
-		case <-stopped:
-		}
-	}()
-	defer func() { <-done }()
+	// Next blocks: ctx's end stops the iterator.
+	defer context.AfterFunc(ctx, it.Stop)()
 	labels := map[string]map[string]string{}
 	for {
 		m, err := it.Next()

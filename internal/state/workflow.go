@@ -3,6 +3,7 @@ package state
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -23,9 +24,7 @@ var SweepEvery = 5 * time.Second
 type scheduler struct {
 	store  Store
 	q      *queue.Client
-	logger interface {
-		Warn(msg string, args ...any)
-	}
+	logger *slog.Logger
 
 	mu    sync.Mutex
 	check map[string]bool // waiting jobs to look at
