@@ -305,12 +305,18 @@ class _Supervisor:
                 return
             if not data:
                 return
-            try:
-                frames = self.xbuf.feed(data)
-            except ValueError as e:
-                self.fail(str(e))
-            for frame in frames:
-                self.on_executor(frame)
+            self.from_executor(ex, data)
+
+    def from_executor(self, ex, data):
+        """Handles bytes read from executor ex: its frames, until one ends it."""
+        try:
+            frames = self.xbuf.feed(data)
+        except ValueError as e:
+            self.fail(str(e))
+        for frame in frames:
+            self.on_executor(frame)
+            if self.ex is not ex:
+                return
 
     # -- between jobs -------------------------------------------------------------
     def strangers(self):
@@ -441,14 +447,7 @@ class _Supervisor:
                         data = b""
                     if not data:
                         continue  # its exit is reported by the zygote
-                    try:
-                        frames = self.xbuf.feed(data)
-                    except ValueError as e:
-                        self.fail(str(e))
-                    for frame in frames:
-                        self.on_executor(frame)
-                        if self.ex is not ex:
-                            break
+                    self.from_executor(ex, data)
                 else:
                     self.drain([fd])
 
