@@ -53,10 +53,13 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
 	evs := make(chan jobs.EventView, 64)
 	errc := make(chan error, 1)
+	followed := make(chan struct{})
+	// The follower is ended and waited for on every way out.
+	defer func() { cancel(); <-followed }()
 	go func() {
+		defer close(followed)
 		errc <- a.be.Follow(ctx, a.cfg.Namespace(r.Context()), after, resume, func(ev jobs.EventView) error {
 			if !match(ev) {
 				return nil
@@ -82,8 +85,6 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 		return rc.Flush() == nil
 	}
 	if !write(": mcpexec job events\n\n") {
-		cancel()
-		<-errc
 		return
 	}
 	keep := time.NewTicker(eventKeepalive)
@@ -93,14 +94,10 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 		case ev := <-evs:
 			data, _ := json.Marshal(ev)
 			if !write(fmt.Sprintf("id: %d\nevent: %s\ndata: %s\n\n", ev.Seq, ev.Kind, data)) {
-				cancel()
-				<-errc
 				return
 			}
 		case <-keep.C:
 			if !write(": keepalive\n\n") {
-				cancel()
-				<-errc
 				return
 			}
 		case err := <-errc:
