@@ -313,16 +313,25 @@ func waitSessionEnded(t *testing.T, b *broker.Broker, session string, limit time
 	}
 }
 
-// containersOf lists the containers labelled with worker, by the Podman CLI.
+// workerContainers lists, by the Podman CLI, the ids of worker's containers
+// (`podman ps -q` with flags, e.g. -a or a status filter).
+func workerContainers(t *testing.T, worker string, flags ...string) string {
+	t.Helper()
+	args := append([]string{"ps", "-q", "--filter", "label=" + podman.LabelWorker + "=" + worker}, flags...)
+	out, err := exec.Command("podman", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("podman ps: %v %s", err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// containersOf lists the containers labelled with worker, waiting up to a
+// minute for them to be gone.
 func containersOf(t *testing.T, worker string) string {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		out, err := exec.Command("podman", "ps", "-aq", "--filter", "label="+podman.LabelWorker+"="+worker).CombinedOutput()
-		if err != nil {
-			t.Fatalf("podman ps: %v %s", err, out)
-		}
-		ids := strings.TrimSpace(string(out))
+		ids := workerContainers(t, worker, "-a")
 		if ids == "" || time.Now().After(deadline) {
 			return ids
 		}

@@ -188,9 +188,5 @@ func TestTasksOfficialSDK(t *testing.T) {
 // running lists the running containers of worker.
 func running(t *testing.T, worker string) string {
 	t.Helper()
-	out, err := exec.Command("podman", "ps", "-q", "--filter", "status=running", "--filter", "label="+podman.LabelWorker+"="+worker).CombinedOutput()
-	if err != nil {
-		t.Fatalf("podman ps: %v %s", err, out)
-	}
-	return strings.TrimSpace(string(out))
+	return workerContainers(t, worker, "--filter", "status=running")
 }
