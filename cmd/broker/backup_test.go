@@ -12,6 +12,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/state"
+	"github.com/mcpexec/mcpexec/internal/state/boltstore"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 )
 
@@ -35,7 +36,7 @@ func TestBackupWhileServing(t *testing.T) {
 	if !strings.Contains(out.String(), "wrote "+file) {
 		t.Fatalf("output %q", out.String())
 	}
-	st, err := state.Open(file)
+	st, err := boltstore.Open(file)
 	if err != nil {
 		t.Fatalf("open the backup: %v", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/cli"
+	"github.com/mcpexec/mcpexec/internal/state/boltstore"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -60,7 +61,7 @@ type Broker struct {
 	cfg   Config
 	ns    *server.Server
 	nc    *nats.Conn
-	store *state.Bolt
+	store *boltstore.Store
 	svc   *state.Service
 
 	once sync.Once
@@ -151,8 +152,8 @@ func (b *Broker) init(ctx context.Context) error {
 		}
 		b.cfg.Logger.Info("rebuilding the state replica from the streams", "file", path)
 	}
-	b.store, err = state.Open(path)
-	if err != nil && !errors.Is(err, state.ErrLocked) {
+	b.store, err = boltstore.Open(path)
+	if err != nil && !errors.Is(err, boltstore.ErrLocked) {
 		// A lost or damaged file: keep it aside and rebuild from the streams
 		// (every record and memory key is in them).
 		aside := fmt.Sprintf("%s.damaged-%d", path, time.Now().Unix())
@@ -160,7 +161,7 @@ func (b *Broker) init(ctx context.Context) error {
 			return fmt.Errorf("%w (and moving it aside failed: %v)", err, rerr)
 		}
 		b.cfg.Logger.Error("state file unusable: moved aside, rebuilding from the streams", "file", path, "aside", aside, "err", err)
-		b.store, err = state.Open(path)
+		b.store, err = boltstore.Open(path)
 	}
 	if err != nil {
 		return err
@@ -185,7 +186,7 @@ func (b *Broker) Connect(name string) (*nats.Conn, error) {
 func (b *Broker) Server() *server.Server { return b.ns }
 
 // Store returns the state store.
-func (b *Broker) Store() *state.Bolt { return b.store }
+func (b *Broker) Store() *boltstore.Store { return b.store }
 
 // Close stops the state service and the server. It is idempotent.
 func (b *Broker) Close() error {

@@ -17,6 +17,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/state"
+	"github.com/mcpexec/mcpexec/internal/state/boltstore"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 )
 
@@ -47,7 +48,7 @@ func benchStatus(i int) jobs.Status {
 // buildRecords writes n job records (with a label each, and the status of
 // benchStatus) into dir/state.db.
 func buildRecords(b *testing.B, dir string, n int) []string {
-	s, err := state.Open(filepath.Join(dir, "state.db"))
+	s, err := boltstore.Open(filepath.Join(dir, "state.db"))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -262,7 +262,7 @@ func (s *Service) handleMemoryPut(req micro.Request) {
 		// what this replica has applied. Catch up with the stream, look again.
 		if s.catchUpMemory() == nil {
 			if seq, ok, err := s.store.WriteSeq(r.WriteID); err != nil || ok {
-				s.respond(req, op.entry(seq), err)
+				s.respond(req, op.Entry(seq), err)
 				return
 			}
 		}
@@ -275,7 +275,7 @@ func (s *Service) handleMemoryPut(req micro.Request) {
 		s.respond(req, nil, err)
 		return
 	}
-	s.respond(req, op.entry(seq), nil)
+	s.respond(req, op.Entry(seq), nil)
 }
 
 // catchUpMemory waits (within catchUpWait) until this replica has applied
@@ -355,7 +355,7 @@ func (s *Service) handleMemoryDelete(req micro.Request) {
 	if !decodeReq(req, &r, OpMemoryDelete, `{"namespace": ..., "key": ...}`) {
 		return
 	}
-	if err := checkNamespaceKey(r.Namespace, r.Key); err != nil {
+	if err := CheckNamespaceKey(r.Namespace, r.Key); err != nil {
 		s.respond(req, nil, err)
 		return
 	}

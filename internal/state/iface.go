@@ -8,9 +8,9 @@ import (
 
 // Store is what a state replica keeps: the job records folded from the
 // events stream, the memory folded from the memory stream, and how far it has
-// folded each. The Service speaks to it only through this interface; Bolt
-// (bbolt, one file per replica) is the implementation, and package statetest
-// holds the behaviour every Store must have.
+// folded each. The Service speaks to it only through this interface. Package
+// boltstore (bbolt, one file per replica) holds the implementation, and
+// package statetest the behaviour every Store must have.
 type Store interface {
 	// Applied returns the sequences of the events and memory streams folded.
 	Applied() (events, memory uint64, err error)
@@ -52,5 +52,3 @@ type Store interface {
 	// Backup writes a consistent copy of the store to path and returns its size.
 	Backup(path string) (int64, error)
 }
-
-var _ Store = (*Bolt)(nil)

@@ -349,7 +349,7 @@ func (s *Service) sleep(ctx context.Context, d time.Duration) {
 }
 
 // concurrently runs h in its own goroutine (at most cap(s.writes) at once), so
-// concurrent writes share bbolt commits (Store uses bolt.Batch).
+// concurrent writes share bbolt commits (boltstore uses bolt.Batch).
 func (s *Service) concurrently(h micro.HandlerFunc) micro.HandlerFunc {
 	return func(req micro.Request) {
 		s.writes <- struct{}{}

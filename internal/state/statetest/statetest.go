@@ -27,6 +27,26 @@ func Run(t *testing.T, open func(t *testing.T) state.Store) {
 
 var t0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 
+// ListAll pages through the records f selects, from f.Cursor, and returns
+// their ids.
+func ListAll(t testing.TB, s state.Store, f state.JobFilter) []string {
+	t.Helper()
+	var all []string
+	for {
+		recs, next, err := s.List(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			all = append(all, r.Job.ID)
+		}
+		if next == "" {
+			return all
+		}
+		f.Cursor = next
+	}
+}
+
 func submitted(id string, labels map[string]string, after ...string) jobs.Event {
 	return jobs.Event{Job: id, Kind: jobs.EventSubmitted, At: t0,
 		Spec: &jobs.Job{ID: id, Code: "print(1)", Timeout: 30, MaxAttempts: 2, Labels: labels, After: after, SubmittedAt: t0}}
@@ -111,20 +131,7 @@ func testList(t *testing.T, s state.Store) {
 	}
 	evs = append(evs, finished("c", 0, jobs.StatusSuccess, t0))
 	apply(t, s, 30, evs...)
-	var all []string
-	for f := (state.JobFilter{Limit: 10}); ; {
-		recs, next, err := s.List(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range recs {
-			all = append(all, r.Job.ID)
-		}
-		if next == "" {
-			break
-		}
-		f.Cursor = next
-	}
+	all := ListAll(t, s, state.JobFilter{Limit: 10})
 	if len(all) != 25 || !slices.IsSorted(all) {
 		t.Fatalf("paged list %v", all)
 	}
