@@ -45,8 +45,12 @@ type Frame struct {
 	Error  string          `json:"error,omitempty"`
 
 	// exec (host → runner)
-	Job       string   `json:"job,omitempty"`
-	Code      string   `json:"code,omitempty"`
+	Job  string `json:"job,omitempty"`
+	Code string `json:"code,omitempty"`
+	// Lang is an exec frame's language ("" is Python); Languages, in a
+	// hello, what the sandbox can run.
+	Lang      string   `json:"lang,omitempty"`
+	Languages []string `json:"languages,omitempty"`
 	Servers   []string `json:"servers,omitempty"`
 	TimeoutMS int64    `json:"timeout_ms,omitempty"`
 	OutputCap int      `json:"output_cap,omitempty"`

@@ -277,7 +277,7 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 
 	c.reusable.Store(false)
 	err := c.write(&proxy.Frame{
-		Type: proxy.TypeExec, Job: job.ID, Code: job.Code, Servers: job.Servers,
+		Type: proxy.TypeExec, Job: job.ID, Code: job.Code, Lang: job.Language, Servers: job.Servers,
 		TimeoutMS: job.Timeout.Milliseconds(), OutputCap: limit, Fresh: job.Fresh,
 	})
 	if errors.Is(err, proxy.ErrFrameTooLarge) {

@@ -16,8 +16,9 @@ from mcpexec_protocol import KNOWN_METHODS, MAX_CALL, MAX_FRAME, MAX_PENDING_TO_
 class _Executor:
     """One job's (or one session's) code process, as the supervisor sees it."""
 
-    def __init__(self, pid, chan, pipes, persist):
+    def __init__(self, pid, chan, pipes, persist, lang):
         self.pid = pid
+        self.lang = lang
         self.chan = chan  # non-blocking socket
         self.pipes = pipes  # read fd -> stream name
         self.persist = persist
@@ -85,6 +86,7 @@ class _Supervisor:
         self.xbuf = None
         self.to_ex = bytearray()
         self.pending = None  # the exec frame waiting for its executor
+        self.pending_lang = "python"  # and its language
         self.result = None  # a fresh job's done frame, sent once its process is gone
         self.fresh = False
         self.job = None
@@ -146,15 +148,22 @@ class _Supervisor:
             self.fresh = frame.get("fresh") is True
             self.result = None
             exec_frame = {"type": "exec", "code": frame.get("code", ""), "servers": frame.get("servers") or []}
+            lang = frame.get("lang") or "python"
             if self.ex is not None and self.ex.persist and not self.fresh:
+                if self.ex.lang != lang:
+                    # A session keeps one interpreter: its state is not carried over.
+                    self.finish({"status": "error", "exit_code": -1, "error": "this session runs %s code, not %s: use another session name for %s"
+                                 % (self.ex.lang, str(lang)[:20], str(lang)[:20])})
+                    return
                 self.drain()
                 self.to_executor(exec_frame)  # a session's next job
                 return
             if self.ex is not None:
                 self.end_executor()
             self.pending = exec_frame
+            self.pending_lang = lang
             try:
-                self.zygote.sock.send(json.dumps({"type": "fork", "persist": not self.fresh}).encode())
+                self.zygote.sock.send(json.dumps({"type": "fork", "persist": not self.fresh, "lang": lang}).encode())
             except OSError:
                 self.zygote_gone()
         elif kind == "reply":
@@ -183,7 +192,7 @@ class _Supervisor:
             for fd in fds[1:]:
                 fl = fcntl.fcntl(fd, fcntl.F_GETFL)
                 fcntl.fcntl(fd, fcntl.F_SETFL, fl | os.O_NONBLOCK)
-            self.ex = _Executor(frame.get("pid"), chan, {fds[1]: "stdout", fds[2]: "stderr"}, not self.fresh)
+            self.ex = _Executor(frame.get("pid"), chan, {fds[1]: "stdout", fds[2]: "stderr"}, not self.fresh, self.pending_lang)
             self.xbuf = _FrameBuffer(MAX_CALL + 4096)
             self.to_ex = bytearray()
             self.to_executor(self.pending)

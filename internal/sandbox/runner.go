@@ -9,10 +9,11 @@ import (
 	"path/filepath"
 )
 
-// runnerFiles are the in-sandbox Python runner: runner.py, which runtimes
-// start as `python3 runner.py SOCKET`, and the modules beside it.
+// runnerFiles are the in-sandbox runner: runner.py, which runtimes start as
+// `python3 runner.py SOCKET`, the modules beside it, and the JavaScript
+// executor it starts for JavaScript jobs (mcpexec_executor.cjs, run by Node.js).
 //
-//go:embed runner.py mcpexec_*.py
+//go:embed runner.py mcpexec_*.py mcpexec_executor.cjs
 var runnerFiles embed.FS
 
 // WriteRunner writes the runner's files into dir, read-only; runtimes mount

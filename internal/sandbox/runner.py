@@ -84,6 +84,7 @@ def _zygote_main(zsock):
         if frame.get("type") != "fork":
             os._exit(70)
         persist = bool(frame.get("persist"))
+        lang = frame.get("lang") or "python"
         parent_end, child_end = socket.socketpair()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -100,6 +101,8 @@ def _zygote_main(zsock):
                 os.close(out_w)
                 os.close(err_w)
                 _set_pdeathsig()
+                if lang == "javascript":
+                    _exec_node(child_end, persist)  # does not return
                 code = _executor_main(runner, child_end, persist) or 0
             except BaseException:
                 pass
@@ -113,6 +116,36 @@ def _zygote_main(zsock):
         os.close(err_r)
         _, status = os.waitpid(pid, 0)
         zsock.send(json.dumps({"type": "exited", "pid": pid, "status": status}).encode())
+
+
+def _find(prog):
+    for d in os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(os.pathsep):
+        path = os.path.join(d or ".", prog)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def _languages():
+    """The languages this sandbox can run: Python, and JavaScript where Node.js is."""
+    return ["python", "javascript"] if _find("node") else ["python"]
+
+
+def _exec_node(chan_sock, persist):
+    """Runs in a forked executor: replaces it with the JavaScript executor,
+    its channel on fd 3 (fds 1 and 2 are already its output pipes)."""
+    node = _find("node")
+    if node is None:
+        os.write(2, b"this sandbox has no JavaScript runtime (node): run the job as python, or on a worker whose image has Node.js\n")
+        os._exit(127)
+    os.dup2(chan_sock.fileno(), 3)
+    os.set_inheritable(3, True)
+    os.closerange(4, os.sysconf("SC_OPEN_MAX"))
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mcpexec_executor.cjs")
+    args = [node, script]
+    if persist:
+        args.append("--persist")
+    os.execv(node, args)
 
 
 def _executor_main(runner, chan_sock, persist):
@@ -171,7 +204,8 @@ def main():
     reset = reset and os.getpid() == 1
     zygote = _spawn_zygote(sock, _zygote_main)
     sup = _Supervisor(sock, zygote, reset)
-    hello = {"type": "hello", "version": PROTOCOL_VERSION, "secret": secret, "isolated": isolated, "reset": reset}
+    hello = {"type": "hello", "version": PROTOCOL_VERSION, "secret": secret, "isolated": isolated, "reset": reset,
+             "languages": _languages()}
     try:
         sup.loop(hello)
     except BaseException:

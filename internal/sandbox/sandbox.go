@@ -47,8 +47,10 @@ const DefaultOutputCap = 1 << 20
 
 // Job is what a Runtime runs.
 type Job struct {
-	ID        string
-	Code      string
+	ID   string
+	Code string
+	// Language is what Code is written in: Python ("" too) or JavaScript.
+	Language  string
 	Servers   []string      // server names the code may call through the host
 	Timeout   time.Duration // wall-clock limit of the run
 	OutputCap int           // bytes kept of each stream; 0 means DefaultOutputCap
@@ -88,6 +90,28 @@ func BeforeExec(job Job) error {
 		return fmt.Errorf("%w: %w", ErrNotStarted, err)
 	}
 	return nil
+}
+
+// Languages a job's code may be written in (jobs.LangPython, jobs.LangJavaScript).
+const (
+	Python     = "python"
+	JavaScript = "javascript"
+)
+
+// LanguageReporter is implemented by runtimes whose sandboxes may run more
+// than Python; Languages lists what they run.
+type LanguageReporter interface {
+	Languages() []string
+}
+
+// Languages returns the languages rt runs: its report, or Python alone.
+func Languages(rt Runtime) []string {
+	if lr, ok := rt.(LanguageReporter); ok {
+		if l := lr.Languages(); len(l) > 0 {
+			return l
+		}
+	}
+	return []string{Python}
 }
 
 // Prober is implemented by runtimes that can check, without a job, that they

@@ -37,6 +37,15 @@ var (
 // ReportsStart implements sandbox.StartReporter.
 func (r *Runtime) ReportsStart() {}
 
+// Languages implements sandbox.LanguageReporter: Python, and JavaScript when
+// the host has Node.js (the runner finds node on its PATH).
+func (r *Runtime) Languages() []string {
+	if _, err := exec.LookPath("node"); err == nil {
+		return []string{sandbox.Python, sandbox.JavaScript}
+	}
+	return []string{sandbox.Python}
+}
+
 // New writes the runner to a temporary directory and returns a Runtime.
 func New() (*Runtime, error) {
 	dir, err := os.MkdirTemp("", "mcpexec-proc-")

@@ -193,6 +193,7 @@ raise ValueError("real outcome")`
 	})
 	runHostileProtocol(t, rt, run, expect)
 	runHostileRunner(t, rt, run, expect)
+	t.Run("JavaScript", func(t *testing.T) { runJavaScript(t, rt, opts) })
 	if srt, ok := rt.(sandbox.SessionRuntime); ok {
 		t.Run("Sessions", func(t *testing.T) { runSessions(t, srt, opts) })
 	}
