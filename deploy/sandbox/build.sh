@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the mcpexec sandbox image locally, without any container registry:
-# debootstrap a minimal Debian bookworm with python3, strip it, and `podman import` it.
+# debootstrap a minimal Debian bookworm with python3 and nodejs, strip it, and
+# `podman import` it.
 #
 # Usage: build.sh [--force] [IMAGE]
 #   IMAGE    image name (default $MCPEXEC_IMAGE, else localhost/mcpexec-sandbox:latest)
-#   --force  rebuild even if the image already exists
+#   --force  rebuild even if an image of this recipe already exists
 #
 # The Debian mirror is taken from the host's apt sources; when none is found,
 # debootstrap's own default is used. Needs root (debootstrap) and podman.
@@ -16,7 +17,7 @@ for arg in "$@"; do
 	case "$arg" in
 	--force | -f) force=1 ;;
 	-h | --help)
-		sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+		sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
 		exit 0
 		;;
 	-*)
@@ -34,9 +35,16 @@ if ! command -v podman >/dev/null 2>&1; then
 	exit 1
 fi
 
+# The recipe's version, kept in the image's labels: an image of an older
+# recipe (before JavaScript, say) is rebuilt, not reused.
+recipe=2
 if [ "$force" -eq 0 ] && podman image exists "$name"; then
-	echo "image $name already exists (use --force to rebuild)"
-	exit 0
+	have="$(podman image inspect --format '{{index .Labels "io.mcpexec.recipe"}}' "$name" 2>/dev/null || true)"
+	if [ "$have" = "$recipe" ]; then
+		echo "image $name already exists (use --force to rebuild)"
+		exit 0
+	fi
+	echo "image $name is of an older recipe (${have:-1}, now $recipe): rebuilding"
 fi
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -68,7 +76,7 @@ trap cleanup EXIT
 
 start=$(date +%s)
 echo "debootstrap $suite into $dir${mirror:+ from $mirror}..."
-args=(--variant=minbase --include=python3 "$suite" "$dir")
+args=(--variant=minbase --include=python3,nodejs "$suite" "$dir")
 [ -n "$mirror" ] && args+=("$mirror")
 debootstrap "${args[@]}"
 
@@ -86,7 +94,9 @@ chmod 1777 "$dir"/workspace
 
 old_id="$(podman image inspect --format '{{.Id}}' "$name" 2>/dev/null || true)"
 tar --numeric-owner -C "$dir" -c . |
-	podman import --change 'CMD ["python3"]' --change 'WORKDIR /workspace' - "$name" >/dev/null
+	podman import --change 'CMD ["python3"]' --change 'WORKDIR /workspace' \
+		--change "LABEL io.mcpexec.recipe=$recipe" --change 'LABEL io.mcpexec.languages=python,javascript' \
+		- "$name" >/dev/null
 
 if [ -n "$old_id" ]; then
 	# The replaced image is now untagged; drop it unless a container still uses it.

@@ -154,6 +154,7 @@ type Runtime struct {
 	info   Info
 	base   string // per-Runtime directory under RunDir
 	labels map[string]string
+	langs  []string // what the image runs (checkImage)
 
 	svc *service // the podman service this Runtime started, or nil
 

@@ -19,6 +19,7 @@ import (
 	"github.com/containers/podman/v5/pkg/bindings"
 	"github.com/containers/podman/v5/pkg/bindings/images"
 	"github.com/containers/podman/v5/pkg/bindings/system"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
 )
 
 // connect finds (or starts) the Podman service and reads its description.
@@ -351,10 +352,21 @@ func writeConmonWrapper(dir, conmon string) (string, error) {
 	return w, nil
 }
 
+// LanguagesLabel is the image label that lists the languages its sandboxes
+// run (comma-separated); deploy/sandbox/build.sh sets it. An image without it
+// runs Python only.
+const LanguagesLabel = "io.mcpexec.languages"
+
+// checkImage checks that the image (or --rootfs) is there and learns which
+// languages its sandboxes run.
 func (r *Runtime) checkImage(ctx context.Context) error {
+	r.langs = []string{sandbox.Python}
 	if r.cfg.Rootfs != "" {
 		if _, err := os.Stat(filepath.Join(r.cfg.Rootfs, "usr", "bin", "python3")); err != nil {
 			return fmt.Errorf("podman sandbox: --rootfs %s has no usr/bin/python3 (%v): give a directory holding a root file system with Python 3, e.g. an exported sandbox image", r.cfg.Rootfs, err)
+		}
+		if _, err := os.Stat(filepath.Join(r.cfg.Rootfs, "usr", "bin", "node")); err == nil {
+			r.langs = append(r.langs, sandbox.JavaScript)
 		}
 		return nil
 	}
@@ -367,8 +379,23 @@ func (r *Runtime) checkImage(ctx context.Context) error {
 	if !ok {
 		return fmt.Errorf("podman sandbox: image %s %w: build it with `sudo deploy/sandbox/build.sh %s` (or `make image`)", r.cfg.Image, ErrNoImage, r.cfg.Image)
 	}
+	rep, err := images.GetImage(c, r.cfg.Image, nil)
+	if err != nil {
+		return fmt.Errorf("podman sandbox: inspect image %s: %w", r.cfg.Image, err)
+	}
+	if rep.ImageData != nil {
+		for _, l := range strings.Split(rep.Labels[LanguagesLabel], ",") {
+			if l = strings.TrimSpace(l); l == sandbox.JavaScript {
+				r.langs = append(r.langs, l)
+			}
+		}
+	}
 	return nil
 }
+
+// Languages implements sandbox.LanguageReporter: Python, and JavaScript when
+// the image has Node.js.
+func (r *Runtime) Languages() []string { return r.langs }
 
 // tailBuffer keeps the last max bytes written to it.
 type tailBuffer struct {
