@@ -77,6 +77,27 @@ type Job struct {
 	// of its own, not a warm one.
 	MemoryMB int     `json:"memory_mb,omitempty"`
 	CPUs     float64 `json:"cpus,omitempty"`
+	// Language is what the code is written in: LangPython (the default,
+	// also when empty) or LangJavaScript. Only workers that can run it take
+	// the job.
+	Language string `json:"language,omitempty"`
+}
+
+// Languages the sandbox runs.
+const (
+	LangPython     = "python"
+	LangJavaScript = "javascript"
+)
+
+// Languages lists the languages a job may be written in.
+var Languages = []string{LangPython, LangJavaScript}
+
+// Lang returns the job's language (LangPython when it names none).
+func (j *Job) Lang() string {
+	if j.Language == "" {
+		return LangPython
+	}
+	return j.Language
 }
 
 // Parents returns the ids the job waits for: After, then AfterAny.
@@ -230,6 +251,11 @@ func (j *Job) Normalize(l Limits, now time.Time) error {
 	if j.Session != "" && !ValidID(j.Session) {
 		return invalid("session", "%q must be 1-128 characters of letters, digits, '-' or '_'", truncate(j.Session, 40))
 	}
+	if j.Language == LangPython {
+		j.Language = "" // the default: its records and messages stay as they were
+	} else if j.Language != "" && !slices.Contains(Languages, j.Language) {
+		return invalid("language", "%q is not a language the sandbox runs: use one of %s", truncate(j.Language, 40), strings.Join(Languages, ", "))
+	}
 	if j.Pool == "" {
 		j.Pool = DefaultPool
 	} else if !ValidID(j.Pool) {
@@ -282,6 +308,7 @@ func truncate(s string, n int) string {
 type WorkerStatus struct {
 	ID            string    `json:"id"`
 	Pool          string    `json:"pool"`
+	Languages     []string  `json:"languages,omitempty"` // what its sandboxes run
 	Healthy       bool      `json:"healthy"`
 	Reason        string    `json:"reason,omitempty"` // why it takes no jobs
 	Since         time.Time `json:"since"`            // of its current health

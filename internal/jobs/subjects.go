@@ -33,6 +33,16 @@ func (s Subjects) EventsStream() string { return strings.ToUpper(s.p()) + "_EVEN
 // Job is the subject jobs of pool are published on.
 func (s Subjects) Job(pool string) string { return s.p() + ".jobs." + pool }
 
+// LangJob is the subject of pool's jobs in language lang: Job(pool) for
+// Python, Job(pool) + "." + lang for the others, so that only workers that
+// can run a language take its jobs.
+func (s Subjects) LangJob(pool, lang string) string {
+	if lang == "" || lang == LangPython {
+		return s.Job(pool)
+	}
+	return s.Job(pool) + "." + lang
+}
+
 // AllJobs matches every pool's job subject.
 func (s Subjects) AllJobs() string { return s.p() + ".jobs.>" }
 
@@ -101,6 +111,15 @@ func (s Subjects) StateService() string { return s.p() + "-state" }
 
 // Consumer is the durable consumer name of pool's workers.
 func (s Subjects) Consumer(pool string) string { return "workers-" + pool }
+
+// LangConsumer names the durable consumer of pool's jobs in language lang,
+// shared by the pool's workers that run it: Consumer(pool) for Python.
+func (s Subjects) LangConsumer(pool, lang string) string {
+	if lang == "" || lang == LangPython {
+		return s.Consumer(pool)
+	}
+	return lang + "-workers-" + pool
+}
 
 // WorkerService is the NATS micro service name every worker registers, so that
 // front-ends can see workers are alive ($SRV.PING.<name>).

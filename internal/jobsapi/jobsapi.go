@@ -123,12 +123,14 @@ type JobRequest struct {
 	// MemoryMB and CPUs size the job's sandbox, within the namespace's policy.
 	MemoryMB int     `json:"memory_mb,omitempty"`
 	CPUs     float64 `json:"cpus,omitempty"`
+	// Language is the code's: python (the default) or javascript.
+	Language string `json:"language,omitempty"`
 }
 
 // job is the request's job.
 func (q JobRequest) job() *jobs.Job {
 	return &jobs.Job{ID: q.ID, Code: q.Code, Servers: q.Servers, Timeout: q.Timeout, MaxAttempts: q.MaxAttempts,
-		Labels: q.Labels, Session: q.Session, Pool: q.Pool, After: q.After, AfterAny: q.AfterAny, MemoryMB: q.MemoryMB, CPUs: q.CPUs}
+		Labels: q.Labels, Session: q.Session, Pool: q.Pool, After: q.After, AfterAny: q.AfterAny, MemoryMB: q.MemoryMB, CPUs: q.CPUs, Language: q.Language}
 }
 
 // Item is the answer for one submitted job: its record, flagged when the id

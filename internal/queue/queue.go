@@ -175,10 +175,11 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	return nil
 }
 
-// WorkerConsumer creates or updates the durable consumer shared by pool's workers.
-func WorkerConsumer(ctx context.Context, js jetstream.JetStream, cfg Config, pool string) (jetstream.Consumer, error) {
+// WorkerConsumer creates or updates the durable consumer shared by pool's
+// workers that run lang (jobs.LangPython, jobs.LangJavaScript).
+func WorkerConsumer(ctx context.Context, js jetstream.JetStream, cfg Config, pool, lang string) (jetstream.Consumer, error) {
 	s := cfg.Subjects
-	return jobConsumer(ctx, js, cfg, s.Consumer(pool), "mcpexec workers of pool "+pool, s.Job(pool), 0)
+	return jobConsumer(ctx, js, cfg, s.LangConsumer(pool, lang), "mcpexec "+lang+" workers of pool "+pool, s.LangJob(pool, lang), 0)
 }
 
 // jobConsumer creates or updates a durable consumer of the jobs stream with the

@@ -89,7 +89,7 @@ func WorkerJobsConsumer(ctx context.Context, js jetstream.JetStream, cfg Config,
 // wrapping ErrSessionGone when the session's worker no longer holds it (and
 // forgets the session, so that the next job of that name starts it afresh).
 func (c *Client) Route(ctx context.Context, job *jobs.Job) (string, error) {
-	pool := c.sub.Job(job.Pool)
+	pool := c.sub.LangJob(job.Pool, job.Lang())
 	if job.Session == "" {
 		return pool, nil
 	}

@@ -19,6 +19,9 @@ type FakeRuntime struct {
 	Started chan string
 	// Func, when set, runs each job instead of the codes above.
 	Func func(ctx context.Context, job sandbox.Job) (sandbox.Result, error)
+	// Langs are the languages it says it runs (sandbox.LanguageReporter);
+	// empty: Python alone.
+	Langs []string
 
 	mu   sync.Mutex // guards runs
 	runs int
@@ -75,3 +78,6 @@ func (r *FakeRuntime) Runs() int {
 
 // Close implements sandbox.Runtime.
 func (r *FakeRuntime) Close() error { return nil }
+
+// Languages implements sandbox.LanguageReporter.
+func (r *FakeRuntime) Languages() []string { return r.Langs }

@@ -153,7 +153,7 @@ func (w *Worker) probe(ctx context.Context) error {
 // answerStatus replies to a status request.
 func (w *Worker) answerStatus(m *nats.Msg) {
 	sick, reason, since := w.health.state()
-	st := jobs.WorkerStatus{ID: w.cfg.ID, Pool: w.cfg.Pool, Healthy: !sick, Reason: reason, Since: since.UTC(),
+	st := jobs.WorkerStatus{ID: w.cfg.ID, Pool: w.cfg.Pool, Languages: w.langs, Healthy: !sick, Reason: reason, Since: since.UTC(),
 		Slots: w.cfg.Slots, Running: int(w.inFlight.Load())}
 	if sr, ok := w.rt.(sandbox.StatsReporter); ok {
 		s := sr.Stats()

@@ -97,7 +97,7 @@ func (w *Worker) startSessions(loopCtx, jobsCtx context.Context, cons jetstream.
 	w.loop.Add(1)
 	go func() {
 		defer w.loop.Done()
-		w.fetchLoop(loopCtx, jobsCtx, cons)
+		w.fetchLoop(loopCtx, jobsCtx, cons, make(chan struct{}, w.cfg.Slots)) // slots of their own, as sessions always had
 	}()
 	go w.sess.janitor()
 }

@@ -82,6 +82,7 @@ type Worker struct {
 	inFlight  atomic.Int64   // jobs in flight
 	sess      *sessionTable  // set by Start; see session.go
 	health    *health
+	langs     []string // the languages rt runs: one consumer and fetch loop each
 }
 
 // New returns a Worker that runs jobs on rt.
@@ -97,14 +98,19 @@ func New(nc *nats.Conn, rt sandbox.Runtime, cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	return &Worker{cfg: cfg, nc: nc, client: client, rt: rt, log: cfg.Logger.With("worker", cfg.ID),
-		health: newHealth(cfg.FailureThreshold)}, nil
+		health: newHealth(cfg.FailureThreshold), langs: sandbox.Languages(rt)}, nil
 }
 
-// Start creates the pool's consumer and begins pulling jobs.
+// Start creates the pool's consumers, one per language the runtime runs, and
+// begins pulling jobs.
 func (w *Worker) Start(ctx context.Context) error {
-	cons, err := queue.WorkerConsumer(ctx, w.client.JetStream(), w.cfg.Queue, w.cfg.Pool)
-	if err != nil {
-		return err
+	var conss []jetstream.Consumer
+	for _, lang := range w.langs {
+		cons, err := queue.WorkerConsumer(ctx, w.client.JetStream(), w.cfg.Queue, w.cfg.Pool, lang)
+		if err != nil {
+			return err
+		}
+		conss = append(conss, cons)
 	}
 	sessCons, err := w.openSessions(ctx)
 	if err != nil {
@@ -131,17 +137,20 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
 	w.cancel, w.stopJob, w.svc, w.statusSub = cancel, stopJobs, svc, statusSub
 	w.mu.Unlock()
-	w.loop.Add(2)
-	go func() {
-		defer w.loop.Done()
-		w.fetchLoop(loopCtx, jobsCtx, cons)
-	}()
+	slots := make(chan struct{}, w.cfg.Slots) // shared by the languages' loops
+	w.loop.Add(1 + len(conss))
+	for _, cons := range conss {
+		go func() {
+			defer w.loop.Done()
+			w.fetchLoop(loopCtx, jobsCtx, cons, slots)
+		}()
+	}
 	go func() {
 		defer w.loop.Done()
 		w.probeLoop(loopCtx)
 	}()
 	w.startSessions(loopCtx, jobsCtx, sessCons)
-	w.log.Info("worker started", "pool", w.cfg.Pool, "slots", w.cfg.Slots)
+	w.log.Info("worker started", "pool", w.cfg.Pool, "slots", w.cfg.Slots, "languages", w.langs)
 	return nil
 }
 
@@ -176,13 +185,27 @@ func (w *Worker) Stop() {
 	w.closeSessions()
 }
 
-func (w *Worker) fetchLoop(ctx, jobsCtx context.Context, cons jetstream.Consumer) {
-	slots := make(chan struct{}, w.cfg.Slots)
+// fetchLoop pulls one language's jobs for the worker's slots (slots holds a
+// token per job running, whatever its language). It takes what is pending for
+// the free slots at once; when nothing is, it waits (up to FetchWait) for the
+// next job holding no slot, so that the other languages' loops keep them all.
+func (w *Worker) fetchLoop(ctx, jobsCtx context.Context, cons jetstream.Consumer, slots chan struct{}) {
+	dispatch := func(msg jetstream.Msg) {
+		w.running.Add(1)
+		w.inFlight.Add(1)
+		go func() {
+			defer w.running.Done()
+			defer w.inFlight.Add(-1)
+			defer func() { <-slots }()
+			w.handle(jobsCtx, msg)
+		}()
+	}
 	for {
 		// A sick worker takes no job until a probe of its runtime succeeds.
 		if !w.health.wait(ctx) {
 			return
 		}
+		// No free slot, no fetch: the fleet's other workers take the jobs.
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
@@ -198,33 +221,20 @@ func (w *Worker) fetchLoop(ctx, jobsCtx context.Context, cons jetstream.Consumer
 				break more
 			}
 		}
-		// Take what is pending for the free slots at once; only when nothing is
-		// pending wait (up to FetchWait) for the next job. A Fetch of n would
-		// hold freed slots idle until n jobs arrived or the wait expired.
-		fctx, cancelFetch := context.WithTimeout(ctx, w.cfg.FetchWait)
 		got := 0
 		batch, err := cons.FetchNoWait(n)
-		for attempt := 0; err == nil; attempt++ {
+		if err == nil {
 			for msg := range batch.Messages() {
 				got++
-				w.running.Add(1)
-				w.inFlight.Add(1)
-				go func() {
-					defer w.running.Done()
-					defer w.inFlight.Add(-1)
-					defer func() { <-slots }()
-					w.handle(jobsCtx, msg)
-				}()
+				dispatch(msg)
 			}
 			err = batch.Error()
-			if got > 0 || attempt > 0 || (err != nil && !errors.Is(err, nats.ErrTimeout)) {
-				break
-			}
-			batch, err = cons.Fetch(1, jetstream.FetchContext(fctx))
 		}
-		cancelFetch()
 		for range n - got {
 			<-slots
+		}
+		if got == 0 && (err == nil || errors.Is(err, nats.ErrTimeout)) {
+			err = w.awaitJob(ctx, cons, slots, dispatch)
 		}
 		if err != nil && ctx.Err() == nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
 			w.log.Warn("fetch jobs", "err", err)
@@ -233,6 +243,53 @@ func (w *Worker) fetchLoop(ctx, jobsCtx context.Context, cons jetstream.Consumer
 			case <-ctx.Done():
 				return
 			}
+		}
+	}
+}
+
+// awaitJob waits up to FetchWait for the next job, then for a slot to run it
+// in (telling JetStream the job is in progress meanwhile, so it is not
+// redelivered). A job still without a slot when the worker stops is handed
+// back.
+func (w *Worker) awaitJob(ctx context.Context, cons jetstream.Consumer, slots chan struct{}, dispatch func(jetstream.Msg)) error {
+	fctx, cancel := context.WithTimeout(ctx, w.cfg.FetchWait)
+	defer cancel()
+	batch, err := cons.Fetch(1, jetstream.FetchContext(fctx))
+	if err != nil {
+		return err
+	}
+	for msg := range batch.Messages() {
+		if !w.slotFor(ctx, msg, slots) {
+			if err := msg.Nak(); err != nil {
+				w.log.Debug("hand back a job not started", "err", err)
+			}
+			continue
+		}
+		dispatch(msg)
+	}
+	return batch.Error()
+}
+
+// slotFor takes a slot for msg, keeping msg in progress while it waits;
+// false when ctx ends first.
+func (w *Worker) slotFor(ctx context.Context, msg jetstream.Msg, slots chan struct{}) bool {
+	select {
+	case slots <- struct{}{}:
+		return true
+	default:
+	}
+	tick := time.NewTicker(max(w.cfg.Queue.AckWait/3, 100*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case slots <- struct{}{}:
+			return true
+		case <-tick.C:
+			if err := msg.InProgress(); err != nil {
+				w.log.Debug("keep a waiting job in progress", "err", err)
+			}
+		case <-ctx.Done():
+			return false
 		}
 	}
 }
@@ -329,7 +386,7 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 		started = err == nil
 		return err
 	}
-	sj := sandbox.Job{ID: d.job.ID, Code: d.job.Code, Servers: d.job.Servers, Timeout: d.job.TimeoutDuration(), OutputCap: w.cfg.OutputCap,
+	sj := sandbox.Job{ID: d.job.ID, Code: d.job.Code, Language: d.job.Language, Servers: d.job.Servers, Timeout: d.job.TimeoutDuration(), OutputCap: w.cfg.OutputCap,
 		Memory: int64(d.job.MemoryMB) << 20, CPUs: d.job.CPUs, Tenant: jobs.NamespaceOf(d.job.Namespace)}
 	if _, ok := w.rt.(sandbox.StartReporter); ok {
 		sj.BeforeExec = recordStart // the attempt begins when the code is sent
