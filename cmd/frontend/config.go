@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/mcpexec/mcpexec/cmd/internal/sandboxflags"
 	"github.com/mcpexec/mcpexec/internal/cli"
@@ -27,6 +29,7 @@ type config struct {
 	slots          int
 	limits         jobs.Limits
 	level          string
+	languages      []string // nil: auto
 	sandbox        *sandboxflags.Flags
 	servers        *serverFlags
 	fleet          *fleetFlags
@@ -50,10 +53,15 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.limits.MaxTimeout, "max-timeout", c.limits.MaxTimeout, "largest run_python timeout in seconds")
 	fs.IntVar(&c.limits.MaxCodeBytes, "max-code-bytes", c.limits.MaxCodeBytes, "largest accepted code in bytes")
 	fs.StringVar(&c.level, "log-level", "info", "log level: debug, info, warn, error")
+	langs := fs.String("languages", "auto", "languages offered, one tool each (python: run_python, javascript: run_javascript), e.g. python,javascript; auto: what the embedded worker's sandboxes run, or both with --nats")
 	c.sandbox = sandboxflags.Register(fs)
 	c.servers = registerServerFlags(fs)
 	c.fleet = registerFleetFlags(fs)
 	if err := cli.Parse(fs, args, sandboxflags.Aliases); err != nil {
+		return nil, err
+	}
+	var err error
+	if c.languages, err = parseLanguages(*langs); err != nil {
 		return nil, err
 	}
 	return c, c.validate()
@@ -100,4 +108,23 @@ func (c *config) validate() error {
 		}
 	}
 	return nil
+}
+
+// parseLanguages reads --languages: "auto" (nil), or a list that names python.
+func parseLanguages(v string) ([]string, error) {
+	if v == "auto" {
+		return nil, nil
+	}
+	var out []string
+	for _, l := range strings.Split(v, ",") {
+		l = strings.TrimSpace(l)
+		if !slices.Contains(jobs.Languages, l) {
+			return nil, cli.Usagef("--languages %q: %q is not one of %s (or auto)", v, l, strings.Join(jobs.Languages, ", "))
+		}
+		out = append(out, l)
+	}
+	if !slices.Contains(out, jobs.LangPython) {
+		return nil, cli.Usagef("--languages %q: python is always offered; list it too", v)
+	}
+	return out, nil
 }

@@ -88,7 +88,14 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if c.nats == "" {
 		mode = "embedded"
 	}
-	mopts := mcpserver.Options{Servers: pool.Names, Catalog: pool.Servers, OutputMode: c.servers.outputMode, Metrics: m, Logger: log}
+	langs := c.languages
+	if langs == nil { // auto: what the embedded worker runs; a fleet's jobs wait for a worker that runs theirs
+		langs = jobs.Languages
+		if stack.Runtime != nil {
+			langs = sandbox.Languages(stack.Runtime)
+		}
+	}
+	mopts := mcpserver.Options{Servers: pool.Names, Catalog: pool.Servers, OutputMode: c.servers.outputMode, Metrics: m, Logger: log, Languages: langs}
 	if c.httpAddr == "" {
 		// One caller on stdio: the default memory namespace.
 		mopts.Namespace = func(context.Context) string { return mcpserver.DefaultNamespace }
@@ -99,14 +106,14 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	tasks := mcpserver.NewTasks(srv, stack.Frontend, mopts, 0)
 	defer tasks.Close()
 	if c.httpAddr == "" {
-		log.Info("serving MCP on stdio", "frontend", c.id, "mode", mode)
+		log.Info("serving MCP on stdio", "frontend", c.id, "mode", mode, "languages", langs)
 		return mcpserver.ServeStdio(ctx, srv, tasks, stack.Frontend.Drain, c.fleet.grace, stdin, stdout, log)
 	}
 	ln, err := net.Listen("tcp", c.httpAddr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w (is another process using the port? choose another with --http)", c.httpAddr, err)
 	}
-	log.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp", "frontend", c.id, "mode", mode)
+	log.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp", "frontend", c.id, "mode", mode, "languages", langs)
 	return mcpserver.ServeHTTP(ctx, ln, httpHandler(c, srv, tasks, stack.Frontend, m, log), stack.Frontend.Drain, c.fleet.grace, log)
 }
 

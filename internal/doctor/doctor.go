@@ -240,7 +240,27 @@ func checkSandbox(ctx context.Context, cfg podman.Config) []Check {
 		return append(out, Check{Name: "sandbox probe", Status: Fail, Detail: fmt.Sprintf("unreadable probe output %q: %v", res.Stdout, err),
 			Fix: "the image's python3 must be Python 3.8 or later"})
 	}
+	out = append(out, languageCheck(ctx, rt, cfg.Image))
 	return append(out, limitChecks(cfg.Limits, p)...)
+}
+
+// languageCheck reports the languages the worker's sandboxes run, running
+// JavaScript once where the image says it has it.
+func languageCheck(ctx context.Context, rt sandbox.Runtime, image string) Check {
+	langs := sandbox.Languages(rt)
+	if !slices.Contains(langs, sandbox.JavaScript) {
+		return Check{Name: "languages", Status: Warn, Detail: "python only: the image has no Node.js, so this worker takes no run_javascript job",
+			Fix: "rebuild the image with Node.js: sudo deploy/sandbox/build.sh --force " + image}
+	}
+	res, err := rt.Run(ctx, sandbox.Job{ID: "doctor-js", Code: "console.log(process.version)", Language: sandbox.JavaScript, Timeout: 30 * time.Second, OutputCap: 4096}, nil)
+	if err == nil && res.Status != sandbox.StatusSuccess {
+		err = fmt.Errorf("ended %s: %s %s", res.Status, res.Error, strings.TrimSpace(res.Stderr))
+	}
+	if err != nil {
+		return Check{Name: "languages", Status: Fail, Detail: "the image says it runs JavaScript, but a JavaScript probe failed: " + err.Error(),
+			Fix: "rebuild the image: sudo deploy/sandbox/build.sh --force " + image}
+	}
+	return Check{Name: "languages", Status: OK, Detail: "python, javascript (Node.js " + strings.TrimSpace(res.Stdout) + ")"}
 }
 
 // limitChecks compares what the container sees with the configured limits.
@@ -465,9 +485,16 @@ func workerHealth(ctx context.Context, nc *nats.Conn, s jobs.Subjects) []Check {
 	}
 	var out []Check
 	healthy := 0
+	byLang := map[string]int{}
 	for _, w := range ws {
 		if w.Healthy {
 			healthy++
+			for _, l := range w.Languages {
+				byLang[l]++
+			}
+			if len(w.Languages) == 0 { // a worker of a version before languages
+				byLang[jobs.LangPython]++
+			}
 			continue
 		}
 		out = append(out, Check{Name: "worker " + w.ID, Status: Warn, Detail: "takes no jobs: " + w.Reason,
@@ -476,6 +503,21 @@ func workerHealth(ctx context.Context, nc *nats.Conn, s jobs.Subjects) []Check {
 	if len(ws) > 0 && healthy == 0 {
 		out = append(out, Check{Name: "worker health", Status: Fail, Detail: "no healthy worker is left",
 			Fix: "fix the workers' runtimes (see above), or start a worker on another host"})
+	}
+	if healthy > 0 {
+		var parts []string
+		missing := ""
+		for _, l := range jobs.Languages {
+			parts = append(parts, fmt.Sprintf("%s: %d", l, byLang[l]))
+			if byLang[l] == 0 && missing == "" {
+				missing = l
+			}
+		}
+		c := Check{Name: "worker languages", Status: OK, Detail: "healthy workers by language: " + strings.Join(parts, ", ")}
+		if missing != "" {
+			c.Status, c.Fix = Warn, "no worker runs "+missing+": its jobs wait until one does; run a worker whose image has it (sudo deploy/sandbox/build.sh --force)"
+		}
+		out = append(out, c)
 	}
 	return out
 }

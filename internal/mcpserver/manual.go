@@ -2,7 +2,10 @@ package mcpserver
 
 import (
 	"fmt"
+	"slices"
 	"strings"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
 // CapabilitiesURI is the resource holding the full manual.
@@ -62,10 +65,42 @@ they were cut.
 code up to 256 KiB; timeout 1-120 s (default 30 s).
 `
 
+// JSManual is the manual of the sandbox's JavaScript API, part of the
+// capabilities resource where run_javascript is offered.
+const JSManual = `
+# JavaScript (run_javascript)
+
+Code sent to run_javascript runs in the same sandbox as Python's (same walls,
+limits, servers, memory and sessions) with Node.js. It runs as a script: top-level
+` + "`await`" + ` works, ` + "`console.log`" + ` is stdout, ` + "`require`" + ` gives Node's built-in modules.
+A session keeps its globals (` + "`var`" + `, functions, ` + "`globalThis.x`" + `); code that awaits at top level
+runs as an async function body, so keep values across calls on ` + "`globalThis`" + ` there.
+A session runs one language: a Python call in a JavaScript session is refused.
+
+Every helper returns a promise; ` + "`await`" + ` it.
+- ` + "`await mcp_<alias>.<tool>({...})`" + ` (aliases as in Python), ` + "`mcpServers[\"my-fs\"]`" + `,
+  ` + "`await mcp_x.listTools()`" + `.
+- ` + "`await callTool(server, tool, args = {}, {raw, timeout})`" + `: by name; raw gives the MCP result.
+- ` + "`listServers()`" + `, ` + "`discoveredServers(detailed)`" + `, ` + "`listTools(server)`" + `,
+  ` + "`queryToolDocs(server, tool, detail)`" + `, ` + "`searchToolDocs(query, limit, detail)`" + `,
+  ` + "`capabilitySummary()`" + `.
+- ` + "`saveMemory(key, value, metadata)`" + `, ` + "`loadMemory(key, fallback)`" + `, ` + "`memoryExists(key)`" + `,
+  ` + "`getMemoryInfo(key)`" + `, ` + "`deleteMemory(key)`" + `, ` + "`listMemories(prefix)`" + `,
+  ` + "`updateMemory(key, fn, fallback)`" + ` (fn may be async; compare-and-set, retried). The memory
+  is Python's: a value saved from one language is read from the other.
+- ` + "`jobResult(id)`" + `: an ended job's outcome, as Python's job_result.
+Errors from tools and the host are ` + "`MCPError`" + `s (an Error subclass).
+` + "`process.exit(n)`" + ` ends the job with exit code n (0 is success). An uncaught error is the
+job's error, its stack in stderr.
+`
+
 // manual is the capabilities resource: the manual and the proxied servers.
 func (h *handler) manual() string {
 	var b strings.Builder
 	b.WriteString(Manual)
+	if slices.Contains(h.languages(), jobs.LangJavaScript) {
+		b.WriteString(JSManual)
+	}
 	b.WriteString("\n## MCP servers on this front-end\n")
 	switch {
 	case h.opts.Catalog != nil:

@@ -54,6 +54,10 @@ type Options struct {
 	// Logger receives one line when a run_python call is accepted and one when it
 	// ends, each with the job id and the MCP session id; nil logs nothing.
 	Logger *slog.Logger
+	// Languages are the languages offered, one tool each: run_python for
+	// jobs.LangPython, run_javascript for jobs.LangJavaScript. Empty offers
+	// Python alone.
+	Languages []string
 }
 
 // Output modes of run_python's text content.
@@ -68,8 +72,23 @@ const DefaultNamespace = "default"
 // ValidOutputMode reports whether m is a known output mode ("" is the default).
 func ValidOutputMode(m string) bool { return m == "" || m == OutputText || m == OutputTOON }
 
-// ToolName is the one tool agents see.
-const ToolName = "run_python"
+// ToolName is the tool agents see for Python; JSToolName the one for
+// JavaScript, when it is offered.
+const (
+	ToolName   = "run_python"
+	JSToolName = "run_javascript"
+)
+
+// toolLanguage maps the tools to the languages they run.
+var toolLanguage = map[string]string{ToolName: jobs.LangPython, JSToolName: jobs.LangJavaScript}
+
+// ToolFor returns the name of the tool that runs lang.
+func ToolFor(lang string) string {
+	if lang == jobs.LangJavaScript {
+		return JSToolName
+	}
+	return ToolName
+}
 
 // New returns an MCP server exposing run_python backed by r.
 func New(r Runner, opts Options) *server.MCPServer {
@@ -92,7 +111,7 @@ func New(r Runner, opts Options) *server.MCPServer {
 		server.WithHooks(hooks),
 		server.WithToolCapabilities(false),
 		server.WithResourceCapabilities(false, false),
-		server.WithInstructions("Run Python with " + ToolName + "; read " + CapabilitiesURI + " for the in-sandbox API."),
+		server.WithInstructions(instructions(opts.Languages)),
 	}
 	if _, ok := r.(TaskBackend); ok {
 		// Declared here, answered by Tasks in front of mcp-go.
@@ -100,9 +119,11 @@ func New(r Runner, opts Options) *server.MCPServer {
 	}
 	s := server.NewMCPServer(opts.Name, opts.Version, sopts...)
 	h := &handler{r: r, opts: opts}
-	s.AddTool(h.tool(), h.call)
+	for _, lang := range h.languages() {
+		s.AddTool(h.tool(lang), h.call)
+	}
 	s.AddResource(mcp.NewResource(CapabilitiesURI, "mcpexec capabilities",
-		mcp.WithResourceDescription("The manual of the sandbox's Python API: proxied MCP servers, tool docs, memory."),
+		mcp.WithResourceDescription("The manual of the sandbox's API (Python, and JavaScript where offered): proxied MCP servers, tool docs, memory."),
 		mcp.WithMIMEType("text/markdown")),
 		func(context.Context, mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
 			return []mcp.ResourceContents{mcp.TextResourceContents{URI: CapabilitiesURI, MIMEType: "text/markdown", Text: h.manual()}}, nil
@@ -115,9 +136,27 @@ type handler struct {
 	opts Options
 }
 
+// languages returns the languages offered, Python first.
+func (h *handler) languages() []string {
+	out := []string{jobs.LangPython}
+	if slices.Contains(h.opts.Languages, jobs.LangJavaScript) {
+		out = append(out, jobs.LangJavaScript)
+	}
+	return out
+}
+
+func instructions(langs []string) string {
+	if slices.Contains(langs, jobs.LangJavaScript) {
+		return "Run Python with " + ToolName + " or JavaScript with " + JSToolName + "; read " + CapabilitiesURI + " for the in-sandbox API."
+	}
+	return "Run Python with " + ToolName + "; read " + CapabilitiesURI + " for the in-sandbox API."
+}
+
 const toolDescription = `Run Python 3 code in an isolated sandbox (no network, read-only filesystem, time and memory limits) and return its stdout, stderr and status. Top-level await works. The code can call the tools of the MCP servers named in "servers" without loading their schemas: await mcp_<server>.<tool>(**kwargs) or await call_tool(server, tool, {...}); results come back as text, JSON-decoded when possible; errors raise MCPError. Find tools with list_servers(), query_tool_docs(server) and search_tool_docs("what you need"). save_memory/load_memory/update_memory keep data across calls. Print what you need: only printed output comes back. Calls with the same "session" share Python globals. Read resource ` + CapabilitiesURI + ` for the full API.`
 
-func (h *handler) tool() mcp.Tool {
+const jsToolDescription = `Run JavaScript (Node.js) in an isolated sandbox (no network, read-only filesystem, time and memory limits) and return its stdout, stderr and status. Top-level await works. The code can call the tools of the MCP servers named in "servers" without loading their schemas: await mcp_<server>.<tool>({...}) or await callTool(server, tool, {...}); results come back JSON-decoded when possible; errors throw MCPError. Find tools with listServers(), queryToolDocs(server) and searchToolDocs("what you need"). saveMemory/loadMemory/updateMemory keep data across calls (shared with Python). console.log what you need: only printed output comes back. Calls with the same "session" share globals (var, function, globalThis). Read resource ` + CapabilitiesURI + ` for the full API.`
+
+func (h *handler) tool(lang string) mcp.Tool {
 	l := h.r.Limits()
 	serverOpts := []mcp.PropertyOption{
 		mcp.Description("MCP servers the code may call."),
@@ -128,14 +167,18 @@ func (h *handler) tool() mcp.Tool {
 			serverOpts = []mcp.PropertyOption{mcp.Description("MCP servers the code may call."), mcp.WithStringEnumItems(names)}
 		}
 	}
-	return mcp.NewTool(ToolName,
-		mcp.WithDescription(toolDescription),
+	name, desc, source, shares := ToolName, toolDescription, "Python source to run.", "Python globals"
+	if lang == jobs.LangJavaScript {
+		name, desc, source, shares = JSToolName, jsToolDescription, "JavaScript source to run (a script; top-level await works).", "globals"
+	}
+	return mcp.NewTool(name,
+		mcp.WithDescription(desc),
 		mcp.WithString("code", mcp.Required(), mcp.MaxLength(l.MaxCodeBytes),
-			mcp.Description("Python source to run.")),
+			mcp.Description(source)),
 		mcp.WithArray("servers", serverOpts...),
 		mcp.WithInteger("timeout", mcp.Min(1), mcp.Max(l.MaxTimeout),
 			mcp.Description(fmt.Sprintf("Seconds before the run is stopped (default %d).", l.DefaultTimeout))),
-		mcp.WithString("session", mcp.Description("Optional name: calls with the same session share Python globals.")),
+		mcp.WithString("session", mcp.Description("Optional name: calls with the same session share "+shares+".")),
 		mcp.WithTaskSupport(h.taskSupport()),
 	)
 }
@@ -166,8 +209,9 @@ type args struct {
 	Session string          `json:"session"`
 }
 
-// parseArgs decodes and checks the tool arguments, saying exactly what was wrong.
-func parseArgs(raw any) (*jobs.Job, error) {
+// parseArgs decodes and checks the arguments of tool (run_python or
+// run_javascript), saying exactly what was wrong.
+func parseArgs(tool string, raw any) (*jobs.Job, error) {
 	b, err := json.Marshal(raw)
 	if err != nil {
 		return nil, errors.New("arguments are not a JSON object")
@@ -177,9 +221,13 @@ func parseArgs(raw any) (*jobs.Job, error) {
 		return nil, fmt.Errorf("arguments do not match the schema: %v (want code: string, servers: [string], timeout: integer, session: string)", err)
 	}
 	if a.Code == nil {
-		return nil, &jobs.InvalidError{Field: "code", Message: "code is required: pass the Python source to run"}
+		return nil, &jobs.InvalidError{Field: "code", Message: "code is required: pass the source to run"}
 	}
-	job := &jobs.Job{Code: *a.Code, Servers: a.Servers, Session: a.Session}
+	lang := toolLanguage[tool]
+	if lang == jobs.LangPython {
+		lang = "" // the default
+	}
+	job := &jobs.Job{Code: *a.Code, Servers: a.Servers, Session: a.Session, Language: lang}
 	if len(a.Timeout) > 0 && string(a.Timeout) != "null" {
 		var t float64
 		if err := json.Unmarshal(a.Timeout, &t); err != nil || t != float64(int(t)) {
@@ -211,7 +259,7 @@ func (h *handler) checkServers(names []string) error {
 }
 
 func (h *handler) call(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	job, err := parseArgs(req.GetRawArguments())
+	job, err := parseArgs(req.Params.Name, req.GetRawArguments())
 	if err != nil {
 		return mcp.NewToolResultError(err.Error()), nil
 	}
@@ -221,7 +269,7 @@ func (h *handler) call(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	job.Namespace = h.namespace(ctx)
 	job.ID = jobs.NewID()
 	log := h.logger(ctx, job.Namespace, job.ID)
-	log.Info("run_python accepted", "namespace", job.Namespace, "servers", job.Servers, "session", job.Session)
+	log.Info(req.Params.Name+" accepted", "namespace", job.Namespace, "servers", job.Servers, "session", job.Session)
 	progress := progressSender(ctx, req, h.opts.MaxProgress)
 	if progress != nil {
 		if w, ok := h.r.(OutputWatcher); ok {
@@ -233,14 +281,14 @@ func (h *handler) call(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	rec, err := h.r.Run(ctx, job, progress.event)
 	var inv *jobs.InvalidError
 	if errors.As(err, &inv) {
-		log.Info("run_python refused", "err", err)
+		log.Info(req.Params.Name+" refused", "err", err)
 		return mcp.NewToolResultError(err.Error()), nil
 	}
 	if err != nil {
-		log.Warn("run_python failed", "err", err)
+		log.Warn(req.Params.Name+" failed", "err", err)
 		return mcp.NewToolResultError(fmt.Sprintf("the job could not be run: %v", err)), nil
 	}
-	log.Info("run_python finished", "status", rec.Status)
+	log.Info(req.Params.Name+" finished", "status", rec.Status)
 	return resultOf(rec, h.opts.OutputMode), nil
 }
 

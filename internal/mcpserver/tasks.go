@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -105,6 +106,12 @@ type rpcResponse struct {
 	Error   *rpcError       `json:"error,omitempty"`
 }
 
+// offers reports whether tool is one of the run tools this server offers.
+func (t *Tasks) offers(tool string) bool {
+	lang, ok := toolLanguage[tool]
+	return ok && slices.Contains(t.h.languages(), lang)
+}
+
 // claims reports whether msg is a request the task layer answers, and decodes it.
 func (t *Tasks) claims(msg []byte) (rpcRequest, bool) {
 	var req rpcRequest
@@ -120,7 +127,7 @@ func (t *Tasks) claims(msg []byte) (rpcRequest, bool) {
 			Name string           `json:"name"`
 			Task *json.RawMessage `json:"task"`
 		}
-		return req, json.Unmarshal(req.Params, &p) == nil && p.Task != nil && p.Name == ToolName
+		return req, json.Unmarshal(req.Params, &p) == nil && p.Task != nil && t.offers(p.Name)
 	}
 	return req, false
 }
@@ -160,12 +167,13 @@ func invalidParams(format string, args ...any) *rpcError {
 // create starts run_python as a task and answers at once with the task.
 func (t *Tasks) create(ctx context.Context, ns, session string, params json.RawMessage) (any, *rpcError) {
 	var p struct {
-		Arguments any `json:"arguments"`
+		Name      string `json:"name"`
+		Arguments any    `json:"arguments"`
 	}
 	if err := json.Unmarshal(params, &p); err != nil {
 		return nil, invalidParams("tools/call params: %v", err)
 	}
-	job, err := parseArgs(p.Arguments)
+	job, err := parseArgs(p.Name, p.Arguments)
 	if err == nil {
 		err = t.h.checkServers(job.Servers)
 	}

@@ -80,14 +80,20 @@ func MCPClient(t testing.TB, fe *frontend.Frontend) *client.Client {
 // CallRunPython calls run_python with args.
 func CallRunPython(t testing.TB, c *client.Client, args map[string]any) *mcp.CallToolResult {
 	t.Helper()
+	return CallTool(t, c, mcpserver.ToolName, args)
+}
+
+// CallTool calls tool (run_python, run_javascript) with args.
+func CallTool(t testing.TB, c *client.Client, tool string, args map[string]any) *mcp.CallToolResult {
+	t.Helper()
 	req := mcp.CallToolRequest{}
-	req.Params.Name = mcpserver.ToolName
+	req.Params.Name = tool
 	req.Params.Arguments = args
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	res, err := c.CallTool(ctx, req)
 	if err != nil {
-		t.Fatalf("call run_python: %v", err)
+		t.Fatalf("call %s: %v", tool, err)
 	}
 	return res
 }
