@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
@@ -196,4 +197,69 @@ func podmanRunOnce(b *testing.B, image string) time.Duration {
 		b.Fatalf("podman run: %v %s", err, out)
 	}
 	return time.Since(start)
+}
+
+// BenchmarkRunLanguages puts warm run_javascript next to warm run_python in
+// one run through the same fleet (MCP over streamable HTTP → front-end →
+// JetStream → one worker → Podman), each call printing 1: the two tools'
+// calls alternating back to back (b.N each), spaced half a second apart as
+// an agent's are (15 each: the sandbox, and for JavaScript its Node.js
+// executor, are started ahead in between), and each language's session
+// calls (b.N each).
+//
+//	go test -tags "$TAGS" -run '^$' -bench RunLanguages -benchtime 100x ./internal/e2e
+func BenchmarkRunLanguages(b *testing.B) {
+	bk := testutil.Broker(b, "", queue.DefaultConfig())
+	rt := podmantest.New(b, podman.Config{Pool: worker.DefaultConfig("").Slots})
+	if !slices.Contains(sandbox.Languages(rt), sandbox.JavaScript) {
+		b.Fatalf("the sandbox image runs %v: rebuild it with Node.js (sudo deploy/sandbox/build.sh --force)", sandbox.Languages(rt))
+	}
+	testutil.Worker(b, bk, rt, worker.DefaultConfig("bench-worker"))
+	fe := testutil.Frontend(b, bk, "bench-fe")
+	c := testutil.MCPClientWith(b, fe, mcpserver.Options{Languages: jobs.Languages}, mcpserver.HTTPOptions{})
+	call := func(tool string, args map[string]any) time.Duration {
+		start := time.Now()
+		res := testutil.CallTool(b, c, tool, args)
+		el := time.Since(start)
+		if res.IsError || testutil.Text(res) != "1" {
+			b.Fatalf("%s: %q", tool, testutil.Text(res))
+		}
+		return el
+	}
+	py := map[string]any{"code": "print(1)"}
+	js := map[string]any{"code": "console.log(1)"}
+	for range 3 {
+		call(mcpserver.ToolName, py)
+		call(mcpserver.JSToolName, js)
+	}
+	var pys, jss, pySpaced, jsSpaced, pySess, jsSess samples
+	b.ResetTimer()
+	for range b.N {
+		pys = append(pys, call(mcpserver.ToolName, py))
+		jss = append(jss, call(mcpserver.JSToolName, js))
+	}
+	b.StopTimer()
+	for range 15 {
+		time.Sleep(500 * time.Millisecond)
+		pySpaced = append(pySpaced, call(mcpserver.ToolName, py))
+		time.Sleep(500 * time.Millisecond)
+		jsSpaced = append(jsSpaced, call(mcpserver.JSToolName, js))
+	}
+	pyS := map[string]any{"code": "print(1)", "session": "bench-py"}
+	jsS := map[string]any{"code": "console.log(1)", "session": "bench-js"}
+	call(mcpserver.ToolName, pyS)
+	call(mcpserver.JSToolName, jsS)
+	for range b.N {
+		pySess = append(pySess, call(mcpserver.ToolName, pyS))
+		jsSess = append(jsSess, call(mcpserver.JSToolName, jsS))
+	}
+	for _, m := range []struct {
+		name string
+		s    samples
+	}{{"python-b2b", pys}, {"javascript-b2b", jss}, {"python-spaced", pySpaced}, {"javascript-spaced", jsSpaced},
+		{"python-session", pySess}, {"javascript-session", jsSess}} {
+		b.ReportMetric(ms(m.s.pct(50)), m.name+"-p50-ms")
+		b.ReportMetric(ms(m.s.pct(90)), m.name+"-p90-ms")
+		b.Logf("%-18s %3d calls: p50 %6.2f ms  p90 %6.2f ms", m.name, len(m.s), ms(m.s.pct(50)), ms(m.s.pct(90)))
+	}
 }

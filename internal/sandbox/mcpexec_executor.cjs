@@ -1,16 +1,17 @@
 // mcpexec sandbox runner: the JavaScript executor. Node.js, no dependencies.
 //
 // The Python zygote (runner.py) starts it for a job whose language is
-// javascript, as `node mcpexec_executor.cjs [--persist]`, with the channel to
-// the supervisor on fd 3 and its output pipes on fds 1 and 2. It holds no host
+// javascript (or ahead of one), as `node mcpexec_executor.cjs`, with the
+// channel to the supervisor on fd 3 and its output pipes on fds 1 and 2. It holds no host
 // connection: the supervisor relays its frames and checks them, as it does the
 // Python executor's. The frames are the Python executor's (mcpexec_protocol.py):
 // 4-byte big-endian length, then a JSON object.
 //
-//   supervisor → executor: {type: "exec", code, servers}, {type: "reply", id, result, error}
+//   supervisor → executor: {type: "exec", code, servers, persist}, {type: "reply", id, result, error}
 //   executor → supervisor: {type: "call", id, method, params}, {type: "done", status, exit_code, error}
 //
-// One job, or with --persist a session's jobs one after another. The code runs
+// One job, or, when its exec frame says persist, a session's jobs one after
+// another. The code runs
 // as a script in this process's global scope, so a session's later jobs see
 // what earlier ones defined; code that awaits at top level runs as the body of
 // an async function (keep values across a session's jobs on globalThis then).
@@ -58,7 +59,6 @@ function flushed(stream) {
     }
   });
 }
-const persist = process.argv.includes("--persist");
 
 // -- frames ------------------------------------------------------------------------
 
@@ -427,7 +427,7 @@ function onFrame(frame) {
   } else if (frame.type === "exec") {
     queue = queue.then(async () => {
       send(await runJob(frame));
-      if (!persist) {
+      if (frame.persist !== true) {
         chan.end(() => realExit(0));
       }
     });

@@ -87,6 +87,7 @@ class _Supervisor:
         self.to_ex = bytearray()
         self.pending = None  # the exec frame waiting for its executor
         self.pending_lang = "python"  # and its language
+        self.js_seen = False  # a JavaScript job ran here: keep a spare executor for the next
         self.result = None  # a fresh job's done frame, sent once its process is gone
         self.fresh = False
         self.job = None
@@ -147,8 +148,10 @@ class _Supervisor:
             self.decoders = {n: codecs.getincrementaldecoder("utf-8")("replace") for n in ("stdout", "stderr")}
             self.fresh = frame.get("fresh") is True
             self.result = None
-            exec_frame = {"type": "exec", "code": frame.get("code", ""), "servers": frame.get("servers") or []}
+            exec_frame = {"type": "exec", "code": frame.get("code", ""), "servers": frame.get("servers") or [], "persist": not self.fresh}
             lang = frame.get("lang") or "python"
+            if lang == "javascript":
+                self.js_seen = True
             if self.ex is not None and self.ex.persist and not self.fresh:
                 if self.ex.lang != lang:
                     # A session keeps one interpreter: its state is not carried over.
@@ -302,6 +305,11 @@ class _Supervisor:
         self.finish(done, last=not clean)
         if not clean:
             self.exit()
+        if self.js_seen:
+            try:
+                self.zygote.sock.send(b'{"type": "spare"}')  # clean: the next JavaScript job's executor may start
+            except OSError:
+                self.zygote_gone()
 
     def read_rest(self):
         """Reads what an exited executor left in its channel (non-blocking: a

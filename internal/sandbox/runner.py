@@ -1,6 +1,6 @@
 """mcpexec sandbox runner.
 
-Started inside the sandbox as `python3 runner.py SOCKET [--reset]`. Standard
+Started inside the sandbox as `python3 runner.py SOCKET [--reset] [--spare-javascript]`. Standard
 library only. Four files: this entry point (the zygote and the executor's
 loop), mcpexec_protocol (frames and bounds), mcpexec_api (the executor's state
 and the API the code sees) and mcpexec_supervisor (PID 1: relay, checks and
@@ -51,12 +51,20 @@ def _open_std():
     sys.stderr = open(2, "w", encoding="utf-8", errors="replace", buffering=1, closefd=False)
 
 
-def _zygote_main(zsock):
+def _zygote_main(zsock, spare_js=False):
     """The zygote: imports and builds the API once, then forks one executor per
     job (or per session) on the supervisor's word. It runs no code itself and
     holds no thread, so every fork starts from the same clean state. It passes
     each executor's channel and output pipes to the supervisor over zsock (a
-    SOCK_SEQPACKET pair) and reports its exit status."""
+    SOCK_SEQPACKET pair) and reports its exit status.
+
+    In a sandbox that expects JavaScript jobs (spare_js, from the host, which
+    has seen some lately; or the supervisor's word after one ran here) it
+    also keeps one JavaScript executor started ahead (a spare: Node takes
+    ~100 ms to start), so that a JavaScript job finds one loaded. A spare is
+    started only when no code runs in the container (before the first job,
+    and after a sweep found it clean) and killed when a job that did not use
+    it ends: code never meets a spare that a later job will use."""
     _open_std()
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -69,6 +77,59 @@ def _zygote_main(zsock):
     import gc
 
     gc.freeze()  # forks share these pages: keep the collector off them
+    node = _find("node")
+    spare = [None]  # the spare JavaScript executor's (pid, fds)
+
+    def fork_executor(run):
+        """Forks an executor that calls run(channel) with its output on fds 1
+        and 2; returns its pid and the supervisor's ends (channel, stdout,
+        stderr)."""
+        parent_end, child_end = socket.socketpair()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        others = [out_r, err_r] + (list(spare[0][1]) if spare[0] else [])
+        pid = os.fork()
+        if pid == 0:
+            code = 70
+            try:
+                zsock.close()
+                parent_end.close()
+                for fd in others:
+                    os.close(fd)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                os.close(out_w)
+                os.close(err_w)
+                _set_pdeathsig()
+                code = run(child_end) or 0
+            except BaseException:
+                pass
+            os._exit(code)
+        child_end.close()
+        os.close(out_w)
+        os.close(err_w)
+        fds = [parent_end.detach(), out_r, err_r]
+        return pid, fds
+
+    def drop_spare():
+        if spare[0] is None:
+            return
+        pid, fds = spare[0]
+        spare[0] = None
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        os.waitpid(pid, 0)
+        for fd in fds:
+            os.close(fd)
+
+    def start_spare():
+        if node is not None and spare[0] is None:
+            spare[0] = fork_executor(_exec_node)
+
+    if spare_js:
+        start_spare()
     zsock.send(json.dumps({"type": "ready"}).encode())
     while True:
         try:
@@ -81,40 +142,33 @@ def _zygote_main(zsock):
             frame = json.loads(msg)
         except ValueError:
             os._exit(70)
-        if frame.get("type") != "fork":
+        kind = frame.get("type")
+        if kind == "spare":
+            start_spare()
+            continue
+        if kind != "fork":
             os._exit(70)
         persist = bool(frame.get("persist"))
-        lang = frame.get("lang") or "python"
-        parent_end, child_end = socket.socketpair()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            code = 70
-            try:
-                zsock.close()
-                parent_end.close()
-                os.close(out_r)
-                os.close(err_r)
-                os.dup2(out_w, 1)
-                os.dup2(err_w, 2)
-                os.close(out_w)
-                os.close(err_w)
-                _set_pdeathsig()
-                if lang == "javascript":
-                    _exec_node(child_end, persist)  # does not return
-                code = _executor_main(runner, child_end, persist) or 0
-            except BaseException:
-                pass
-            os._exit(code)
-        child_end.close()
-        os.close(out_w)
-        os.close(err_w)
-        socket.send_fds(zsock, [json.dumps({"type": "forked", "pid": pid}).encode()], [parent_end.fileno(), out_r, err_r])
-        parent_end.close()
-        os.close(out_r)
-        os.close(err_r)
+        if frame.get("lang") == "javascript":
+            if spare[0] is not None:
+                (pid, fds), spare[0] = spare[0], None
+            else:
+                pid, fds = fork_executor(_exec_node)
+        else:
+            if spare[0] is not None:
+                # This job's code could reach the spare: it ends with the job.
+                # Killed now, it frees its memory for the job and is reaped,
+                # off the job's path, when the job ends.
+                try:
+                    os.kill(spare[0][0], signal.SIGKILL)
+                except OSError:
+                    pass
+            pid, fds = fork_executor(lambda chan: _executor_main(runner, chan, persist))
+        socket.send_fds(zsock, [json.dumps({"type": "forked", "pid": pid}).encode()], fds)
+        for fd in fds:
+            os.close(fd)
         _, status = os.waitpid(pid, 0)
+        drop_spare()  # the job's code may have reached it
         zsock.send(json.dumps({"type": "exited", "pid": pid, "status": status}).encode())
 
 
@@ -131,9 +185,10 @@ def _languages():
     return ["python", "javascript"] if _find("node") else ["python"]
 
 
-def _exec_node(chan_sock, persist):
+def _exec_node(chan_sock):
     """Runs in a forked executor: replaces it with the JavaScript executor,
-    its channel on fd 3 (fds 1 and 2 are already its output pipes)."""
+    its channel on fd 3 (fds 1 and 2 are already its output pipes). It learns
+    whether it serves a session from its first exec frame."""
     node = _find("node")
     if node is None:
         os.write(2, b"this sandbox has no JavaScript runtime (node): run the job as python, or on a worker whose image has Node.js\n")
@@ -142,10 +197,7 @@ def _exec_node(chan_sock, persist):
     os.set_inheritable(3, True)
     os.closerange(4, os.sysconf("SC_OPEN_MAX"))
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mcpexec_executor.cjs")
-    args = [node, script]
-    if persist:
-        args.append("--persist")
-    os.execv(node, args)
+    os.execv(node, [node, script])
 
 
 def _executor_main(runner, chan_sock, persist):
@@ -187,9 +239,10 @@ def _executor_main(runner, chan_sock, persist):
 def main():
     args = sys.argv[1:]
     reset = "--reset" in args
-    args = [a for a in args if a != "--reset"]
+    spare_js = "--spare-javascript" in args
+    args = [a for a in args if a not in ("--reset", "--spare-javascript")]
     if len(args) != 1:
-        sys.__stderr__.write("usage: runner.py SOCKET [--reset]\n")
+        sys.__stderr__.write("usage: runner.py SOCKET [--reset] [--spare-javascript]\n")
         return 2
     secret = os.environ.pop(SECRET_ENV, "")
     # PID 1 of a container gets no signal from inside it unless it handles it:
@@ -202,7 +255,7 @@ def main():
     # Sweeping processes and wiping files is safe only in a container of
     # its own: as its PID 1.
     reset = reset and os.getpid() == 1
-    zygote = _spawn_zygote(sock, _zygote_main)
+    zygote = _spawn_zygote(sock, lambda z: _zygote_main(z, spare_js and reset))
     sup = _Supervisor(sock, zygote, reset)
     hello = {"type": "hello", "version": PROTOCOL_VERSION, "secret": secret, "isolated": isolated, "reset": reset,
              "languages": _languages()}

@@ -668,3 +668,52 @@ print(os.getuid())`, Timeout: 30 * time.Second}, nil)
 		t.Fatalf("an empty rootfs: %v", err)
 	}
 }
+
+// TestJavaScriptSpareOutOfReach: a reused container keeps a JavaScript
+// executor started ahead once it has run JavaScript, and no job's code meets
+// the one a later job gets: a Python job that signals every process it may,
+// then a JavaScript job that finds no other process to kill, and the next
+// JavaScript jobs still get an executor started ahead, in the same
+// container (the spare never counts as a process a job left behind).
+func TestJavaScriptSpareOutOfReach(t *testing.T) {
+	rt := newRuntime(t, Config{Pool: 1})
+	if !slices.Contains(rt.Languages(), sandbox.JavaScript) {
+		t.Fatalf("the sandbox image runs %v: rebuild it with Node.js (sudo deploy/sandbox/build.sh --force)", rt.Languages())
+	}
+	run := func(lang, code string) (host, out string) {
+		t.Helper()
+		res, err := rt.Run(context.Background(), sandbox.Job{ID: "spare", Tenant: "a", Language: lang, Code: code, Timeout: 30 * time.Second}, nil)
+		if err != nil || res.Status != sandbox.StatusSuccess {
+			t.Fatalf("run %s: %v %+v", lang, err, res)
+		}
+		host, out, _ = strings.Cut(strings.TrimSpace(res.Stdout), "\n")
+		return host, out
+	}
+	// others lists the processes but PID 1 (the supervisor), the zygote and
+	// the job's own; the uptime says whether the executor was started ahead.
+	const jsProbe = `const fs = require("fs")
+console.log(require("os").hostname())
+const others = fs.readdirSync("/proc").filter((p) => /^\d+$/.test(p)).map(Number).filter((p) => ![1, process.pid, process.ppid].includes(p))
+for (const p of others) { try { process.kill(p, "SIGKILL") } catch {} }
+console.log(others.length, process.uptime() > 0.5 ? "ahead" : "started now")`
+	first, _ := run(sandbox.JavaScript, jsProbe)
+	time.Sleep(time.Second) // the spare loads
+	host, _ := run(sandbox.Python, `import os, signal, socket
+print(socket.gethostname())
+for pid in [int(p) for p in os.listdir("/proc") if p.isdigit()]:
+    if pid not in (1, os.getpid(), os.getppid()):  # the runner's own are another test's
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except OSError:
+            pass`)
+	if host != first {
+		t.Fatalf("python job in container %s, not %s", host, first)
+	}
+	for i := range 3 {
+		time.Sleep(time.Second)
+		host, out := run(sandbox.JavaScript, jsProbe)
+		if host != first || out != "0 ahead" {
+			t.Fatalf("javascript job %d: container %s (first %s), other processes and start: %q", i, host, first, out)
+		}
+	}
+}

@@ -25,6 +25,9 @@ func (r *Runtime) spec(dir, jobLabel string, n uint64, l sandbox.Limits) *specge
 	}
 	s.Name = fmt.Sprintf("mcpexec-%s-%d-%d", unsafeName.ReplaceAllString(r.cfg.WorkerID, "_"), os.Getpid(), n)
 	s.Command = []string{"python3", "-I", "-B", "-u", "/mcpexec/runner.py", "/mcpexec/s", "--reset"}
+	if r.expectsJavaScript() {
+		s.Command = append(s.Command, "--spare-javascript")
+	}
 	s.Entrypoint = []string{}
 	s.OCIRuntime = r.cfg.OCIRuntime
 	s.Labels = map[string]string{LabelManaged: "true", LabelWorker: r.cfg.WorkerID, LabelJob: jobLabel, LabelOwner: ownerLabel}
