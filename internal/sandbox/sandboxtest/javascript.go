@@ -164,6 +164,7 @@ await new Promise((r) => setTimeout(r, 2000))`
 			t.Error(err)
 		}
 	})
+	runJavaScriptHostile(t, run, expect)
 	if srt, ok := rt.(sandbox.SessionRuntime); ok {
 		t.Run("Sessions", func(t *testing.T) { runJavaScriptSessions(t, srt) })
 	}
@@ -258,36 +259,6 @@ console.log(fs.readFileSync("/tmp/ok", "utf8"))`
 			}
 		}
 	})
-	t.Run("SocketOutOfReach", func(t *testing.T) {
-		// The host connection is the supervisor's (PID 1): its descriptors
-		// and memory are closed to the code, and the socket path takes no
-		// second connection.
-		code := `const fs = require("fs"), net = require("net")
-const report = []
-const zygote = process.ppid
-const supervisor = Number(fs.readFileSync("/proc/" + zygote + "/stat", "utf8").split(") ")[1].split(" ")[1])
-for (const pid of [1, zygote, supervisor]) {
-  try { report.push("LISTED " + pid + " " + fs.readdirSync("/proc/" + pid + "/fd")) } catch { report.push("denied fd " + pid) }
-  try { const f = fs.openSync("/proc/" + pid + "/mem", "r"); fs.readSync(f, Buffer.alloc(1), 0, 1, 4096); report.push("READ " + pid) } catch { report.push("denied mem " + pid) }
-}
-for (const arg of fs.readFileSync("/proc/1/cmdline", "latin1").split("\0")) {
-  if (!arg.endsWith("/s")) continue
-  report.push(await new Promise((resolve) => {
-    const c = net.connect(arg)
-    c.on("connect", () => { c.destroy(); resolve("CONNECTED " + arg) })
-    c.on("error", (e) => resolve("refused " + e.code))
-  }))
-}
-console.log(report.join("\n"))`
-		res := run(t, code, short, nil)
-		expect(t, res, sandbox.StatusSuccess, 0)
-		for _, bad := range []string{"LISTED", "READ", "CONNECTED"} {
-			if strings.Contains(res.Stdout, bad) {
-				t.Fatalf("the code reached the host channel (%s):\n%s", bad, res.Stdout)
-			}
-		}
-		t.Logf("the code's probes:\n%s", res.Stdout)
-	})
 	t.Run("ForkBombContained", func(t *testing.T) {
 		code := `const {spawn} = require("child_process")
 let n = 0
@@ -312,5 +283,146 @@ try {
 	})
 	t.Run("StillHealthyAfterAbuse", func(t *testing.T) {
 		expect(t, run(t, "console.log('alive')", short, nil), sandbox.StatusSuccess, 0)
+	})
+}
+
+// jsFrame is JavaScript for frame(obj): the bytes of one frame of the runner
+// protocol, and sendRaw(buf): buf written to the executor's channel (fd 3)
+// whole, however full the socket is.
+const jsFrame = `const fs = require("fs")
+function frame(obj) {
+  const body = Buffer.from(JSON.stringify(obj))
+  const head = Buffer.alloc(4); head.writeUInt32BE(body.length)
+  return Buffer.concat([head, body])
+}
+function sendRaw(buf) {
+  let off = 0
+  while (off < buf.length) {
+    try { off += fs.writeSync(3, buf, off) } catch (e) { if (e.code !== "EAGAIN") return false }
+  }
+  return true
+}
+`
+
+// runJavaScriptHostile is the hostile-runner suite in JavaScript: code that
+// attacks the supervisor and the host through the executor's channel. The
+// host holds its bounds, the job ends within its limit plus the host's write
+// timeout, and the next job succeeds.
+func runJavaScriptHostile(t *testing.T, run runFunc, expect expectFunc) {
+	const limit, bound = 4 * time.Second, 4*time.Second + sandbox.WriteTimeout + 20*time.Second
+	healthy := func(t *testing.T) {
+		t.Helper()
+		res := run(t, "console.log('next job fine')", 20*time.Second, nil)
+		expect(t, res, sandbox.StatusSuccess, 0)
+		if res.Stdout != "next job fine\n" {
+			t.Fatalf("next job: %+v", res)
+		}
+	}
+	timed := func(t *testing.T, code string, host sandbox.Host) sandbox.Result {
+		t.Helper()
+		start := time.Now()
+		res := run(t, code, limit, host)
+		if el := time.Since(start); el > bound {
+			t.Fatalf("job with a %s limit took %s: %+v", limit, el, res)
+		}
+		return res
+	}
+	t.Run("SocketOutOfReach", func(t *testing.T) {
+		// The host connection is the supervisor's (PID 1 of a container):
+		// its descriptors and memory are closed to the code, and the socket
+		// path takes no second connection.
+		code := `const fs = require("fs"), net = require("net")
+const report = []
+const zygote = process.ppid
+const supervisor = Number(fs.readFileSync("/proc/" + zygote + "/stat", "utf8").split(") ")[1].split(" ")[1])
+for (const pid of [1, zygote, supervisor]) {
+  try { report.push("LISTED " + pid + " " + fs.readdirSync("/proc/" + pid + "/fd")) } catch { report.push("denied fd " + pid) }
+  try { const f = fs.openSync("/proc/" + pid + "/mem", "r"); fs.readSync(f, Buffer.alloc(1), 0, 1, 4096); report.push("READ " + pid) } catch { report.push("denied mem " + pid) }
+}
+for (const arg of fs.readFileSync("/proc/" + supervisor + "/cmdline", "latin1").split("\0")) {
+  if (!arg.endsWith("/s")) continue
+  report.push(await new Promise((resolve) => {
+    const c = net.connect(arg)
+    c.on("connect", () => { c.destroy(); resolve("CONNECTED " + arg) })
+    c.on("error", (e) => resolve("refused " + e.code))
+  }))
+}
+console.log(report.join("\n"))`
+		res := timed(t, code, nil)
+		expect(t, res, sandbox.StatusSuccess, 0)
+		for _, bad := range []string{"LISTED", "READ", "CONNECTED"} {
+			if strings.Contains(res.Stdout, bad) {
+				t.Fatalf("the code reached the host channel (%s):\n%s", bad, res.Stdout)
+			}
+		}
+		t.Logf("the code's probes:\n%s", res.Stdout)
+	})
+	t.Run("FloodsCallsAndStopsReading", func(t *testing.T) {
+		// Raw calls as fast as the code can write them, from a loop that
+		// never yields, so the executor never reads the (big) answers.
+		h := &bigHost{}
+		res := timed(t, jsFrame+`for (let i = 1; ; i++) {
+  if (!sendRaw(frame({type: "call", id: i, method: "memory_get", params: {key: "k"}}))) break
+}
+await new Promise((r) => setTimeout(r, 60000))`, h)
+		if res.Status == sandbox.StatusSuccess {
+			t.Fatalf("flood ended in success: %+v", res)
+		}
+		t.Logf("status %s error %q; host answered %d calls", res.Status, res.Error, h.n())
+		healthy(t)
+	})
+	t.Run("FloodsCallsThroughTheAPI", func(t *testing.T) {
+		h := &bigHost{}
+		res := timed(t, `await Promise.all([...Array(5000).keys()].map((i) => callTool("s", "t", {i}).catch(() => null)))
+console.log("done")`, h)
+		t.Logf("status %s error %q; host answered %d calls", res.Status, res.Error, h.n())
+		if h.n() > sandbox.CallBurst+int(bound/time.Second)*sandbox.CallsPerSecond {
+			t.Fatalf("host answered %d calls: over the rate bound", h.n())
+		}
+		healthy(t)
+	})
+	t.Run("ForgedAndMalformedFrames", func(t *testing.T) {
+		cases := map[string]string{
+			"done":      `frame({type: "done", status: "success", exit_code: 0})`,
+			"hello":     `frame({type: "hello", version: 2, secret: "x"})`,
+			"badid":     `frame({type: "call", id: -1, method: "memory_get", params: {}})`,
+			"unknown":   `frame({type: "call", id: 1, method: "x".repeat(3 << 20)})`,
+			"nonutf8":   `Buffer.from([0, 0, 0, 6, 0xff, 0xfe, 0xfd, 0xfc, 0xfb, 0xfa])`,
+			"oversized": `Buffer.concat([Buffer.from([0x7f, 0xff, 0xff, 0xff]), Buffer.alloc(65536, "{")])`,
+			"bigframe":  `frame({type: "out", stream: "stdout", data: "y".repeat(20 << 20)})`,
+		}
+		for name, payload := range cases {
+			t.Run(name, func(t *testing.T) {
+				res := timed(t, jsFrame+"console.log('sent', sendRaw("+payload+"))\nawait new Promise((r) => setTimeout(r, 2000))\nconsole.log('still here')", nil)
+				// The code may end its own job (a done frame) or have a call
+				// refused (an unknown method); what it never does is make
+				// frames of its own reach the host as output.
+				if strings.Contains(res.Stdout, "yyyy") {
+					t.Fatalf("a forged frame's data became output: %d bytes", len(res.Stdout))
+				}
+				t.Logf("status %s error %q", res.Status, res.Error)
+			})
+		}
+		healthy(t)
+	})
+	t.Run("ClosesChannelMidCall", func(t *testing.T) {
+		res := timed(t, `setTimeout(() => require("fs").closeSync(3), 200)
+await callTool("slow", "t", {})
+console.log("call returned")`, &bigHost{delay: 2 * time.Second})
+		if res.Status == sandbox.StatusSuccess {
+			t.Fatalf("closing the channel mid-call ended in success: %+v", res)
+		}
+		t.Logf("status %s error %q", res.Status, res.Error)
+		healthy(t)
+	})
+	t.Run("ForksAndWritesAfterDone", func(t *testing.T) {
+		res := timed(t, `const c = require("child_process").spawn("/bin/sh", ["-c", "sleep 0.3; i=0; while [ $i -lt 2000 ]; do echo AFTER DONE; i=$((i+1)); done"], {stdio: ["ignore", "inherit", "inherit"], detached: true})
+c.unref()
+console.log("parent done")`, nil)
+		expect(t, res, sandbox.StatusSuccess, 0)
+		if strings.Contains(res.Stdout, "AFTER DONE") {
+			t.Fatalf("output written after done reached the result: %q", res.Stdout)
+		}
+		healthy(t)
 	})
 }
