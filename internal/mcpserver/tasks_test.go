@@ -3,6 +3,7 @@ package mcpserver_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,8 +18,10 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
@@ -311,4 +314,28 @@ func serveTasksB(b *testing.B, fe *frontend.Frontend) string {
 	hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{Tasks: tasks}))
 	b.Cleanup(hs.Close)
 	return hs.URL
+}
+
+// TestJavaScriptTask: run_javascript is a task like run_python where it is
+// offered, and its job is a JavaScript job.
+func TestJavaScriptTask(t *testing.T) {
+	b := testutil.Broker(t, "", queue.DefaultConfig())
+	rt := &testutil.FakeRuntime{Langs: []string{sandbox.Python, sandbox.JavaScript}}
+	testutil.Worker(t, b, rt, worker.DefaultConfig("w1"))
+	fe := testutil.Frontend(t, b, "fe1")
+	serve := func(langs []string) string {
+		opts := mcpserver.Options{Namespace: mcpserver.NamespaceFromContext, Languages: langs}
+		srv := mcpserver.New(fe, opts)
+		tasks := mcpserver.NewTasks(srv, fe, opts, 0)
+		t.Cleanup(tasks.Close)
+		hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{Tasks: tasks, Tokens: map[string]string{"token-alpha": "alpha"}}))
+		t.Cleanup(hs.Close)
+		return hs.URL
+	}
+	call := map[string]any{"name": "run_javascript", "arguments": map[string]any{"code": "console.log(1)"}, "task": map[string]any{}}
+	tk := decode[struct{ Task task }](t, httpRPC(t, serve(jobs.Languages), "token-alpha", "tools/call", call)).Task
+	rec, err := fe.Get(context.Background(), "alpha", tk.TaskID)
+	if err != nil || rec.Job.Lang() != jobs.LangJavaScript {
+		t.Fatalf("the task's job: %+v %v", rec, err)
+	}
 }
