@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/mark3labs/mcp-go/server"
+	"github.com/mcpexec/mcpexec/internal/app"
 	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
@@ -15,10 +16,12 @@ import (
 
 // httpHandler is the front-end's HTTP surface: /mcp with its task layer, the
 // jobs API, /healthz and /metrics, behind the configured tokens and origins.
-func httpHandler(c *config, srv *server.MCPServer, tasks *mcpserver.Tasks, fe *frontend.Frontend, m *metrics.Metrics, log *slog.Logger) http.Handler {
-	opts := mcpserver.HTTPOptions{Health: fe.Health, Tokens: map[string]string{}, Tasks: tasks,
+func httpHandler(c *config, srv *server.MCPServer, tasks *mcpserver.Tasks, lazy *app.Lazy, m *metrics.Metrics, log *slog.Logger) http.Handler {
+	opts := mcpserver.HTTPOptions{Health: lazy.Health, Tokens: map[string]string{}, Tasks: tasks,
 		Extra: map[string]http.Handler{"GET /metrics": mcpserver.MetricsGuard(m.Handler(), c.servers.metricsTokens)}}
-	opts.API = jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext, Logger: log})
+	opts.API = lazy.Handler(func(fe *frontend.Frontend) http.Handler {
+		return jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext, Logger: log})
+	})
 	for tok, ns := range c.servers.tokens {
 		opts.Tokens[tok] = ns
 	}

@@ -65,7 +65,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	for ns, p := range c.servers.policies {
 		policies[ns] = p.Inherit(def)
 	}
-	stack, err := app.StartFrontend(ctx, app.FrontendConfig{
+	// The stack (broker, sandbox runtime, worker) starts in the background:
+	// MCP clients get initialize and tools/list at once, and run_python says
+	// what is missing until it runs.
+	lazy := app.StartLazily(app.FrontendConfig{
 		NATSURL:    c.nats,
 		NATSOpts:   nopts,
 		DataDir:    c.data,
@@ -79,20 +82,17 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		},
 		Logger:  log,
 		Metrics: m,
-	})
-	if err != nil {
-		return err
-	}
-	defer stack.Close()
+	}, startFix)
+	defer lazy.Close()
 	mode := "fleet"
 	if c.nats == "" {
 		mode = "embedded"
 	}
 	langs := c.languages
-	if langs == nil { // auto: what the embedded worker runs; a fleet's jobs wait for a worker that runs theirs
+	if langs == nil { // auto: a fleet's jobs wait for a worker that runs theirs; the embedded worker says once it runs
 		langs = jobs.Languages
-		if stack.Runtime != nil {
-			langs = sandbox.Languages(stack.Runtime)
+		if c.nats == "" {
+			langs = []string{jobs.LangPython}
 		}
 	}
 	mopts := mcpserver.Options{Servers: pool.Names, Catalog: pool.Servers, OutputMode: c.servers.outputMode, Metrics: m, Logger: log, Languages: langs}
@@ -102,19 +102,22 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	} else {
 		mopts.Namespace = mcpserver.NamespaceFromContext
 	}
-	srv := mcpserver.New(stack.Frontend, mopts)
-	tasks := mcpserver.NewTasks(srv, stack.Frontend, mopts, 0)
+	srv, tools := mcpserver.NewServer(lazy, mopts)
+	if c.languages == nil && c.nats == "" {
+		lazy.OnReady(func(s *app.Stack) { tools.SetLanguages(sandbox.Languages(s.Runtime)) })
+	}
+	tasks := mcpserver.NewTasks(srv, lazy, mopts, 0)
 	defer tasks.Close()
 	if c.httpAddr == "" {
 		log.Info("serving MCP on stdio", "frontend", c.id, "mode", mode, "languages", langs)
-		return mcpserver.ServeStdio(ctx, srv, tasks, stack.Frontend.Drain, c.fleet.grace, stdin, stdout, log)
+		return mcpserver.ServeStdio(ctx, srv, tasks, lazy.Drain, c.fleet.grace, stdin, stdout, log)
 	}
 	ln, err := net.Listen("tcp", c.httpAddr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w (is another process using the port? choose another with --http)", c.httpAddr, err)
 	}
 	log.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp", "frontend", c.id, "mode", mode, "languages", langs)
-	return mcpserver.ServeHTTP(ctx, ln, httpHandler(c, srv, tasks, stack.Frontend, m, log), stack.Frontend.Drain, c.fleet.grace, log)
+	return mcpserver.ServeHTTP(ctx, ln, httpHandler(c, srv, tasks, lazy, m, log), lazy.Drain, c.fleet.grace, log)
 }
 
 // embeddedWorkerID is stable across restarts, so a restarted front-end's worker

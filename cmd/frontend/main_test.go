@@ -106,3 +106,52 @@ func TestEmbeddedStdio(t *testing.T) {
 		t.Fatal("front-end did not stop within 60s of cancellation")
 	}
 }
+
+// TestStartsWithoutPodman: with no Podman on PATH (and no socket), the
+// front-end still answers initialize and tools/list at once, and run_python
+// says what is missing and the command that fixes it, while the start is
+// retried in the background.
+func TestStartsWithoutPodman(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	dir := t.TempDir()
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--data", filepath.Join(dir, "data"), "--podman", "unix://" + filepath.Join(dir, "no.sock"),
+			"--discover=false", "--worker-id", "test-no-podman"}, inR, outW, testLogWriter(t))
+		outW.Close()
+	}()
+	c := client.NewClient(transport.NewIO(outR, inW, nil))
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	init := mcp.InitializeRequest{}
+	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
+	init.Params.ClientInfo = mcp.Implementation{Name: "no-podman", Version: "0"}
+	start := time.Now()
+	if _, err := c.Initialize(ctx, init); err != nil {
+		t.Fatalf("initialize: %v", err)
+	}
+	initialized := time.Since(start)
+	tools, err := c.ListTools(ctx, mcp.ListToolsRequest{})
+	if err != nil || len(tools.Tools) == 0 || tools.Tools[0].Name != "run_python" {
+		t.Fatalf("tools/list: %v %+v", err, tools)
+	}
+	t.Logf("FIGURE without Podman: initialize answered in %s, tools/list %s after the start", initialized, time.Since(start))
+	res := testutil.CallRunPython(t, c, map[string]any{"code": "print(1)"})
+	if text := testutil.Text(res); !res.IsError || !strings.Contains(text, "not ready") || !strings.Contains(text, "apt-get install podman") {
+		t.Fatalf("run_python without Podman: isError=%v %q", res.IsError, text)
+	}
+	cancel()
+	inW.Close()
+	select {
+	case err := <-done:
+		if cli.ExitCode(err) != cli.ExitOK {
+			t.Fatalf("front-end exited with %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("front-end did not stop within 60s of cancellation")
+	}
+}

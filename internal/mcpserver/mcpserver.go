@@ -92,6 +92,43 @@ func ToolFor(lang string) string {
 
 // New returns an MCP server exposing run_python backed by r.
 func New(r Runner, opts Options) *server.MCPServer {
+	s, _ := NewServer(r, opts)
+	return s
+}
+
+// Tools changes what an MCP server made by NewServer offers after the start:
+// Refresh reads Options.Servers again (the servers enum), SetLanguages changes
+// the run tools. Clients hear of each change (notifications/tools/list_changed).
+type Tools struct {
+	s *server.MCPServer
+	h *handler
+}
+
+// SetLanguages offers one run tool per language of langs (Python always).
+func (t *Tools) SetLanguages(langs []string) {
+	t.h.mu.Lock()
+	t.h.opts.Languages = slices.Clone(langs)
+	t.h.mu.Unlock()
+	t.Refresh()
+}
+
+// Refresh rebuilds the run tools from the current servers and languages.
+func (t *Tools) Refresh() {
+	langs := t.h.languages()
+	var add []server.ServerTool
+	for _, lang := range langs {
+		add = append(add, server.ServerTool{Tool: t.h.tool(lang), Handler: t.h.call})
+	}
+	t.s.AddTools(add...)
+	for _, lang := range jobs.Languages {
+		if !slices.Contains(langs, lang) && t.s.GetTool(ToolFor(lang)) != nil {
+			t.s.DeleteTools(ToolFor(lang))
+		}
+	}
+}
+
+// NewServer is New, with the Tools that change its tools later.
+func NewServer(r Runner, opts Options) (*server.MCPServer, *Tools) {
 	if opts.Name == "" {
 		opts.Name = "mcpexec"
 	}
@@ -109,7 +146,7 @@ func New(r Runner, opts Options) *server.MCPServer {
 	}
 	sopts := []server.ServerOption{
 		server.WithHooks(hooks),
-		server.WithToolCapabilities(false),
+		server.WithToolCapabilities(true), // the servers enum and the languages may change
 		server.WithResourceCapabilities(false, false),
 		server.WithInstructions(instructions(opts.Languages)),
 	}
@@ -122,24 +159,29 @@ func New(r Runner, opts Options) *server.MCPServer {
 	for _, lang := range h.languages() {
 		s.AddTool(h.tool(lang), h.call)
 	}
+	tools := &Tools{s: s, h: h}
 	s.AddResource(mcp.NewResource(CapabilitiesURI, "mcpexec capabilities",
 		mcp.WithResourceDescription("The manual of the sandbox's API (Python, and JavaScript where offered): proxied MCP servers, tool docs, memory."),
 		mcp.WithMIMEType("text/markdown")),
 		func(context.Context, mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
 			return []mcp.ResourceContents{mcp.TextResourceContents{URI: CapabilitiesURI, MIMEType: "text/markdown", Text: h.manual()}}, nil
 		})
-	return s
+	return s, tools
 }
 
 type handler struct {
 	r    Runner
+	mu   sync.Mutex // guards opts.Languages
 	opts Options
 }
 
 // languages returns the languages offered, Python first.
 func (h *handler) languages() []string {
+	h.mu.Lock()
+	js := slices.Contains(h.opts.Languages, jobs.LangJavaScript)
+	h.mu.Unlock()
 	out := []string{jobs.LangPython}
-	if slices.Contains(h.opts.Languages, jobs.LangJavaScript) {
+	if js {
 		out = append(out, jobs.LangJavaScript)
 	}
 	return out

@@ -1,0 +1,24 @@
+package main
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
+)
+
+// startFix is the advice for a stack that did not start, from its error.
+func startFix(err error) string {
+	msg := err.Error()
+	switch {
+	case errors.Is(err, podman.ErrNoImage):
+		return "build the sandbox image: `sudo deploy/sandbox/build.sh` (or `make image`); with --build-image (the default) the front-end builds it itself when it runs as root"
+	case strings.Contains(msg, "podman") && (strings.Contains(msg, "executable file not found") || strings.Contains(msg, "no such file")):
+		return "install Podman: `sudo apt-get install podman runc uidmap` (or `make deps`), then build the image with `make image`; or run workers on another host and join their broker with --nats"
+	case strings.Contains(msg, "podman"):
+		return "check Podman: `frontend doctor` says what is wrong and how to fix it"
+	case strings.Contains(msg, "NATS") || strings.Contains(msg, "nats"):
+		return "start the broker (`broker --listen HOST:PORT`) or point --nats (MCPEXEC_NATS) at a running one; `frontend doctor --nats URL` checks it"
+	}
+	return "`frontend doctor` checks every part and says how to fix what fails"
+}

@@ -1,0 +1,291 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/errs"
+	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/jobs"
+)
+
+// ErrNotReady is the kind of the error a Lazy front-end answers while its
+// stack is not up: the message says what is missing and how to fix it.
+var ErrNotReady = errs.New(errs.Unavailable, "mcpexec is not ready to run code")
+
+// Lazy is a front-end whose stack (broker connection or embedded broker,
+// sandbox runtime, worker) starts in the background, so that the MCP surface
+// answers at once: until the stack is up, calls that need it are answered
+// with ErrNotReady saying why. A start that fails is retried, with a growing
+// delay, until it succeeds or Close.
+type Lazy struct {
+	cfg    FrontendConfig
+	limits jobs.Limits
+	fix    func(error) string
+
+	mu      sync.Mutex
+	stack   *Stack
+	lastErr error
+	ready   chan struct{} // closed once stack is set
+	failed  chan struct{} // closed when a start first fails
+	onReady []func(*Stack)
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Retry delays of a Lazy start that failed.
+const (
+	lazyFirstRetry = 2 * time.Second
+	lazyMaxRetry   = 30 * time.Second
+)
+
+// StartLazily starts cfg's stack in the background and returns at once. fix,
+// when set, turns a start's error into the advice appended to ErrNotReady's
+// message.
+func StartLazily(cfg FrontendConfig, fix func(error) string) *Lazy {
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &Lazy{cfg: cfg, limits: cfg.Frontend.Limits, fix: fix, ready: make(chan struct{}), failed: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
+	if l.limits == (jobs.Limits{}) {
+		l.limits = jobs.DefaultLimits()
+	}
+	go l.run(ctx)
+	return l
+}
+
+func (l *Lazy) run(ctx context.Context) {
+	defer close(l.done)
+	log := l.cfg.Logger
+	delay := lazyFirstRetry
+	for {
+		start := time.Now()
+		s, err := StartFrontend(ctx, l.cfg)
+		if err == nil {
+			l.mu.Lock()
+			l.stack, l.lastErr = s, nil
+			hooks := l.onReady
+			l.onReady = nil
+			close(l.ready)
+			l.mu.Unlock()
+			if log != nil {
+				log.Info("mcpexec is ready to run code", "start", time.Since(start).Round(time.Millisecond))
+			}
+			for _, h := range hooks {
+				h(s)
+			}
+			return
+		}
+		l.mu.Lock()
+		if l.lastErr == nil {
+			close(l.failed)
+		}
+		l.lastErr = err
+		l.mu.Unlock()
+		if log != nil {
+			log.Warn("mcpexec cannot run code yet: retrying", "err", err, "fix", l.advice(err), "retry_in", delay)
+		}
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return
+		}
+		delay = min(2*delay, lazyMaxRetry)
+	}
+}
+
+func (l *Lazy) advice(err error) string {
+	if l.fix == nil {
+		return ""
+	}
+	return l.fix(err)
+}
+
+// Stack returns the running stack, or an ErrNotReady that says why there is
+// none yet.
+func (l *Lazy) Stack() (*Stack, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stack != nil {
+		return l.stack, nil
+	}
+	if l.lastErr == nil {
+		return nil, fmt.Errorf("%w: it is still starting (the sandbox runtime and the broker); try again in a few seconds", ErrNotReady)
+	}
+	if a := l.advice(l.lastErr); a != "" {
+		return nil, fmt.Errorf("%w: %w; to fix it: %s", ErrNotReady, l.lastErr, a)
+	}
+	return nil, fmt.Errorf("%w: %w", ErrNotReady, l.lastErr)
+}
+
+// frontend returns the running front-end or ErrNotReady.
+func (l *Lazy) frontend() (*frontend.Frontend, error) {
+	s, err := l.Stack()
+	if err != nil {
+		return nil, err
+	}
+	return s.Frontend, nil
+}
+
+// StartWait is how long a call that needs the stack waits for a start in
+// progress (the embedded broker and runtime take a second or two; building
+// the sandbox image a minute). A start that failed is answered at once.
+const StartWait = 30 * time.Second
+
+// await returns the front-end, waiting up to StartWait (or ctx) for a start
+// in progress that has not failed yet.
+func (l *Lazy) await(ctx context.Context) (*frontend.Frontend, error) {
+	l.mu.Lock()
+	starting := l.stack == nil && l.lastErr == nil
+	l.mu.Unlock()
+	if starting {
+		t := time.NewTimer(StartWait)
+		defer t.Stop()
+		select {
+		case <-l.ready:
+		case <-l.failed:
+		case <-ctx.Done():
+		case <-t.C:
+		case <-l.done:
+		}
+	}
+	return l.frontend()
+}
+
+// OnReady calls fn with the stack once it runs (at once when it does).
+func (l *Lazy) OnReady(fn func(*Stack)) {
+	l.mu.Lock()
+	s := l.stack
+	if s == nil {
+		l.onReady = append(l.onReady, fn)
+	}
+	l.mu.Unlock()
+	if s != nil {
+		fn(s)
+	}
+}
+
+// Ready is closed once the stack runs.
+func (l *Lazy) Ready() <-chan struct{} { return l.ready }
+
+// Close stops the start (or the stack, once it runs) and waits for it.
+func (l *Lazy) Close() {
+	l.cancel()
+	<-l.done
+	l.mu.Lock()
+	s := l.stack
+	l.stack = nil
+	l.mu.Unlock()
+	if s != nil {
+		s.Close()
+	}
+}
+
+// Drain lets the running front-end's jobs end (nothing while there is none).
+func (l *Lazy) Drain(ctx context.Context) {
+	if fe, err := l.frontend(); err == nil {
+		fe.Drain(ctx)
+	}
+}
+
+// Limits implements mcpserver.Runner: the configured limits, known before the
+// stack runs.
+func (l *Lazy) Limits() jobs.Limits { return l.limits }
+
+// Run implements mcpserver.Runner.
+func (l *Lazy) Run(ctx context.Context, job *jobs.Job, progress func(jobs.Event)) (*jobs.Record, error) {
+	fe, err := l.await(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return fe.Run(ctx, job, progress)
+}
+
+// Submit implements mcpserver.TaskBackend.
+func (l *Lazy) Submit(ctx context.Context, job *jobs.Job) (*jobs.Record, error) {
+	fe, err := l.await(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return fe.Submit(ctx, job)
+}
+
+// Get implements mcpserver.TaskBackend.
+func (l *Lazy) Get(ctx context.Context, ns, id string) (*jobs.Record, error) {
+	fe, err := l.frontend()
+	if err != nil {
+		return nil, err
+	}
+	return fe.Get(ctx, ns, id)
+}
+
+// List implements mcpserver.TaskBackend.
+func (l *Lazy) List(ctx context.Context, ns string, f jobs.Filter) ([]*jobs.Record, string, error) {
+	fe, err := l.frontend()
+	if err != nil {
+		return nil, "", err
+	}
+	return fe.List(ctx, ns, f)
+}
+
+// Cancel implements mcpserver.TaskBackend.
+func (l *Lazy) Cancel(ctx context.Context, ns, id, reason string) error {
+	fe, err := l.frontend()
+	if err != nil {
+		return err
+	}
+	return fe.Cancel(ctx, ns, id, reason)
+}
+
+// Wait implements mcpserver.TaskBackend.
+func (l *Lazy) Wait(ctx context.Context, ns, id string) (*jobs.Record, error) {
+	fe, err := l.frontend()
+	if err != nil {
+		return nil, err
+	}
+	return fe.Wait(ctx, ns, id)
+}
+
+// WatchOutput implements mcpserver.OutputWatcher.
+func (l *Lazy) WatchOutput(ns, id string, fn func(stream, data string)) (func(), error) {
+	fe, err := l.frontend()
+	if err != nil {
+		return nil, err
+	}
+	return fe.WatchOutput(ns, id, fn)
+}
+
+// Health is the front-end's health while it runs; before, an error saying
+// why it does not.
+func (l *Lazy) Health(ctx context.Context) error {
+	fe, err := l.frontend()
+	if err != nil {
+		return err
+	}
+	return fe.Health(ctx)
+}
+
+// Handler serves build(front-end) once the stack runs; before, 503 with
+// ErrNotReady's message.
+func (l *Lazy) Handler(build func(*frontend.Frontend) http.Handler) http.Handler {
+	var once sync.Once
+	var h http.Handler
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fe, err := l.frontend()
+		if err != nil {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Retry-After", "5")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = fmt.Fprintf(w, `{"error":{"code":"unavailable","message":%q}}`+"\n", err.Error()) // the client went away: nothing to do
+			return
+		}
+		once.Do(func() { h = build(fe) })
+		h.ServeHTTP(w, r)
+	})
+}
+
+// IsNotReady reports whether err is a Lazy front-end's ErrNotReady.
+func IsNotReady(err error) bool { return errors.Is(err, ErrNotReady) }
