@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"os/exec"
 	"strings"
 
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
@@ -13,7 +14,7 @@ func startFix(err error) string {
 	switch {
 	case errors.Is(err, podman.ErrNoImage):
 		return "build the sandbox image: `sudo deploy/sandbox/build.sh` (or `make image`); with --build-image (the default) the front-end builds it itself when it runs as root"
-	case strings.Contains(msg, "podman") && (strings.Contains(msg, "executable file not found") || strings.Contains(msg, "no such file")):
+	case strings.Contains(msg, "podman") && !onPath("podman"):
 		return "install Podman: `sudo apt-get install podman runc uidmap` (or `make deps`), then build the image with `make image`; or run workers on another host and join their broker with --nats"
 	case strings.Contains(msg, "podman"):
 		return "check Podman: `frontend doctor` says what is wrong and how to fix it"
@@ -21,4 +22,9 @@ func startFix(err error) string {
 		return "start the broker (`broker --listen HOST:PORT`) or point --nats (MCPEXEC_NATS) at a running one; `frontend doctor --nats URL` checks it"
 	}
 	return "`frontend doctor` checks every part and says how to fix what fails"
+}
+
+func onPath(prog string) bool {
+	_, err := exec.LookPath(prog)
+	return err == nil
 }

@@ -42,7 +42,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err != nil {
 		return err
 	}
-	pool := c.servers.pool(log)
+	dopts := c.servers.discoveryOptions()
+	pool, since := c.servers.pool(dopts, log)
 	if err := pool.Start(ctx); err != nil {
 		return err
 	}
@@ -106,6 +107,13 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if c.languages == nil && c.nats == "" {
 		lazy.OnReady(func(s *app.Stack) { tools.SetLanguages(sandbox.Languages(s.Runtime)) })
 	}
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		watchServers(wctx, dopts, since, pool, serversChanged(lazy, tools, log), log)
+	}()
+	defer func() { stopWatch(); <-watched }()
 	tasks := mcpserver.NewTasks(srv, lazy, mopts, 0)
 	defer tasks.Close()
 	if c.httpAddr == "" {

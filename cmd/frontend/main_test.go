@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -143,6 +145,106 @@ func TestStartsWithoutPodman(t *testing.T) {
 	res := testutil.CallRunPython(t, c, map[string]any{"code": "print(1)"})
 	if text := testutil.Text(res); !res.IsError || !strings.Contains(text, "not ready") || !strings.Contains(text, "apt-get install podman") {
 		t.Fatalf("run_python without Podman: isError=%v %q", res.IsError, text)
+	}
+	cancel()
+	inW.Close()
+	select {
+	case err := <-done:
+		if cli.ExitCode(err) != cli.ExitOK {
+			t.Fatalf("front-end exited with %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("front-end did not stop within 60s of cancellation")
+	}
+}
+
+// TestServersConfigWatched: with HOME holding only ~/MCPs (the seed bridge's
+// config directory), a server file added while the front-end runs is
+// proxied without a restart: clients hear notifications/tools/list_changed,
+// the servers enum names it, and code calls it; removing the file removes it.
+func TestServersConfigWatched(t *testing.T) {
+	podmantest.New(t, podmanConfigForProbe()) // skips (or fails in CI) without Podman
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	t.Setenv("XDG_CONFIG_HOME", "")
+	t.Setenv("MCP_SERVERS_CONFIG", "")
+	mcps := filepath.Join(home, "MCPs")
+	if err := os.MkdirAll(mcps, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	def := testutil.TestServerDef(t, "ts", nil)
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--data", filepath.Join(home, "data"), "--pool", "1", "--worker-id", "test-watch"}, inR, outW, testLogWriter(t))
+		outW.Close()
+	}()
+	c := client.NewClient(transport.NewIO(outR, inW, nil))
+	changed := make(chan struct{}, 8)
+	c.OnNotification(func(n mcp.JSONRPCNotification) {
+		if n.Method == string(mcp.MethodNotificationToolsListChanged) {
+			changed <- struct{}{}
+		}
+	})
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	init := mcp.InitializeRequest{}
+	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
+	init.Params.ClientInfo = mcp.Implementation{Name: "watch-test", Version: "0"}
+	if _, err := c.Initialize(ctx, init); err != nil {
+		t.Fatalf("initialize: %v", err)
+	}
+	enum := func() string {
+		t.Helper()
+		tools, err := c.ListTools(ctx, mcp.ListToolsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tl := range tools.Tools {
+			if tl.Name == "run_python" {
+				b, _ := json.Marshal(tl.InputSchema.Properties["servers"]) // a schema always encodes
+				return string(b)
+			}
+		}
+		t.Fatal("no run_python")
+		return ""
+	}
+	if strings.Contains(enum(), `"ts"`) {
+		t.Fatal("ts is offered before its file exists")
+	}
+	body, _ := json.Marshal(map[string]any{"description": "test tools", "mcpServers": map[string]any{"ts": map[string]any{"command": def.Command, "args": def.Args}}}) // plain values encode
+	if err := os.WriteFile(filepath.Join(mcps, "ts.json"), body, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Each change of the tools is announced (the embedded worker's
+	// languages may come first): wait for the one that names ts.
+	for deadline := time.After(30 * time.Second); !strings.Contains(enum(), `"ts"`); {
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("no notifications/tools/list_changed with ts in the servers enum after its file was added: %s", enum())
+		}
+	}
+	res := testutil.CallRunPython(t, c, map[string]any{"code": "print(await mcp_ts.echo(text='added live'))", "servers": []string{"ts"}})
+	if res.IsError || testutil.Text(res) != "added live" {
+		t.Fatalf("call of the new server: isError=%v %q", res.IsError, testutil.Text(res))
+	}
+	if err := os.Remove(filepath.Join(mcps, "ts.json")); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.After(30 * time.Second); strings.Contains(enum(), `"ts"`); {
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("ts is still in the servers enum after its file was removed: %s", enum())
+		}
+	}
+	res = testutil.CallRunPython(t, c, map[string]any{"code": "print(1)", "servers": []string{"ts"}})
+	if !res.IsError || !strings.Contains(testutil.Text(res), "not a proxied MCP server") {
+		t.Fatalf("a removed server: isError=%v %q", res.IsError, testutil.Text(res))
 	}
 	cancel()
 	inW.Close()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/app"
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/frontend"
@@ -120,13 +122,14 @@ func decodePolicy(raw json.RawMessage) (frontend.Policy, error) {
 	return p, p.Validate()
 }
 
-// pool discovers the servers and returns the client pool (not started).
-func (sf *serverFlags) pool(log *slog.Logger) *mcpclients.Pool {
+// discoveryOptions says where the proxied servers' configs are read from.
+func (sf *serverFlags) discoveryOptions() discovery.Options {
 	opts := discovery.Options{
 		Files:     sf.files,
 		EnvConfig: os.Getenv("MCP_SERVERS_CONFIG"),
 		Policy:    sf.policy(),
 		LookupEnv: os.LookupEnv,
+		AllowSelf: cli.Truthy(os.Getenv("MCP_BRIDGE_ALLOW_SELF_SERVER")),
 	}
 	if self, err := os.Executable(); err == nil {
 		opts.Self = self
@@ -136,7 +139,11 @@ func (sf *serverFlags) pool(log *slog.Logger) *mcpclients.Pool {
 		opts.ConfigHome = os.Getenv("XDG_CONFIG_HOME")
 		opts.Cwd, _ = os.Getwd()
 	}
-	res := discovery.Discover(opts)
+	return opts
+}
+
+// logDiscovery logs what a discovery found and could not use.
+func logDiscovery(res discovery.Result, log *slog.Logger) {
 	for _, p := range res.Problems {
 		log.Warn("MCP servers config not used", "file", p.Source, "reason", p.Err.Error())
 	}
@@ -148,9 +155,45 @@ func (sf *serverFlags) pool(log *slog.Logger) *mcpclients.Pool {
 		names = append(names, s.Name)
 	}
 	log.Info("MCP servers discovered", "count", len(names), "servers", strings.Join(names, ","))
+}
+
+// pool discovers the servers and returns the client pool (not started) and
+// the configs' fingerprint it was read at (watchServers' start).
+func (sf *serverFlags) pool(opts discovery.Options, log *slog.Logger) (*mcpclients.Pool, string) {
+	since := discovery.Fingerprint(opts)
+	res := discovery.Discover(opts)
+	logDiscovery(res, log)
 	return mcpclients.New(res.Servers, mcpclients.Config{
 		IdleTimeout: sf.idleTimeout,
 		Policy:      sf.policy(),
 		Logger:      log.With("component", "mcpclients"),
+	}), since
+}
+
+// watchServers rereads the configs when they change (a file added, changed
+// or removed takes effect within two seconds), updates pool, and has clients
+// told of the new servers enum (refresh). It returns when ctx ends.
+func watchServers(ctx context.Context, opts discovery.Options, since string, pool *mcpclients.Pool, refresh func(), log *slog.Logger) {
+	discovery.Watch(ctx, opts, since, 0, func(res discovery.Result) {
+		logDiscovery(res, log)
+		added, changed, removed := pool.Update(res.Servers)
+		if len(added)+len(changed)+len(removed) == 0 {
+			return
+		}
+		log.Info("MCP servers config changed", "added", added, "changed", changed, "removed", removed)
+		refresh()
 	})
+}
+
+// serversChanged is what a new discovery sets off: the front-end answers the
+// proxy calls of the servers it has now, and clients hear of the new enum.
+func serversChanged(lazy *app.Lazy, tools *mcpserver.Tools, log *slog.Logger) func() {
+	return func() {
+		if s, err := lazy.Stack(); err == nil {
+			if err := s.Frontend.ServersChanged(); err != nil {
+				log.Warn("answer the proxy calls of the new servers", "err", err)
+			}
+		}
+		tools.Refresh()
+	}
 }

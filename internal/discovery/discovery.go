@@ -81,6 +81,9 @@ type Options struct {
 	// LookupEnv expands ${VAR} in commands, args, env values, URLs and headers;
 	// nil leaves them as written.
 	LookupEnv func(string) (string, bool)
+	// AllowSelf keeps entries that launch mcpexec itself
+	// (MCP_BRIDGE_ALLOW_SELF_SERVER); they are skipped otherwise.
+	AllowSelf bool
 }
 
 // Location is one place a config may be found.
@@ -102,6 +105,10 @@ func Locations(o Options) []Location {
 		if f = strings.TrimSpace(f); f != "" {
 			locs = append(locs, Location{Path: f, Explicit: true})
 		}
+	}
+	if o.Home != "" {
+		// The seed bridge's directory: one or more {"mcpServers": ...} files.
+		locs = append(locs, Location{Path: filepath.Join(o.Home, "MCPs", "*.json"), Glob: true})
 	}
 	if o.Cwd != "" {
 		locs = append(locs,
@@ -164,7 +171,7 @@ func Discover(o Options) Result {
 				if o.LookupEnv != nil {
 					s = expand(s, o.LookupEnv)
 				}
-				if why := launchesSelf(s, o.Self); why != "" {
+				if why := launchesSelf(s, o.Self); why != "" && !o.AllowSelf {
 					res.Skipped = append(res.Skipped, Skip{Name: s.Name, Source: f, Reason: why})
 					seen[s.Name] = true
 					continue
@@ -180,6 +187,33 @@ func Discover(o Options) Result {
 		}
 	}
 	return res
+}
+
+// Fingerprint sums up the files Discover would read (their paths, sizes and
+// modification times, globs expanded): it changes when a config is added,
+// changed or removed, so a watcher rereads them only then.
+func Fingerprint(o Options) string {
+	var b strings.Builder
+	for _, loc := range Locations(o) {
+		files := []string{loc.Path}
+		if loc.Glob {
+			m, err := filepath.Glob(loc.Path)
+			if err != nil {
+				continue
+			}
+			sort.Strings(m)
+			files = m
+		}
+		for _, f := range files {
+			st, err := os.Stat(f)
+			if err != nil {
+				fmt.Fprintf(&b, "%s:-\n", f)
+				continue
+			}
+			fmt.Fprintf(&b, "%s:%d:%d\n", f, st.Size(), st.ModTime().UnixNano())
+		}
+	}
+	return b.String()
 }
 
 // entry is one server as written in a config file.
@@ -209,7 +243,10 @@ func Parse(data []byte, source, project string) ([]Server, []Problem) {
 	var doc struct {
 		MCPServers json.RawMessage `json:"mcpServers"`
 		Servers    json.RawMessage `json:"servers"`
-		Projects   map[string]struct {
+		// Description is the file's: the description of its servers that
+		// have none of their own (as the seed bridge reads ~/MCPs files).
+		Description string `json:"description"`
+		Projects    map[string]struct {
 			MCPServers json.RawMessage `json:"mcpServers"`
 		} `json:"projects"`
 	}
@@ -231,6 +268,11 @@ func Parse(data []byte, source, project string) ([]Server, []Problem) {
 		}
 		found = true
 		s, p := parseBlock(b, source)
+		for i := range s {
+			if s[i].Description == "" {
+				s[i].Description = doc.Description
+			}
+		}
 		out = append(out, s...)
 		problems = append(problems, p...)
 	}

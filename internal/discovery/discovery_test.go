@@ -1,10 +1,12 @@
 package discovery
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func write(t *testing.T, path, body string) {
@@ -154,4 +156,59 @@ func TestPolicy(t *testing.T) {
 	if err := (Policy{Allow: []string{"["}}).Validate(); err == nil {
 		t.Error("bad glob accepted")
 	}
+}
+
+// TestBridgeDirectoryAndWatch: ~/MCPs/*.json (the seed bridge's directory)
+// is read, a file's "description" is its servers' default, and Watch
+// reports a file added, changed and removed.
+func TestBridgeDirectoryAndWatch(t *testing.T) {
+	home := t.TempDir()
+	dir := filepath.Join(home, "MCPs")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, body string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a.json", `{"description": "files of the project", "mcpServers": {"fs": {"command": "fs-server"}, "git": {"command": "git-server", "description": "its own"}}}`)
+	o := Options{Home: home}
+	since := Fingerprint(o)
+	res := Discover(o)
+	if len(res.Servers) != 2 || res.Servers[0].Name != "fs" || res.Servers[0].Description != "files of the project" || res.Servers[1].Description != "its own" {
+		t.Fatalf("servers %+v problems %v", res.Servers, res.Problems)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	got := make(chan Result, 8)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Watch(ctx, o, since, 10*time.Millisecond, func(r Result) { got <- r })
+	}()
+	defer func() { cancel(); <-done }()
+	next := func(want int) Result {
+		t.Helper()
+		select {
+		case r := <-got:
+			if len(r.Servers) != want {
+				t.Fatalf("after the change: %d servers, want %d: %+v", len(r.Servers), want, r.Servers)
+			}
+			return r
+		case <-time.After(10 * time.Second):
+			t.Fatal("the change was not seen")
+		}
+		return Result{}
+	}
+	write("b.json", `{"mcpServers": {"web": {"url": "https://example.invalid/mcp"}}}`)
+	next(3)
+	write("b.json", `{"mcpServers": {"web": {"url": "https://example.invalid/mcp2"}, "db": {"command": "db-server"}}}`)
+	if r := next(4); r.Servers[2].URL != "https://example.invalid/mcp2" && r.Servers[3].URL != "https://example.invalid/mcp2" {
+		t.Fatalf("changed url not read: %+v", r.Servers)
+	}
+	if err := os.Remove(filepath.Join(dir, "a.json")); err != nil {
+		t.Fatal(err)
+	}
+	next(2)
 }

@@ -121,16 +121,34 @@ func (f *Frontend) Start(ctx context.Context) error {
 	if err := f.adm.start(); err != nil {
 		return err
 	}
+	if err := f.responder.Start(f.proxySubjects()...); err != nil {
+		return err
+	}
+	// The server has the subscriptions once Start returns.
+	if err := f.nc.FlushTimeout(10 * time.Second); err != nil {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return nil
+}
+
+// proxySubjects are the proxy subjects this front-end answers: those any
+// front-end may, and those of each MCP server it proxies.
+func (f *Frontend) proxySubjects() []string {
 	subjects := []string{f.cfg.Subjects.ProxyAny()}
 	if f.cfg.Tools != nil {
 		for _, s := range f.cfg.Tools.Servers() {
 			subjects = append(subjects, f.cfg.Subjects.ProxyServer(s.Name))
 		}
 	}
-	if err := f.responder.Start(subjects...); err != nil {
+	return subjects
+}
+
+// ServersChanged answers the proxy calls of the MCP servers Tools holds now
+// (after a new discovery): new servers' calls come here, removed ones' no more.
+func (f *Frontend) ServersChanged() error {
+	if err := f.responder.SetSubjects(f.proxySubjects()...); err != nil {
 		return err
 	}
-	// The server has the subscriptions once Start returns.
 	if err := f.nc.FlushTimeout(10 * time.Second); err != nil {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"reflect"
 	"sort"
 	"strings"
 	"sync"
@@ -60,8 +61,9 @@ func (e *ToolError) Error() string { return e.Message }
 type Pool struct {
 	cfg     Config
 	log     *slog.Logger
+	mu      sync.RWMutex // guards order and servers (Update changes them)
 	order   []string
-	servers map[string]*slot // fixed after New
+	servers map[string]*slot
 
 	ctx    context.Context    // set by New, before any goroutine starts
 	cancel context.CancelFunc // ends ctx, in Close
@@ -115,8 +117,8 @@ func (p *Pool) Start(context.Context) error {
 			case <-p.ctx.Done():
 				return
 			case <-t.C:
-				for _, name := range p.order {
-					p.servers[name].closeIfIdle(p.cfg.IdleTimeout)
+				for _, sl := range p.slots() {
+					sl.closeIfIdle(p.cfg.IdleTimeout)
 				}
 			}
 		}
@@ -129,17 +131,75 @@ func (p *Pool) Start(context.Context) error {
 func (p *Pool) Stop() {
 	p.cancel()
 	p.wg.Wait()
-	for _, name := range p.order {
-		p.servers[name].close("pool stopped")
+	for _, sl := range p.slots() {
+		sl.close("pool stopped")
 	}
+}
+
+// slots returns the slots in discovery order.
+func (p *Pool) slots() []*slot {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	out := make([]*slot, 0, len(p.order))
+	for _, n := range p.order {
+		out = append(out, p.servers[n])
+	}
+	return out
+}
+
+// Update replaces the pool's servers with servers (a new discovery): new ones
+// are added, changed ones restart with their new definition on next use,
+// and removed ones are closed. It returns the names of each.
+func (p *Pool) Update(servers []discovery.Server) (added, changed, removed []string) {
+	p.mu.Lock()
+	next := map[string]*slot{}
+	var order []string
+	var drop []*slot
+	for _, def := range servers {
+		if _, dup := next[def.Name]; dup {
+			continue
+		}
+		order = append(order, def.Name)
+		old, ok := p.servers[def.Name]
+		switch {
+		case !ok:
+			added = append(added, def.Name)
+			next[def.Name] = &slot{def: def, pool: p}
+		case !sameDefinition(old.def, def):
+			changed = append(changed, def.Name)
+			drop = append(drop, old)
+			next[def.Name] = &slot{def: def, pool: p}
+		default:
+			next[def.Name] = old
+		}
+	}
+	for _, n := range p.order {
+		if _, ok := next[n]; !ok {
+			removed = append(removed, n)
+			drop = append(drop, p.servers[n])
+		}
+	}
+	p.order, p.servers = order, next
+	p.mu.Unlock()
+	for _, sl := range drop {
+		sl.retire() // no new calls; its session closes in the background
+	}
+	return added, changed, removed
+}
+
+// sameDefinition reports whether a and b launch or reach the same server the
+// same way (where they were read from aside).
+func sameDefinition(a, b discovery.Server) bool {
+	a.Source, b.Source = "", ""
+	return reflect.DeepEqual(a, b)
 }
 
 // Servers returns the definitions the policy allows, in discovery order.
 func (p *Pool) Servers() []discovery.Server {
-	out := make([]discovery.Server, 0, len(p.order))
-	for _, n := range p.order {
-		if p.cfg.Policy.Allowed(n) {
-			out = append(out, p.servers[n].def)
+	var out []discovery.Server
+	for _, sl := range p.slots() {
+		if p.cfg.Policy.Allowed(sl.def.Name) {
+			out = append(out, sl.def)
 		}
 	}
 	return out
@@ -156,7 +216,9 @@ func (p *Pool) Names() []string {
 }
 
 func (p *Pool) slot(name string) (*slot, error) {
+	p.mu.RLock()
 	s, ok := p.servers[name]
+	p.mu.RUnlock()
 	if !ok {
 		return nil, fmt.Errorf("%w %q: known servers are %s", ErrUnknownServer, name, strings.Join(p.Names(), ", "))
 	}
@@ -198,6 +260,7 @@ type slot struct {
 	notBefore time.Time // restart not before (backoff)
 	toolCache []mcp.Tool
 	toolGen   uint64 // bumped by tools/list_changed
+	gone      bool   // removed from the pool: starts nothing more
 }
 
 type session struct {
@@ -213,6 +276,10 @@ type session struct {
 func (s *slot) acquire(ctx context.Context) (*session, error) {
 	for {
 		s.mu.Lock()
+		if s.gone {
+			s.mu.Unlock()
+			return nil, fmt.Errorf("%w %q: its definition was removed or changed in the config", ErrUnknownServer, s.def.Name)
+		}
 		if s.sess != nil && s.sess.cmd != nil && !processAlive(s.sess.cmd) {
 			s.crashedLocked(s.sess, "exited while idle")
 		}
@@ -258,6 +325,11 @@ func (s *slot) acquire(ctx context.Context) (*session, error) {
 		}
 		s.mu.Lock()
 		s.starting = nil
+		var stale *session // retired while it started
+		if err == nil && s.gone {
+			stale, sess = sess, nil
+			err = fmt.Errorf("%w %q: its definition was removed or changed in the config", ErrUnknownServer, s.def.Name)
+		}
 		if err != nil {
 			s.failures++
 			s.notBefore = time.Now().Add(s.backoff())
@@ -267,6 +339,9 @@ func (s *slot) acquire(ctx context.Context) (*session, error) {
 		}
 		close(ch)
 		s.mu.Unlock()
+		if stale != nil {
+			_ = stale.c.Close() // never used: its close error tells nothing
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -460,6 +535,26 @@ func (s *slot) closeIfIdle(idle time.Duration) {
 	_ = sess.c.Close() // closing on the way out: a failure leaves nothing to do
 }
 
+// retire closes s for good: it was removed from the pool. Its session (a
+// server process may take a while to exit) closes in the background, owned
+// by the pool.
+func (s *slot) retire() {
+	s.mu.Lock()
+	s.gone = true
+	sess := s.sess
+	s.sess, s.toolCache = nil, nil
+	s.mu.Unlock()
+	if sess == nil {
+		return
+	}
+	s.pool.wg.Add(1)
+	go func() {
+		defer s.pool.wg.Done()
+		s.pool.log.Debug("closing MCP server session", "server", s.def.Name, "why", "removed or changed in the config")
+		_ = sess.c.Close() // retired: a failure leaves nothing to do
+	}()
+}
+
 func (s *slot) close(why string) {
 	s.mu.Lock()
 	sess := s.sess
@@ -473,7 +568,9 @@ func (s *slot) close(why string) {
 
 // Running reports whether server has a live session (for tests and metrics).
 func (p *Pool) Running(server string) bool {
+	p.mu.RLock()
 	s, ok := p.servers[server]
+	p.mu.RUnlock()
 	if !ok {
 		return false
 	}

@@ -191,3 +191,41 @@ func TestPoolRemoteServer(t *testing.T) {
 		t.Fatalf("remote: %q %v", got, err)
 	}
 }
+
+// TestPoolUpdate: a new discovery adds servers, restarts changed ones with
+// their new definition, and closes removed ones (whose calls then say so).
+func TestPoolUpdate(t *testing.T) {
+	t.Parallel()
+	a := testutil.TestServerDef(t, "a", nil)
+	b := testutil.TestServerDef(t, "b", nil)
+	p := testutil.Pool(t, mcpclients.Config{}, a, b)
+	for _, s := range []string{"a", "b"} {
+		if got, err := call(t, p, s, "echo", map[string]any{"text": s}); err != nil || got != s {
+			t.Fatalf("%s: %q %v", s, got, err)
+		}
+	}
+	a2 := a
+	a2.Env = map[string]string{"CHANGED": "1"}
+	c := testutil.TestServerDef(t, "c", nil)
+	added, changed, removed := p.Update([]discovery.Server{a2, c})
+	if strings.Join(added, ",") != "c" || strings.Join(changed, ",") != "a" || strings.Join(removed, ",") != "b" {
+		t.Fatalf("added %v changed %v removed %v", added, changed, removed)
+	}
+	if p.Running("a") || p.Running("b") {
+		t.Fatal("a changed or removed server's session is still running")
+	}
+	if names := strings.Join(p.Names(), ","); names != "a,c" {
+		t.Fatalf("names %s", names)
+	}
+	for _, s := range []string{"a", "c"} {
+		if got, err := call(t, p, s, "echo", map[string]any{"text": s}); err != nil || got != s {
+			t.Fatalf("%s after the update: %q %v", s, got, err)
+		}
+	}
+	if _, err := call(t, p, "b", "echo", nil); !errors.Is(err, mcpclients.ErrUnknownServer) {
+		t.Fatalf("removed server: %v", err)
+	}
+	if a, c, r := p.Update([]discovery.Server{a2, c}); len(a)+len(c)+len(r) != 0 || !p.Running("a") {
+		t.Fatalf("an unchanged discovery changed the pool: %v %v %v", a, c, r)
+	}
+}
