@@ -158,7 +158,7 @@ func (b *Broker) init(ctx context.Context) error {
 		// (every record and memory key is in them).
 		aside := fmt.Sprintf("%s.damaged-%d", path, time.Now().Unix())
 		if rerr := os.Rename(path, aside); rerr != nil {
-			return fmt.Errorf("%w (and moving it aside failed: %v)", err, rerr)
+			return fmt.Errorf("%w (and moving it aside failed: %w)", err, rerr)
 		}
 		b.cfg.Logger.Error("state file unusable: moved aside, rebuilding from the streams", "file", path, "aside", aside, "err", err)
 		b.store, err = boltstore.Open(path)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"net"
 	"strings"
 	"sync"
@@ -116,7 +117,7 @@ func TestDriveLostRunner(t *testing.T) {
 		fr.conn.Close()
 	}()
 	res, err := rc.Drive(context.Background(), sandbox.Job{ID: "j", Code: "x", Timeout: time.Second}, nil)
-	if err != sandbox.ErrRunnerLost || res.Stderr != "dying" || rc.Reusable() {
+	if !errors.Is(err, sandbox.ErrRunnerLost) || res.Stderr != "dying" || rc.Reusable() {
 		t.Fatalf("err %v result %+v", err, res)
 	}
 }

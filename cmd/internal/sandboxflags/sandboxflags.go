@@ -171,7 +171,7 @@ func (f *Flags) Open(ctx context.Context, workerID string, log *slog.Logger) (sa
 	if errors.Is(err, podman.ErrNoImage) && f.BuildImage {
 		log.Info("sandbox image missing: building it (about a minute)", "image", f.Image)
 		if berr := BuildImage(ctx, f.Image); berr != nil {
-			return nil, fmt.Errorf("%w; building it failed: %v", err, berr)
+			return nil, fmt.Errorf("%w; building it failed: %w", err, berr)
 		}
 		rt, err = podman.New(ctx, cfg)
 	}

@@ -58,7 +58,7 @@ func (r *Runtime) connect(ctx context.Context) error {
 			return fmt.Errorf("podman sandbox: cannot reach the Podman API at %s (start it with `podman system service --time=0 %s`, or leave the URI empty to let mcpexec start one): %w", r.cfg.URI, r.cfg.URI, errors.Join(errs...))
 		}
 		if err := r.startService(ctx); err != nil {
-			return fmt.Errorf("podman sandbox: no Podman API socket answered (%v) and starting one failed: %w", errors.Join(errs...), err)
+			return fmt.Errorf("podman sandbox: no Podman API socket answered (%w) and starting one failed: %w", errors.Join(errs...), err)
 		}
 	}
 
@@ -354,7 +354,7 @@ func writeConmonWrapper(dir, conmon string) (string, error) {
 func (r *Runtime) checkImage(ctx context.Context) error {
 	if r.cfg.Rootfs != "" {
 		if _, err := os.Stat(filepath.Join(r.cfg.Rootfs, "usr", "bin", "python3")); err != nil {
-			return fmt.Errorf("podman sandbox: --rootfs %s has no usr/bin/python3 (%v): give a directory holding a root file system with Python 3, e.g. an exported sandbox image", r.cfg.Rootfs, err)
+			return fmt.Errorf("podman sandbox: --rootfs %s has no usr/bin/python3 (%w): give a directory holding a root file system with Python 3, e.g. an exported sandbox image", r.cfg.Rootfs, err)
 		}
 		return nil
 	}
