@@ -77,7 +77,7 @@ func TestEmbeddedStdio(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"--data", filepath.Join(dir, "data"), "--pool", "1", "--worker-id", "test-embedded-stdio"}, inR, outW, testLogWriter(t))
-		outW.Close()
+		_ = outW.Close() // a pipe: closing only ends the other side's reads
 	}()
 	c := client.NewClient(transport.NewIO(outR, inW, nil))
 	if err := c.Start(ctx); err != nil {
@@ -96,7 +96,7 @@ func TestEmbeddedStdio(t *testing.T) {
 		t.Fatalf("isError=%v text=%q", res.IsError, testutil.Text(res))
 	}
 	cancel()
-	inW.Close()
+	_ = inW.Close() // a pipe: closing only ends the other side's reads
 	select {
 	case err := <-done:
 		if cli.ExitCode(err) != cli.ExitOK {

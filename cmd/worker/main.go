@@ -71,7 +71,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer rt.Close()
+	defer func() { _ = rt.Close() }() // on the way out: a failure leaves nothing to do
 	m := metrics.New("worker")
 	app.InstrumentRuntime(m, rt)
 	cfg := worker.DefaultConfig(*id)

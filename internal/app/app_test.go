@@ -20,7 +20,11 @@ func TestRunPythonThroughFleet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { rt.Close() })
+	t.Cleanup(func() {
+		if err := rt.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	wcfg := worker.DefaultConfig("w1")
 	testutil.Worker(t, b, rt, wcfg)
 	fe := testutil.Frontend(t, b, "fe1")

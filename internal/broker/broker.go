@@ -114,7 +114,7 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 	}
 	b := &Broker{cfg: cfg, ns: ns}
 	if err := b.init(ctx); err != nil {
-		b.Close()
+		_ = b.Close() // Close always returns nil
 		return nil, err
 	}
 	return b, nil
@@ -195,11 +195,13 @@ func (b *Broker) Close() error {
 			b.svc.Stop()
 		}
 		if b.nc != nil {
-			b.nc.Drain()
+			_ = b.nc.Drain() // fails only on a closed connection; Close below ends it either way
 			b.nc.Close()
 		}
 		if b.store != nil {
-			b.store.Close()
+			if err := b.store.Close(); err != nil {
+				b.cfg.Logger.Warn("close the state store", "err", err)
+			}
 		}
 		b.ns.Shutdown()
 		b.ns.WaitForShutdown()

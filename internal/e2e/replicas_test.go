@@ -196,7 +196,7 @@ func apiDo(method, url string, body any) (int, []byte) {
 	if err != nil {
 		return 0, []byte(err.Error())
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read or abandoned: nothing to report
 	var buf bytes.Buffer
 	_, _ = buf.ReadFrom(resp.Body)
 	return resp.StatusCode, buf.Bytes()
@@ -400,7 +400,11 @@ func processWorkers(t *testing.T, c *testutil.Cluster, n int, q queue.Config) []
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { rt.Close() })
+		t.Cleanup(func() {
+			if err := rt.Close(); err != nil {
+				t.Error(err)
+			}
+		})
 		name := fmt.Sprint("w", i)
 		nc := c.ConnectAll(t, name)
 		conns = append(conns, nc)

@@ -50,7 +50,7 @@ func postJob(t *testing.T, url string, job map[string]any) jobs.Record {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read or abandoned: nothing to report
 	var rec jobs.Record
 	if err := json.NewDecoder(resp.Body).Decode(&rec); err != nil || resp.StatusCode/100 != 2 {
 		t.Fatalf("POST /api/jobs: %d, %v", resp.StatusCode, err)
@@ -66,7 +66,7 @@ func waitJob(t *testing.T, url, id string) jobs.Record {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read or abandoned: nothing to report
 	var rec jobs.Record
 	if err := json.NewDecoder(resp.Body).Decode(&rec); err != nil {
 		t.Fatalf("wait %s: %d, %v", id, resp.StatusCode, err)
@@ -85,7 +85,11 @@ func TestAPIJobsCallToolsAndMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { rt.Close() })
+	t.Cleanup(func() {
+		if err := rt.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	testutil.Worker(t, b, rt, worker.DefaultConfig("w1"))
 	pool1 := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
 	fe1 := testutil.FrontendWith(t, b, frontend.Config{ID: "fe1", Tools: pool1})
@@ -146,7 +150,11 @@ func TestProxyCallsAreCheckedAgainstTheRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { rt.Close() })
+	t.Cleanup(func() {
+		if err := rt.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	testutil.Worker(t, b, rt, worker.DefaultConfig("w1"))
 	pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
 	fe := testutil.FrontendWith(t, b, frontend.Config{ID: "fe1", Tools: pool})
@@ -233,7 +241,7 @@ func sharedDir(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Cleanup(func() { _ = os.RemoveAll(dir) }) // a temporary directory: what is left harms no test
 	if err := os.Chmod(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}

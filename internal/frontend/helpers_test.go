@@ -44,10 +44,10 @@ func stdioClient(t *testing.T, fe *frontend.Frontend) *client.Client {
 	}()
 	c := client.NewClient(transport.NewIO(cr, cw, io.NopCloser(strings.NewReader(""))))
 	t.Cleanup(func() {
-		c.Close()
+		_ = c.Close() // a failing close changes no result
 		cancel()
-		sr.Close()
-		sw.Close()
+		_ = sr.Close() // a failing close changes no result
+		_ = sw.Close() // a failing close changes no result
 		<-done
 	})
 	if err := c.Start(ctx); err != nil {

@@ -43,7 +43,11 @@ func setup(t *testing.T, dir string, cfg frontend.Config, servers ...discovery.S
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { rt.Close() })
+	t.Cleanup(func() {
+		if err := rt.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	testutil.Worker(t, b, rt, worker.DefaultConfig("w1"))
 	pool := testutil.Pool(t, mcpclients.Config{}, servers...)
 	if cfg.ID == "" {
@@ -279,7 +283,9 @@ print(delete_memory("notes/a_b"), delete_memory("notes/a_b"))`)
 	}
 
 	// The broker restarts on the same data: memory is still there.
-	s.b.Close()
+	if err := s.b.Close(); err != nil {
+		t.Fatal(err)
+	}
 	s2 := setup(t, dir, frontend.Config{ID: "fe2"}, testutil.TestServerDef(t, "ts", nil))
 	if got := mustRun(t, s2.c, `print(load_memory("counter"), load_memory("mine"))`); got != "15 None" {
 		t.Fatalf("after broker restart: %q", got)

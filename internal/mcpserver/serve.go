@@ -72,6 +72,6 @@ func ServeHTTP(ctx context.Context, ln net.Listener, h http.Handler, drain func(
 		_ = hs.Close() // closing on the way out: a failure leaves nothing to do
 	}
 	<-drained
-	<-errc // Serve returned ErrServerClosed
+	_ = <-errc // Serve returned ErrServerClosed
 	return nil
 }

@@ -43,7 +43,11 @@ func fleet(t *testing.T) (*broker.Broker, func(role string) (*nats.Conn, *refusa
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { b.Close() })
+	t.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	return b, func(role string) (*nats.Conn, *refusals) {
 		t.Helper()
 		r := &refusals{}
@@ -157,7 +161,11 @@ func TestFleetWorksUnderItsRoles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { rt.Close() })
+	t.Cleanup(func() {
+		if err := rt.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	wnc, wr := connect(natsauth.RoleWorker)
 	testutil.WorkerOn(t, wnc, rt, worker.DefaultConfig("w1"))
 	fnc, fr := connect(natsauth.RoleFrontend)

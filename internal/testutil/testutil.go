@@ -43,7 +43,7 @@ func Broker(t testing.TB, dir string, qcfg queue.Config) *broker.Broker {
 	if err != nil {
 		t.Fatalf("start broker: %v", err)
 	}
-	t.Cleanup(func() { b.Close() })
+	t.Cleanup(func() { _ = b.Close() }) // Close always returns nil
 	return b
 }
 

@@ -25,7 +25,11 @@ func TestCancelRunningJobKillsIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { rt.Close() })
+	t.Cleanup(func() {
+		if err := rt.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	testutil.Worker(t, b, rt, testutil.QuickWorker("w1", q))
 	started := make(chan struct{}, 1)
 	stopWatch, err := fe.WatchOutput("", "cr-1", func(_, data string) {

@@ -85,12 +85,12 @@ type proc struct {
 
 func (p *proc) kill() {
 	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) // the group may be gone already
-	<-p.exited
+	_ = <-p.exited                                        // killed: how the process exited tells nothing more
 	if p.rc != nil {
-		p.rc.Close()
+		_ = p.rc.Close() // the runner is dead: closing only frees the connection
 	}
-	p.ln.Close()
-	os.Remove(p.sock)
+	_ = p.ln.Close()      // nothing may connect any more; a failure leaves nothing to do
+	_ = os.Remove(p.sock) // best effort: the socket lives in the runtime's own directory
 }
 
 // start starts a runner and waits for its hello.
@@ -119,13 +119,13 @@ func (r *Runtime) start(ctx context.Context) (*proc, error) {
 	if os.Geteuid() == 0 {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: nobody, Gid: nobody}
 		if err := os.Chmod(sock, 0o777); err != nil {
-			ln.Close()
+			_ = ln.Close() // err is what the caller hears
 			return nil, err
 		}
 	}
 	if err := cmd.Start(); err != nil {
-		ln.Close()
-		os.Remove(sock)
+		_ = ln.Close()      // err is what the caller hears
+		_ = os.Remove(sock) // best effort: the socket lives in the runtime's own directory
 		return nil, fmt.Errorf("start runner: %w", err)
 	}
 	p := &proc{cmd: cmd, exited: make(chan error, 1), ln: ln, sock: sock}
