@@ -77,7 +77,7 @@ const nobody = 65534
 // proc is one runner process and its connection.
 type proc struct {
 	cmd    *exec.Cmd
-	exited chan error
+	exited chan struct{} // closed when the process has been waited for
 	ln     net.Listener
 	sock   string
 	rc     *sandbox.RunnerConn
@@ -85,7 +85,7 @@ type proc struct {
 
 func (p *proc) kill() {
 	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) // the group may be gone already
-	_ = <-p.exited                                        // killed: how the process exited tells nothing more
+	<-p.exited
 	if p.rc != nil {
 		_ = p.rc.Close() // the runner is dead: closing only frees the connection
 	}
@@ -128,8 +128,11 @@ func (r *Runtime) start(ctx context.Context) (*proc, error) {
 		_ = os.Remove(sock) // best effort: the socket lives in the runtime's own directory
 		return nil, fmt.Errorf("start runner: %w", err)
 	}
-	p := &proc{cmd: cmd, exited: make(chan error, 1), ln: ln, sock: sock}
-	go func() { p.exited <- cmd.Wait() }()
+	p := &proc{cmd: cmd, exited: make(chan struct{}), ln: ln, sock: sock}
+	go func() {
+		_ = cmd.Wait() // killed or ended: how it exited tells nothing here
+		close(p.exited)
+	}()
 	startCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if p.rc, err = sandbox.AcceptRunner(startCtx, ln, 0, secret); err != nil {
