@@ -24,7 +24,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
-	"github.com/mcpexec/mcpexec/internal/sandbox/process"
 	"github.com/mcpexec/mcpexec/internal/state"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 )
@@ -396,15 +395,7 @@ func TestReplicaRebuilds(t *testing.T) {
 func processWorkers(t *testing.T, c *testutil.Cluster, n int, q queue.Config) []*nats.Conn {
 	var conns []*nats.Conn
 	for i := range n {
-		rt, err := process.New()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := rt.Close(); err != nil {
-				t.Error(err)
-			}
-		})
+		rt := testutil.ProcessRuntime(t)
 		name := fmt.Sprint("w", i)
 		nc := c.ConnectAll(t, name)
 		conns = append(conns, nc)

@@ -25,7 +25,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
-	"github.com/mcpexec/mcpexec/internal/sandbox/process"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
@@ -81,15 +80,7 @@ func waitJob(t *testing.T, url, id string) jobs.Record {
 func TestAPIJobsCallToolsAndMemory(t *testing.T) {
 	t.Parallel()
 	b := testutil.Broker(t, "", queue.DefaultConfig())
-	rt, err := process.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := rt.Close(); err != nil {
-			t.Error(err)
-		}
-	})
+	rt := testutil.ProcessRuntime(t)
 	testutil.Worker(t, b, rt, worker.DefaultConfig("w1"))
 	pool1 := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
 	fe1 := testutil.FrontendWith(t, b, frontend.Config{ID: "fe1", Tools: pool1})
@@ -146,15 +137,7 @@ func waitFile(t *testing.T, path string) {
 func TestProxyCallsAreCheckedAgainstTheRecord(t *testing.T) {
 	t.Parallel()
 	b := testutil.Broker(t, "", queue.DefaultConfig())
-	rt, err := process.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := rt.Close(); err != nil {
-			t.Error(err)
-		}
-	})
+	rt := testutil.ProcessRuntime(t)
 	testutil.Worker(t, b, rt, worker.DefaultConfig("w1"))
 	pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
 	fe := testutil.FrontendWith(t, b, frontend.Config{ID: "fe1", Tools: pool})

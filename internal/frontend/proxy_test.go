@@ -21,7 +21,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
-	"github.com/mcpexec/mcpexec/internal/sandbox/process"
 	"github.com/mcpexec/mcpexec/internal/state"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 	"github.com/mcpexec/mcpexec/internal/worker"
@@ -39,15 +38,7 @@ type stack struct {
 func setup(t *testing.T, dir string, cfg frontend.Config, servers ...discovery.Server) *stack {
 	t.Helper()
 	b := testutil.Broker(t, dir, queue.DefaultConfig())
-	rt, err := process.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := rt.Close(); err != nil {
-			t.Error(err)
-		}
-	})
+	rt := testutil.ProcessRuntime(t)
 	testutil.Worker(t, b, rt, worker.DefaultConfig("w1"))
 	pool := testutil.Pool(t, mcpclients.Config{}, servers...)
 	if cfg.ID == "" {
