@@ -26,7 +26,7 @@ type Runtime struct {
 	dir    string
 	seq    atomic.Uint64
 
-	sessions *sandbox.Sessions[*proc]
+	sandbox.SessionMethods[*proc]
 }
 
 var (
@@ -55,7 +55,7 @@ func New() (*Runtime, error) {
 		}
 	}
 	r := &Runtime{Python: "python3", dir: dir}
-	r.sessions = &sandbox.Sessions[*proc]{
+	r.Sessions = &sandbox.Sessions[*proc]{
 		Start:     r.start,
 		Drive:     drive,
 		Reusable:  func(p *proc) bool { return p.rc.Reusable() },
@@ -67,7 +67,7 @@ func New() (*Runtime, error) {
 
 // Close ends every session and removes the runner directory.
 func (r *Runtime) Close() error {
-	r.sessions.Close()
+	r.Sessions.Close()
 	return os.RemoveAll(r.dir)
 }
 
@@ -169,20 +169,6 @@ func (r *Runtime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (
 	}
 	defer p.kill()
 	return drive(ctx, p, job, host)
-}
-
-// RunInSession implements sandbox.SessionRuntime.
-func (r *Runtime) RunInSession(ctx context.Context, key string, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	return r.sessions.Run(ctx, key, job, host)
-}
-
-// HasSession implements sandbox.SessionRuntime.
-func (r *Runtime) HasSession(key string) bool { return r.sessions.Has(key) }
-
-// EndSession implements sandbox.SessionRuntime.
-func (r *Runtime) EndSession(key string) error {
-	r.sessions.End(key)
-	return nil
 }
 
 func isExecutable(path string) bool {
