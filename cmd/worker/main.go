@@ -58,11 +58,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if _, err := sb.Limits(); err != nil {
 		return err
 	}
-	nopts, err := nf.Options("mcpexec-worker-"+*id, log)
-	if err != nil {
-		return err
-	}
-	nc, err := natsflags.Connect(*natsURL, nopts)
+	nc, err := nf.Connect(*natsURL, "mcpexec-worker-"+*id, log)
 	if err != nil {
 		return err
 	}
