@@ -19,7 +19,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/frontend"
-	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/mcpclients"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 )
@@ -28,13 +27,7 @@ import (
 // Limits and Logger default like Frontend's.
 func FrontendWith(t testing.TB, b *broker.Broker, cfg frontend.Config) *frontend.Frontend {
 	t.Helper()
-	if cfg.Limits == (jobs.Limits{}) {
-		cfg.Limits = jobs.DefaultLimits()
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = Logger(t)
-	}
-	return frontendOn(t, Connect(t, b, "frontend-"+cfg.ID), cfg)
+	return FrontendOnWith(t, Connect(t, b, "frontend-"+cfg.ID), cfg)
 }
 
 // MCPClientWith serves an MCP server made with opts over streamable HTTP (with
