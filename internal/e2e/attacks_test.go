@@ -279,15 +279,6 @@ func mcpClient(t *testing.T, url, token string) *client.Client {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() }) // the test is over with it: a failing close changes no result
-	ctx := context.Background()
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	init := mcp.InitializeRequest{}
-	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
-	init.Params.ClientInfo = mcp.Implementation{Name: "attacker", Version: "0"}
-	if _, err := c.Initialize(ctx, init); err != nil {
-		t.Fatal(err)
-	}
+	testutil.StartMCP(t, context.Background(), c, "attacker")
 	return c
 }

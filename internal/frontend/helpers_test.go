@@ -9,7 +9,6 @@ import (
 
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/client/transport"
-	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/mcpexec/mcpexec/internal/frontend"
@@ -50,14 +49,6 @@ func stdioClient(t *testing.T, fe *frontend.Frontend) *client.Client {
 		_ = sw.Close() // a failing close changes no result
 		<-done
 	})
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	init := mcp.InitializeRequest{}
-	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
-	init.Params.ClientInfo = mcp.Implementation{Name: "stdio-test", Version: "0"}
-	if _, err := c.Initialize(ctx, init); err != nil {
-		t.Fatal(err)
-	}
+	testutil.StartMCP(t, ctx, c, "stdio-test")
 	return c
 }

@@ -49,17 +49,22 @@ func MCPClientWith(t testing.TB, fe *frontend.Frontend, opts mcpserver.Options, 
 		t.Fatalf("new MCP client: %v", err)
 	}
 	t.Cleanup(func() { _ = c.Close() }) // the test is over: a failing close changes no result
-	ctx := context.Background()
+	StartMCP(t, context.Background(), c, "mcpexec-test")
+	return c
+}
+
+// StartMCP starts MCP client c and initialises its session as client name.
+func StartMCP(t testing.TB, ctx context.Context, c *client.Client, name string) {
+	t.Helper()
 	if err := c.Start(ctx); err != nil {
 		t.Fatalf("start MCP client: %v", err)
 	}
 	init := mcp.InitializeRequest{}
 	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
-	init.Params.ClientInfo = mcp.Implementation{Name: "mcpexec-test", Version: "0"}
+	init.Params.ClientInfo = mcp.Implementation{Name: name, Version: "0"}
 	if _, err := c.Initialize(ctx, init); err != nil {
 		t.Fatalf("initialize MCP client: %v", err)
 	}
-	return c
 }
 
 var (
