@@ -61,11 +61,14 @@ bench-batch: image build ## N jobs (N=200, RUNS=3), each in a process of its own
 	IMAGE=$(IMAGE) bash deploy/bench/bench-batch.sh
 
 .PHONY: vet
-STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
-vet: ## gofmt, go vet and staticcheck (pinned; fetched through the Go module proxy)
+# The linters are Go tool dependencies of a module of their own (tools/go.mod), so
+# their versions are pinned and their many dependencies stay out of go.mod.
+LINT := $(GO) tool -modfile=tools/go.mod
+vet: ## gofmt, go vet, staticcheck and golangci-lint (.golangci.yml; pinned in tools/go.mod)
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet -tags "$(TAGS)" ./...
-	$(GO) run $(STATICCHECK) -tags "$(TAGS)" ./...
+	$(LINT) staticcheck -tags "$(TAGS)" ./...
+	$(LINT) golangci-lint run --build-tags "$(TAGS)" ./...
 
 .PHONY: tags
 tags: ## print the Go build tags (go test -tags "$$(make -s tags)" ./...)

@@ -43,11 +43,7 @@ func backupCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return cli.Usagef("broker backup: %v", err)
 	}
-	opts, err := nf.Options("mcpexec-backup", nil)
-	if err != nil {
-		return err
-	}
-	nc, err := natsflags.Connect(*url, opts)
+	nc, err := nf.Connect(*url, "mcpexec-backup", nil)
 	if err != nil {
 		return err
 	}

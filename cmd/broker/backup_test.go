@@ -40,7 +40,11 @@ func TestBackupWhileServing(t *testing.T) {
 	if err != nil {
 		t.Fatalf("open the backup: %v", err)
 	}
-	defer st.Close()
+	defer func() {
+		if err := st.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
 	for _, k := range []string{"a", "b", "c"} {
 		m, err := st.MemoryGet("ns", k)
 		if err != nil || string(m.Value) != `"v-`+k+`"` {

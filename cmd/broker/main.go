@@ -60,7 +60,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer b.Close()
+	defer func() { _ = b.Close() }() // Close always returns nil
 	log.Info("broker ready", "nats", b.ClientURL(), "data", *data, "cluster", bcfg.Cluster.Name,
 		"replicas", bcfg.Queue.Replicas, "state_service", b.StateService())
 	if *httpAddr != "" {

@@ -79,7 +79,7 @@ func TestEmbeddedStdio(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"--data", filepath.Join(dir, "data"), "--pool", "1", "--worker-id", "test-embedded-stdio"}, inR, outW, testLogWriter(t))
-		outW.Close()
+		_ = outW.Close() // a pipe: closing only ends the other side's reads
 	}()
 	c := client.NewClient(transport.NewIO(outR, inW, nil))
 	if err := c.Start(ctx); err != nil {
@@ -98,7 +98,7 @@ func TestEmbeddedStdio(t *testing.T) {
 		t.Fatalf("isError=%v text=%q", res.IsError, testutil.Text(res))
 	}
 	cancel()
-	inW.Close()
+	_ = inW.Close() // a pipe: closing only ends the other side's reads
 	select {
 	case err := <-done:
 		if cli.ExitCode(err) != cli.ExitOK {
@@ -123,7 +123,7 @@ func TestStartsWithoutPodman(t *testing.T) {
 	go func() {
 		done <- run(ctx, []string{"--data", filepath.Join(dir, "data"), "--podman", "unix://" + filepath.Join(dir, "no.sock"),
 			"--discover=false", "--worker-id", "test-no-podman"}, inR, outW, testLogWriter(t))
-		outW.Close()
+		_ = outW.Close() // a pipe: closing only ends the other side's reads
 	}()
 	c := client.NewClient(transport.NewIO(outR, inW, nil))
 	if err := c.Start(ctx); err != nil {
@@ -147,7 +147,7 @@ func TestStartsWithoutPodman(t *testing.T) {
 		t.Fatalf("run_python without Podman: isError=%v %q", res.IsError, text)
 	}
 	cancel()
-	inW.Close()
+	_ = inW.Close() // a pipe: closing only ends the other side's reads
 	select {
 	case err := <-done:
 		if cli.ExitCode(err) != cli.ExitOK {
@@ -179,7 +179,7 @@ func TestServersConfigWatched(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"--data", filepath.Join(home, "data"), "--pool", "1", "--worker-id", "test-watch"}, inR, outW, testLogWriter(t))
-		outW.Close()
+		_ = outW.Close() // a pipe: closing only ends the other side's reads
 	}()
 	c := client.NewClient(transport.NewIO(outR, inW, nil))
 	changed := make(chan struct{}, 8)
@@ -247,7 +247,7 @@ func TestServersConfigWatched(t *testing.T) {
 		t.Fatalf("a removed server: isError=%v %q", res.IsError, testutil.Text(res))
 	}
 	cancel()
-	inW.Close()
+	_ = inW.Close() // a pipe: closing only ends the other side's reads
 	select {
 	case err := <-done:
 		if cli.ExitCode(err) != cli.ExitOK {

@@ -58,11 +58,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if _, err := sb.Limits(); err != nil {
 		return err
 	}
-	nopts, err := nf.Options("mcpexec-worker-"+*id, log)
-	if err != nil {
-		return err
-	}
-	nc, err := natsflags.Connect(*natsURL, nopts)
+	nc, err := nf.Connect(*natsURL, "mcpexec-worker-"+*id, log)
 	if err != nil {
 		return err
 	}
@@ -71,7 +67,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer rt.Close()
+	defer func() { _ = rt.Close() }() // on the way out: a failure leaves nothing to do
 	m := metrics.New("worker")
 	app.InstrumentRuntime(m, rt)
 	cfg := worker.DefaultConfig(*id)

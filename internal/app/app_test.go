@@ -6,7 +6,6 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
-	"github.com/mcpexec/mcpexec/internal/sandbox/process"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
@@ -16,11 +15,7 @@ import (
 func TestRunPythonThroughFleet(t *testing.T) {
 	qcfg := queue.DefaultConfig()
 	b := testutil.Broker(t, "", qcfg)
-	rt, err := process.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close() })
+	rt := testutil.ProcessRuntime(t)
 	wcfg := worker.DefaultConfig("w1")
 	testutil.Worker(t, b, rt, wcfg)
 	fe := testutil.Frontend(t, b, "fe1")

@@ -114,7 +114,7 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 	}
 	b := &Broker{cfg: cfg, ns: ns}
 	if err := b.init(ctx); err != nil {
-		b.Close()
+		_ = b.Close() // Close always returns nil
 		return nil, err
 	}
 	return b, nil
@@ -158,7 +158,7 @@ func (b *Broker) init(ctx context.Context) error {
 		// (every record and memory key is in them).
 		aside := fmt.Sprintf("%s.damaged-%d", path, time.Now().Unix())
 		if rerr := os.Rename(path, aside); rerr != nil {
-			return fmt.Errorf("%w (and moving it aside failed: %v)", err, rerr)
+			return fmt.Errorf("%w (and moving it aside failed: %w)", err, rerr)
 		}
 		b.cfg.Logger.Error("state file unusable: moved aside, rebuilding from the streams", "file", path, "aside", aside, "err", err)
 		b.store, err = boltstore.Open(path)
@@ -195,11 +195,13 @@ func (b *Broker) Close() error {
 			b.svc.Stop()
 		}
 		if b.nc != nil {
-			b.nc.Drain()
+			_ = b.nc.Drain() // fails only on a closed connection; Close below ends it either way
 			b.nc.Close()
 		}
 		if b.store != nil {
-			b.store.Close()
+			if err := b.store.Close(); err != nil {
+				b.cfg.Logger.Warn("close the state store", "err", err)
+			}
 		}
 		b.ns.Shutdown()
 		b.ns.WaitForShutdown()

@@ -261,7 +261,7 @@ func (b *Broker) retryUntilReady(ctx context.Context, what string, op func(conte
 			return nil
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("%s: the cluster %q did not become ready (%v): start the other nodes (routes %v), or check that they reach each other", what, b.cfg.Cluster.Name, err, b.cfg.Cluster.Routes)
+			return fmt.Errorf("%s: the cluster %q did not become ready (%w): start the other nodes (routes %v), or check that they reach each other", what, b.cfg.Cluster.Name, err, b.cfg.Cluster.Routes)
 		}
 		if time.Since(lastLog) > 5*time.Second {
 			lastLog = time.Now()

@@ -55,7 +55,7 @@ func ParseArgs(fs *flag.FlagSet, args []string, aliases map[string][]string, max
 		for _, n := range names {
 			if v, ok := os.LookupEnv(n); ok {
 				if serr := fs.Set(f.Name, v); serr != nil && err == nil {
-					err = &UsageError{Err: fmt.Errorf("environment %s=%q: %v", n, v, serr)}
+					err = &UsageError{Err: fmt.Errorf("environment %s=%q: %w", n, v, serr)}
 				}
 				return
 			}

@@ -251,7 +251,7 @@ func Parse(data []byte, source, project string) ([]Server, []Problem) {
 		} `json:"projects"`
 	}
 	if err := json.Unmarshal(data, &doc); err != nil {
-		return nil, []Problem{{Source: source, Err: fmt.Errorf("not valid JSON: %v", err)}}
+		return nil, []Problem{{Source: source, Err: fmt.Errorf("not valid JSON: %w", err)}}
 	}
 	var out []Server
 	var problems []Problem
@@ -285,7 +285,7 @@ func Parse(data []byte, source, project string) ([]Server, []Problem) {
 func parseBlock(b json.RawMessage, source string) ([]Server, []Problem) {
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(b, &raw); err != nil {
-		return nil, []Problem{{Source: source, Err: fmt.Errorf(`"mcpServers" is not an object of servers: %v`, err)}}
+		return nil, []Problem{{Source: source, Err: fmt.Errorf(`"mcpServers" is not an object of servers: %w`, err)}}
 	}
 	names := make([]string, 0, len(raw))
 	for n := range raw {
@@ -297,7 +297,7 @@ func parseBlock(b json.RawMessage, source string) ([]Server, []Problem) {
 	for _, name := range names {
 		var e entry
 		if err := json.Unmarshal(raw[name], &e); err != nil {
-			problems = append(problems, Problem{Source: source, Err: fmt.Errorf("server %q: %v", name, err)})
+			problems = append(problems, Problem{Source: source, Err: fmt.Errorf("server %q: %w", name, err)})
 			continue
 		}
 		if e.Disabled {
@@ -305,7 +305,7 @@ func parseBlock(b json.RawMessage, source string) ([]Server, []Problem) {
 		}
 		s, err := e.server(name)
 		if err != nil {
-			problems = append(problems, Problem{Source: source, Err: fmt.Errorf("server %q: %v", name, err)})
+			problems = append(problems, Problem{Source: source, Err: fmt.Errorf("server %q: %w", name, err)})
 			continue
 		}
 		s.Source = source

@@ -34,7 +34,7 @@ func (p Policy) Validate() error {
 	for _, list := range [][]string{p.Allow, p.Deny} {
 		for _, pat := range list {
 			if _, err := path.Match(pat, ""); err != nil {
-				return fmt.Errorf("server pattern %q: %v (use names or globs like fs-*)", pat, err)
+				return fmt.Errorf("server pattern %q: %w (use names or globs like fs-*)", pat, err)
 			}
 		}
 	}

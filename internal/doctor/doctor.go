@@ -194,7 +194,7 @@ func checkSandbox(ctx context.Context, cfg podman.Config) []Check {
 		return append(out, Check{Name: "podman api", Status: Fail, Detail: err.Error(),
 			Fix: "install Podman (apt-get install podman runc uidmap) and start its API: `podman system service --time=0` (rootless: as the worker's user; rootful: as root, socket /run/podman/podman.sock), or pass --podman URI"})
 	}
-	defer rt.Close()
+	defer func() { _ = rt.Close() }() // the checks are done: a failure changes none of them
 	info := rt.Info()
 	mode := "rootful"
 	if info.Rootless {
@@ -455,7 +455,7 @@ func ping(ctx context.Context, nc *nats.Conn, service, name, fix string) Check {
 	if err != nil {
 		return Check{Name: name, Status: Fail, Detail: err.Error(), Fix: fix}
 	}
-	defer sub.Unsubscribe()
+	defer func() { _ = sub.Unsubscribe() }() // fails only when the connection is closed, which drops the subscription too
 	if err := nc.PublishRequest("$SRV.PING."+service, inbox, nil); err != nil {
 		return Check{Name: name, Status: Fail, Detail: err.Error(), Fix: fix}
 	}

@@ -24,7 +24,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
-	"github.com/mcpexec/mcpexec/internal/sandbox/process"
 	"github.com/mcpexec/mcpexec/internal/state"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 )
@@ -196,7 +195,7 @@ func apiDo(method, url string, body any) (int, []byte) {
 	if err != nil {
 		return 0, []byte(err.Error())
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read or abandoned: nothing to report
 	var buf bytes.Buffer
 	_, _ = buf.ReadFrom(resp.Body)
 	return resp.StatusCode, buf.Bytes()
@@ -396,11 +395,7 @@ func TestReplicaRebuilds(t *testing.T) {
 func processWorkers(t *testing.T, c *testutil.Cluster, n int, q queue.Config) []*nats.Conn {
 	var conns []*nats.Conn
 	for i := range n {
-		rt, err := process.New()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { rt.Close() })
+		rt := testutil.ProcessRuntime(t)
 		name := fmt.Sprint("w", i)
 		nc := c.ConnectAll(t, name)
 		conns = append(conns, nc)

@@ -59,7 +59,7 @@ func TestOfficialTypeScriptSDK(t *testing.T) {
 	if err := os.WriteFile(scriptPath, script, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.Remove(scriptPath) })
+	t.Cleanup(func() { _ = os.Remove(scriptPath) }) // a temporary file: what is left harms no test
 	bin := buildFrontend(t)
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "servers.json")
@@ -123,7 +123,7 @@ func TestOfficialTypeScriptSDK(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp.Body.Close()
+		_ = resp.Body.Close() // read or abandoned: nothing to report
 		if resp.StatusCode != http.StatusUnauthorized {
 			t.Fatalf("no token: %d", resp.StatusCode)
 		}

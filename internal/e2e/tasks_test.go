@@ -37,7 +37,7 @@ func startFrontend(t *testing.T, bin string, args ...string) *frontendProc {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
-	ln.Close()
+	_ = ln.Close() // only the free port was wanted
 	cmd := exec.Command(bin, append(args, "--http", addr)...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -52,7 +52,7 @@ func startFrontend(t *testing.T, bin string, args ...string) *frontendProc {
 	for {
 		resp, err := http.Get("http://" + addr + "/healthz")
 		if err == nil {
-			resp.Body.Close()
+			_ = resp.Body.Close() // read or abandoned: nothing to report
 			if resp.StatusCode == 200 {
 				return p
 			}
@@ -88,7 +88,7 @@ func nodeScript(t *testing.T, name string) string {
 	if err := os.WriteFile(path, script, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.Remove(path) })
+	t.Cleanup(func() { _ = os.Remove(path) }) // a temporary file: what is left harms no test
 	return path
 }
 

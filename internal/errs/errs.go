@@ -5,6 +5,8 @@
 // jobsapi, NATS service codes in state, JSON-RPC codes in mcpserver.
 package errs
 
+import "errors"
+
 // Kind says what kind of failure an error is, and so what the caller can do.
 type Kind int
 
@@ -51,6 +53,9 @@ func (e *Error) Error() string {
 // Unwrap returns the cause.
 func (e *Error) Unwrap() error { return e.Err }
 
+// ErrKind returns the error's kind (so an *Error is Kinded too).
+func (e *Error) ErrKind() Kind { return e.Kind }
+
 // New returns an error of kind with message msg (a sentinel, typically).
 func New(kind Kind, msg string) *Error { return &Error{Kind: kind, Msg: msg} }
 
@@ -63,26 +68,9 @@ type Kinded interface {
 // KindOf returns the kind of the first error in err's chain that has one;
 // Internal when none has.
 func KindOf(err error) Kind {
-	for e := err; e != nil; {
-		switch v := e.(type) {
-		case *Error:
-			return v.Kind
-		case Kinded:
-			return v.ErrKind()
-		}
-		switch u := e.(type) {
-		case interface{ Unwrap() error }:
-			e = u.Unwrap()
-		case interface{ Unwrap() []error }:
-			for _, x := range u.Unwrap() {
-				if k := KindOf(x); k != Internal {
-					return k
-				}
-			}
-			return Internal
-		default:
-			return Internal
-		}
+	var k Kinded
+	if errors.As(err, &k) {
+		return k.ErrKind()
 	}
 	return Internal
 }

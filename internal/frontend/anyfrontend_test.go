@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
@@ -25,7 +26,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
-	"github.com/mcpexec/mcpexec/internal/sandbox/process"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
@@ -43,35 +43,39 @@ func apiFrontend(t *testing.T, fe *frontend.Frontend) string {
 func postJob(t *testing.T, url string, job map[string]any) jobs.Record {
 	t.Helper()
 	body, _ := json.Marshal(job)
-	req, _ := http.NewRequest("POST", url+"/api/jobs", bytes.NewReader(body))
-	req.Header.Set("Authorization", "Bearer tok-a")
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var rec jobs.Record
-	if err := json.NewDecoder(resp.Body).Decode(&rec); err != nil || resp.StatusCode/100 != 2 {
-		t.Fatalf("POST /api/jobs: %d, %v", resp.StatusCode, err)
+	rec, code, err := apiRecord(t, "POST", url+"/api/jobs", body)
+	if err != nil || code/100 != 2 {
+		t.Fatalf("POST /api/jobs: %d, %v", code, err)
 	}
 	return rec
 }
 
 func waitJob(t *testing.T, url, id string) jobs.Record {
 	t.Helper()
-	req, _ := http.NewRequest("GET", url+"/api/jobs/"+id+"/wait?timeout=60s", nil)
+	rec, code, err := apiRecord(t, "GET", url+"/api/jobs/"+id+"/wait?timeout=60s", nil)
+	if err != nil {
+		t.Fatalf("wait %s: %d, %v", id, code, err)
+	}
+	return rec
+}
+
+// apiRecord sends a jobs API request as tok-a's tenant (body, when not nil, is
+// JSON) and decodes the job record it answers.
+func apiRecord(t *testing.T, method, url string, body []byte) (jobs.Record, int, error) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, bytes.NewReader(body))
 	req.Header.Set("Authorization", "Bearer tok-a")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read or abandoned: nothing to report
 	var rec jobs.Record
-	if err := json.NewDecoder(resp.Body).Decode(&rec); err != nil {
-		t.Fatalf("wait %s: %d, %v", id, resp.StatusCode, err)
-	}
-	return rec
+	err = json.NewDecoder(resp.Body).Decode(&rec)
+	return rec, resp.StatusCode, err
 }
 
 // TestAPIJobsCallToolsAndMemory: a job submitted through /api/jobs calls a
@@ -80,17 +84,8 @@ func waitJob(t *testing.T, url, id string) jobs.Record {
 // job's remaining calls from its record.
 func TestAPIJobsCallToolsAndMemory(t *testing.T) {
 	t.Parallel()
-	b := testutil.Broker(t, "", queue.DefaultConfig())
-	rt, err := process.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close() })
-	testutil.Worker(t, b, rt, worker.DefaultConfig("w1"))
-	pool1 := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
-	fe1 := testutil.FrontendWith(t, b, frontend.Config{ID: "fe1", Tools: pool1})
-	pool2 := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
-	fe2 := testutil.FrontendWith(t, b, frontend.Config{ID: "fe2", Tools: pool2})
+	b := processFleet(t)
+	fe1, fe2 := tsFrontend(t, b, "fe1"), tsFrontend(t, b, "fe2")
 	url1, url2 := apiFrontend(t, fe1), apiFrontend(t, fe2)
 
 	rec := postJob(t, url1, map[string]any{"id": "plain", "servers": []string{"ts"}, "code": `
@@ -123,6 +118,21 @@ print(a, b, n)`, started, goOn)})
 	}
 }
 
+// processFleet starts a broker and a worker with the process runtime.
+func processFleet(t *testing.T) *broker.Broker {
+	t.Helper()
+	b := testutil.Broker(t, "", queue.DefaultConfig())
+	testutil.Worker(t, b, testutil.ProcessRuntime(t), worker.DefaultConfig("w1"))
+	return b
+}
+
+// tsFrontend starts front-end id, proxying the MCP test server as "ts".
+func tsFrontend(t *testing.T, b *broker.Broker, id string) *frontend.Frontend {
+	t.Helper()
+	pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
+	return testutil.FrontendWith(t, b, frontend.Config{ID: id, Tools: pool})
+}
+
 func waitFile(t *testing.T, path string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
@@ -141,15 +151,8 @@ func waitFile(t *testing.T, path string) {
 // may not do with proxy calls.
 func TestProxyCallsAreCheckedAgainstTheRecord(t *testing.T) {
 	t.Parallel()
-	b := testutil.Broker(t, "", queue.DefaultConfig())
-	rt, err := process.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close() })
-	testutil.Worker(t, b, rt, worker.DefaultConfig("w1"))
-	pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
-	fe := testutil.FrontendWith(t, b, frontend.Config{ID: "fe1", Tools: pool})
+	b := processFleet(t)
+	fe := tsFrontend(t, b, "fe1")
 	nc := testutil.Connect(t, b, "intruder")
 	ctx := context.Background()
 	key, err := queue.ProxyKey(ctx, mustJS(t, nc), jobs.Subjects{})
@@ -233,7 +236,7 @@ func sharedDir(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Cleanup(func() { _ = os.RemoveAll(dir) }) // a temporary directory: what is left harms no test
 	if err := os.Chmod(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/client/transport"
-	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/mcpexec/mcpexec/internal/frontend"
@@ -44,20 +43,12 @@ func stdioClient(t *testing.T, fe *frontend.Frontend) *client.Client {
 	}()
 	c := client.NewClient(transport.NewIO(cr, cw, io.NopCloser(strings.NewReader(""))))
 	t.Cleanup(func() {
-		c.Close()
+		_ = c.Close() // a failing close changes no result
 		cancel()
-		sr.Close()
-		sw.Close()
+		_ = sr.Close() // a failing close changes no result
+		_ = sw.Close() // a failing close changes no result
 		<-done
 	})
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	init := mcp.InitializeRequest{}
-	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
-	init.Params.ClientInfo = mcp.Implementation{Name: "stdio-test", Version: "0"}
-	if _, err := c.Initialize(ctx, init); err != nil {
-		t.Fatal(err)
-	}
+	testutil.StartMCP(t, ctx, c, "stdio-test")
 	return c
 }

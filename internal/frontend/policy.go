@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -45,27 +46,13 @@ func (p Policy) Inherit(def Policy) Policy {
 	if p.Servers == nil {
 		p.Servers = def.Servers
 	}
-	if p.MaxTimeout == 0 {
-		p.MaxTimeout = def.MaxTimeout
-	}
-	if p.MaxMemoryMB == 0 {
-		p.MaxMemoryMB = def.MaxMemoryMB
-	}
-	if p.MaxCPUs == 0 {
-		p.MaxCPUs = def.MaxCPUs
-	}
-	if p.MaxQueued == 0 {
-		p.MaxQueued = def.MaxQueued
-	}
-	if p.MaxActive == 0 {
-		p.MaxActive = def.MaxActive
-	}
-	if p.MaxSessions == 0 {
-		p.MaxSessions = def.MaxSessions
-	}
-	if p.MemoryBytes == 0 {
-		p.MemoryBytes = def.MemoryBytes
-	}
+	p.MaxTimeout = cmp.Or(p.MaxTimeout, def.MaxTimeout)
+	p.MaxMemoryMB = cmp.Or(p.MaxMemoryMB, def.MaxMemoryMB)
+	p.MaxCPUs = cmp.Or(p.MaxCPUs, def.MaxCPUs)
+	p.MaxQueued = cmp.Or(p.MaxQueued, def.MaxQueued)
+	p.MaxActive = cmp.Or(p.MaxActive, def.MaxActive)
+	p.MaxSessions = cmp.Or(p.MaxSessions, def.MaxSessions)
+	p.MemoryBytes = cmp.Or(p.MemoryBytes, def.MemoryBytes)
 	return p
 }
 

@@ -190,7 +190,7 @@ func decode(params json.RawMessage, v any) error {
 		return nil
 	}
 	if err := json.Unmarshal(params, v); err != nil {
-		return fmt.Errorf("bad parameters: %v", err)
+		return fmt.Errorf("bad parameters: %w", err)
 	}
 	return nil
 }
@@ -554,7 +554,7 @@ func (h *proxyHandler) memory(ctx context.Context, rj *runningJob, method string
 	}
 }
 
-func memErr(err error) error { return fmt.Errorf("memory: %v", err) }
+func memErr(err error) error { return fmt.Errorf("memory: %w", err) }
 
 var _ MemoryStore = (*state.Client)(nil)
 
@@ -570,7 +570,7 @@ func (h *proxyHandler) jobResult(ctx context.Context, rj *runningJob, id string)
 		return nil, fmt.Errorf("job_result: no job %s in this namespace", id)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("job_result: %v", err)
+		return nil, fmt.Errorf("job_result: %w", err)
 	}
 	if !rec.Status.Terminal() {
 		return nil, fmt.Errorf("job_result: job %s has not ended (it is %s): name it in this job's after or after_any to wait for it", id, rec.Status)

@@ -21,7 +21,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
-	"github.com/mcpexec/mcpexec/internal/sandbox/process"
 	"github.com/mcpexec/mcpexec/internal/state"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 	"github.com/mcpexec/mcpexec/internal/worker"
@@ -39,11 +38,7 @@ type stack struct {
 func setup(t *testing.T, dir string, cfg frontend.Config, servers ...discovery.Server) *stack {
 	t.Helper()
 	b := testutil.Broker(t, dir, queue.DefaultConfig())
-	rt, err := process.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close() })
+	rt := testutil.ProcessRuntime(t)
 	testutil.Worker(t, b, rt, worker.DefaultConfig("w1"))
 	pool := testutil.Pool(t, mcpclients.Config{}, servers...)
 	if cfg.ID == "" {
@@ -279,7 +274,9 @@ print(delete_memory("notes/a_b"), delete_memory("notes/a_b"))`)
 	}
 
 	// The broker restarts on the same data: memory is still there.
-	s.b.Close()
+	if err := s.b.Close(); err != nil {
+		t.Fatal(err)
+	}
 	s2 := setup(t, dir, frontend.Config{ID: "fe2"}, testutil.TestServerDef(t, "ts", nil))
 	if got := mustRun(t, s2.c, `print(load_memory("counter"), load_memory("mine"))`); got != "15 None" {
 		t.Fatalf("after broker restart: %q", got)

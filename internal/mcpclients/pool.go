@@ -375,7 +375,7 @@ func (s *slot) crashedLocked(sess *session, why string) {
 	s.notBefore = time.Now().Add(s.backoff())
 	s.pool.log.Warn("MCP server lost: it restarts on next use", "server", s.def.Name, "why", why,
 		"restart_in", time.Until(s.notBefore).Round(time.Millisecond), "stderr", sess.stderr.tail())
-	go sess.c.Close()
+	go func() { _ = sess.c.Close() }() // the session is lost already: closing only frees what is left of it
 }
 
 func (s *slot) start() (*session, error) {

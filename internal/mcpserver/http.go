@@ -220,16 +220,16 @@ func LoadTokensFile(path string) (*TokensFile, error) {
 	if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '{' {
 		var probe map[string]json.RawMessage
 		if err := json.Unmarshal(t, &probe); err != nil {
-			return nil, fmt.Errorf("tokens file %s: not a JSON object: %v", path, err)
+			return nil, fmt.Errorf("tokens file %s: not a JSON object: %w", path, err)
 		}
 		if raw, ok := probe["tokens"]; ok && len(bytes.TrimSpace(raw)) > 0 && bytes.TrimSpace(raw)[0] == '{' {
 			dec := json.NewDecoder(bytes.NewReader(t))
 			dec.DisallowUnknownFields()
 			if err := dec.Decode(out); err != nil {
-				return nil, fmt.Errorf("tokens file %s: want {\"tokens\": {...}, \"default_policy\": {...}, \"namespaces\": {...}, \"metrics_tokens\": [...]}: %v", path, err)
+				return nil, fmt.Errorf("tokens file %s: want {\"tokens\": {...}, \"default_policy\": {...}, \"namespaces\": {...}, \"metrics_tokens\": [...]}: %w", path, err)
 			}
 		} else if err := json.Unmarshal(t, &out.Tokens); err != nil {
-			return nil, fmt.Errorf("tokens file %s: not a JSON object of token to namespace: %v", path, err)
+			return nil, fmt.Errorf("tokens file %s: not a JSON object of token to namespace: %w", path, err)
 		}
 	} else {
 		for i, line := range strings.Split(string(data), "\n") {

@@ -260,7 +260,7 @@ func parseArgs(tool string, raw any) (*jobs.Job, error) {
 	}
 	var a args
 	if err := json.Unmarshal(b, &a); err != nil {
-		return nil, fmt.Errorf("arguments do not match the schema: %v (want code: string, servers: [string], timeout: integer, session: string)", err)
+		return nil, fmt.Errorf("arguments do not match the schema: %w (want code: string, servers: [string], timeout: integer, session: string)", err)
 	}
 	if a.Code == nil {
 		return nil, &jobs.InvalidError{Field: "code", Message: "code is required: pass the source to run"}

@@ -72,6 +72,8 @@ func ServeHTTP(ctx context.Context, ln net.Listener, h http.Handler, drain func(
 		_ = hs.Close() // closing on the way out: a failure leaves nothing to do
 	}
 	<-drained
-	<-errc // Serve returned ErrServerClosed
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		log.Warn("HTTP server stopped with an error", "err", err)
+	}
 	return nil
 }

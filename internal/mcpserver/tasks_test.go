@@ -61,7 +61,7 @@ func httpRPC(t *testing.T, url, token string, method string, params any) rpcRepl
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read or abandoned: nothing to report
 	body, _ := io.ReadAll(resp.Body)
 	var r rpcReply
 	if err := json.Unmarshal(body, &r); err != nil {
@@ -212,9 +212,9 @@ func TestTasksOverStdio(t *testing.T) {
 		}
 	}()
 	t.Cleanup(func() {
-		inW.Close()
+		_ = inW.Close() // a pipe: closing only ends the other side's reads
 		tasks.Close()
-		outW.Close()
+		_ = outW.Close() // a pipe: closing only ends the other side's reads
 		wg.Wait()
 	})
 	send := func(id int, method string, params any) {
@@ -274,7 +274,7 @@ func BenchmarkTasks(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		defer resp.Body.Close()
+		defer func() { _ = resp.Body.Close() }() // read or abandoned: nothing to report
 		var r rpcReply
 		if err := json.NewDecoder(resp.Body).Decode(&r); err != nil || r.Error != nil {
 			b.Fatalf("%s: %v %+v", method, err, r.Error)

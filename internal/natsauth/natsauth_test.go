@@ -16,7 +16,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/mcpclients"
 	"github.com/mcpexec/mcpexec/internal/natsauth"
 	"github.com/mcpexec/mcpexec/internal/queue"
-	"github.com/mcpexec/mcpexec/internal/sandbox/process"
 	"github.com/mcpexec/mcpexec/internal/state"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 	"github.com/mcpexec/mcpexec/internal/worker"
@@ -43,7 +42,11 @@ func fleet(t *testing.T) (*broker.Broker, func(role string) (*nats.Conn, *refusa
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { b.Close() })
+	t.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	return b, func(role string) (*nats.Conn, *refusals) {
 		t.Helper()
 		r := &refusals{}
@@ -153,11 +156,7 @@ func TestRolesAreRefused(t *testing.T) {
 func TestFleetWorksUnderItsRoles(t *testing.T) {
 	t.Parallel()
 	_, connect := fleet(t)
-	rt, err := process.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close() })
+	rt := testutil.ProcessRuntime(t)
 	wnc, wr := connect(natsauth.RoleWorker)
 	testutil.WorkerOn(t, wnc, rt, worker.DefaultConfig("w1"))
 	fnc, fr := connect(natsauth.RoleFrontend)

@@ -148,7 +148,7 @@ func (fr *Reader) Read() (*Frame, error) {
 func DecodeFrame(body []byte) (*Frame, error) {
 	var f Frame
 	if err := json.Unmarshal(body, &f); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadFrame, err)
+		return nil, fmt.Errorf("%w: %w", ErrBadFrame, err)
 	}
 	switch f.Type {
 	case TypeHello, TypeExec, TypeDone:

@@ -118,7 +118,9 @@ func TestBrokerRestart(t *testing.T) {
 		testutil.WaitRecord(t, b1, id, jobs.StatusQueued)
 	}
 	nc.Close()
-	b1.Close()
+	if err := b1.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	b2 := testutil.Broker(t, dir, q)
 	rt := &testutil.FakeRuntime{}

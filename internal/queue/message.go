@@ -52,7 +52,7 @@ func truncate(s string, n int) string {
 
 // SecretsBucket creates or updates the secrets bucket and returns it.
 func SecretsBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.KeyValue, error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	return keyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      cfg.Subjects.SecretsBucket(),
 		Description: "mcpexec fleet secrets (front-ends only)",
 		History:     1,
@@ -60,10 +60,6 @@ func SecretsBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jet
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(cfg.Replicas, 1),
 	})
-	if err != nil {
-		return nil, fmt.Errorf("create key-value bucket %s: %w", cfg.Subjects.SecretsBucket(), err)
-	}
-	return kv, nil
 }
 
 // ProxyKey returns the fleet's proxy key, creating it on first use. Every

@@ -120,51 +120,48 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 		return err
 	}
 	s := cfg.Subjects
-	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        s.JobsStream(),
-		Description: "mcpexec pending jobs",
-		Subjects:    []string{s.AllJobs(), s.AllWorkerJobs()},
-		Retention:   jetstream.WorkQueuePolicy,
-		Storage:     jetstream.FileStorage,
-		MaxMsgs:     cfg.MaxQueued,
-		MaxBytes:    cfg.JobsMaxBytes,
-		Discard:     jetstream.DiscardNew,
-		Duplicates:  cfg.DedupeWindow,
-		Replicas:    cfg.Replicas,
-	})
-	if err != nil {
-		return fmt.Errorf("create stream %s: %w", s.JobsStream(), err)
-	}
-	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        s.EventsStream(),
-		Description: "mcpexec job lifecycle events",
-		Subjects:    []string{s.AllEvents()},
-		Retention:   jetstream.LimitsPolicy,
-		Storage:     jetstream.FileStorage,
-		MaxAge:      cfg.EventsMaxAge,
-		MaxBytes:    cfg.EventsMaxBytes,
-		Duplicates:  cfg.DedupeWindow,
-		Replicas:    cfg.Replicas,
-		AllowDirect: true, // cheap look-ups of a job's cancel and submit events
-	})
-	if err != nil {
-		return fmt.Errorf("create stream %s: %w", s.EventsStream(), err)
-	}
-	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:              s.MemoryStream(),
-		Description:       "mcpexec memory writes: the last one of each key",
-		Subjects:          []string{s.AllMemory()},
-		Retention:         jetstream.LimitsPolicy,
-		Storage:           jetstream.FileStorage,
-		MaxMsgsPerSubject: 1,
-		MaxBytes:          cfg.MemoryMaxBytes,
-		Discard:           jetstream.DiscardNew,
-		Duplicates:        cfg.DedupeWindow,
-		Replicas:          cfg.Replicas,
-		AllowDirect:       true,
-	})
-	if err != nil {
-		return fmt.Errorf("create stream %s: %w", s.MemoryStream(), err)
+	for _, sc := range []jetstream.StreamConfig{
+		{
+			Name:        s.JobsStream(),
+			Description: "mcpexec pending jobs",
+			Subjects:    []string{s.AllJobs(), s.AllWorkerJobs()},
+			Retention:   jetstream.WorkQueuePolicy,
+			Storage:     jetstream.FileStorage,
+			MaxMsgs:     cfg.MaxQueued,
+			MaxBytes:    cfg.JobsMaxBytes,
+			Discard:     jetstream.DiscardNew,
+			Duplicates:  cfg.DedupeWindow,
+			Replicas:    cfg.Replicas,
+		},
+		{
+			Name:        s.EventsStream(),
+			Description: "mcpexec job lifecycle events",
+			Subjects:    []string{s.AllEvents()},
+			Retention:   jetstream.LimitsPolicy,
+			Storage:     jetstream.FileStorage,
+			MaxAge:      cfg.EventsMaxAge,
+			MaxBytes:    cfg.EventsMaxBytes,
+			Duplicates:  cfg.DedupeWindow,
+			Replicas:    cfg.Replicas,
+			AllowDirect: true, // cheap look-ups of a job's cancel and submit events
+		},
+		{
+			Name:              s.MemoryStream(),
+			Description:       "mcpexec memory writes: the last one of each key",
+			Subjects:          []string{s.AllMemory()},
+			Retention:         jetstream.LimitsPolicy,
+			Storage:           jetstream.FileStorage,
+			MaxMsgsPerSubject: 1,
+			MaxBytes:          cfg.MemoryMaxBytes,
+			Discard:           jetstream.DiscardNew,
+			Duplicates:        cfg.DedupeWindow,
+			Replicas:          cfg.Replicas,
+			AllowDirect:       true,
+		},
+	} {
+		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+			return fmt.Errorf("create stream %s: %w", sc.Name, err)
+		}
 	}
 	if _, err := SessionsBucket(ctx, js, cfg); err != nil {
 		return err

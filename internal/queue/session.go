@@ -61,7 +61,7 @@ func SessionKey(namespace, session string) string {
 
 // SessionsBucket creates or updates the sessions bucket and returns it.
 func SessionsBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.KeyValue, error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	return keyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      cfg.Subjects.SessionsBucket(),
 		Description: "mcpexec sessions: which worker holds each",
 		History:     1,
@@ -70,10 +70,6 @@ func SessionsBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (je
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(cfg.Replicas, 1),
 	})
-	if err != nil {
-		return nil, fmt.Errorf("create key-value bucket %s: %w", cfg.Subjects.SessionsBucket(), err)
-	}
-	return kv, nil
 }
 
 // WorkerJobsConsumer creates or updates the durable consumer of the jobs routed
@@ -150,4 +146,13 @@ func (c *Client) route(ctx context.Context, job *jobs.Job) (subject string, done
 		return "", true, fmt.Errorf("record that the session of job %s is gone: %w", job.ID, perr)
 	}
 	return "", true, nil
+}
+
+// keyValue creates or updates the key-value bucket of kc and returns it.
+func keyValue(ctx context.Context, js jetstream.JetStream, kc jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, kc)
+	if err != nil {
+		return nil, fmt.Errorf("create key-value bucket %s: %w", kc.Bucket, err)
+	}
+	return kv, nil
 }

@@ -197,7 +197,7 @@ func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, k
 			}
 		}
 		if merr != nil {
-			errs[i] = fmt.Errorf("%w (and recording the rejection failed: %v)", ErrQueueFull, merr)
+			errs[i] = fmt.Errorf("%w (and recording the rejection failed: %w)", ErrQueueFull, merr)
 		}
 	}
 	for _, f := range rejects {

@@ -168,7 +168,7 @@ func (c *RunnerConn) readLoop() {
 // reason); the connection is closed in any case. Frames the runner still sends
 // are dropped. Call it only after Handshake succeeded and no Drive is running.
 func (c *RunnerConn) Finish(d time.Duration) bool {
-	defer c.Close()
+	defer func() { _ = c.Close() }() // the outcome is the bool: closing only frees the connection
 	cw, ok := c.conn.(interface{ CloseWrite() error })
 	if !ok || cw.CloseWrite() != nil {
 		return false
@@ -227,7 +227,7 @@ func (c *RunnerConn) write(f *proxy.Frame) error {
 	_ = c.conn.SetWriteDeadline(time.Now().Add(WriteTimeout)) // a closed connection fails the write anyway
 	err := c.w.Write(f)
 	if err != nil && !errors.Is(err, proxy.ErrFrameTooLarge) {
-		c.Close()
+		_ = c.Close() // the connection failed already: err is what the caller hears
 	}
 	return err
 }
@@ -287,7 +287,7 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 			Error: fmt.Sprintf("the job is too large for the sandbox channel (%v): send less code, or load data through a tool", err)}), nil
 	}
 	if err != nil {
-		c.Close()
+		_ = c.Close() // the connection failed already: err is what the caller hears
 		return result(Result{}), fmt.Errorf("send job to runner: %w: %w", ErrRunnerLost, err)
 	}
 
@@ -297,7 +297,7 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 		// A runner that did not end its job cleanly may go on sending: cut it
 		// off before waiting for the calls, whose replies then fail at once.
 		if !clean {
-			c.Close()
+			_ = c.Close() // the runner is lost already: closing only cuts it off
 		}
 		calls.stop()
 	}()
@@ -508,7 +508,7 @@ var ErrTimeout = errors.New("job time limit reached")
 // the listener is closed, so no one else can connect. maxFrame 0 means
 // proxy.DefaultMaxFrame. When ctx ends first the listener is closed.
 func AcceptRunner(ctx context.Context, ln net.Listener, maxFrame int, secret string) (*RunnerConn, error) {
-	defer ln.Close()
+	defer func() { _ = ln.Close() }() // no one else may connect; a failure to close leaves nothing to do
 	type acc struct {
 		c   net.Conn
 		err error
@@ -527,9 +527,9 @@ func AcceptRunner(ctx context.Context, ln net.Listener, maxFrame int, secret str
 			}
 			conn = a.c
 		case <-ctx.Done():
-			ln.Close()
+			_ = ln.Close() // ends the Accept; ctx's error is what the caller hears
 			if a := <-ch; a.c != nil {
-				a.c.Close()
+				_ = a.c.Close() // a runner too late: nobody reads it
 			}
 			return nil, fmt.Errorf("runner did not connect: %w", ctx.Err())
 		}
@@ -538,7 +538,7 @@ func AcceptRunner(ctx context.Context, ln net.Listener, maxFrame int, secret str
 		if err == nil {
 			return rc, nil
 		}
-		rc.Close()
+		_ = rc.Close() // the handshake failed: err is what counts
 		if !errors.Is(err, errWrongSecret) {
 			return nil, err
 		}

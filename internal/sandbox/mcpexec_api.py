@@ -37,16 +37,7 @@ class Runner:
 
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        with self._plock:
-            self._next_id += 1
-            cid = self._next_id
-            self._pending[cid] = (loop, fut)
-        try:
-            self.chan.send({"type": "call", "id": cid, "method": method, "params": params or {}})
-        except BaseException:
-            with self._plock:
-                self._pending.pop(cid, None)
-            raise
+        self._send_call(method, params, (loop, fut))
         return await fut
 
     def rpc_sync(self, method, params=None):
@@ -54,20 +45,25 @@ class Runner:
         functions, such as memory and docs)."""
         done = threading.Event()
         box = {}
+        self._send_call(method, params, (None, (done, box)))
+        done.wait()
+        if box.get("error"):
+            raise MCPError(box["error"])
+        return box.get("result")
+
+    def _send_call(self, method, params, entry):
+        """Sends a call frame under a new id, with entry (loop, future) waiting in
+        _pending for on_reply; a failed send takes the entry back."""
         with self._plock:
             self._next_id += 1
             cid = self._next_id
-            self._pending[cid] = (None, (done, box))
+            self._pending[cid] = entry
         try:
             self.chan.send({"type": "call", "id": cid, "method": method, "params": params or {}})
         except BaseException:
             with self._plock:
                 self._pending.pop(cid, None)
             raise
-        done.wait()
-        if box.get("error"):
-            raise MCPError(box["error"])
-        return box.get("result")
 
     def on_reply(self, frame):
         with self._plock:

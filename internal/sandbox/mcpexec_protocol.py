@@ -2,6 +2,7 @@
 the code's process, its bounds, and process helpers. Standard library only."""
 
 import json
+import os
 import signal
 import struct
 import threading
@@ -114,3 +115,17 @@ def _set_pdeathsig():
         ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
     except Exception:
         pass
+
+
+def _fork_child(child_main):
+    """Forks a child that runs child_main() and exits with what it returns (0 for
+    None), or with 70 when it raises; returns the child's pid to the parent."""
+    pid = os.fork()
+    if pid == 0:
+        code = 70
+        try:
+            code = child_main() or 0
+        except BaseException:
+            pass
+        os._exit(code)
+    return pid

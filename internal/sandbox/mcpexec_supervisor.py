@@ -10,7 +10,7 @@ import select
 import signal
 import socket
 
-from mcpexec_protocol import KNOWN_METHODS, MAX_CALL, MAX_FRAME, MAX_PENDING_TO_EXECUTOR, _FrameBuffer, _encode, _set_pdeathsig
+from mcpexec_protocol import KNOWN_METHODS, MAX_CALL, MAX_FRAME, MAX_PENDING_TO_EXECUTOR, _FrameBuffer, _encode, _fork_child, _set_pdeathsig
 
 
 class _Executor:
@@ -47,26 +47,23 @@ def _spawn_zygote(host_sock, zygote_main):
     """Forks the zygote, which runs zygote_main on its end of a SOCK_SEQPACKET
     pair; returns the supervisor's handle of it."""
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    pid = os.fork()
-    if pid == 0:
-        code = 70
+
+    def child():
+        host_sock.close()
+        parent_end.close()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+        _set_pdeathsig()
         try:
-            host_sock.close()
-            parent_end.close()
-            null = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(null, fd)
-            os.close(null)
-            _set_pdeathsig()
-            try:
-                with open("/proc/self/oom_score_adj", "w") as f:
-                    f.write("1000")  # the OOM killer takes the code, not the supervisor
-            except OSError:
-                pass
-            code = zygote_main(child_end) or 0
-        except BaseException:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")  # the OOM killer takes the code, not the supervisor
+        except OSError:
             pass
-        os._exit(code)
+        return zygote_main(child_end)
+
+    pid = _fork_child(child)
     child_end.close()
     return _Zygote(pid, parent_end)
 

@@ -38,7 +38,7 @@ import threading
 # The other modules sit next to this script (python3 -I leaves it off the path).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from mcpexec_protocol import PROTOCOL_VERSION, SECRET_ENV, _Channel, _set_nondumpable, _set_pdeathsig  # noqa: E402
+from mcpexec_protocol import PROTOCOL_VERSION, SECRET_ENV, _Channel, _fork_child, _set_nondumpable, _set_pdeathsig  # noqa: E402
 from mcpexec_api import Runner  # noqa: E402
 from mcpexec_supervisor import _Supervisor, _spawn_zygote  # noqa: E402
 
@@ -88,23 +88,20 @@ def _zygote_main(zsock, spare_js=False):
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         others = [out_r, err_r] + (list(spare[0][1]) if spare[0] else [])
-        pid = os.fork()
-        if pid == 0:
-            code = 70
-            try:
-                zsock.close()
-                parent_end.close()
-                for fd in others:
-                    os.close(fd)
-                os.dup2(out_w, 1)
-                os.dup2(err_w, 2)
-                os.close(out_w)
-                os.close(err_w)
-                _set_pdeathsig()
-                code = run(child_end) or 0
-            except BaseException:
-                pass
-            os._exit(code)
+
+        def child():
+            zsock.close()
+            parent_end.close()
+            for fd in others:
+                os.close(fd)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            os.close(out_w)
+            os.close(err_w)
+            _set_pdeathsig()
+            return run(child_end)
+
+        pid = _fork_child(child)
         child_end.close()
         os.close(out_w)
         os.close(err_w)

@@ -159,3 +159,25 @@ func (s *Sessions[T]) end(sl *sessionSlot[T]) {
 		s.Discard(t)
 	}
 }
+
+// SessionMethods are SessionRuntime's session methods on a runtime's Sessions
+// table: a runtime embeds it and sets Sessions, instead of writing each
+// delegation itself.
+type SessionMethods[T any] struct {
+	Sessions *Sessions[T] // safe for concurrent use
+}
+
+// RunInSession implements SessionRuntime.
+func (m SessionMethods[T]) RunInSession(ctx context.Context, key string, job Job, host Host) (Result, error) {
+	return m.Sessions.Run(ctx, key, job, host)
+}
+
+// HasSession implements SessionRuntime.
+func (m SessionMethods[T]) HasSession(key string) bool { return m.Sessions.Has(key) }
+
+// EndSession implements SessionRuntime. A job of the session that is running
+// finishes first; its sandbox is discarded afterwards.
+func (m SessionMethods[T]) EndSession(key string) error {
+	m.Sessions.End(key)
+	return nil
+}

@@ -52,7 +52,11 @@ func buildRecords(b *testing.B, dir string, n int) []string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer s.Close()
+	defer func() {
+		if err := s.Close(); err != nil {
+			b.Error(err)
+		}
+	}()
 	at := time.Now().Add(-time.Hour)
 	ids := make([]string, n)
 	const batch = 20_000

@@ -118,7 +118,9 @@ func (c *Client) once(ctx context.Context, op string, data []byte, resp any) err
 	}
 	reply, err := c.nc.RequestMsgWithContext(ctx, msg)
 	if err != nil {
-		return fmt.Errorf("%w: %s: %v (is the broker running?)", ErrUnavailable, op, err)
+		// The cause stays text: it is often this attempt's own timeout, which callers
+		// must not take for their context's deadline.
+		return fmt.Errorf("%w: %s: %v (is the broker running?)", ErrUnavailable, op, err) //nolint:errorlint // see above
 	}
 	storeMax(&c.events, seqHeader(reply.Header, HeaderEventsSeq))
 	storeMax(&c.memory, seqHeader(reply.Header, HeaderMemorySeq))

@@ -171,7 +171,7 @@ func (s *Service) handleDeadLetterList(req micro.Request) {
 
 func (s *Service) list(req micro.Request, f JobFilter) {
 	if err := f.Validate(); err != nil {
-		s.respond(req, nil, fmt.Errorf("%w: %v", ErrInvalid, err))
+		s.respond(req, nil, fmt.Errorf("%w: %w", ErrInvalid, err))
 		return
 	}
 	recs, next, err := s.store.List(f)

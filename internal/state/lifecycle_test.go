@@ -85,7 +85,9 @@ func TestRebuildAfterStateLoss(t *testing.T) {
 	testutil.MustSubmit(t, fe, &jobs.Job{ID: "rb-3", Code: "x"})
 	testutil.WaitRecord(t, b1, "rb-3", jobs.StatusQueued)
 	nc.Close()
-	b1.Close()
+	if err := b1.Close(); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.Remove(filepath.Join(dir, "state.db")); err != nil {
 		t.Fatal(err)
 	}

@@ -174,7 +174,9 @@ func TestLegacyMemoryIsRepublished(t *testing.T) {
 	if err := s.ApplyMemory([]state.MemoryOp{{Op: state.MemoryPutOp, Namespace: "ns", Key: "old", Value: json.RawMessage(`41`), CreatedAt: now, At: now, Seq: 7}}, 0); err != nil {
 		t.Fatal(err)
 	}
-	s.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 	b := testutil.Broker(t, dir, queue.DefaultConfig())
 	c := state.NewClient(testutil.Connect(t, b, "c"), jobs.Subjects{})
 	ctx := context.Background()

@@ -51,7 +51,7 @@ func (c *Config) Validate() error {
 
 // Run reads c.In, submits its jobs, writes their final records to c.Out,
 // and reports an error when any did not succeed.
-func (c *Config) Run(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) error {
+func (c *Config) Run(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) (err error) {
 	if err := c.Validate(); err != nil {
 		return err
 	}
@@ -61,16 +61,20 @@ func (c *Config) Run(ctx context.Context, stdin io.Reader, stdout, stderr io.Wri
 		if err != nil {
 			return cli.Usagef("open jobs file: %v", err)
 		}
-		defer f.Close()
+		defer func() { _ = f.Close() }() // read only: closing cannot lose data
 		in = f
 	}
 	out := stdout
 	if c.Out != "-" {
-		f, err := os.Create(c.Out)
-		if err != nil {
-			return fmt.Errorf("create results file: %w (check the directory exists and is writable)", err)
+		f, ferr := os.Create(c.Out)
+		if ferr != nil {
+			return fmt.Errorf("create results file: %w (check the directory exists and is writable)", ferr)
 		}
-		defer f.Close()
+		defer func() {
+			if cerr := f.Close(); cerr != nil && err == nil {
+				err = fmt.Errorf("write results file: %w", cerr)
+			}
+		}()
 		out = f
 	}
 	reqs, err := ReadJobs(in)
@@ -103,7 +107,7 @@ func ReadJobs(r io.Reader) ([]jobsapi.JobRequest, error) {
 		dec := json.NewDecoder(bytes.NewReader(b))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&j); err != nil {
-			return nil, fmt.Errorf("jobs file line %d: %v (want a JSON object with code, and optionally id, servers, timeout, max_attempts, labels, session, pool, after, after_any)", line, err)
+			return nil, fmt.Errorf("jobs file line %d: %w (want a JSON object with code, and optionally id, servers, timeout, max_attempts, labels, session, pool, after, after_any)", line, err)
 		}
 		if j.ID == "" {
 			j.ID = jobs.NewID()
@@ -284,7 +288,7 @@ func (c *Config) do(ctx context.Context, method, path string, body, out any) err
 	if err != nil {
 		return fmt.Errorf("%s %s: %w (is the front-end running with --http at %s?)", method, path, err, c.URL)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read to the end or abandoned: nothing to report
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return fmt.Errorf("%s %s: read answer: %w", method, path, err)

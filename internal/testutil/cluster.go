@@ -159,7 +159,7 @@ func freePorts(t testing.TB, n int) []int {
 	var ls []net.Listener
 	defer func() {
 		for _, l := range ls {
-			l.Close()
+			_ = l.Close() // the port is free again either way for the test's purpose
 		}
 	}()
 	ports := make([]int, n)
@@ -181,20 +181,13 @@ func WorkerOn(t testing.TB, nc *nats.Conn, rt sandbox.Runtime, cfg worker.Config
 		cfg.Logger = Logger(t)
 	}
 	w, err := worker.New(nc, rt, cfg)
-	if err != nil {
-		t.Fatalf("new worker: %v", err)
-	}
-	if err := w.Start(context.Background()); err != nil {
-		t.Fatalf("start worker: %v", err)
-	}
-	t.Cleanup(w.Stop)
-	return w
+	return started(t, "worker", w, err)
 }
 
 // FrontendOn starts a front-end with id over the connection nc.
 func FrontendOn(t testing.TB, nc *nats.Conn, id string) *frontend.Frontend {
 	t.Helper()
-	return frontendOn(t, nc, frontend.Config{ID: id, Limits: jobs.DefaultLimits(), Logger: Logger(t)})
+	return FrontendOnWith(t, nc, frontend.Config{ID: id})
 }
 
 // FrontendOnWith starts a front-end configured by cfg over nc (Limits and
@@ -207,21 +200,24 @@ func FrontendOnWith(t testing.TB, nc *nats.Conn, cfg frontend.Config) *frontend.
 	if cfg.Logger == nil {
 		cfg.Logger = Logger(t)
 	}
-	return frontendOn(t, nc, cfg)
+	fe, err := frontend.New(nc, cfg)
+	return started(t, "frontend", fe, err)
 }
 
-// frontendOn starts a front-end configured by cfg over nc; it stops with the test.
-func frontendOn(t testing.TB, nc *nats.Conn, cfg frontend.Config) *frontend.Frontend {
+// started starts s, which New returned with err, and stops it when the test ends.
+func started[S interface {
+	Start(context.Context) error
+	Stop()
+}](t testing.TB, what string, s S, err error) S {
 	t.Helper()
-	fe, err := frontend.New(nc, cfg)
 	if err != nil {
-		t.Fatalf("new frontend: %v", err)
+		t.Fatalf("new %s: %v", what, err)
 	}
-	if err := fe.Start(context.Background()); err != nil {
-		t.Fatalf("start frontend: %v", err)
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatalf("start %s: %v", what, err)
 	}
-	t.Cleanup(fe.Stop)
-	return fe
+	t.Cleanup(s.Stop)
+	return s
 }
 
 // DataDir is node i's data directory (its JetStream store and state file).

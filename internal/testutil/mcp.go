@@ -19,7 +19,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/frontend"
-	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/mcpclients"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 )
@@ -28,13 +27,7 @@ import (
 // Limits and Logger default like Frontend's.
 func FrontendWith(t testing.TB, b *broker.Broker, cfg frontend.Config) *frontend.Frontend {
 	t.Helper()
-	if cfg.Limits == (jobs.Limits{}) {
-		cfg.Limits = jobs.DefaultLimits()
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = Logger(t)
-	}
-	return frontendOn(t, Connect(t, b, "frontend-"+cfg.ID), cfg)
+	return FrontendOnWith(t, Connect(t, b, "frontend-"+cfg.ID), cfg)
 }
 
 // MCPClientWith serves an MCP server made with opts over streamable HTTP (with
@@ -55,18 +48,23 @@ func MCPClientWith(t testing.TB, fe *frontend.Frontend, opts mcpserver.Options, 
 	if err != nil {
 		t.Fatalf("new MCP client: %v", err)
 	}
-	t.Cleanup(func() { c.Close() })
-	ctx := context.Background()
+	t.Cleanup(func() { _ = c.Close() }) // the test is over: a failing close changes no result
+	StartMCP(t, context.Background(), c, "mcpexec-test")
+	return c
+}
+
+// StartMCP starts MCP client c and initialises its session as client name.
+func StartMCP(t testing.TB, ctx context.Context, c *client.Client, name string) {
+	t.Helper()
 	if err := c.Start(ctx); err != nil {
 		t.Fatalf("start MCP client: %v", err)
 	}
 	init := mcp.InitializeRequest{}
 	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
-	init.Params.ClientInfo = mcp.Implementation{Name: "mcpexec-test", Version: "0"}
+	init.Params.ClientInfo = mcp.Implementation{Name: name, Version: "0"}
 	if _, err := c.Initialize(ctx, init); err != nil {
 		t.Fatalf("initialize MCP client: %v", err)
 	}
-	return c
 }
 
 var (
@@ -96,7 +94,7 @@ func TestServer(t testing.TB) string {
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			os.Remove(tmp)
+			_ = os.Remove(tmp) // best effort: the build failed, which is what the test reports
 			testServerErr = &buildError{out: string(out), err: err}
 			return
 		}

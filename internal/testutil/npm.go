@@ -41,11 +41,11 @@ func NodeModules(t testing.TB) string {
 	if err != nil {
 		t.Fatalf("npm lock: %v", err)
 	}
-	defer lock.Close()
+	defer func() { _ = lock.Close() }() // closing also releases the lock
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
 		t.Fatalf("npm lock: %v", err)
 	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	defer func() { _ = syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) }() // closing the file releases it anyway
 	stamp := filepath.Join(base, ".installed")
 	want := ""
 	for _, p := range NPMPackages {

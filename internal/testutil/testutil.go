@@ -21,6 +21,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/process"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
@@ -43,7 +44,7 @@ func Broker(t testing.TB, dir string, qcfg queue.Config) *broker.Broker {
 	if err != nil {
 		t.Fatalf("start broker: %v", err)
 	}
-	t.Cleanup(func() { b.Close() })
+	t.Cleanup(func() { _ = b.Close() }) // Close always returns nil
 	return b
 }
 
@@ -156,4 +157,19 @@ func WaitRecord(t testing.TB, b *broker.Broker, id string, status jobs.Status) *
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// ProcessRuntime returns a process sandbox runtime, closed when the test ends.
+func ProcessRuntime(t testing.TB) *process.Runtime {
+	t.Helper()
+	rt, err := process.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := rt.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return rt
 }

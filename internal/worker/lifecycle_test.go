@@ -10,7 +10,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
-	"github.com/mcpexec/mcpexec/internal/sandbox/process"
 	"github.com/mcpexec/mcpexec/internal/state"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 	"github.com/mcpexec/mcpexec/internal/worker"
@@ -21,11 +20,7 @@ func TestCancelRunningJobKillsIt(t *testing.T) {
 	q := queue.DefaultConfig()
 	b := testutil.Broker(t, "", q)
 	fe := testutil.Frontend(t, b, "fe")
-	rt, err := process.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close() })
+	rt := testutil.ProcessRuntime(t)
 	testutil.Worker(t, b, rt, testutil.QuickWorker("w1", q))
 	started := make(chan struct{}, 1)
 	stopWatch, err := fe.WatchOutput("", "cr-1", func(_, data string) {

@@ -130,6 +130,15 @@ func (f *Flags) Options(name string, log *slog.Logger) ([]nats.Option, error) {
 	return append(ConnOptions(name, log), auth...), nil
 }
 
+// Connect connects to url as a client named name, with the Options of f.
+func (f *Flags) Connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
+	opts, err := f.Options(name, log)
+	if err != nil {
+		return nil, err
+	}
+	return Connect(url, opts)
+}
+
 // ConnOptions are the reconnect and logging options of a connection named name,
 // without credentials.
 func ConnOptions(name string, log *slog.Logger) []nats.Option {

@@ -46,7 +46,7 @@ func TestCommaSeparatedURLs(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := "nats://" + l.Addr().String()
-	l.Close()
+	_ = l.Close() // only the free port was wanted
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	f := Register(fs)
 	opts, err := f.Options("test", testutil.Logger(t))

@@ -171,7 +171,7 @@ func (f *Flags) Open(ctx context.Context, workerID string, log *slog.Logger) (sa
 	if errors.Is(err, podman.ErrNoImage) && f.BuildImage {
 		log.Info("sandbox image missing: building it (about a minute)", "image", f.Image)
 		if berr := BuildImage(ctx, f.Image); berr != nil {
-			return nil, fmt.Errorf("%w; building it failed: %v", err, berr)
+			return nil, fmt.Errorf("%w; building it failed: %w", err, berr)
 		}
 		rt, err = podman.New(ctx, cfg)
 	}
@@ -194,12 +194,14 @@ func BuildImage(ctx context.Context, image string) error {
 	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp.Name())
+	defer func() { _ = os.Remove(tmp.Name()) }() // a temporary file: the system cleans up what is left
 	if _, err := tmp.Write(sandboximage.BuildScript); err != nil {
-		tmp.Close()
+		_ = tmp.Close() // the write failed already: that is the error to report
 		return err
 	}
-	tmp.Close()
+	if err := tmp.Close(); err != nil {
+		return err
+	}
 	cmd := exec.CommandContext(ctx, "bash", tmp.Name(), image)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	return cmd.Run()

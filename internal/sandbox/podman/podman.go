@@ -171,7 +171,8 @@ type Runtime struct {
 	idleN    int
 	starting int
 	closed   bool
-	sessions *sandbox.Sessions[*box] // session containers; safe for concurrent use
+
+	sandbox.SessionMethods[*box] // session containers
 
 	wake       chan struct{} // pokes the pool filler
 	stop       chan struct{} // closed by Close
@@ -294,7 +295,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if r.log == nil {
 		r.log = slog.Default()
 	}
-	r.sessions = &sandbox.Sessions[*box]{
+	r.Sessions = &sandbox.Sessions[*box]{
 		Start:     func(ctx context.Context) (*box, error) { return r.acquire(ctx, "session", r.cfg.Limits) },
 		Drive:     r.drive,
 		Reusable:  func(b *box) bool { return b.rc.Reusable() },
@@ -430,20 +431,11 @@ func (r *Runtime) limitsFor(job sandbox.Job) sandbox.Limits {
 	return l
 }
 
-// RunInSession implements sandbox.SessionRuntime.
+// RunInSession implements sandbox.SessionRuntime, noting a JavaScript job
+// as Run does.
 func (r *Runtime) RunInSession(ctx context.Context, key string, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
 	r.sawJob(job)
-	return r.sessions.Run(ctx, key, job, host)
-}
-
-// HasSession implements sandbox.SessionRuntime.
-func (r *Runtime) HasSession(key string) bool { return r.sessions.Has(key) }
-
-// EndSession implements sandbox.SessionRuntime. A job of the session that is
-// running finishes first; its container is removed afterwards.
-func (r *Runtime) EndSession(key string) error {
-	r.sessions.End(key)
-	return nil
+	return r.SessionMethods.RunInSession(ctx, key, job, host)
 }
 
 // Close removes every container of this Runtime and stops the Podman service it
@@ -459,7 +451,7 @@ func (r *Runtime) Close() error {
 		}
 		r.idle, r.idleN = nil, 0
 		r.mu.Unlock()
-		r.sessions.Close()
+		r.Sessions.Close()
 		close(r.stop)
 		<-r.fillerDone
 		<-r.reaperDone

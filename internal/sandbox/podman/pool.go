@@ -56,7 +56,7 @@ func (r *Runtime) discard(b *box) {
 		if err := r.remove(context.Background(), b.id); err != nil {
 			r.log.Error("podman sandbox: remove container", "id", shortID(b.id), "err", err)
 		}
-		b.ln.Close()
+		_ = b.ln.Close()        // the container is gone: nothing connects any more
 		_ = os.RemoveAll(b.dir) // best effort: what is left is removed at the next start
 	}()
 }
@@ -80,7 +80,7 @@ func (r *Runtime) start(ctx context.Context, jobLabel string, l sandbox.Limits) 
 		}
 		if err != nil {
 			if b.ln != nil {
-				b.ln.Close()
+				_ = b.ln.Close() // the start failed: err is what the caller hears
 			}
 			if b.id != "" {
 				_ = r.remove(ctx, b.id) // best effort: the reaper removes what is left

@@ -104,7 +104,7 @@ func hasSubIDs(file, user string) bool {
 	if err != nil {
 		return false
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only: closing cannot lose data
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		parts := strings.Split(strings.TrimSpace(sc.Text()), ":")

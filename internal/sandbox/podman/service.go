@@ -59,7 +59,7 @@ func (r *Runtime) connect(ctx context.Context) error {
 			return fmt.Errorf("podman sandbox: cannot reach the Podman API at %s (start it with `podman system service --time=0 %s`, or leave the URI empty to let mcpexec start one): %w", r.cfg.URI, r.cfg.URI, errors.Join(errs...))
 		}
 		if err := r.startService(ctx); err != nil {
-			return fmt.Errorf("podman sandbox: no Podman API socket answered (%v) and starting one failed: %w", errors.Join(errs...), err)
+			return fmt.Errorf("podman sandbox: no Podman API socket answered (%w) and starting one failed: %w", errors.Join(errs...), err)
 		}
 	}
 
@@ -201,7 +201,7 @@ func (s *service) waitReady(ctx context.Context) error {
 	deadline := time.Now().Add(serviceTimeout)
 	for {
 		if c, err := net.DialTimeout("unix", s.sock, time.Second); err == nil {
-			c.Close()
+			_ = c.Close() // the dial was the probe: the socket answers
 			return nil
 		}
 		select {
@@ -363,7 +363,7 @@ func (r *Runtime) checkImage(ctx context.Context) error {
 	r.langs = []string{sandbox.Python}
 	if r.cfg.Rootfs != "" {
 		if _, err := os.Stat(filepath.Join(r.cfg.Rootfs, "usr", "bin", "python3")); err != nil {
-			return fmt.Errorf("podman sandbox: --rootfs %s has no usr/bin/python3 (%v): give a directory holding a root file system with Python 3, e.g. an exported sandbox image", r.cfg.Rootfs, err)
+			return fmt.Errorf("podman sandbox: --rootfs %s has no usr/bin/python3 (%w): give a directory holding a root file system with Python 3, e.g. an exported sandbox image", r.cfg.Rootfs, err)
 		}
 		if _, err := os.Stat(filepath.Join(r.cfg.Rootfs, "usr", "bin", "node")); err == nil {
 			r.langs = append(r.langs, sandbox.JavaScript)

@@ -26,7 +26,7 @@ type Runtime struct {
 	dir    string
 	seq    atomic.Uint64
 
-	sessions *sandbox.Sessions[*proc]
+	sandbox.SessionMethods[*proc]
 }
 
 var (
@@ -64,7 +64,7 @@ func New() (*Runtime, error) {
 		}
 	}
 	r := &Runtime{Python: "python3", dir: dir}
-	r.sessions = &sandbox.Sessions[*proc]{
+	r.Sessions = &sandbox.Sessions[*proc]{
 		Start:     r.start,
 		Drive:     drive,
 		Reusable:  func(p *proc) bool { return p.rc.Reusable() },
@@ -76,7 +76,7 @@ func New() (*Runtime, error) {
 
 // Close ends every session and removes the runner directory.
 func (r *Runtime) Close() error {
-	r.sessions.Close()
+	r.Sessions.Close()
 	return os.RemoveAll(r.dir)
 }
 
@@ -86,7 +86,7 @@ const nobody = 65534
 // proc is one runner process and its connection.
 type proc struct {
 	cmd    *exec.Cmd
-	exited chan error
+	exited chan struct{} // closed when the process has been waited for
 	ln     net.Listener
 	sock   string
 	rc     *sandbox.RunnerConn
@@ -96,10 +96,10 @@ func (p *proc) kill() {
 	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) // the group may be gone already
 	<-p.exited
 	if p.rc != nil {
-		p.rc.Close()
+		_ = p.rc.Close() // the runner is dead: closing only frees the connection
 	}
-	p.ln.Close()
-	os.Remove(p.sock)
+	_ = p.ln.Close()      // nothing may connect any more; a failure leaves nothing to do
+	_ = os.Remove(p.sock) // best effort: the socket lives in the runtime's own directory
 }
 
 // start starts a runner and waits for its hello.
@@ -128,17 +128,20 @@ func (r *Runtime) start(ctx context.Context) (*proc, error) {
 	if os.Geteuid() == 0 {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: nobody, Gid: nobody}
 		if err := os.Chmod(sock, 0o777); err != nil {
-			ln.Close()
+			_ = ln.Close() // err is what the caller hears
 			return nil, err
 		}
 	}
 	if err := cmd.Start(); err != nil {
-		ln.Close()
-		os.Remove(sock)
+		_ = ln.Close()      // err is what the caller hears
+		_ = os.Remove(sock) // best effort: the socket lives in the runtime's own directory
 		return nil, fmt.Errorf("start runner: %w", err)
 	}
-	p := &proc{cmd: cmd, exited: make(chan error, 1), ln: ln, sock: sock}
-	go func() { p.exited <- cmd.Wait() }()
+	p := &proc{cmd: cmd, exited: make(chan struct{}), ln: ln, sock: sock}
+	go func() {
+		_ = cmd.Wait() // killed or ended: how it exited tells nothing here
+		close(p.exited)
+	}()
 	startCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if p.rc, err = sandbox.AcceptRunner(startCtx, ln, 0, secret); err != nil {
@@ -175,20 +178,6 @@ func (r *Runtime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (
 	}
 	defer p.kill()
 	return drive(ctx, p, job, host)
-}
-
-// RunInSession implements sandbox.SessionRuntime.
-func (r *Runtime) RunInSession(ctx context.Context, key string, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	return r.sessions.Run(ctx, key, job, host)
-}
-
-// HasSession implements sandbox.SessionRuntime.
-func (r *Runtime) HasSession(key string) bool { return r.sessions.Has(key) }
-
-// EndSession implements sandbox.SessionRuntime.
-func (r *Runtime) EndSession(key string) error {
-	r.sessions.End(key)
-	return nil
 }
 
 func isExecutable(path string) bool {

@@ -3,15 +3,11 @@ package process_test
 import (
 	"testing"
 
-	"github.com/mcpexec/mcpexec/internal/sandbox/process"
 	"github.com/mcpexec/mcpexec/internal/sandbox/sandboxtest"
+	"github.com/mcpexec/mcpexec/internal/testutil"
 )
 
 func TestConformance(t *testing.T) {
-	rt, err := process.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close() })
+	rt := testutil.ProcessRuntime(t)
 	sandboxtest.Run(t, rt, sandboxtest.Options{})
 }

@@ -67,27 +67,17 @@ func Run(t *testing.T, rt sandbox.Runtime, opts Options) {
 		}
 		return res
 	}
-	expect := func(t *testing.T, res sandbox.Result, status sandbox.Status, exit int) {
-		t.Helper()
-		if res.Status != status || res.ExitCode != exit {
-			t.Fatalf("got status %s exit %d, want %s exit %d\nerror: %s\nstdout: %q\nstderr: %q",
-				res.Status, res.ExitCode, status, exit, res.Error, res.Stdout, res.Stderr)
-		}
-	}
-	short := 20 * time.Second
 
 	t.Run("PrintsOutput", func(t *testing.T) {
-		res := run(t, "print(6*7)", short, nil)
-		expect(t, res, sandbox.StatusSuccess, 0)
-		if res.Stdout != "42\n" {
-			t.Fatalf("stdout %q, want %q", res.Stdout, "42\n")
+		out := succeeds(t, run, "print(6*7)")
+		if out != "42\n" {
+			t.Fatalf("stdout %q, want %q", out, "42\n")
 		}
 	})
 	t.Run("TopLevelAwait", func(t *testing.T) {
-		res := run(t, "import asyncio\nawait asyncio.sleep(0.01)\nprint('awaited')", short, nil)
-		expect(t, res, sandbox.StatusSuccess, 0)
-		if res.Stdout != "awaited\n" {
-			t.Fatalf("stdout %q", res.Stdout)
+		out := succeeds(t, run, "import asyncio\nawait asyncio.sleep(0.01)\nprint('awaited')")
+		if out != "awaited\n" {
+			t.Fatalf("stdout %q", out)
 		}
 	})
 	t.Run("ExceptionIsError", func(t *testing.T) {
@@ -191,8 +181,8 @@ raise ValueError("real outcome")`
 			t.Error(err)
 		}
 	})
-	runHostileProtocol(t, rt, run, expect)
-	runHostileRunner(t, rt, run, expect)
+	runHostileProtocol(t, rt, run)
+	runHostileRunner(t, rt, run)
 	t.Run("JavaScript", func(t *testing.T) { runJavaScript(t, rt, opts) })
 	if srt, ok := rt.(sandbox.SessionRuntime); ok {
 		t.Run("Sessions", func(t *testing.T) { runSessions(t, srt, opts) })
@@ -200,7 +190,7 @@ raise ValueError("real outcome")`
 	if !opts.Isolated {
 		return
 	}
-	runIsolation(t, run, expect)
+	runIsolation(t, run)
 }
 
 // forgeControl is Python that finds the runner's control socket among the
@@ -226,8 +216,7 @@ print("forged on", sent, "sockets", flush=True)
 
 // runHostileProtocol checks that code attacking the runner protocol or the
 // output channel cannot crash or hang the host, whatever the runtime.
-func runHostileProtocol(t *testing.T, rt sandbox.Runtime, run runFunc, expect expectFunc) {
-	short := 20 * time.Second
+func runHostileProtocol(t *testing.T, rt sandbox.Runtime, run runFunc) {
 	// The forging code then sleeps for a minute (within a limit of 90 s): the
 	// job must end long before, whatever a loaded host adds to its start.
 	const sleep, long, bound = "import time\ntime.sleep(60)\n", 90 * time.Second, 40 * time.Second
@@ -285,10 +274,9 @@ func runHostileProtocol(t *testing.T, rt sandbox.Runtime, run runFunc, expect ex
 		t.Logf("64 MiB stdout + 10 MiB stderr flood took %s", time.Since(start))
 	})
 	t.Run("HealthyAfterProtocolAbuse", func(t *testing.T) {
-		res := run(t, "print('alive')", short, nil)
-		expect(t, res, sandbox.StatusSuccess, 0)
-		if res.Stdout != "alive\n" {
-			t.Fatalf("stdout %q", res.Stdout)
+		out := succeeds(t, run, "print('alive')")
+		if out != "alive\n" {
+			t.Fatalf("stdout %q", out)
 		}
 	})
 }
@@ -307,7 +295,6 @@ func runSessions(t *testing.T, rt sandbox.SessionRuntime, opts Options) {
 		}
 		return res
 	}
-	short := 20 * time.Second
 	t.Run("KeepsGlobals", func(t *testing.T) {
 		a, b := key(), key()
 		t.Cleanup(func() { _ = rt.EndSession(a); _ = rt.EndSession(b) })
@@ -397,15 +384,33 @@ func runSessions(t *testing.T, rt sandbox.SessionRuntime, opts Options) {
 }
 
 type runFunc func(t *testing.T, code string, timeout time.Duration, host sandbox.Host) sandbox.Result
-type expectFunc func(t *testing.T, res sandbox.Result, status sandbox.Status, exit int)
 
-func runIsolation(t *testing.T, run runFunc, expect expectFunc) {
-	short := 20 * time.Second
+// short is the time limit of the jobs that should end at once.
+const short = 20 * time.Second
+
+// expect fails the test unless res has status and exit code exit.
+func expect(t *testing.T, res sandbox.Result, status sandbox.Status, exit int) {
+	t.Helper()
+	if res.Status != status || res.ExitCode != exit {
+		t.Fatalf("got status %s exit %d, want %s exit %d\nerror: %s\nstdout: %q\nstderr: %q",
+			res.Status, res.ExitCode, status, exit, res.Error, res.Stdout, res.Stderr)
+	}
+}
+
+// succeeds runs code (short time limit, echo host), wants it to succeed and
+// returns its stdout.
+func succeeds(t *testing.T, run runFunc, code string) string {
+	t.Helper()
+	res := run(t, code, short, nil)
+	expect(t, res, sandbox.StatusSuccess, 0)
+	return res.Stdout
+}
+
+func runIsolation(t *testing.T, run runFunc) {
 	t.Run("RunsAsNobody", func(t *testing.T) {
-		res := run(t, "import os\nprint(os.getuid(), os.getgid())", short, nil)
-		expect(t, res, sandbox.StatusSuccess, 0)
-		if res.Stdout != "65534 65534\n" {
-			t.Fatalf("uid/gid %q", res.Stdout)
+		out := succeeds(t, run, "import os\nprint(os.getuid(), os.getgid())")
+		if out != "65534 65534\n" {
+			t.Fatalf("uid/gid %q", out)
 		}
 	})
 	t.Run("NoNetwork", func(t *testing.T) {
@@ -420,10 +425,9 @@ for host, port in (("127.0.0.1", 4222), ("10.0.2.2", 80), ("1.1.1.1", 53)):
         print("CONNECTED", host)
     except OSError as e:
         print("refused", host)`
-		res := run(t, code, short, nil)
-		expect(t, res, sandbox.StatusSuccess, 0)
-		if strings.Contains(res.Stdout, "CONNECTED") || strings.Contains(res.Stdout, "eth") {
-			t.Fatalf("sandbox reached the network: %q", res.Stdout)
+		out := succeeds(t, run, code)
+		if strings.Contains(out, "CONNECTED") || strings.Contains(out, "eth") {
+			t.Fatalf("sandbox reached the network: %q", out)
 		}
 	})
 	t.Run("ReadOnlyRoot", func(t *testing.T) {
@@ -436,10 +440,9 @@ for p in ("/etc/evil", "/usr/evil", "/evil"):
         pass
 open("/tmp/ok", "w").write("fine")
 print(open("/tmp/ok").read())`
-		res := run(t, code, short, nil)
-		expect(t, res, sandbox.StatusSuccess, 0)
-		if strings.Contains(res.Stdout, "WROTE") || !strings.Contains(res.Stdout, "fine") {
-			t.Fatalf("stdout %q", res.Stdout)
+		out := succeeds(t, run, code)
+		if strings.Contains(out, "WROTE") || !strings.Contains(out, "fine") {
+			t.Fatalf("stdout %q", out)
 		}
 	})
 	t.Run("TmpIsNoexec", func(t *testing.T) {
@@ -457,11 +460,10 @@ except OSError as e:
 		}
 	})
 	t.Run("NoHostEnvironment", func(t *testing.T) {
-		res := run(t, "import os\nprint(sorted(os.environ))", short, nil)
-		expect(t, res, sandbox.StatusSuccess, 0)
+		out := succeeds(t, run, "import os\nprint(sorted(os.environ))")
 		for _, leak := range []string{"MCPEXEC", "NATS", "HOME=/root", "SSH", "AWS", "TOKEN"} {
-			if strings.Contains(strings.ToUpper(res.Stdout), leak) {
-				t.Fatalf("environment leaks %s: %s", leak, res.Stdout)
+			if strings.Contains(strings.ToUpper(out), leak) {
+				t.Fatalf("environment leaks %s: %s", leak, out)
 			}
 		}
 	})
@@ -479,17 +481,15 @@ for pid in os.listdir("/proc"):
         except OSError:
             pass
 print("found", found)`
-		res := run(t, code, short, nil)
-		expect(t, res, sandbox.StatusSuccess, 0)
-		if res.Stdout != "found []\n" {
-			t.Fatalf("the worker's secret reached the sandbox: %s", res.Stdout)
+		out := succeeds(t, run, code)
+		if out != "found []\n" {
+			t.Fatalf("the worker's secret reached the sandbox: %s", out)
 		}
 	})
 	t.Run("NoCapabilities", func(t *testing.T) {
-		res := run(t, "print([l for l in open('/proc/self/status') if l.startswith(('CapEff','CapBnd','NoNewPrivs'))])", short, nil)
-		expect(t, res, sandbox.StatusSuccess, 0)
-		if !strings.Contains(res.Stdout, "CapEff:\\t0000000000000000") || !strings.Contains(res.Stdout, "NoNewPrivs:\\t1") {
-			t.Fatalf("capabilities or no_new_privs not as expected: %s", res.Stdout)
+		out := succeeds(t, run, "print([l for l in open('/proc/self/status') if l.startswith(('CapEff','CapBnd','NoNewPrivs'))])")
+		if !strings.Contains(out, "CapEff:\\t0000000000000000") || !strings.Contains(out, "NoNewPrivs:\\t1") {
+			t.Fatalf("capabilities or no_new_privs not as expected: %s", out)
 		}
 	})
 	t.Run("ForkBombContained", func(t *testing.T) {

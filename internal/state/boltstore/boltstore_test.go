@@ -17,14 +17,7 @@ import (
 
 // TestConformance: the bbolt store has the behaviour of a Store.
 func TestConformance(t *testing.T) {
-	statetest.Run(t, func(t *testing.T) state.Store {
-		s, err := boltstore.Open(filepath.Join(t.TempDir(), "state.db"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	})
+	statetest.Run(t, func(t *testing.T) state.Store { return openStore(t) })
 }
 
 func openStore(t *testing.T) *boltstore.Store {
@@ -33,7 +26,11 @@ func openStore(t *testing.T) *boltstore.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s.Close() })
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	return s
 }
 

@@ -109,7 +109,7 @@ func Open(path string) (*Store, error) {
 		return nil
 	})
 	if err != nil {
-		db.Close()
+		_ = db.Close() // the init failed: that is the error to report
 		return nil, fmt.Errorf("init state file %s: %w", path, err)
 	}
 	return &Store{db: db, fresh: fresh}, nil
