@@ -1,0 +1,325 @@
+package docker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/client"
+
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/sandboxtest"
+	"github.com/mcpexec/mcpexec/internal/testutil"
+)
+
+// unavailable skips the test, or fails it when MCPEXEC_REQUIRE_DOCKER=1 (make
+// test, CI).
+func unavailable(tb testing.TB, format string, args ...any) {
+	tb.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if os.Getenv("MCPEXEC_REQUIRE_DOCKER") == "1" {
+		tb.Fatalf("Docker sandbox required (MCPEXEC_REQUIRE_DOCKER=1) but unavailable: %s", msg)
+	}
+	tb.Skipf("Docker sandbox unavailable: %s (set MCPEXEC_REQUIRE_DOCKER=1 to fail instead)", msg)
+}
+
+func workerID(tb testing.TB) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := strings.NewReplacer("/", "-", " ", "-").Replace(tb.Name())
+	return "test-" + name + "-" + hex.EncodeToString(b)
+}
+
+// newRuntime starts a Runtime for one test with its own worker ID, on the
+// engine at $MCPEXEC_DOCKER (else $DOCKER_HOST, else the default socket).
+func newRuntime(tb testing.TB, cfg Config) *Runtime {
+	tb.Helper()
+	if cfg.Image == "" {
+		cfg.Image = os.Getenv("MCPEXEC_IMAGE")
+	}
+	if cfg.WorkerID == "" {
+		cfg.WorkerID = workerID(tb)
+	}
+	if cfg.Host == "" {
+		cfg.Host = os.Getenv("MCPEXEC_DOCKER")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = testutil.Logger(tb)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rt, err := New(ctx, cfg)
+	if err != nil {
+		unavailable(tb, "%v", err)
+	}
+	tb.Cleanup(func() {
+		if err := rt.Close(); err != nil {
+			tb.Errorf("Close: %v", err)
+		}
+	})
+	return rt
+}
+
+func TestConformance(t *testing.T) {
+	rt := newRuntime(t, Config{})
+	info := rt.Info()
+	t.Logf("docker %s (API %s) at %s, rootless=%v cgroups=%s driver=%s runtime=%s seccomp=%v limits enforced=%v %v",
+		info.ServerVersion, info.APIVersion, info.Host, info.Rootless, info.CgroupsVersion, info.CgroupDriver, info.OCIRuntime, info.Seccomp, info.LimitsEnforced, info.Missing)
+	if !info.LimitsEnforced {
+		unavailable(t, "the engine at %s does not enforce %v limits: the isolation suite would fail", info.Host, info.Missing)
+	}
+	sandboxtest.Run(t, rt, sandboxtest.Options{Isolated: true})
+}
+
+func TestConformanceWarmPool(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	// The warm pool and namespace reuse: jobs of one tenant in one container.
+	rt := newRuntime(t, Config{Pool: 2})
+	waitWarm(t, rt, 2)
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		res, err := rt.Run(ctx, sandbox.Job{ID: "reuse", Tenant: "t1", Code: "import os\nprint(os.listdir('/tmp'))\nopen('/tmp/mark', 'w').write('x')", Timeout: 10 * time.Second}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The container is swept between jobs: no job sees another's file.
+		if res.Status != sandbox.StatusSuccess || res.Stdout != "[]\n" {
+			t.Fatalf("job %d: %+v", i, res)
+		}
+	}
+	if rt.Idle() != 1 {
+		t.Fatalf("%d idle containers, want 1 (reused for the tenant)", rt.Idle())
+	}
+	if st := rt.Stats(); st.Started < 2 || st.StartFailures != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// waitWarm waits until the pool holds n containers.
+func waitWarm(tb testing.TB, rt *Runtime, n int) {
+	tb.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if rt.Warm() >= n {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	tb.Fatalf("pool did not reach %d warm containers", n)
+}
+
+func TestOrphansRemoved(t *testing.T) {
+	id := workerID(t)
+	rt := newRuntime(t, Config{WorkerID: id})
+	ctx := context.Background()
+	create := func(worker string) string {
+		t.Helper()
+		s := rt.spec(t.TempDir(), "orphan", rt.seq.Add(1), rt.cfg.Limits, "x")
+		s.config.Labels[LabelWorker] = worker
+		r, err := rt.cli.ContainerCreate(ctx, s.config, s.host, s.net, nil, "")
+		if err != nil {
+			t.Fatalf("create orphan: %v", err)
+		}
+		return r.ID
+	}
+	orphan := create(id)
+	other := create(id + "-other")
+	t.Cleanup(func() { _ = rt.remove(ctx, other) })
+
+	// A new life of the same worker removes the orphan, and only it.
+	rt2 := newRuntime(t, Config{WorkerID: id})
+	if _, err := rt2.cli.ContainerInspect(ctx, orphan); !client.IsErrNotFound(err) {
+		t.Fatalf("orphan %s still exists (err %v)", shortID(orphan), err)
+	}
+	if _, err := rt2.cli.ContainerInspect(ctx, other); err != nil {
+		t.Fatalf("another worker's container %s was removed (err %v)", shortID(other), err)
+	}
+}
+
+func TestOwnerlessReaped(t *testing.T) {
+	rt := newRuntime(t, Config{})
+	ctx := context.Background()
+	s := rt.spec(t.TempDir(), "ownerless", rt.seq.Add(1), rt.cfg.Limits, "x")
+	s.config.Labels[LabelWorker] = workerID(t) + "-gone"
+	s.config.Labels[LabelOwner] = sandbox.HostName + "/999999999/1" // no such process
+	r, err := rt.cli.ContainerCreate(ctx, s.config, s.host, s.net, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rt.remove(ctx, r.ID) })
+	ids, err := rt.ownerless(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, id := range ids {
+		found = found || id == r.ID
+	}
+	if !found {
+		t.Fatalf("a container whose owner is gone is not reaped: %v", ids)
+	}
+	// This process's own containers are not.
+	b, err := rt.acquire(ctx, "alive", rt.cfg.Limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.discard(b)
+	ids, _ = rt.ownerless(ctx)
+	for _, id := range ids {
+		if id == b.id {
+			t.Fatal("a live owner's container is taken for ownerless")
+		}
+	}
+}
+
+func TestNoContainerLeftAfterRun(t *testing.T) {
+	rt := newRuntime(t, Config{Reuse: ReuseNone})
+	ctx := context.Background()
+	for _, code := range []string{"print(1)", "while True: pass", "import os\nos._exit(9)"} {
+		res, err := rt.Run(ctx, sandbox.Job{ID: "left", Code: code, Timeout: 2 * time.Second}, nil)
+		if err != nil {
+			t.Fatalf("Run(%q): %v", code, err)
+		}
+		t.Logf("%q: %s exit %d %s", code, res.Status, res.ExitCode, res.Error)
+	}
+	rt.removals.Wait()
+	ids, err := rt.list(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 0 {
+		t.Fatalf("%d containers left after runs: %v", len(ids), ids)
+	}
+	ents, _ := os.ReadDir(rt.base)
+	if len(ents) != 0 {
+		t.Fatalf("%d container dirs left in %s", len(ents), rt.base)
+	}
+}
+
+func TestSpecLockdown(t *testing.T) {
+	rt := newRuntime(t, Config{})
+	ctx := context.Background()
+	b, err := rt.acquire(ctx, "spec", rt.cfg.Limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.discard(b)
+	c, err := rt.cli.ContainerInspect(ctx, b.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, l := c.HostConfig, rt.cfg.Limits
+	switch {
+	case string(h.NetworkMode) != "none":
+		t.Errorf("network %q", h.NetworkMode)
+	case !h.ReadonlyRootfs:
+		t.Error("root is writable")
+	case len(h.CapDrop) != 1 || h.CapDrop[0] != "ALL" || len(h.CapAdd) != 0:
+		t.Errorf("capabilities drop %v add %v", h.CapDrop, h.CapAdd)
+	case h.Privileged:
+		t.Error("privileged")
+	case h.Memory != l.Memory || h.MemorySwap != l.Memory:
+		t.Errorf("memory %d swap %d, want %d", h.Memory, h.MemorySwap, l.Memory)
+	case h.PidsLimit == nil || *h.PidsLimit != l.Pids:
+		t.Errorf("pids %v", h.PidsLimit)
+	case h.NanoCPUs != int64(l.CPUs*1e9):
+		t.Errorf("cpus %d", h.NanoCPUs)
+	case c.Config.User != l.User:
+		t.Errorf("user %q", c.Config.User)
+	}
+	if !strings.Contains(strings.Join(h.SecurityOpt, ","), "no-new-privileges") {
+		t.Errorf("security options %v", h.SecurityOpt)
+	}
+	for _, p := range []string{"/tmp", "/workspace"} {
+		o := h.Tmpfs[p]
+		for _, want := range []string{"noexec", "nosuid", "nodev", fmt.Sprintf("size=%d", l.TmpfsSize)} {
+			if !strings.Contains(o, want) {
+				t.Errorf("tmpfs %s options %q lack %s", p, o, want)
+			}
+		}
+	}
+	for _, e := range c.Config.Env {
+		k, _, _ := strings.Cut(e, "=")
+		switch k {
+		case "PATH", "HOME", "PYTHONDONTWRITEBYTECODE", sandbox.SecretEnv:
+		default:
+			t.Errorf("environment variable %s", k)
+		}
+	}
+}
+
+func TestRunnerExitReported(t *testing.T) {
+	rt := newRuntime(t, Config{})
+	res, err := rt.Run(context.Background(), sandbox.Job{ID: "exit", Code: "import os\nprint('bye', flush=True)\nos._exit(5)", Timeout: 10 * time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != sandbox.StatusError || res.ExitCode != 5 || res.Error != "the code's process exited with code 5" || res.Stdout != "bye\n" {
+		t.Fatalf("result %+v", res)
+	}
+}
+
+func TestMemoryLimitMessage(t *testing.T) {
+	limits := sandbox.DefaultLimits()
+	limits.Memory = 96 << 20
+	rt := newRuntime(t, Config{Limits: limits})
+	if !rt.Info().LimitsEnforced {
+		unavailable(t, "limits are not enforced by %s", rt.Info().Host)
+	}
+	res, err := rt.Run(context.Background(), sandbox.Job{ID: "oom", Code: "b = []\nwhile True:\n    b.append(bytearray(8 << 20))", Timeout: 30 * time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("result: %s exit %d error %q stderr %q", res.Status, res.ExitCode, res.Error, res.Stderr)
+	if res.Status != sandbox.StatusError {
+		t.Fatalf("status %s", res.Status)
+	}
+	if res.ExitCode == 137 && !strings.Contains(res.Error, "memory limit (96 MiB)") {
+		t.Fatalf("OOM kill reported as %q", res.Error)
+	}
+	if res.ExitCode != 137 && !strings.Contains(res.Stderr, "MemoryError") {
+		t.Fatalf("neither an OOM kill nor a MemoryError: %+v", res)
+	}
+}
+
+func TestPerJobLimits(t *testing.T) {
+	rt := newRuntime(t, Config{})
+	code := `print(open("/sys/fs/cgroup/memory/memory.limit_in_bytes").read().strip() if __import__("os").path.exists("/sys/fs/cgroup/memory/memory.limit_in_bytes") else open("/sys/fs/cgroup/memory.max").read().strip())`
+	res, err := rt.Run(context.Background(), sandbox.Job{ID: "mem", Code: code, Memory: 200 << 20, Timeout: 10 * time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != sandbox.StatusSuccess || strings.TrimSpace(res.Stdout) != fmt.Sprint(200<<20) {
+		t.Fatalf("a job of 200 MiB sees %+v", res)
+	}
+}
+
+func TestUnreachableEngine(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := New(ctx, Config{Host: "unix://" + t.TempDir() + "/none.sock", RunDir: t.TempDir()})
+	if err == nil || !strings.Contains(err.Error(), "cannot reach the Docker engine") {
+		t.Fatalf("New on a missing socket: %v", err)
+	}
+}
+
+func TestMissingImage(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	host := os.Getenv("MCPEXEC_DOCKER")
+	_, err := New(ctx, Config{Host: host, Image: "localhost/mcpexec-no-such-image:latest", WorkerID: workerID(t), Logger: testutil.Logger(t)})
+	if err != nil && strings.Contains(err.Error(), "cannot reach") {
+		unavailable(t, "%v", err)
+	}
+	if !errors.Is(err, ErrNoImage) {
+		t.Fatalf("New with a missing image: %v", err)
+	}
+}
