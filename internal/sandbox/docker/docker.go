@@ -22,7 +22,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -87,6 +89,9 @@ type Config struct {
 	Host string
 	// Image of the sandbox; default DefaultImage.
 	Image string
+	// OCIRuntime is the engine's runtime for the containers (HostConfig.Runtime);
+	// empty: the engine's default (runc).
+	OCIRuntime string
 	// Limits of each container. The zero value means sandbox.DefaultLimits().
 	Limits sandbox.Limits
 	// WorkerID labels this worker's containers; New removes the containers a
@@ -299,6 +304,45 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	return r, nil
 }
 
+// Ping reports whether the engine at host (HostOf) answers, and its version.
+func Ping(ctx context.Context, host string) (string, error) {
+	c, err := client.NewClientWithOpts(client.WithHost(HostOf(host)), client.WithAPIVersionNegotiation())
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	v, err := c.ServerVersion(ctx)
+	if err != nil {
+		return "", err
+	}
+	return v.Version, nil
+}
+
+// LoadImage loads an image archive (`docker save` or `podman save --format
+// docker-archive` output) into the engine at host: how the sandbox image
+// reaches Docker without a registry.
+func LoadImage(ctx context.Context, host string, archive io.Reader) error {
+	c, err := client.NewClientWithOpts(client.WithHost(HostOf(host)), client.WithAPIVersionNegotiation())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	resp, err := c.ImageLoad(ctx, archive, client.ImageLoadWithQuiet(true))
+	if err != nil {
+		return fmt.Errorf("docker load: %w", err)
+	}
+	defer resp.Body.Close()
+	// The engine reports errors in the stream: read it all.
+	out, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return fmt.Errorf("docker load: %w", err)
+	}
+	if strings.Contains(string(out), `"error"`) {
+		return fmt.Errorf("docker load: %s", strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
 // connect opens the client, negotiates the API version and reads the
 // engine's description.
 func (r *Runtime) connect(ctx context.Context) error {
@@ -322,6 +366,12 @@ func (r *Runtime) connect(ctx context.Context) error {
 	r.info.CgroupsVersion = info.CgroupVersion
 	r.info.CgroupDriver = info.CgroupDriver
 	r.info.OCIRuntime = info.DefaultRuntime
+	if r.cfg.OCIRuntime != "" {
+		if _, ok := info.Runtimes[r.cfg.OCIRuntime]; !ok {
+			return fmt.Errorf("docker sandbox: the engine at %s has no runtime %q (it has %v)", r.cfg.Host, r.cfg.OCIRuntime, slices.Sorted(maps.Keys(info.Runtimes)))
+		}
+		r.info.OCIRuntime = r.cfg.OCIRuntime
+	}
 	r.info.Image = r.cfg.Image
 	for _, o := range info.SecurityOptions {
 		switch {

@@ -87,6 +87,7 @@ func (r *Runtime) spec(dir, jobLabel string, n uint64, l sandbox.Limits, secret 
 		LogConfig:  container.LogConfig{Type: "json-file", Config: map[string]string{"max-size": logMax, "max-file": "1"}},
 		// Removed by the Runtime, after it read the exit code of a lost one.
 		AutoRemove:    false,
+		Runtime:       r.cfg.OCIRuntime,
 		RestartPolicy: container.RestartPolicy{Name: container.RestartPolicyDisabled},
 	}
 	if l.TmpfsSize > 0 {
