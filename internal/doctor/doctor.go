@@ -1,8 +1,9 @@
 // Package doctor checks that a host can run its part of mcpexec, and says how to
 // fix what it cannot: the runtime chosen (Podman or Docker) and its API socket,
-// that a sandbox really starts with the configured limits (reading them back from inside the container, so a limit
-// that is configured but not enforced shows), the sandbox image, NATS, JetStream,
-// the streams and, for a front-end, that workers and the state service answer.
+// that a sandbox really starts with the configured limits (reading them back
+// from inside the container, so a limit that is configured but not enforced
+// shows), the sandbox image, NATS, JetStream, the streams and, for a front-end,
+// that workers and the state service answer.
 package doctor
 
 import (

@@ -22,11 +22,7 @@ import (
 // test, CI).
 func unavailable(tb testing.TB, format string, args ...any) {
 	tb.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if os.Getenv("MCPEXEC_REQUIRE_DOCKER") == "1" {
-		tb.Fatalf("Docker sandbox required (MCPEXEC_REQUIRE_DOCKER=1) but unavailable: %s", msg)
-	}
-	tb.Skipf("Docker sandbox unavailable: %s (set MCPEXEC_REQUIRE_DOCKER=1 to fail instead)", msg)
+	testutil.SkipOrFailDocker(tb, "Docker sandbox unavailable: "+format, args...)
 }
 
 func workerID(tb testing.TB) string {
@@ -47,7 +43,7 @@ func newRuntime(tb testing.TB, cfg Config) *Runtime {
 		cfg.WorkerID = workerID(tb)
 	}
 	if cfg.Host == "" {
-		cfg.Host = os.Getenv("MCPEXEC_DOCKER")
+		cfg.Host = testutil.DockerHost()
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = testutil.Logger(tb)
@@ -314,8 +310,7 @@ func TestUnreachableEngine(t *testing.T) {
 func TestMissingImage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	host := os.Getenv("MCPEXEC_DOCKER")
-	_, err := New(ctx, Config{Host: host, Image: "localhost/mcpexec-no-such-image:latest", WorkerID: workerID(t), Logger: testutil.Logger(t)})
+	_, err := New(ctx, Config{Host: testutil.DockerHost(), Image: "localhost/mcpexec-no-such-image:latest", WorkerID: workerID(t), Logger: testutil.Logger(t)})
 	if err != nil && strings.Contains(err.Error(), "cannot reach") {
 		unavailable(t, "%v", err)
 	}
