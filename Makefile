@@ -39,6 +39,10 @@ image: deps ## build the sandbox image locally (no registry needed)
 docker-engine: image ## start mcpexec's Docker engine (on $(DOCKER_SOCK)) and load the sandbox image into it
 	MCPEXEC_DOCKER_SOCK=$(DOCKER_SOCK) bash deploy/docker/start-dockerd.sh $(IMAGE)
 
+.PHONY: docker-stop
+docker-stop: ## stop the Docker engine docker-engine started
+	MCPEXEC_DOCKER_SOCK=$(DOCKER_SOCK) bash deploy/docker/start-dockerd.sh --stop
+
 .PHONY: build
 build: ## build frontend, worker and broker into bin/
 	$(GO) build -tags "$(TAGS)" -o bin/ ./cmd/frontend ./cmd/worker ./cmd/broker

@@ -5,12 +5,13 @@
 # rules (sandboxes run with network none). Idempotent: an engine already
 # answering on the socket is left as it is. Then it loads the sandbox image
 # into that engine from Podman's storage (no registry needed) unless the engine
-# already has the same recipe of it.
+# already has that very image (same id).
 #
-# Usage: start-dockerd.sh [--no-image] [IMAGE]
+# Usage: start-dockerd.sh [--no-image | --stop] [IMAGE]
 #   IMAGE       image to load (default $MCPEXEC_IMAGE, else localhost/mcpexec-sandbox:latest);
 #               build it first with deploy/sandbox/build.sh (make image)
 #   --no-image  only start the engine
+#   --stop      stop the engine this script started (its data stays)
 #
 # Environment: MCPEXEC_DOCKER_SOCK (default /run/mcpexec-docker.sock) and
 # MCPEXEC_DOCKER_ROOT (default /var/lib/mcpexec-docker: data, exec root, log).
@@ -19,12 +20,14 @@
 set -euo pipefail
 
 load=1
+stop=0
 name=""
 for arg in "$@"; do
 	case "$arg" in
 	--no-image) load=0 ;;
+	--stop) stop=1 ;;
 	-h | --help)
-		sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+		sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
 		exit 0
 		;;
 	-*)
@@ -47,6 +50,25 @@ for cmd in dockerd docker; do
 done
 
 answers() { docker -H "$host" version --format '{{.Server.Version}}' >/dev/null 2>&1; }
+
+if [ "$stop" -eq 1 ]; then
+	pid="$(cat "$root/dockerd.pid" 2>/dev/null || true)"
+	if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
+		echo "no docker engine of this script runs (no live pid in $root/dockerd.pid)"
+		exit 0
+	fi
+	kill -TERM "$pid"
+	for _ in $(seq 1 60); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.5
+	done
+	if kill -0 "$pid" 2>/dev/null; then
+		echo "start-dockerd.sh: dockerd (pid $pid) did not stop within 30s" >&2
+		exit 1
+	fi
+	echo "stopped dockerd (pid $pid)"
+	exit 0
+fi
 
 if answers; then
 	echo "docker engine already answers on $host"
