@@ -36,7 +36,7 @@ image: deps ## build the sandbox image locally (no registry needed)
 	bash deploy/sandbox/build.sh $(IMAGE)
 
 .PHONY: docker-engine
-docker-engine: image ## start mcpexec's Docker engine (on $(DOCKER_SOCK)) and load the sandbox image into it
+docker-engine: image ## start mcpexec's own Docker engine (socket DOCKER_SOCK, default /run/mcpexec-docker.sock) with the sandbox image loaded
 	MCPEXEC_DOCKER_SOCK=$(DOCKER_SOCK) bash deploy/docker/start-dockerd.sh $(IMAGE)
 
 .PHONY: docker-stop

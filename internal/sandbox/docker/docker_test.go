@@ -7,10 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/client"
 
 	"github.com/mcpexec/mcpexec/internal/sandbox"
@@ -318,3 +321,100 @@ func TestMissingImage(t *testing.T) {
 		t.Fatalf("New with a missing image: %v", err)
 	}
 }
+
+func TestSessionContainerLifecycle(t *testing.T) {
+	rt := newRuntime(t, Config{})
+	ctx := context.Background()
+	count := func() int {
+		t.Helper()
+		rt.removals.Wait()
+		ids, err := rt.list(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ids)
+	}
+	job := sandbox.Job{ID: "s", Code: "x = 1", Timeout: 10 * time.Second}
+	for _, s := range []string{"a", "b"} {
+		if res, err := rt.RunInSession(ctx, s, job, nil); err != nil || res.Status != sandbox.StatusSuccess {
+			t.Fatalf("RunInSession %s: %v %+v", s, err, res)
+		}
+	}
+	if n := count(); n != 2 {
+		t.Fatalf("%d containers for 2 live sessions", n)
+	}
+	if err := rt.EndSession("a"); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("%d containers after ending one of 2 sessions", n)
+	}
+	// A timeout ends the session and removes its container.
+	if res, _ := rt.RunInSession(ctx, "b", sandbox.Job{ID: "s", Code: "while True: pass", Timeout: time.Second}, nil); res.Status != sandbox.StatusTimeout {
+		t.Fatalf("status %s", res.Status)
+	}
+	if n := count(); n != 0 || rt.HasSession("b") {
+		t.Fatalf("%d containers after the session's timeout (session kept %v)", n, rt.HasSession("b"))
+	}
+	// Close removes live sessions' containers.
+	if _, err := rt.RunInSession(ctx, "c", job, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.NewClientWithOpts(client.WithHost(rt.cfg.Host), client.WithAPIVersionNegotiation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	list, err := c.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", LabelWorker+"="+rt.cfg.WorkerID))})
+	if err != nil || len(list) != 0 {
+		t.Fatalf("containers left after Close: %d (err %v)", len(list), err)
+	}
+	if _, err := rt.RunInSession(ctx, "d", job, nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("RunInSession after Close: %v", err)
+	}
+	if _, err := rt.Run(ctx, job, nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Run after Close: %v", err)
+	}
+}
+
+func benchRun(b *testing.B, pool int, tenant string) {
+	rt := newRuntime(b, Config{Pool: pool})
+	if pool > 0 {
+		waitWarm(b, rt, pool)
+	}
+	ctx := context.Background()
+	job := sandbox.Job{ID: "bench", Code: "print(1)", Timeout: 10 * time.Second, Tenant: tenant}
+	var ds []time.Duration
+	b.ResetTimer()
+	for b.Loop() {
+		if pool > 0 && tenant == "" {
+			b.StopTimer()
+			waitWarm(b, rt, pool) // measure the warm path only: no refill competes for the CPUs
+			b.StartTimer()
+		}
+		start := time.Now()
+		res, err := rt.Run(ctx, job, nil)
+		ds = append(ds, time.Since(start))
+		if err != nil || res.Stdout != "1\n" {
+			b.Fatalf("%v %+v", err, res)
+		}
+	}
+	b.StopTimer()
+	slices.Sort(ds)
+	b.ReportMetric(float64(ds[len(ds)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(ds[len(ds)*9/10].Microseconds())/1000, "p90-ms")
+}
+
+// BenchmarkRunWarm: run with a warm pool, a fresh container per run (go test
+// -bench RunWarm -benchtime 20x).
+func BenchmarkRunWarm(b *testing.B) { benchRun(b, 2, "") }
+
+// BenchmarkRunReused: runs of one namespace back to back, each in a process
+// forked in a reused container.
+func BenchmarkRunReused(b *testing.B) { benchRun(b, 2, "bench") }
+
+// BenchmarkRunCold: a container started per run.
+func BenchmarkRunCold(b *testing.B) { benchRun(b, 0, "") }
