@@ -418,3 +418,42 @@ func BenchmarkRunReused(b *testing.B) { benchRun(b, 2, "bench") }
 
 // BenchmarkRunCold: a container started per run.
 func BenchmarkRunCold(b *testing.B) { benchRun(b, 0, "") }
+
+// TestRunnerDirInert: Docker's bind mounts take no noexec, nosuid or nodev
+// (Podman mounts /mcpexec with all three), so the runner's directory must
+// hold nothing they would stop: no file with an exec, setuid or setgid bit,
+// no device, and no way to add one (read-only, and root's).
+func TestRunnerDirInert(t *testing.T) {
+	rt := newRuntime(t, Config{})
+	code := `import os, stat, errno
+bad = []
+for name in os.listdir("/mcpexec"):
+    st = os.lstat("/mcpexec/" + name)
+    m = st.st_mode
+    if stat.S_ISCHR(m) or stat.S_ISBLK(m) or m & (stat.S_ISUID | stat.S_ISGID):
+        bad.append(name + " is special")
+    if stat.S_ISREG(m) and (m & 0o111 or os.access("/mcpexec/" + name, os.X_OK)):
+        bad.append(name + " is executable")
+    if not stat.S_ISSOCK(m) and os.access("/mcpexec/" + name, os.W_OK):
+        bad.append(name + " is writable")
+st = os.stat("/mcpexec")
+if st.st_uid == os.getuid():
+    bad.append("/mcpexec is ours")
+try:
+    open("/mcpexec/x", "w")
+    bad.append("/mcpexec takes new files")
+except OSError as e:
+    if e.errno not in (errno.EROFS, errno.EACCES):
+        bad.append("creating a file: %s" % e)
+opts = [l.split()[3] for l in open("/proc/self/mounts") if l.split()[1] == "/mcpexec"]
+if not opts or "ro" not in opts[0].split(","):
+    bad.append("/mcpexec is not mounted read-only: %s" % opts)
+print(bad)`
+	res, err := rt.Run(context.Background(), sandbox.Job{ID: "inert", Code: code, Timeout: 10 * time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != sandbox.StatusSuccess || res.Stdout != "[]\n" {
+		t.Fatalf("the runner's directory is not inert: %+v", res)
+	}
+}

@@ -73,9 +73,11 @@ func (r *Runtime) spec(dir, jobLabel string, n uint64, l sandbox.Limits, secret 
 		SecurityOpt:    []string{"no-new-privileges"},
 		Tmpfs:          map[string]string{"/tmp": tmpfs, "/workspace": tmpfs},
 		Mounts: []mount.Mount{{
-			// Docker's bind options have no noexec: the directory holds only
-			// the runner's files (0444, root's) and its socket, on a
-			// read-only mount, so nothing there can be made executable.
+			// Docker's bind options have no noexec, nosuid or nodev (and
+			// runc's read-only remount drops them from the source): the
+			// directory holds only the runner's files (0444, root's) and its
+			// socket, on a read-only mount, so there is nothing there they
+			// would stop (TestRunnerDirInert).
 			Type: mount.TypeBind, Source: dir, Target: "/mcpexec", ReadOnly: true,
 			BindOptions: &mount.BindOptions{Propagation: mount.PropagationRPrivate},
 		}},
