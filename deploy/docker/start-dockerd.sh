@@ -112,7 +112,8 @@ else
 		tail -n 30 "$root/dockerd.log" >&2
 		exit 1
 	fi
-	echo "started dockerd $(docker -H "$host" version --format '{{.Server.Version}}') on $host (pid $pid, data in $root)"
+	echo "started dockerd $(docker -H "$host" version --format '{{.Server.Version}}') on $host" \
+		"(pid $pid, storage driver $(docker -H "$host" info --format '{{.Driver}}'), data in $root)"
 fi
 
 [ "$load" -eq 1 ] || exit 0
