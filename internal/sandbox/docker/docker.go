@@ -491,6 +491,10 @@ func (r *Runtime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (
 		r.putIdle(b)
 		return res, nil
 	}
+	if reuse {
+		r.log.Debug("docker sandbox: container not kept for its namespace", "id", shortID(b.id), "status", res.Status, "err", err,
+			"runner_reusable", b.rc.Reusable(), "runner_idle", b.rc.Idle(), "uses", b.uses)
+	}
 	r.discard(b)
 	return res, err
 }

@@ -84,18 +84,22 @@ func TestConformanceWarmPool(t *testing.T) {
 	rt := newRuntime(t, Config{Pool: 2})
 	waitWarm(t, rt, 2)
 	ctx := context.Background()
-	for i := 0; i < 3; i++ {
-		res, err := rt.Run(ctx, sandbox.Job{ID: "reuse", Tenant: "t1", Code: "import os\nprint(os.listdir('/tmp'))\nopen('/tmp/mark', 'w').write('x')", Timeout: 10 * time.Second}, nil)
+	seen := map[string]int{} // jobs by container (its host name)
+	for i := 0; i < 4; i++ {
+		res, err := rt.Run(ctx, sandbox.Job{ID: "reuse", Tenant: "t1", Code: "import os, socket\nprint(socket.gethostname(), os.listdir('/tmp'))\nopen('/tmp/mark', 'w').write('x')", Timeout: 10 * time.Second}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
+		host, files, _ := strings.Cut(strings.TrimSpace(res.Stdout), " ")
 		// The container is swept between jobs: no job sees another's file.
-		if res.Status != sandbox.StatusSuccess || res.Stdout != "[]\n" {
+		if res.Status != sandbox.StatusSuccess || files != "[]" {
 			t.Fatalf("job %d: %+v", i, res)
 		}
+		seen[host]++
 	}
-	if rt.Idle() != 1 {
-		t.Fatalf("%d idle containers, want 1 (reused for the tenant)", rt.Idle())
+	// Trivial jobs leave nothing that retires a container: one served them all.
+	if len(seen) != 1 || rt.Idle() != 1 {
+		t.Fatalf("jobs by container %v, %d idle: want one container, kept for the namespace", seen, rt.Idle())
 	}
 	if st := rt.Stats(); st.Started < 2 || st.StartFailures != 0 {
 		t.Fatalf("stats %+v", st)
