@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -459,5 +461,106 @@ print(bad)`
 	}
 	if res.Status != sandbox.StatusSuccess || res.Stdout != "[]\n" {
 		t.Fatalf("the runner's directory is not inert: %+v", res)
+	}
+}
+
+// TestHostLoopbackUnreachable: network none keeps the host's loopback out of
+// reach (and the names Docker gives the host).
+func TestHostLoopbackUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan struct{}, 1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+			got <- struct{}{}
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	rt := newRuntime(t, Config{})
+	code := fmt.Sprintf(`import socket
+for host in ("127.0.0.1", "localhost", "host.docker.internal", "172.17.0.1"):
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect((host, %d))
+        print("CONNECTED", host)
+    except OSError as e:
+        print("blocked", host, e)`, port)
+	res, err := rt.Run(context.Background(), sandbox.Job{ID: "loop", Code: code, Timeout: 20 * time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(res.Stdout)
+	if res.Status != sandbox.StatusSuccess || strings.Contains(res.Stdout, "CONNECTED") {
+		t.Fatalf("result %+v", res)
+	}
+	select {
+	case <-got:
+		t.Fatal("the host listener accepted a connection from the sandbox")
+	default:
+	}
+}
+
+// TestRunDirPrivate: the runners' sockets live in 0700 directories.
+func TestRunDirPrivate(t *testing.T) {
+	rt := newRuntime(t, Config{})
+	info := rt.Info()
+	for _, d := range []string{filepath.Dir(info.RunDir), info.RunDir} {
+		if st, err := os.Stat(d); err != nil || st.Mode().Perm() != 0o700 {
+			t.Fatalf("run dir %s: %v, want mode 0700", d, err)
+		}
+	}
+}
+
+// TestJavaScriptSpareOutOfReach: the JavaScript executor a reused container
+// starts ahead is out of the reach of the jobs before it.
+func TestJavaScriptSpareOutOfReach(t *testing.T) {
+	rt := newRuntime(t, Config{Pool: 1})
+	if !slices.Contains(rt.Languages(), sandbox.JavaScript) {
+		t.Fatalf("the sandbox image runs %v: rebuild it with Node.js (sudo deploy/sandbox/build.sh --force)", rt.Languages())
+	}
+	run := func(lang, code string) (host, out string) {
+		t.Helper()
+		res, err := rt.Run(context.Background(), sandbox.Job{ID: "spare", Tenant: "a", Language: lang, Code: code, Timeout: 30 * time.Second}, nil)
+		if err != nil || res.Status != sandbox.StatusSuccess {
+			t.Fatalf("run %s: %v %+v", lang, err, res)
+		}
+		host, out, _ = strings.Cut(strings.TrimSpace(res.Stdout), "\n")
+		return host, out
+	}
+	// others lists the processes but PID 1 (the supervisor), the zygote and
+	// the job's own; the uptime says whether the executor was started ahead.
+	const jsProbe = `const fs = require("fs")
+console.log(require("os").hostname())
+const others = fs.readdirSync("/proc").filter((p) => /^\d+$/.test(p)).map(Number).filter((p) => ![1, process.pid, process.ppid].includes(p))
+for (const p of others) { try { process.kill(p, "SIGKILL") } catch {} }
+console.log(others.length, process.uptime() > 0.5 ? "ahead" : "started now")`
+	first, _ := run(sandbox.JavaScript, jsProbe)
+	time.Sleep(time.Second) // the spare loads
+	host, _ := run(sandbox.Python, `import os, signal, socket
+print(socket.gethostname())
+for pid in [int(p) for p in os.listdir("/proc") if p.isdigit()]:
+    if pid not in (1, os.getpid(), os.getppid()):  # the runner's own are another test's
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except OSError:
+            pass`)
+	if host != first {
+		t.Fatalf("python job in container %s, not %s", host, first)
+	}
+	for i := range 3 {
+		time.Sleep(time.Second)
+		host, out := run(sandbox.JavaScript, jsProbe)
+		if host != first || out != "0 ahead" {
+			t.Fatalf("javascript job %d: container %s (first %s), other processes and start: %q", i, host, first, out)
+		}
 	}
 }
