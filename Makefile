@@ -8,7 +8,10 @@ IMAGE ?= localhost/mcpexec-sandbox:latest
 HTTP ?= 127.0.0.1:8080
 # Debian packages the system and its tests need (the -dev ones let plain `go build ./...`
 # without the tags compile the Podman bindings' C parts too).
-APT_PACKAGES := podman runc uidmap debootstrap python3 ca-certificates gcc libc6-dev libgpgme-dev libbtrfs-dev
+APT_PACKAGES := podman runc uidmap debootstrap python3 ca-certificates gcc libc6-dev libgpgme-dev libbtrfs-dev docker.io
+# The Docker engine of mcpexec's own that the Docker runtime's tests use
+# (deploy/docker/start-dockerd.sh starts it beside any other engine).
+DOCKER_SOCK ?= /run/mcpexec-docker.sock
 
 .DEFAULT_GOAL := help
 
@@ -32,6 +35,14 @@ deps: ## install Podman and the other Debian packages (needs root and apt)
 image: deps ## build the sandbox image locally (no registry needed)
 	bash deploy/sandbox/build.sh $(IMAGE)
 
+.PHONY: docker-engine
+docker-engine: image ## start mcpexec's own Docker engine (socket DOCKER_SOCK, default /run/mcpexec-docker.sock) with the sandbox image loaded
+	MCPEXEC_DOCKER_SOCK=$(DOCKER_SOCK) bash deploy/docker/start-dockerd.sh $(IMAGE)
+
+.PHONY: docker-stop
+docker-stop: ## stop the Docker engine docker-engine started
+	MCPEXEC_DOCKER_SOCK=$(DOCKER_SOCK) bash deploy/docker/start-dockerd.sh --stop
+
 .PHONY: build
 build: ## build frontend, worker and broker into bin/
 	$(GO) build -tags "$(TAGS)" -o bin/ ./cmd/frontend ./cmd/worker ./cmd/broker
@@ -41,11 +52,11 @@ run: image build ## start the embedded default: MCP on http://$(HTTP)/mcp
 	./bin/frontend --http $(HTTP)
 
 .PHONY: test
-test: image ## install what tests need, then run all tests (race detector on)
-	CGO_ENABLED=1 MCPEXEC_REQUIRE_PODMAN=1 $(GO) test -race -tags "$(TAGS)" -timeout 30m -p 1 ./...
+test: image docker-engine ## install what tests need, then run all tests (race detector on) on Podman and Docker
+	CGO_ENABLED=1 MCPEXEC_REQUIRE_PODMAN=1 MCPEXEC_REQUIRE_DOCKER=1 MCPEXEC_DOCKER=unix://$(DOCKER_SOCK) $(GO) test -race -tags "$(TAGS)" -timeout 30m -p 1 ./...
 
 .PHONY: test-short
-test-short: ## run the tests that need no Podman
+test-short: ## run the tests that need no Podman or Docker
 	CGO_ENABLED=1 $(GO) test -race -tags "$(TAGS)" -short ./...
 
 .PHONY: bench

@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/containers/podman/v5 v5.5.2
 	github.com/containers/storage v1.58.0
+	github.com/docker/docker v28.1.1+incompatible
 	github.com/getkin/kin-openapi v0.153.0
 	github.com/mark3labs/mcp-go v1.2.1
 	github.com/nats-io/nats-server/v2 v2.15.3
@@ -51,7 +52,6 @@ require (
 	github.com/disiqueira/gotree/v3 v3.0.2 // indirect
 	github.com/distribution/reference v0.6.0 // indirect
 	github.com/docker/distribution v2.8.3+incompatible // indirect
-	github.com/docker/docker v28.1.1+incompatible // indirect
 	github.com/docker/docker-credential-helpers v0.9.3 // indirect
 	github.com/docker/go-connections v0.5.0 // indirect
 	github.com/docker/go-units v0.5.0 // indirect

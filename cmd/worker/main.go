@@ -1,5 +1,5 @@
 // Command worker pulls jobs from the broker and runs each in a locked-down Podman
-// container.
+// or Docker container (--runtime auto|podman|docker).
 package main
 
 import (

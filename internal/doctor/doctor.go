@@ -1,8 +1,9 @@
 // Package doctor checks that a host can run its part of mcpexec, and says how to
-// fix what it cannot: the Podman API socket, that a sandbox really starts with
-// the configured limits (reading them back from inside the container, so a limit
-// that is configured but not enforced shows), the sandbox image, NATS, JetStream,
-// the streams and, for a front-end, that workers and the state service answer.
+// fix what it cannot: the runtime chosen (Podman or Docker) and its API socket,
+// that a sandbox really starts with the configured limits (reading them back
+// from inside the container, so a limit that is configured but not enforced
+// shows), the sandbox image, NATS, JetStream, the streams and, for a front-end,
+// that workers and the state service answer.
 package doctor
 
 import (
@@ -23,6 +24,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/docker"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 )
 
@@ -56,10 +58,15 @@ type Config struct {
 	// ExpectWorkers also checks that a worker and the state service answer (a
 	// front-end of a fleet needs both).
 	ExpectWorkers bool
-	// Sandbox is the Podman runtime to check; nil skips the sandbox checks
-	// (SkipSandboxReason says why). Pool and WorkerID are overridden.
+	// Sandbox is the Podman runtime to check, or Docker the Docker runtime;
+	// both nil skips the sandbox checks (SkipSandboxReason says why). Pool and
+	// WorkerID are overridden.
 	Sandbox           *podman.Config
+	Docker            *docker.Config
 	SkipSandboxReason string
+	// RuntimeReason, when set, says which runtime was chosen and why
+	// (--runtime); it is reported first.
+	RuntimeReason string
 }
 
 // ErrFailed is returned by Report when a check failed.
@@ -68,9 +75,19 @@ var ErrFailed = errors.New("doctor: checks failed")
 // Run performs the checks and returns their outcomes in order.
 func Run(ctx context.Context, cfg Config) []Check {
 	var out []Check
-	if cfg.Sandbox != nil {
+	if cfg.RuntimeReason != "" && (cfg.Sandbox != nil || cfg.Docker != nil) {
+		name := "podman"
+		if cfg.Docker != nil {
+			name = "docker"
+		}
+		out = append(out, Check{Name: "runtime", Status: OK, Detail: name + " (" + cfg.RuntimeReason + ")"})
+	}
+	switch {
+	case cfg.Docker != nil:
+		out = append(out, checkDocker(ctx, *cfg.Docker)...)
+	case cfg.Sandbox != nil:
 		out = append(out, checkSandbox(ctx, *cfg.Sandbox)...)
-	} else {
+	default:
 		out = append(out, Check{Name: "sandbox", Status: Skip, Detail: cfg.SkipSandboxReason})
 	}
 	if cfg.NATSURL != "" {
@@ -225,14 +242,19 @@ func checkSandbox(ctx context.Context, cfg podman.Config) []Check {
 			Fix:    "sandboxed code still runs as an unprivileged user with no capabilities; a user namespace per sandbox adds a second wall"})
 	}
 	out = append(out, Check{Name: "sandbox image", Status: OK, Detail: cfg.Image})
+	return append(out, probeChecks(ctx, rt, cfg.Limits, cfg.Image, start, podmanFixes,
+		"run `podman run --rm --runtime "+info.OCIRuntime+" "+cfg.Image+" python3 -c 'print(1)'` to see Podman's own error; on cgroups v1 hosts use --oci-runtime runc")...)
+}
 
+// probeChecks runs the probe in a sandbox of rt and checks what it reads back.
+func probeChecks(ctx context.Context, rt sandbox.Runtime, l sandbox.Limits, image string, start time.Time, fx fixes, fixStart string) []Check {
+	var out []Check
 	res, err := rt.Run(ctx, sandbox.Job{ID: "doctor", Code: probeCode, Timeout: 30 * time.Second, OutputCap: 1 << 20}, nil)
 	if err == nil && res.Status != sandbox.StatusSuccess {
 		err = fmt.Errorf("probe ended %s: %s %s", res.Status, res.Error, strings.TrimSpace(res.Stderr))
 	}
 	if err != nil {
-		return append(out, Check{Name: "sandbox starts", Status: Fail, Detail: err.Error(),
-			Fix: "run `podman run --rm --runtime " + info.OCIRuntime + " " + cfg.Image + " python3 -c 'print(1)'` to see Podman's own error; on cgroups v1 hosts use --oci-runtime runc"})
+		return append(out, Check{Name: "sandbox starts", Status: Fail, Detail: err.Error(), Fix: fixStart})
 	}
 	out = append(out, Check{Name: "sandbox starts", Status: OK, Detail: fmt.Sprintf("a cold container ran the probe in %s", time.Since(start).Round(time.Millisecond))})
 	var p probe
@@ -240,9 +262,79 @@ func checkSandbox(ctx context.Context, cfg podman.Config) []Check {
 		return append(out, Check{Name: "sandbox probe", Status: Fail, Detail: fmt.Sprintf("unreadable probe output %q: %v", res.Stdout, err),
 			Fix: "the image's python3 must be Python 3.8 or later"})
 	}
-	out = append(out, languageCheck(ctx, rt, cfg.Image))
-	return append(out, limitChecks(cfg.Limits, p)...)
+	out = append(out, languageCheck(ctx, rt, image))
+	return append(out, limitChecksFor(l, p, fx)...)
 }
+
+const fixDockerLimits = "run the worker against a Docker engine that enforces limits: a rootful engine (sudo deploy/docker/start-dockerd.sh) on a host whose cgroups have the memory (with swap accounting), pids and cpu controllers"
+
+// checkDocker checks the Docker runtime.
+func checkDocker(ctx context.Context, cfg docker.Config) []Check {
+	host, _ := os.Hostname()
+	cfg.Pool = 0
+	cfg.WorkerID = fmt.Sprintf("doctor-%s-%d", strings.NewReplacer(".", "_").Replace(host), os.Getpid())
+	if cfg.Limits == (sandbox.Limits{}) {
+		cfg.Limits = sandbox.DefaultLimits()
+	}
+	if cfg.Image == "" {
+		cfg.Image = docker.DefaultImage
+	}
+	var out []Check
+	start := time.Now()
+	rt, err := docker.New(ctx, cfg)
+	if errors.Is(err, docker.ErrNoImage) {
+		return append(out,
+			Check{Name: "docker api", Status: OK, Detail: docker.HostOf(cfg.Host) + " answered"},
+			Check{Name: "sandbox image", Status: Fail, Detail: cfg.Image + " is missing in Docker",
+				Fix: fmt.Sprintf("build it and load it: sudo deploy/sandbox/build.sh %s && sudo deploy/docker/start-dockerd.sh %s (podman save %s | docker load; the worker does it itself with --build-image)", cfg.Image, cfg.Image, cfg.Image)})
+	}
+	if err != nil {
+		return append(out, Check{Name: "docker api", Status: Fail, Detail: err.Error(),
+			Fix: "install Docker (apt-get install docker.io) and start an engine: sudo deploy/docker/start-dockerd.sh (socket /run/mcpexec-docker.sock), then pass --docker unix:///run/mcpexec-docker.sock; or point --docker (DOCKER_HOST) at a running engine"})
+	}
+	defer func() { _ = rt.Close() }() // a probe runtime: its close error changes no check
+	info := rt.Info()
+	mode := "rootful"
+	if info.Rootless {
+		mode = "rootless"
+	}
+	out = append(out, Check{Name: "docker api", Status: OK,
+		Detail: fmt.Sprintf("%s (Docker %s, API %s, %s, cgroups v%s with %s, OCI runtime %s)", info.Host, info.ServerVersion, info.APIVersion, mode, info.CgroupsVersion, info.CgroupDriver, info.OCIRuntime)})
+	switch {
+	case !info.LimitsEnforced:
+		out = append(out, Check{Name: "docker mode", Status: Fail,
+			Detail: fmt.Sprintf("the engine does not enforce these limits: %s", strings.Join(info.Missing, ", ")), Fix: fixDockerLimits})
+	case !info.Rootless:
+		out = append(out, Check{Name: "docker mode", Status: Warn,
+			Detail: "rootful Docker: limits are enforced, but the engine runs as root (sandboxed code still runs as an unprivileged user with no capabilities)",
+			Fix:    "for defence in depth use Podman (rootless on a cgroups v2 host), which also gives each sandbox its own user namespace"})
+	default:
+		out = append(out, Check{Name: "docker mode", Status: OK, Detail: "rootless, limits enforced by cgroups v" + info.CgroupsVersion})
+	}
+	out = append(out, Check{Name: "user namespaces", Status: Warn,
+		Detail: "Docker gives sandboxes no user namespace of their own (only the engine-wide --userns-remap)",
+		Fix:    "sandboxed code still runs as an unprivileged user with no capabilities; --runtime podman gives each sandbox its own user namespace, a second wall"})
+	out = append(out, Check{Name: "sandbox image", Status: OK, Detail: cfg.Image})
+	return append(out, probeChecks(ctx, rt, cfg.Limits, cfg.Image, start, dockerFixes,
+		"run `docker -H "+info.Host+" run --rm --network none "+cfg.Image+" python3 -c 'print(1)'` to see Docker's own error")...)
+}
+
+// fixes are the engine's words in the fix lines of limitChecksFor.
+type fixes struct {
+	engine  string // "Podman" or "Docker"
+	limits  string
+	seccomp string
+	env     string
+}
+
+var (
+	podmanFixes = fixes{engine: "Podman", limits: fixLimits,
+		seccomp: "install Podman's default seccomp profile (containers-common, /usr/share/containers/seccomp.json)",
+		env:     "check containers.conf [containers] env and env_host"}
+	dockerFixes = fixes{engine: "Docker", limits: fixDockerLimits,
+		seccomp: "run the engine with its default seccomp profile (no --seccomp-profile unconfined; Docker built with seccomp)",
+		env:     "check the image's ENV (docker image inspect)"}
+)
 
 // languageCheck reports the languages the worker's sandboxes run, running
 // JavaScript once where the image says it has it.
@@ -263,8 +355,13 @@ func languageCheck(ctx context.Context, rt sandbox.Runtime, image string) Check 
 	return Check{Name: "languages", Status: OK, Detail: "python, javascript (Node.js " + strings.TrimSpace(res.Stdout) + ")"}
 }
 
-// limitChecks compares what the container sees with the configured limits.
-func limitChecks(l sandbox.Limits, p probe) []Check {
+// limitChecks compares what a Podman container sees with the configured limits.
+func limitChecks(l sandbox.Limits, p probe) []Check { return limitChecksFor(l, p, podmanFixes) }
+
+// limitChecksFor compares what the container sees with the configured limits;
+// fx words the fixes for its engine.
+func limitChecksFor(l sandbox.Limits, p probe, fx fixes) []Check {
+	fixLimits := fx.limits
 	var out []Check
 	add := func(name string, ok bool, detail, fix string) {
 		st := OK
@@ -325,19 +422,18 @@ func limitChecks(l sandbox.Limits, p probe) []Check {
 	add("user", fmt.Sprintf("%d:%d", p.UID, p.GID) == wantUser, fmt.Sprintf("code runs as %d:%d (configured %s)", p.UID, p.GID, wantUser),
 		"set --container-user to an unprivileged numeric uid:gid such as 65534:65534")
 	add("capabilities", isZeroCaps(p.CapEff) && isZeroCaps(p.CapBnd), fmt.Sprintf("effective %s, bounding %s", p.CapEff, p.CapBnd),
-		"Podman must honour --cap-drop ALL: upgrade Podman")
-	add("no_new_privs", p.NoNewPrivs == "1", "NoNewPrivs "+p.NoNewPrivs, "Podman must honour no-new-privileges: upgrade Podman")
-	add("seccomp", p.Seccomp == "2", "Seccomp mode "+p.Seccomp+" (2: filter)",
-		"install Podman's default seccomp profile (containers-common, /usr/share/containers/seccomp.json)")
-	add("network", slices.Equal(p.Ifaces, []string{"lo"}), fmt.Sprintf("interfaces %v", p.Ifaces), "the sandbox must run with network none: upgrade Podman")
-	add("read-only root", p.Rootfs == "read-only", "root filesystem "+p.Rootfs, "Podman must honour --read-only: upgrade Podman")
+		fx.engine+" must honour --cap-drop ALL: upgrade "+fx.engine)
+	add("no_new_privs", p.NoNewPrivs == "1", "NoNewPrivs "+p.NoNewPrivs, fx.engine+" must honour no-new-privileges: upgrade "+fx.engine)
+	add("seccomp", p.Seccomp == "2", "Seccomp mode "+p.Seccomp+" (2: filter)", fx.seccomp)
+	add("network", slices.Equal(p.Ifaces, []string{"lo"}), fmt.Sprintf("interfaces %v", p.Ifaces), "the sandbox must run with network none: upgrade "+fx.engine)
+	add("read-only root", p.Rootfs == "read-only", "root filesystem "+p.Rootfs, fx.engine+" must honour --read-only: upgrade "+fx.engine)
 	for _, m := range []struct {
 		path string
 		opts *string
 	}{{"/tmp", p.Tmp}, {"/workspace", p.Workspace}} {
 		opts := show(m.opts)
 		ok := m.opts != nil && strings.Contains(opts, "noexec") && strings.Contains(opts, "nosuid") && strings.Contains(opts, "nodev")
-		add("tmpfs "+m.path, ok, opts, "the tmpfs must be mounted noexec,nosuid,nodev: upgrade Podman")
+		add("tmpfs "+m.path, ok, opts, "the tmpfs must be mounted noexec,nosuid,nodev: upgrade "+fx.engine)
 	}
 	if l.NoFile > 0 {
 		add("rlimit nofile", p.NoFile == int64(l.NoFile), fmt.Sprintf("hard limit %d (configured %d)", p.NoFile, l.NoFile), fixLimits)
@@ -355,7 +451,7 @@ func limitChecks(l sandbox.Limits, p probe) []Check {
 		}
 	}
 	add("environment", len(leaked) == 0, fmt.Sprintf("variables %v", p.Env),
-		fmt.Sprintf("variables %v reach the sandbox: check containers.conf [containers] env and env_host", leaked))
+		fmt.Sprintf("variables %v reach the sandbox: %s", leaked, fx.env))
 	return out
 }
 

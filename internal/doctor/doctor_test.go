@@ -12,6 +12,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/docker"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 )
@@ -154,6 +155,43 @@ func TestSandboxChecks(t *testing.T) {
 
 	cfg.Image = "localhost/mcpexec-no-such-image:doctor"
 	checks = Run(ctx, Config{Sandbox: cfg})
+	if statusOf(checks, "sandbox image") != Fail {
+		t.Fatalf("missing image not reported: %+v", checks)
+	}
+}
+
+func TestDockerChecks(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cfg := &docker.Config{Host: testutil.DockerHost(), Image: os.Getenv("MCPEXEC_IMAGE"), Logger: testutil.Logger(t)}
+	checks := Run(ctx, Config{Docker: cfg, RuntimeReason: "--runtime docker"})
+	var b bytes.Buffer
+	err := Report(&b, "doctor", checks)
+	t.Log(b.String())
+	if statusOf(checks, "docker api") == Fail {
+		testutil.SkipOrFailDocker(t, "Docker unavailable: %s", b.String())
+	}
+	if statusOf(checks, "runtime") != OK || !strings.Contains(b.String(), "docker (--runtime docker)") {
+		t.Fatalf("the chosen runtime is not reported")
+	}
+	if statusOf(checks, "docker mode") == Fail {
+		if err == nil || statusOf(checks, "memory limit") != Fail && statusOf(checks, "swap limit") != Fail && statusOf(checks, "pids limit") != Fail {
+			t.Fatalf("limits not enforced but the report passed")
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("doctor failed on a working host: %v", err)
+	}
+	for _, name := range []string{"memory limit", "swap limit", "pids limit", "cpu limit", "user", "capabilities", "no_new_privs", "seccomp",
+		"network", "read-only root", "tmpfs /tmp", "tmpfs /workspace", "rlimit nofile", "rlimit nproc", "environment", "languages"} {
+		if statusOf(checks, name) != OK {
+			t.Errorf("%s: %s", name, statusOf(checks, name))
+		}
+	}
+
+	cfg.Image = "localhost/mcpexec-no-such-image:doctor"
+	checks = Run(ctx, Config{Docker: cfg})
 	if statusOf(checks, "sandbox image") != Fail {
 		t.Fatalf("missing image not reported: %+v", checks)
 	}

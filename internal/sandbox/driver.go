@@ -62,9 +62,12 @@ type RunnerConn struct {
 	// resets is what the runner's hello said: it sweeps its container after
 	// each fresh job.
 	resets bool
-	// unread is set while the reader holds a frame nobody has taken: a runner
-	// that spoke while idle is not fit for another job.
-	unread atomic.Bool
+	// unread counts the frames the reader read that nobody has taken yet (0
+	// or 1): a runner that spoke while idle is not fit for another job. The
+	// reader counts a frame before it hands it over and the taker uncounts it
+	// (take): the reader cannot uncount it after the handover, which would
+	// leave it counted for a moment after Drive returned with it.
+	unread atomic.Int32
 
 	frameTokens *bucket           // throttles frames read, across jobs
 	async       chan *proxy.Frame // small frames written by asyncWriter (refusals)
@@ -84,7 +87,13 @@ func (c *RunnerConn) Resets() bool { return c.resets }
 
 // Idle reports whether the runner may take a job now: it finished its last
 // one cleanly and has said nothing since.
-func (c *RunnerConn) Idle() bool { return c.reusable.Load() && !c.unread.Load() }
+func (c *RunnerConn) Idle() bool { return c.reusable.Load() && c.unread.Load() == 0 }
+
+// take uncounts a frame received from c.frames.
+func (c *RunnerConn) take(rd readResult) readResult {
+	c.unread.Add(-1)
+	return rd
+}
 
 // NewRunnerConn wraps a connection from a runner. maxFrame 0 means
 // proxy.DefaultMaxFrame.
@@ -147,10 +156,9 @@ func (c *RunnerConn) readLoop() {
 			return
 		}
 		f, err := c.r.Read()
-		c.unread.Store(true)
+		c.unread.Add(1)
 		select {
-		case c.frames <- readResult{f, err}:
-			c.unread.Store(false)
+		case c.frames <- readResult{f, err}: // the taker uncounts it
 		case <-c.done:
 			return
 		}
@@ -178,6 +186,7 @@ func (c *RunnerConn) Finish(d time.Duration) bool {
 	for {
 		select {
 		case rd := <-c.frames:
+			rd = c.take(rd)
 			if rd.err != nil {
 				return errors.Is(rd.err, io.EOF) || errors.Is(rd.err, io.ErrUnexpectedEOF)
 			}
@@ -312,6 +321,7 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 			}
 			return result(Result{}), ctx.Err()
 		case rd := <-c.frames:
+			rd = c.take(rd)
 			if rd.err != nil {
 				if errors.Is(rd.err, io.EOF) || errors.Is(rd.err, io.ErrUnexpectedEOF) || errors.Is(rd.err, net.ErrClosed) {
 					return result(Result{}), ErrRunnerLost

@@ -396,3 +396,27 @@ func TestAcceptRunnerNeedsTheSecret(t *testing.T) {
 		t.Fatal("the runner socket still accepts connections after the runner is in")
 	}
 }
+
+// TestDriveCleanDoneIsIdleAtOnce: once Drive returns a clean done, the runner
+// is idle at once: the frame Drive took is not counted as one the reader
+// still holds (a runtime checks Idle right after the job to keep the sandbox).
+func TestDriveCleanDoneIsIdleAtOnce(t *testing.T) {
+	rc, fr := setup(t, 0)
+	for i := 0; i < 300; i++ {
+		res := drive(t, rc, fr, func() {
+			_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeDone, Status: "success"})
+		})
+		if res.Status != sandbox.StatusSuccess || !rc.Idle() {
+			t.Fatalf("run %d: result %+v, idle %v right after a clean done", i, res, rc.Idle())
+		}
+	}
+	// A frame the runner sends while idle makes it unfit, until taken.
+	_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeOut, Stream: "stdout", Data: "late\n"})
+	deadline := time.Now().Add(5 * time.Second)
+	for rc.Idle() {
+		if time.Now().After(deadline) {
+			t.Fatal("a runner that spoke while idle is still idle")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -138,6 +138,27 @@ func SkipOrFail(t testing.TB, reason string, args ...any) {
 	t.Skip(msg)
 }
 
+// RequireDocker reports whether tests needing the Docker engine must fail
+// rather than skip (make test sets MCPEXEC_REQUIRE_DOCKER=1 once it started
+// the engine).
+func RequireDocker() bool { return os.Getenv("MCPEXEC_REQUIRE_DOCKER") == "1" }
+
+// SkipOrFailDocker skips the test with reason, or fails it when Docker is
+// required.
+func SkipOrFailDocker(t testing.TB, reason string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(reason, args...)
+	if RequireDocker() {
+		t.Fatalf("MCPEXEC_REQUIRE_DOCKER=1 but %s", msg)
+	}
+	t.Skip(msg)
+}
+
+// DockerHost is the engine the Docker tests use: $MCPEXEC_DOCKER (make test
+// points it at the engine deploy/docker/start-dockerd.sh starts), else ""
+// ($DOCKER_HOST, else the default socket).
+func DockerHost() string { return os.Getenv("MCPEXEC_DOCKER") }
+
 // WaitRecord waits until the broker's state holds job id (an id of the
 // default namespace, or a wire id) with status; it fails the test after 30 s
 // (generous: a loaded CI host may take seconds).

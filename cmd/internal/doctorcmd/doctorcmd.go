@@ -16,6 +16,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/doctor"
 	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox/docker"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 )
 
@@ -52,12 +53,20 @@ func Main(ctx context.Context, role string, args []string, stdout, stderr io.Wri
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	cfg := doctor.Config{NATSURL: *natsURL, NATSOpts: auth, Queue: queue.DefaultConfig()}
-	sandboxCfg := &podman.Config{URI: sb.Podman, Image: sb.Image, OCIRuntime: sb.OCIRuntime, Limits: limits, RunDir: sb.RunDir, UserNS: sb.UserNS}
+	var sandboxCfg *podman.Config
+	var dockerCfg *docker.Config
+	choice := sb.Choose(ctx)
+	if choice.Runtime == sandboxflags.RuntimeDocker {
+		c := sb.DockerConfig(choice.DockerHost, "", limits, nil)
+		dockerCfg = &c
+	} else {
+		sandboxCfg = &podman.Config{URI: sb.Podman, Image: sb.Image, OCIRuntime: sb.OCIRuntime, Limits: limits, RunDir: sb.RunDir, UserNS: sb.UserNS}
+	}
 	switch {
 	case role == "worker":
-		cfg.Sandbox = sandboxCfg
+		cfg.Sandbox, cfg.Docker, cfg.RuntimeReason = sandboxCfg, dockerCfg, choice.Reason
 	case *natsURL == "":
-		cfg.Sandbox = sandboxCfg
+		cfg.Sandbox, cfg.Docker, cfg.RuntimeReason = sandboxCfg, dockerCfg, choice.Reason
 		cfg.SkipNATSReason = "embedded mode (no --nats): the front-end starts its own broker"
 	default:
 		cfg.ExpectWorkers = true

@@ -1,6 +1,6 @@
 // Package sandboxflags holds the sandbox flags shared by `worker` and `frontend`
-// (embedded mode) and opens the Podman runtime they describe, building the
-// sandbox image first when it is missing.
+// (embedded mode) and opens the runtime they describe (Podman or Docker, or
+// whichever the host has), building the sandbox image first when it is missing.
 package sandboxflags
 
 import (
@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -18,12 +19,16 @@ import (
 	sandboximage "github.com/mcpexec/mcpexec/deploy/sandbox"
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/docker"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
 // Flags are the sandbox settings.
 type Flags struct {
+	// Runtime is auto, podman or docker (Runtime* constants).
+	Runtime    string
+	Docker     string
 	Image      string
 	Rootfs     string
 	RunDir     string
@@ -49,6 +54,7 @@ type Flags struct {
 
 // Aliases are the seed project's environment names, honoured too.
 var Aliases = map[string][]string{
+	"runtime":        {"MCP_BRIDGE_RUNTIME"},
 	"image":          {"MCP_BRIDGE_IMAGE"},
 	"memory":         {"MCP_BRIDGE_MEMORY"},
 	"pids":           {"MCP_BRIDGE_PIDS"},
@@ -62,12 +68,14 @@ var Aliases = map[string][]string{
 func Register(fs *flag.FlagSet) *Flags {
 	f := &Flags{}
 	d := sandbox.DefaultLimits()
+	fs.StringVar(&f.Runtime, "runtime", RuntimeAuto, "container runtime of the sandboxes: auto (Podman when the host has it, else a Docker engine that answers), podman or docker")
+	fs.StringVar(&f.Docker, "docker", "", "Docker Engine API address for --runtime docker (default $DOCKER_HOST, else unix:///var/run/docker.sock; auto also tries "+MCPEXECDockerHost+")")
 	fs.StringVar(&f.Image, "image", podman.DefaultImage, "sandbox image")
-	fs.StringVar(&f.Rootfs, "rootfs", "", "a host directory (with python3) used read-only as every sandbox's root file system, instead of --image")
+	fs.StringVar(&f.Rootfs, "rootfs", "", "a host directory (with python3) used read-only as every sandbox's root file system, instead of --image (Podman only)")
 	fs.StringVar(&f.RunDir, "run-dir", podman.DefaultRunDir(), "worker-private directory (made 0700) of the runners' sockets")
-	fs.StringVar(&f.UserNS, "userns", podman.UserNSAuto, "a user namespace per sandbox: auto (when the host has subordinate ids and Podman is 5+), on (whenever the ids exist), host (never)")
+	fs.StringVar(&f.UserNS, "userns", podman.UserNSAuto, "a user namespace per sandbox (Podman only): auto (when the host has subordinate ids and Podman is 5+), on (whenever the ids exist), host (never)")
 	fs.StringVar(&f.Podman, "podman", "", "Podman API socket URI (default: the user's socket, else /run/podman/podman.sock, else start one)")
-	fs.StringVar(&f.OCIRuntime, "oci-runtime", "runc", "OCI runtime Podman uses (runc works on cgroups v1 hosts; crun does not)")
+	fs.StringVar(&f.OCIRuntime, "oci-runtime", "runc", "OCI runtime Podman (or Docker) uses (runc works on cgroups v1 hosts; crun does not)")
 	fs.IntVar(&f.Pool, "pool", 2, "warm sandboxes kept started and waiting")
 	fs.StringVar(&f.Reuse, "reuse", podman.ReuseNamespace, "namespace: a sandbox serves the next job of the same namespace (each job in a fresh process, the sandbox swept in between); none: a sandbox per job")
 	fs.IntVar(&f.MaxUses, "reuse-max-jobs", 100, "jobs a reused sandbox runs before it is retired")
@@ -131,6 +139,9 @@ func (f *Flags) Limits() (sandbox.Limits, error) {
 	if _, err := f.outputCap(); err != nil {
 		return l, err
 	}
+	if err := f.checkRuntime(); err != nil {
+		return l, err
+	}
 	l.Pids, l.CPUs, l.User = f.Pids, f.CPUs, f.User
 	return l, nil
 }
@@ -156,12 +167,18 @@ func ParseBytes(s string) (int64, error) {
 	return n * mult, nil
 }
 
-// Open opens the Podman runtime; when the image is missing and BuildImage is set it
-// builds the image with the embedded recipe first.
+// Open opens the runtime Choose picks; when the image is missing and
+// BuildImage is set it builds the image with the embedded recipe first (and
+// loads it into Docker for the Docker runtime).
 func (f *Flags) Open(ctx context.Context, workerID string, log *slog.Logger) (sandbox.Runtime, error) {
 	limits, err := f.Limits()
 	if err != nil {
 		return nil, err
+	}
+	ch := f.Choose(ctx)
+	log.Info("sandbox runtime", "runtime", ch.Runtime, "why", ch.Reason)
+	if ch.Runtime == RuntimeDocker {
+		return f.openDocker(ctx, ch.DockerHost, workerID, limits, log)
 	}
 	cfg := podman.Config{
 		URI: f.Podman, Image: f.Image, Rootfs: f.Rootfs, OCIRuntime: f.OCIRuntime, Limits: limits,
@@ -186,6 +203,63 @@ func (f *Flags) Open(ctx context.Context, workerID string, log *slog.Logger) (sa
 		log.Warn("sandbox resource limits are NOT enforced on this host (rootless Podman on cgroups v1): memory, pids and CPU limits do not apply", "rootless", info.Rootless, "cgroups", info.CgroupsVersion)
 	}
 	return rt, nil
+}
+
+// DockerConfig is the Docker runtime's configuration the flags describe, on
+// the engine at host.
+func (f *Flags) DockerConfig(host, workerID string, limits sandbox.Limits, log *slog.Logger) docker.Config {
+	return docker.Config{
+		Host: host, Image: f.Image, OCIRuntime: f.OCIRuntime, Limits: limits, WorkerID: workerID,
+		Pool: f.Pool, Logger: log, RunDir: f.RunDir, Reuse: f.Reuse, MaxUses: f.MaxUses,
+	}
+}
+
+// openDocker opens the Docker runtime on the engine at host.
+func (f *Flags) openDocker(ctx context.Context, host, workerID string, limits sandbox.Limits, log *slog.Logger) (sandbox.Runtime, error) {
+	cfg := f.DockerConfig(host, workerID, limits, log)
+	rt, err := docker.New(ctx, cfg)
+	if errors.Is(err, docker.ErrNoImage) && f.BuildImage {
+		log.Info("sandbox image missing in Docker: building it with Podman if needed (about a minute) and loading it", "image", f.Image)
+		if berr := BuildImage(ctx, f.Image); berr != nil {
+			return nil, fmt.Errorf("%w; building it failed: %w", err, berr)
+		}
+		if lerr := LoadIntoDocker(ctx, f.Image, host); lerr != nil {
+			return nil, fmt.Errorf("%w; loading it failed: %w", err, lerr)
+		}
+		rt, err = docker.New(ctx, cfg)
+	}
+	if err != nil {
+		return nil, err
+	}
+	info := rt.Info()
+	log.Info("docker sandbox ready", "host", info.Host, "docker", info.ServerVersion, "api", info.APIVersion, "rootless", info.Rootless,
+		"cgroups", info.CgroupsVersion, "oci_runtime", info.OCIRuntime, "image", info.Image,
+		"limits_enforced", info.LimitsEnforced, "warm_pool", f.Pool, "reuse", f.Reuse)
+	if !info.LimitsEnforced {
+		log.Warn("sandbox resource limits are NOT all enforced by this Docker engine", "missing", info.Missing, "cgroups", info.CgroupsVersion)
+	}
+	return rt, nil
+}
+
+// LoadIntoDocker copies image from Podman's storage (where the build recipe
+// puts it) into the Docker engine at host.
+func LoadIntoDocker(ctx context.Context, image, host string) error {
+	cmd := exec.CommandContext(ctx, "podman", "save", "--format", "docker-archive", image)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("podman save: %w", err)
+	}
+	lerr := docker.LoadImage(ctx, host, out)
+	_, _ = io.Copy(io.Discard, out) // let podman finish when the load failed early
+	if err := cmd.Wait(); err != nil {
+		return fmt.Errorf("podman save %s: %w: %s", image, err, strings.TrimSpace(stderr.String()))
+	}
+	return lerr
 }
 
 // BuildImage runs the embedded build recipe for image, its output on stderr.

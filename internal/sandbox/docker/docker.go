@@ -1,0 +1,598 @@
+// Package docker is a sandbox.Runtime that runs each job in a fresh, locked-down
+// Docker container, talking to the Docker Engine API through Docker's official
+// Go client (API version negotiated: Docker 20.10, API 1.41, and later).
+//
+// It is the Podman runtime's twin: the same runner (sandbox.WriteRunner) is a
+// container's only process and connects back over a Unix socket in a host
+// directory bind-mounted read-only at /mcpexec; the same lockdown (no network,
+// read-only root, size-capped noexec tmpfs /tmp, /workspace and /dev/shm, no
+// capabilities, no_new_privs, the default seccomp profile, an unprivileged
+// user, memory, swap, pids, CPU and rlimit caps, a fixed environment); the
+// same warm pool, reuse of a container for its namespace's next job, and
+// sessions; the same labels (mcpexec.managed, mcpexec.worker, mcpexec.job,
+// mcpexec.owner) by which a restarted worker removes what its previous life
+// left behind.
+//
+// What Docker does not offer per container: a user namespace of its own (the
+// engine's --userns-remap is engine-wide). Sandboxed code still runs as an
+// unprivileged user with no capabilities.
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/docker/docker/client"
+
+	sandboximage "github.com/mcpexec/mcpexec/deploy/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+)
+
+// DefaultImage is the image New uses when Config.Image is empty: the one
+// deploy/sandbox builds, loaded into Docker (deploy/docker/start-dockerd.sh).
+const DefaultImage = sandboximage.DefaultImage
+
+// LanguagesLabel is the image label that lists the languages its sandboxes
+// run (comma-separated); deploy/sandbox/build.sh sets it. An image without it
+// runs Python only.
+const LanguagesLabel = "io.mcpexec.languages"
+
+// ErrNoImage is returned by New when the sandbox image does not exist.
+var ErrNoImage = errors.New("not found")
+
+// ErrClosed is returned by Run and RunInSession after Close.
+var ErrClosed = errors.New("docker sandbox: runtime is closed")
+
+// Labels put on every container this package creates (the Podman runtime's).
+const (
+	LabelManaged = "mcpexec.managed"
+	LabelWorker  = "mcpexec.worker"
+	LabelJob     = "mcpexec.job"
+	// LabelOwner names the process that made the container
+	// (sandbox.OwnerLabel): a container whose owner is gone is reaped by any
+	// Runtime on the host, whatever its worker id.
+	LabelOwner = "mcpexec.owner"
+)
+
+// Reuse modes (Config.Reuse).
+const (
+	ReuseNamespace = "namespace"
+	ReuseNone      = "none"
+)
+
+// Timeouts of the container life cycle.
+const (
+	handshakeTimeout = 30 * time.Second
+	removeTimeout    = 30 * time.Second
+	connectTimeout   = 15 * time.Second
+	// finishTimeout bounds the wait for a runner to exit by itself once its
+	// connection is closed; a runner still running then is killed.
+	finishTimeout = 2 * time.Second
+)
+
+// Config configures a Runtime.
+type Config struct {
+	// Host is the Docker Engine API address, e.g. unix:///var/run/docker.sock.
+	// Empty: $DOCKER_HOST, else unix:///var/run/docker.sock.
+	Host string
+	// Image of the sandbox; default DefaultImage.
+	Image string
+	// OCIRuntime is the engine's runtime for the containers (HostConfig.Runtime);
+	// empty: the engine's default (runc).
+	OCIRuntime string
+	// Limits of each container. The zero value means sandbox.DefaultLimits().
+	Limits sandbox.Limits
+	// WorkerID labels this worker's containers; New removes the containers a
+	// previous life with the same ID left behind. Default: the host name.
+	WorkerID string
+	// RunDir is the worker-private host directory under which each container
+	// gets a directory with the runner and its socket (default
+	// sandbox.DefaultRunDir()). It is made 0700. Keep it short: Unix socket
+	// paths must stay under 100 bytes. The engine must see the same file
+	// system (a local engine).
+	RunDir string
+	// Pool is how many started containers, runner connected and waiting, are
+	// kept ready for jobs. 0 starts a container per job.
+	Pool int
+	// Reuse is ReuseNamespace (the default): a container whose job ended
+	// cleanly serves the next job of the same namespace (tenant), each job in
+	// a process of its own forked from the runner's pre-imported parent, the
+	// container swept in between; or ReuseNone: a container per job.
+	Reuse string
+	// MaxUses retires a container after that many jobs (default 100).
+	MaxUses int
+	// MaxIdle bounds the containers kept idle for their namespace's next job,
+	// in all (default 8) and per namespace (MaxIdlePerTenant, default 4);
+	// IdleTTL retires an idle container (default 2 minutes).
+	MaxIdle          int
+	MaxIdlePerTenant int
+	IdleTTL          time.Duration
+	// Logger receives warnings and pool errors; default slog.Default().
+	Logger *slog.Logger
+	// MaxFrame bounds a protocol frame; 0 means proxy.DefaultMaxFrame.
+	MaxFrame int
+}
+
+// Info describes the Docker engine of a Runtime.
+type Info struct {
+	Host           string // API address
+	ServerVersion  string // Docker version of the engine
+	APIVersion     string // API version negotiated with it
+	Rootless       bool
+	CgroupsVersion string // "1" or "2"
+	CgroupDriver   string
+	OCIRuntime     string // the engine's default runtime
+	Image          string
+	// LimitsEnforced is false when the engine cannot apply memory, swap,
+	// pids or CPU limits (it says so in its info); Missing lists which.
+	LimitsEnforced bool
+	Missing        []string
+	// Seccomp is true when the engine applies a seccomp profile.
+	Seccomp bool
+	// RunDir is the worker-private directory of the runners' sockets.
+	RunDir string
+}
+
+// Runtime runs jobs in Docker containers. It is safe for concurrent use.
+type Runtime struct {
+	cfg    Config
+	log    *slog.Logger
+	cli    *client.Client
+	info   Info
+	base   string // per-Runtime directory under RunDir
+	langs  []string
+	lastJS atomic.Int64 // when a JavaScript job last came (unix ns)
+
+	seq           atomic.Uint64
+	started       atomic.Uint64 // containers whose runner completed its handshake
+	startFailures atomic.Uint64 // containers that failed to start
+
+	mu       sync.Mutex // guards warm, idle, idleN, starting, closed
+	warm     []*box
+	idle     map[string][]*box // by tenant, least recently used first
+	idleN    int
+	starting int
+	closed   bool
+	sessions *sandbox.Sessions[*box]
+
+	wake       chan struct{} // pokes the pool filler
+	stop       chan struct{} // closed by Close
+	fillerDone chan struct{}
+	reaperDone chan struct{}
+	removals   sync.WaitGroup // background container removals
+	closeOnce  sync.Once
+	closeErr   error
+}
+
+var (
+	_ sandbox.SessionRuntime   = (*Runtime)(nil)
+	_ sandbox.StartReporter    = (*Runtime)(nil)
+	_ sandbox.Prober           = (*Runtime)(nil)
+	_ sandbox.LanguageReporter = (*Runtime)(nil)
+	_ sandbox.StatsReporter    = (*Runtime)(nil)
+)
+
+// box is one started container whose runner completed its handshake.
+type box struct {
+	tenant   string         // the namespace it served (reused boxes)
+	uses     int            // jobs it ran
+	idleFrom time.Time      // when it went idle
+	limits   sandbox.Limits // its container's
+	id       string
+	dir      string
+	ln       net.Listener
+	rc       *sandbox.RunnerConn
+}
+
+// DefaultHost is the engine address used when neither Config.Host nor
+// $DOCKER_HOST gives one.
+const DefaultHost = client.DefaultDockerHost
+
+// HostOf returns the engine address a Config with Host uri uses.
+func HostOf(uri string) string {
+	switch {
+	case uri != "":
+		return uri
+	case os.Getenv(client.EnvOverrideHost) != "":
+		return os.Getenv(client.EnvOverrideHost)
+	}
+	return DefaultHost
+}
+
+// New connects to the Docker engine, checks the image, removes this worker's
+// orphans and starts the warm pool.
+func New(ctx context.Context, cfg Config) (*Runtime, error) {
+	if cfg.Image == "" {
+		cfg.Image = DefaultImage
+	}
+	if cfg.Limits == (sandbox.Limits{}) {
+		cfg.Limits = sandbox.DefaultLimits()
+	}
+	if cfg.Limits.User == "" {
+		cfg.Limits.User = "65534:65534"
+	}
+	if cfg.WorkerID == "" {
+		h, err := os.Hostname()
+		if err != nil || h == "" {
+			h = "worker"
+		}
+		cfg.WorkerID = h
+	}
+	if cfg.RunDir == "" {
+		cfg.RunDir = sandbox.DefaultRunDir()
+	}
+	cfg.Host = HostOf(cfg.Host)
+	cfg.Pool = max(cfg.Pool, 0)
+	switch cfg.Reuse {
+	case "":
+		cfg.Reuse = ReuseNamespace
+	case ReuseNamespace, ReuseNone:
+	default:
+		return nil, fmt.Errorf("docker sandbox: reuse mode %q: want %q or %q", cfg.Reuse, ReuseNamespace, ReuseNone)
+	}
+	if cfg.MaxUses <= 0 {
+		cfg.MaxUses = 100
+	}
+	if cfg.MaxIdle <= 0 {
+		cfg.MaxIdle = 8
+	}
+	if cfg.MaxIdlePerTenant <= 0 {
+		cfg.MaxIdlePerTenant = 4
+	}
+	if cfg.IdleTTL <= 0 {
+		cfg.IdleTTL = 2 * time.Minute
+	}
+	r := &Runtime{
+		cfg:        cfg,
+		log:        cfg.Logger,
+		wake:       make(chan struct{}, 1),
+		stop:       make(chan struct{}),
+		fillerDone: make(chan struct{}),
+		reaperDone: make(chan struct{}),
+	}
+	if r.log == nil {
+		r.log = slog.Default()
+	}
+	r.sessions = &sandbox.Sessions[*box]{
+		Start:     func(ctx context.Context) (*box, error) { return r.acquire(ctx, "session", r.cfg.Limits) },
+		Drive:     r.drive,
+		Reusable:  func(b *box) bool { return b.rc.Reusable() },
+		Discard:   r.discard,
+		ErrClosed: ErrClosed,
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			close(r.fillerDone)
+			close(r.reaperDone)
+			_ = r.Close() // closing on the way out: a failure leaves nothing to do
+		}
+	}()
+
+	base, err := sandbox.PrivateDir(cfg.RunDir)
+	if err != nil {
+		return nil, fmt.Errorf("docker sandbox: run dir: %w (choose another with --run-dir)", err)
+	}
+	r.base, r.info.RunDir = base, base
+	if n := len(filepath.Join(base, "18446744073709551615", "s")); n >= 100 {
+		return nil, fmt.Errorf("docker sandbox: run dir %q is too long for Unix socket paths (%d bytes, limit 100): choose a shorter --run-dir", cfg.RunDir, n)
+	}
+	if err := r.connect(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.checkImage(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.removeOrphans(ctx); err != nil {
+		return nil, err
+	}
+	ok = true
+	go r.fill()
+	go r.reapLoop()
+	return r, nil
+}
+
+// Ping reports whether the engine at host (HostOf) answers, and its version.
+func Ping(ctx context.Context, host string) (string, error) {
+	c, err := client.NewClientWithOpts(client.WithHost(HostOf(host)), client.WithAPIVersionNegotiation())
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = c.Close() }() // a probe connection: nothing to do on a failed close
+	v, err := c.ServerVersion(ctx)
+	if err != nil {
+		return "", err
+	}
+	return v.Version, nil
+}
+
+// LoadImage loads an image archive (`docker save` or `podman save --format
+// docker-archive` output) into the engine at host: how the sandbox image
+// reaches Docker without a registry.
+func LoadImage(ctx context.Context, host string, archive io.Reader) error {
+	c, err := client.NewClientWithOpts(client.WithHost(HostOf(host)), client.WithAPIVersionNegotiation())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = c.Close() }() // a probe connection: nothing to do on a failed close
+	resp, err := c.ImageLoad(ctx, archive, client.ImageLoadWithQuiet(true))
+	if err != nil {
+		return fmt.Errorf("docker load: %w", err)
+	}
+	defer func() { _ = resp.Body.Close() }() // read to the end or abandoned: nothing to do on a failed close
+	// The engine reports errors in the stream: read it all.
+	out, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return fmt.Errorf("docker load: %w", err)
+	}
+	if strings.Contains(string(out), `"error"`) {
+		return fmt.Errorf("docker load: %s", strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// connect opens the client, negotiates the API version and reads the
+// engine's description.
+func (r *Runtime) connect(ctx context.Context) error {
+	c, err := client.NewClientWithOpts(client.WithHost(r.cfg.Host), client.WithAPIVersionNegotiation())
+	if err != nil {
+		return fmt.Errorf("docker sandbox: engine address %s: %w", r.cfg.Host, err)
+	}
+	r.cli = c
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	if _, err := c.Ping(cctx); err != nil {
+		return fmt.Errorf("docker sandbox: cannot reach the Docker engine at %s (start it: sudo deploy/docker/start-dockerd.sh, then --docker unix:///run/mcpexec-docker.sock; or pass --docker URI): %w", r.cfg.Host, err)
+	}
+	info, err := c.Info(cctx)
+	if err != nil {
+		return fmt.Errorf("docker sandbox: docker info: %w", err)
+	}
+	r.info.Host = r.cfg.Host
+	r.info.APIVersion = c.ClientVersion()
+	r.info.ServerVersion = info.ServerVersion
+	r.info.CgroupsVersion = info.CgroupVersion
+	r.info.CgroupDriver = info.CgroupDriver
+	r.info.OCIRuntime = info.DefaultRuntime
+	if r.cfg.OCIRuntime != "" {
+		if _, ok := info.Runtimes[r.cfg.OCIRuntime]; !ok {
+			return fmt.Errorf("docker sandbox: the engine at %s has no runtime %q (it has %v)", r.cfg.Host, r.cfg.OCIRuntime, slices.Sorted(maps.Keys(info.Runtimes)))
+		}
+		r.info.OCIRuntime = r.cfg.OCIRuntime
+	}
+	r.info.Image = r.cfg.Image
+	for _, o := range info.SecurityOptions {
+		switch {
+		case strings.Contains(o, "name=rootless"):
+			r.info.Rootless = true
+		case strings.Contains(o, "name=seccomp"):
+			r.info.Seccomp = !strings.Contains(o, "profile=unconfined")
+		}
+	}
+	l := r.cfg.Limits
+	for _, m := range []struct {
+		want, have bool
+		name       string
+	}{
+		{l.Memory > 0, info.MemoryLimit, "memory"},
+		{l.Memory > 0, info.SwapLimit, "swap"},
+		{l.Pids > 0, info.PidsLimit, "pids"},
+		{l.CPUs > 0, info.CPUCfsQuota, "cpu"},
+	} {
+		if m.want && !m.have {
+			r.info.Missing = append(r.info.Missing, m.name)
+		}
+	}
+	r.info.LimitsEnforced = len(r.info.Missing) == 0
+	if !r.info.LimitsEnforced {
+		r.log.Warn("docker sandbox: the engine does not enforce some limits; a job can exhaust the host's resources",
+			"host", r.info.Host, "missing", r.info.Missing, "cgroups", info.CgroupVersion)
+	}
+	return nil
+}
+
+// checkImage checks that the image is there and learns which languages its
+// sandboxes run.
+func (r *Runtime) checkImage(ctx context.Context) error {
+	r.langs = []string{sandbox.Python}
+	c, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	img, err := r.cli.ImageInspect(c, r.cfg.Image)
+	if client.IsErrNotFound(err) {
+		return fmt.Errorf("docker sandbox: image %s %w: build it with `sudo deploy/sandbox/build.sh %s` and load it into Docker with `sudo deploy/docker/start-dockerd.sh %s` (podman save %s | docker load)",
+			r.cfg.Image, ErrNoImage, r.cfg.Image, r.cfg.Image, r.cfg.Image)
+	}
+	if err != nil {
+		return fmt.Errorf("docker sandbox: inspect image %s: %w", r.cfg.Image, err)
+	}
+	if img.Config != nil {
+		for _, l := range strings.Split(img.Config.Labels[LanguagesLabel], ",") {
+			if l = strings.TrimSpace(l); l == sandbox.JavaScript && !slices.Contains(r.langs, l) {
+				r.langs = append(r.langs, l)
+			}
+		}
+	}
+	return nil
+}
+
+// Info describes the Docker engine.
+func (r *Runtime) Info() Info { return r.info }
+
+// Config returns the runtime's configuration, defaults filled in.
+func (r *Runtime) Config() Config { return r.cfg }
+
+// Languages implements sandbox.LanguageReporter: Python, and JavaScript when
+// the image has Node.js.
+func (r *Runtime) Languages() []string { return r.langs }
+
+// ReportsStart implements sandbox.StartReporter.
+func (r *Runtime) ReportsStart() {}
+
+// Probe implements sandbox.Prober: it starts a container and removes it.
+func (r *Runtime) Probe(ctx context.Context) error {
+	b, err := r.acquire(ctx, "probe", r.cfg.Limits)
+	if err != nil {
+		return err
+	}
+	r.discard(b)
+	return nil
+}
+
+// jsWarmFor is how long after a JavaScript job new sandboxes keep a
+// JavaScript executor started ahead.
+const jsWarmFor = 30 * time.Minute
+
+// sawJob notes a JavaScript job, so that the sandboxes started next expect more.
+func (r *Runtime) sawJob(job sandbox.Job) {
+	if job.Language == sandbox.JavaScript {
+		r.lastJS.Store(time.Now().UnixNano())
+	}
+}
+
+// expectsJavaScript reports whether a sandbox started now should keep a
+// JavaScript executor ready.
+func (r *Runtime) expectsJavaScript() bool {
+	last := r.lastJS.Load()
+	return last != 0 && time.Since(time.Unix(0, last)) < jsWarmFor
+}
+
+// Run implements sandbox.Runtime.
+func (r *Runtime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
+	r.sawJob(job)
+	l := r.limitsFor(job)
+	reuse := r.cfg.Reuse == ReuseNamespace && job.Tenant != "" && l == r.cfg.Limits
+	var b *box
+	if reuse {
+		b = r.takeIdle(job.Tenant)
+	}
+	if b == nil {
+		var err error
+		if b, err = r.acquire(ctx, job.ID, l); err != nil {
+			return sandbox.Result{}, err
+		}
+	}
+	job.Fresh = true
+	res, err := r.drive(ctx, b, job, host)
+	b.uses++
+	if reuse && err == nil && res.Status != sandbox.StatusTimeout && b.rc.Resets() && b.rc.Idle() && b.uses < r.cfg.MaxUses {
+		b.tenant = job.Tenant
+		r.putIdle(b)
+		return res, nil
+	}
+	if reuse {
+		r.log.Debug("docker sandbox: container not kept for its namespace", "id", shortID(b.id), "status", res.Status, "err", err,
+			"runner_reusable", b.rc.Reusable(), "runner_idle", b.rc.Idle(), "uses", b.uses)
+	}
+	r.discard(b)
+	return res, err
+}
+
+// drive runs job on b within the job's time limit. The caller decides whether
+// b may serve again (b.rc.Reusable) or must be discarded.
+func (r *Runtime) drive(ctx context.Context, b *box, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
+	if job.Timeout <= 0 {
+		job.Timeout = 30 * time.Second
+	}
+	if err := sandbox.BeforeExec(job); err != nil {
+		return sandbox.Result{}, err
+	}
+	runCtx, cancel := context.WithTimeoutCause(ctx, job.Timeout, sandbox.ErrTimeout)
+	defer cancel()
+	res, err := b.rc.Drive(runCtx, job, host)
+	if errors.Is(err, sandbox.ErrRunnerLost) {
+		res = r.lost(b, res)
+		err = nil
+	}
+	// The code's process killed by SIGKILL: from inside the container only the
+	// kernel's OOM killer does that (the code cannot signal the runner, PID 1).
+	if err == nil && res.ExitCode == 137 && !b.rc.Reusable() && b.limits.Memory > 0 {
+		res.Error = fmt.Sprintf("the sandbox hit its memory limit (%s) and the code's process was killed", sandbox.FormatBytes(b.limits.Memory))
+	}
+	return res, err
+}
+
+// limitsFor returns the limits of job's sandbox: the configured ones, with
+// the job's own memory and CPUs when it asks for them.
+func (r *Runtime) limitsFor(job sandbox.Job) sandbox.Limits {
+	l := r.cfg.Limits
+	if job.Memory > 0 {
+		l.Memory = job.Memory
+	}
+	if job.CPUs > 0 {
+		l.CPUs = job.CPUs
+	}
+	return l
+}
+
+// RunInSession implements sandbox.SessionRuntime.
+func (r *Runtime) RunInSession(ctx context.Context, key string, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
+	r.sawJob(job)
+	return r.sessions.Run(ctx, key, job, host)
+}
+
+// HasSession implements sandbox.SessionRuntime.
+func (r *Runtime) HasSession(key string) bool { return r.sessions.Has(key) }
+
+// EndSession implements sandbox.SessionRuntime. A job of the session that is
+// running finishes first; its container is removed afterwards.
+func (r *Runtime) EndSession(key string) error {
+	r.sessions.End(key)
+	return nil
+}
+
+// Close removes every container of this Runtime. It is idempotent.
+func (r *Runtime) Close() error {
+	r.closeOnce.Do(func() {
+		r.mu.Lock()
+		r.closed = true
+		warm := r.warm
+		r.warm = nil
+		for _, bs := range r.idle {
+			warm = append(warm, bs...)
+		}
+		r.idle, r.idleN = nil, 0
+		r.mu.Unlock()
+		r.sessions.Close()
+		close(r.stop)
+		<-r.fillerDone
+		<-r.reaperDone
+		for _, b := range warm {
+			r.discard(b)
+		}
+		r.removals.Wait()
+		if r.cli != nil {
+			// Anything left (a start that failed half-way, a crash of ours).
+			if ids, err := r.list(context.Background()); err == nil {
+				for _, id := range ids {
+					if err := r.remove(context.Background(), id); err != nil {
+						r.closeErr = errors.Join(r.closeErr, fmt.Errorf("remove container %s: %w", shortID(id), err))
+					}
+				}
+			}
+			r.closeErr = errors.Join(r.closeErr, r.cli.Close())
+		}
+		if r.base != "" {
+			_ = os.RemoveAll(r.base) // best effort: what is left is removed at the next start
+		}
+	})
+	return r.closeErr
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
