@@ -153,7 +153,7 @@ func (h *proxyHandler) dispatch(ctx context.Context, rj *runningJob, method stri
 		var p struct {
 			Server string  `json:"server"`
 			Tool   *string `json:"tool"`
-			Detail string  `json:"detail"`
+			Detail any     `json:"detail"`
 		}
 		if err := decode(params, &p); err != nil {
 			return nil, err
@@ -163,7 +163,7 @@ func (h *proxyHandler) dispatch(ctx context.Context, rj *runningJob, method stri
 		var p struct {
 			Query  string `json:"query"`
 			Limit  int    `json:"limit"`
-			Detail string `json:"detail"`
+			Detail any    `json:"detail"`
 		}
 		if err := decode(params, &p); err != nil {
 			return nil, err
@@ -290,7 +290,7 @@ func ToolValue(res *mcp.CallToolResult) any {
 type serverInfo struct {
 	Name        string `json:"name"`
 	Alias       string `json:"alias"`
-	Description string `json:"description,omitempty"`
+	Description string `json:"description"` // always there, as in the bridge's
 	Transport   string `json:"transport"`
 	Available   bool   `json:"available"` // given to this run
 	Source      string `json:"source,omitempty"`
@@ -318,20 +318,27 @@ func (h *proxyHandler) discovered(rj *runningJob, detailed bool) any {
 	return out
 }
 
+// toolInfo is a tool as list_tools answers it: mcpexec's keys, and the MCP
+// tool's inputSchema, which the bridge's list_tools answers.
 type toolInfo struct {
 	Name        string          `json:"name"`
 	Alias       string          `json:"alias"`
 	Description string          `json:"description"`
 	InputSchema json.RawMessage `json:"input_schema"`
+	MCPSchema   json.RawMessage `json:"inputSchema"`
 }
 
-func (h *proxyHandler) serverTools(ctx context.Context, rj *runningJob, server string) ([]tooldocs.Tool, map[string]string, error) {
+// aliases are a server's tools' aliases: mcpexec's (tooldocs.Aliases) and the
+// Python bridge's (tooldocs.BridgeToolAliases), by tool name.
+type aliases struct{ ours, bridge map[string]string }
+
+func (h *proxyHandler) serverTools(ctx context.Context, rj *runningJob, server string) ([]tooldocs.Tool, aliases, error) {
 	if err := h.server(rj, server); err != nil {
-		return nil, nil, err
+		return nil, aliases{}, err
 	}
 	ts, err := h.tools().Tools(ctx, server)
 	if err != nil {
-		return nil, nil, err
+		return nil, aliases{}, err
 	}
 	out := make([]tooldocs.Tool, 0, len(ts))
 	names := make([]string, 0, len(ts))
@@ -343,35 +350,40 @@ func (h *proxyHandler) serverTools(ctx context.Context, rj *runningJob, server s
 		out = append(out, tooldocs.Tool{Server: server, Name: t.Name, Description: t.Description, InputSchema: schema})
 		names = append(names, t.Name)
 	}
-	return out, tooldocs.Aliases(names), nil
+	return out, aliases{ours: tooldocs.Aliases(names), bridge: tooldocs.BridgeToolAliases(names)}, nil
 }
 
 func (h *proxyHandler) listTools(ctx context.Context, rj *runningJob, server string) (any, error) {
-	ts, aliases, err := h.serverTools(ctx, rj, server)
+	ts, al, err := h.serverTools(ctx, rj, server)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]toolInfo, 0, len(ts))
 	for _, t := range ts {
-		out = append(out, toolInfo{Name: t.Name, Alias: aliases[t.Name], Description: t.Description, InputSchema: t.InputSchema})
+		out = append(out, toolInfo{Name: t.Name, Alias: al.ours[t.Name], Description: t.Description, InputSchema: t.InputSchema, MCPSchema: t.InputSchema})
 	}
 	return out, nil
 }
 
-func (h *proxyHandler) queryDocs(ctx context.Context, rj *runningJob, server string, tool *string, detail string) (any, error) {
-	full, err := fullDetail(detail)
+// bridgeServerAlias is server's alias by the Python bridge's rule among the
+// job's servers.
+func (h *proxyHandler) bridgeServerAlias(rj *runningJob, server string) string {
+	return tooldocs.BridgeServerAliases(h.jobServers(rj))[server]
+}
+
+func (h *proxyHandler) queryDocs(ctx context.Context, rj *runningJob, server string, tool *string, detail any) (any, error) {
+	full := fullDetail(detail)
+	ts, al, err := h.serverTools(ctx, rj, server)
 	if err != nil {
 		return nil, err
 	}
-	ts, aliases, err := h.serverTools(ctx, rj, server)
-	if err != nil {
-		return nil, err
+	sa := h.bridgeServerAlias(rj, server)
+	doc := func(t tooldocs.Tool) tooldocs.Doc {
+		return tooldocs.Document(t, al.ours[t.Name], sa, al.bridge[t.Name], full)
 	}
 	if tool != nil && *tool != "" {
-		for _, t := range ts {
-			if t.Name == *tool || aliases[t.Name] == *tool {
-				return tooldocs.Document(t, aliases[t.Name], full), nil
-			}
+		if t, ok := findTool(ts, al, *tool); ok {
+			return doc(t), nil
 		}
 		names := make([]string, 0, len(ts))
 		for _, t := range ts {
@@ -381,28 +393,43 @@ func (h *proxyHandler) queryDocs(ctx context.Context, rj *runningJob, server str
 	}
 	docs := make([]tooldocs.Doc, 0, len(ts))
 	for _, t := range ts {
-		docs = append(docs, tooldocs.Document(t, aliases[t.Name], full))
+		docs = append(docs, doc(t))
 	}
 	return docs, nil
 }
 
-func fullDetail(detail string) (bool, error) {
-	switch detail {
-	case "", "summary":
-		return false, nil
-	case "full":
-		return true, nil
+// findTool finds a tool by its name, else its alias, else its bridge alias,
+// else any of them regardless of case (as the bridge's query_tool_docs does).
+func findTool(ts []tooldocs.Tool, al aliases, name string) (tooldocs.Tool, bool) {
+	for _, match := range []func(t tooldocs.Tool) bool{
+		func(t tooldocs.Tool) bool { return t.Name == name },
+		func(t tooldocs.Tool) bool { return al.ours[t.Name] == name },
+		func(t tooldocs.Tool) bool { return al.bridge[t.Name] == name },
+		func(t tooldocs.Tool) bool {
+			return strings.EqualFold(t.Name, name) || strings.EqualFold(al.ours[t.Name], name) || strings.EqualFold(al.bridge[t.Name], name)
+		},
+	} {
+		for _, t := range ts {
+			if match(t) {
+				return t, true
+			}
+		}
 	}
-	return false, fmt.Errorf("detail %q: want \"summary\" or \"full\"", detail)
+	return tooldocs.Tool{}, false
+}
+
+// fullDetail reads a detail argument as the bridge does (_normalise_detail):
+// "full" in any case is full; anything else, even a value that is not a
+// string, is the summary.
+func fullDetail(detail any) bool {
+	s, ok := detail.(string)
+	return ok && strings.ToLower(s) == "full"
 }
 
 const maxSearchLimit = 50
 
-func (h *proxyHandler) searchDocs(ctx context.Context, rj *runningJob, query string, limit int, detail string) (any, error) {
-	full, err := fullDetail(detail)
-	if err != nil {
-		return nil, err
-	}
+func (h *proxyHandler) searchDocs(ctx context.Context, rj *runningJob, query string, limit int, detail any) (any, error) {
+	full := fullDetail(detail)
 	if strings.TrimSpace(query) == "" {
 		return nil, errors.New("search_tool_docs needs a query, e.g. search_tool_docs(\"read a file\")")
 	}
@@ -411,7 +438,7 @@ func (h *proxyHandler) searchDocs(ctx context.Context, rj *runningJob, query str
 	}
 	limit = min(limit, maxSearchLimit)
 	var all []tooldocs.Tool
-	aliases := map[[2]string]string{}
+	toolAliases := map[string]aliases{}
 	var errs []string
 	for _, s := range h.jobServers(rj) {
 		ts, al, err := h.serverTools(ctx, rj, s)
@@ -419,18 +446,18 @@ func (h *proxyHandler) searchDocs(ctx context.Context, rj *runningJob, query str
 			errs = append(errs, err.Error())
 			continue
 		}
-		for _, t := range ts {
-			aliases[[2]string{s, t.Name}] = al[t.Name]
-		}
+		toolAliases[s] = al
 		all = append(all, ts...)
 	}
+	serverAliases := tooldocs.BridgeServerAliases(h.jobServers(rj))
 	if len(all) == 0 && len(errs) > 0 {
 		return nil, errors.New(strings.Join(errs, "; "))
 	}
 	hits := tooldocs.NewIndex(all).Search(query, limit)
 	out := make([]tooldocs.Doc, 0, len(hits))
 	for _, hit := range hits {
-		d := tooldocs.Document(hit.Tool, aliases[[2]string{hit.Tool.Server, hit.Tool.Name}], full)
+		al := toolAliases[hit.Tool.Server]
+		d := tooldocs.Document(hit.Tool, al.ours[hit.Tool.Name], serverAliases[hit.Tool.Server], al.bridge[hit.Tool.Name], full)
 		d.Score = hit.Score
 		out = append(out, d)
 	}
@@ -453,7 +480,7 @@ func (h *proxyHandler) summary(ctx context.Context, rj *runningJob) string {
 			}
 			names := make([]string, 0, len(ts))
 			for _, t := range ts {
-				names = append(names, al[t.Name])
+				names = append(names, al.ours[t.Name])
 			}
 			fmt.Fprintf(&b, "- %s (mcp_%s), %d tools: %s\n", s, alias, len(ts), strings.Join(names, ", "))
 		}

@@ -479,3 +479,38 @@ func TestSlowSandboxStartKeepsItsTimeLimit(t *testing.T) {
 		t.Fatalf("status %s: %s", st.Status, testutil.Text(res))
 	}
 }
+
+// TestBridgeShapes checks the host's answers carry the keys the Python bridge
+// (mcp-server-code-execution-mode) answers beside mcpexec's: docs with
+// serverAlias, toolAlias, description (in summary too) and inputSchema (full),
+// tools found by the bridge's alias and regardless of case, a bad detail read as
+// the summary, list_tools with inputSchema, detailed servers with a description.
+func TestBridgeShapes(t *testing.T) {
+	t.Parallel()
+	s := setup(t, "", frontend.Config{}, testutil.TestServerDef(t, "GitHub", nil), testutil.TestServerDef(t, "ts", nil))
+	got := mustRun(t, s.c, `d = query_tool_docs("GitHub", "getuser")
+print(sorted(d))
+print(d["server"], d["serverAlias"], d["tool"], d["toolAlias"], d["alias"], d["description"])
+f = query_tool_docs("GitHub", "GETUSER", detail="FULL")
+print(f["inputSchema"] == f["input_schema"], f["inputSchema"]["required"])
+for bad in ("bogus", None, 3):
+    print("inputSchema" in query_tool_docs("GitHub", "echo", detail=bad), end=" ")
+print()
+docs = query_tool_docs("GitHub")
+print(all(x["description"] for x in docs), {x["serverAlias"] for x in docs})
+hit = search_tool_docs("github user profile", limit=1, detail="full")[0]
+print(hit["server"], hit["tool"], hit["toolAlias"], hit["serverAlias"], "inputSchema" in hit)
+print([t["inputSchema"] == t["input_schema"] for t in list_tools("ts")][:2])
+print([(s["name"], s["description"]) for s in discovered_servers(detailed=True)])`, "GitHub", "ts")
+	want := `['alias', 'description', 'server', 'serverAlias', 'signature', 'summary', 'tool', 'toolAlias']
+GitHub github getUser getuser getUser Get a user's profile by login. Answers JSON.
+True ['login']
+False False False 
+True {'github'}
+GitHub getUser getuser github True
+[True, True]
+[('GitHub', 'test server GitHub'), ('ts', 'test server ts')]`
+	if got != want {
+		t.Fatalf("got:\n%s\nwant:\n%s", got, want)
+	}
+}

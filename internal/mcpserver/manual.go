@@ -29,19 +29,30 @@ Name the servers the code may use in run_python's "servers". Then, without impor
   timeout is seconds for this call (the job's deadline still bounds it).
 - ` + "`await mcp_x.list_tools()`" + `: name, alias, description and input_schema of each tool.
 A result is the tool's text, JSON-decoded when it parses (so a tool returning JSON gives
-dicts and lists); ` + "`raw=True`" + ` returns the whole MCP result ({content, structuredContent, isError}).
-A tool error raises ` + "`MCPError`" + ` with the server's message. Calls run concurrently with
+dicts and lists); it also answers the MCP result's keys (` + "`r[\"content\"]`" + `, ` + "`r[\"isError\"]`" + `,
+` + "`r.get(\"structuredContent\")`" + `; a dict's own keys first). ` + "`raw=True`" + ` returns the whole MCP
+result ({content, structuredContent, isError}).
+A tool error raises ` + "`MCPError`" + ` (a RuntimeError) with the server's message. Calls run concurrently with
 ` + "`asyncio.gather`" + ` (a few at a time per job).
 
 ## Discovering tools (plain functions; awaiting them works too)
 - ` + "`list_servers()`" + `: the servers this run may call.
 - ` + "`discovered_servers(detailed=False)`" + `: every server the front-end knows; detailed gives
   name, alias, description, transport, and "available" (given to this run).
-- ` + "`query_tool_docs(server, tool=None, detail=\"summary\"|\"full\")`" + `: summary and Python-like
-  signature of each tool (or one); "full" adds the description and input schema.
+- ` + "`query_tool_docs(server, tool=None, detail=\"summary\"|\"full\")`" + `: summary, Python-like
+  signature and description of each tool (or one); "full" adds the input schema.
 - ` + "`search_tool_docs(query, limit=5)`" + `: this run's tools ranked by relevance to a free-text query.
 - ` + "`capability_summary()`" + `: a short overview.
 All of these are also in module ` + "`runtime`" + ` (` + "`import runtime`" + ` or ` + "`from mcp import runtime`" + `).
+
+## Code written for mcp-server-code-execution-mode (the Python bridge)
+Its names work too: lower-case aliases (server "GitHub" is also ` + "`mcp_github`" + `, tool
+"getUser" also ` + "`.getuser`" + `, ` + "`from mcp.servers.github import getuser`" + `); ` + "`mcp`" + ` without import
+(` + "`mcp.runtime`" + `, ` + "`mcp.servers.<alias>`" + `, whose modules have ` + "`TOOLS`" + ` and ` + "`TOOL_MAP`" + `);
+` + "`LOADED_MCP_SERVERS`" + `, ` + "`list_servers_sync()`" + `, ` + "`list_tools_sync(server)`" + `, ` + "`describe_server(name)`" + `,
+` + "`list_loaded_server_metadata()`" + `, ` + "`query_tool_docs_sync(...)`" + `, ` + "`search_tool_docs_sync(...)`" + `.
+Docs also have its keys (serverAlias, toolAlias, inputSchema). A tool error raises
+MCPError rather than returning isError; ` + "`save_tool`" + ` is not available.
 
 ## Memory (kept across runs, private to the caller)
 - ` + "`save_memory(key, value, metadata=None)`" + `: value and metadata JSON-serialisable.

@@ -169,6 +169,12 @@ class _AwaitableStr(str):
         return self
 
 
+class _AwaitableTuple(tuple):
+    def __await__(self):
+        yield from ()
+        return self
+
+
 def _aw(v):
     if isinstance(v, list):
         return _AwaitableList(v)
@@ -204,6 +210,178 @@ def _aliases(names):
     return out
 
 
+# -- the Python bridge's names (mcp-server-code-execution-mode) ---------------------
+#
+# Code written for the bridge uses its aliases, which are lower-cased: server
+# "GitHub" is mcp_github there (mcp_GitHub here), tool "getUser" is getuser. Both
+# resolve. The rules are the bridge's own, character for character; the host
+# has the same (tooldocs.BridgeToolAlias, BridgeServerAlias).
+
+def _bridge_tool_alias(name):
+    """The bridge's _sanitize_identifier(name, default="tool")."""
+    import keyword
+    import re
+
+    a = re.sub(r"[^0-9a-zA-Z_]+", "_", name.strip()).lower() or "tool"
+    if a[0].isdigit():
+        a = "_" + a
+    if keyword.iskeyword(a):
+        a += "_"
+    return a
+
+
+def _bridge_tool_aliases(names):
+    """The bridge's aliases of one server's tools, in its list order: the n-th
+    tool of the same alias gets _n (MCPBridge._ensure_server_metadata)."""
+    out, count = {}, {}
+    for n in names:
+        base = _bridge_tool_alias(n)
+        count[base] = count.get(base, 0) + 1
+        out.setdefault(n, base if count[base] == 1 else "%s_%d" % (base, count[base]))
+    return out
+
+
+def _bridge_server_aliases(names):
+    """The bridge's server aliases (MCPBridge._alias_for), de-duplicated in sorted
+    name order."""
+    import re
+
+    out, used = {}, set()
+    for n in sorted(set(names)):
+        base = re.sub(r"[^a-z0-9_]+", "_", n.lower()) or "server"
+        if base[0].isdigit():
+            base = "_" + base
+        a, i = base, 1
+        while a in used:
+            i += 1
+            a = "%s_%d" % (base, i)
+        used.add(a)
+        out[n] = a
+    return out
+
+
+def _server_named(runner, name):
+    """The run's server that name names: the name itself, else its alias
+    (mcpexec's or the bridge's); None when none does."""
+    if not isinstance(name, str):
+        return None
+    if name in runner.servers:
+        return name
+    for table in (_aliases(runner.servers), _bridge_server_aliases(runner.servers)):
+        for server, alias in table.items():
+            if alias == name:
+                return server
+    return None
+
+
+# -- what a tool call returns ---------------------------------------------------------
+#
+# The bridge returns the MCP result ({"content": [...], "isError": ...,
+# "structuredContent": ...}); mcpexec returns the tool's value (its text,
+# JSON-decoded when it parses). A call returns the value, which also answers the
+# result's keys: result["content"][0]["text"], result["isError"],
+# result.get("structuredContent") work as in the bridge (a dict value's own keys
+# win). The whole result is also value.mcp_result; raw=True returns it alone.
+
+# Go's unicode.IsSpace, which the host's rule (frontend.ToolValue) trims by.
+_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+
+
+class _ResultKeys:
+    """A tool's value that answers the MCP result's keys (str keys, which the
+    value's own type does not take)."""
+
+    mcp_result = None
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return self.mcp_result[key]
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        return self.mcp_result.get(key, default) if isinstance(key, str) else default
+
+
+class _ToolStr(_ResultKeys, str):
+    pass
+
+
+class _ToolList(_ResultKeys, list):
+    pass
+
+
+class _ToolInt(_ResultKeys, int):
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return self.mcp_result[key]
+        raise TypeError("'int' object is not subscriptable")
+
+
+class _ToolFloat(_ResultKeys, float):
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return self.mcp_result[key]
+        raise TypeError("'float' object is not subscriptable")
+
+
+class _ToolDict(dict):
+    """A dict value: its own keys first, then the MCP result's."""
+
+    mcp_result = None
+
+    def __missing__(self, key):
+        if isinstance(key, str) and key in self.mcp_result:
+            return self.mcp_result[key]
+        raise KeyError(key)
+
+    def get(self, key, default=None):
+        if key in self:
+            return dict.__getitem__(self, key)
+        return self.mcp_result.get(key, default) if isinstance(key, str) else default
+
+
+_WRAP = ((bool, None), (int, _ToolInt), (float, _ToolFloat), (str, _ToolStr), (list, _ToolList), (dict, _ToolDict))
+
+
+def _no_constant(name):
+    raise ValueError("%s is not JSON" % name)
+
+
+def _tool_value(res):
+    """The value of an MCP result, by the host's rule (frontend.ToolValue): its
+    text, JSON-decoded when it parses; the structured content when there is no
+    text; None when there is no content; the result itself when it has only
+    other content (images, resources). A value that can carry the result
+    (not None or a bool) answers its keys."""
+    if not isinstance(res, dict) or not isinstance(res.get("content"), list):
+        return res  # not an MCP result (a host that answers otherwise)
+    res.setdefault("isError", False)  # the bridge's results always say
+    texts = [c["text"] for c in res["content"] if isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str)]
+    if not texts:
+        if res.get("structuredContent") is not None:
+            value = res["structuredContent"]
+        elif not res["content"]:
+            return None
+        else:
+            return res
+    else:
+        value = "\n".join(texts)
+        t = value.strip(_GO_SPACE)
+        if t:
+            try:
+                value = json.loads(t, parse_constant=_no_constant)
+            except ValueError:
+                pass
+    for typ, wrap in _WRAP:
+        if isinstance(value, typ):
+            if wrap is None:
+                return value
+            value = wrap(value)
+            value.mcp_result = res
+            return value
+    return value
+
+
 def _json_value(value, what):
     try:
         json.dumps(value)
@@ -215,11 +393,12 @@ def _json_value(value, what):
 class _Tool:
     """One tool of a server: `await tool(**arguments)`."""
 
-    def __init__(self, runner, server, info):
+    def __init__(self, runner, server, info, bridge_alias=None):
         self._runner = runner
         self._server = server
         self.name = info["name"]
         self.alias = info.get("alias") or _identifier(self.name)
+        self.bridge_alias = bridge_alias or _bridge_tool_alias(self.name)
         self.__doc__ = info.get("description") or ""
         self.__name__ = self.alias
         props = ((info.get("input_schema") or {}).get("properties") or {})
@@ -241,6 +420,8 @@ class MCPServerProxy:
     """A server given to this run: `await mcp_x.tool(**kwargs)`,
     `await mcp_x.list_tools()`, `mcp_x["tool-name"]`."""
 
+    _aliases = ()
+
     def __init__(self, runner, name):
         self._runner = runner
         self._name = name
@@ -249,22 +430,38 @@ class MCPServerProxy:
     def _load(self):
         if self._tools is None:
             infos = self._runner.rpc_sync("list_tools", {"server": self._name}) or []
+            bridge = _bridge_tool_aliases([i["name"] for i in infos])
             tools = {}
             for info in infos:
-                t = _Tool(self._runner, self._name, info)
+                t = _Tool(self._runner, self._name, info, bridge.get(info["name"]))
                 tools[t.name] = t
+            for t in list(tools.values()):
                 tools.setdefault(t.alias, t)
+            for t in list(tools.values()):
+                tools.setdefault(t.bridge_alias, t)  # the bridge's name ("getuser")
             self._tools = tools
         return self._tools
 
-    def _tool(self, name):
-        tools = self._load()
+    @staticmethod
+    def _find(tools, name):
         if name in tools:
             return tools[name]
+        if isinstance(name, str):  # regardless of case, as the bridge's docs find tools
+            low = name.lower()
+            for key, t in tools.items():
+                if key.lower() == low:
+                    return t
+        return None
+
+    def _tool(self, name):
+        t = self._find(self._load(), name)
+        if t is not None:
+            return t
         self._tools = None  # the list may have changed: look once more
         tools = self._load()
-        if name in tools:
-            return tools[name]
+        t = self._find(tools, name)
+        if t is not None:
+            return t
         names = sorted({t.alias for t in tools.values()})
         raise AttributeError("MCP server %r has no tool %r; its tools are: %s" % (self._name, name, ", ".join(names) or "none"))
 
@@ -280,7 +477,7 @@ class MCPServerProxy:
             raise KeyError(str(e)) from None
 
     def __dir__(self):
-        return sorted({t.alias for t in self._load().values()} | {"list_tools"})
+        return sorted({t.alias for t in self._load().values()} | {t.bridge_alias for t in self._load().values()} | {"list_tools"})
 
     async def list_tools(self):
         infos = await self._runner.rpc("list_tools", {"server": self._name})
@@ -292,18 +489,28 @@ class MCPServerProxy:
 
 
 class _Servers(dict):
-    """mcp_servers: the servers given to this run, by name."""
+    """mcp_servers: the servers given to this run, by name (and by alias:
+    mcpexec's or the bridge's)."""
 
     def __missing__(self, name):
+        for proxy in self.values():
+            if name in proxy._aliases:
+                return proxy
         raise KeyError("MCP server %r was not given to this run; it may use: %s (add it to run_python's servers)"
                        % (name, ", ".join(sorted(self)) or "none"))
 
 
 async def _call_tool(runner, server, tool, arguments, raw, timeout):
-    params = {"server": server, "tool": tool, "arguments": arguments or {}, "raw": bool(raw)}
+    # The host answers the MCP result; the value is taken from it here.
+    params = {"server": server, "tool": tool, "arguments": arguments or {}, "raw": True}
     if timeout is not None:
         params["timeout"] = float(timeout)
-    return await runner.rpc("call_tool", params)
+    res = await runner.rpc("call_tool", params)
+    if raw:
+        if isinstance(res, dict) and isinstance(res.get("content"), list):
+            res.setdefault("isError", False)
+        return res
+    return _tool_value(res)
 
 
 class _Finder:
@@ -339,18 +546,54 @@ class _Finder:
             module.__path__ = []
             if name == "mcp":
                 module.runtime = sys.modules.get("runtime")
+            else:
+                module.__getattr__ = _server_module_attr  # mcp.servers.<alias> without import
             return
         alias = name[len("mcp.servers."):]
-        server = {_identifier(s): s for s in self.runner.servers}.get(alias, alias if alias in self.runner.servers else None)
+        server = _server_named(self.runner, alias)
         if server is None:
             raise ImportError("no MCP server %r in this run; it may use: %s (add it to run_python's servers)"
                               % (alias, ", ".join(sorted(self.runner.servers)) or "none"), name=name)
         proxy = MCPServerProxy(self.runner, server)
-        tools = {t.alias: t for t in proxy._load().values()}
+        tools = {}
+        for t in proxy._load().values():
+            tools.setdefault(t.alias, t)
+            tools.setdefault(t.bridge_alias, t)
         module.__dict__.update(tools)
         module.__all__ = sorted(tools)
+        module.__doc__ = "MCP server %r wrappers" % server
         module.list_tools = proxy.list_tools
         module.server = proxy
+        # The bridge's: its tool metadata, and the same by its alias.
+        module.TOOLS = _describe(self.runner, server)["tools"]
+        module.TOOL_MAP = {t["alias"]: t for t in module.TOOLS}
+
+
+def _server_module_attr(attr):
+    """mcp.servers' module __getattr__: mcp.servers.<alias> imports that server's
+    module (as the bridge's mcp.servers has them all)."""
+    if attr.startswith("__"):
+        raise AttributeError(attr)
+    import importlib
+
+    try:
+        return importlib.import_module("mcp.servers." + attr)
+    except ImportError as e:
+        raise AttributeError(str(e)) from None
+
+
+def _describe(runner, name):
+    """The bridge's metadata of a server of this run (describe_server):
+    {name, alias, tools: [{name, alias, description, input_schema}], cwd}, with
+    the bridge's aliases. cwd is None: servers run on the front-end, not here."""
+    server = _server_named(runner, name)
+    if server is None:
+        raise MCPError("Server %r is not loaded (this run's servers: %s)" % (name, ", ".join(sorted(runner.servers)) or "none"))
+    infos = runner.rpc_sync("list_tools", {"server": server}) or []
+    bridge = _bridge_tool_aliases([i["name"] for i in infos])
+    tools = [{"name": i["name"], "alias": bridge[i["name"]], "description": str(i.get("description") or "").strip(),
+              "input_schema": i.get("input_schema", i.get("inputSchema"))} for i in infos]
+    return {"name": server, "alias": _bridge_server_aliases(runner.servers)[server], "tools": tools, "cwd": None}
 
 
 def _install_finder(runner):
@@ -361,17 +604,27 @@ def _install_finder(runner):
 
 
 def _bind_servers(runner, g):
-    """(Re)binds mcp_servers and mcp_<alias> for the servers of the current job."""
+    """(Re)binds mcp_servers, mcp_<alias> (mcpexec's alias and the bridge's) and
+    LOADED_MCP_SERVERS for the servers of the current job."""
     for name in [k for k, v in g.items() if k.startswith("mcp_") and isinstance(v, MCPServerProxy)]:
         del g[name]
     servers = _Servers()
+    bridge = _bridge_server_aliases(runner.servers)
     for name, alias in _aliases(runner.servers).items():
         proxy = MCPServerProxy(runner, name)
+        proxy._aliases = (alias, bridge[name])
         servers[name] = proxy
         g["mcp_" + alias] = proxy
+    for name, alias in bridge.items():
+        g.setdefault("mcp_" + alias, servers[name])  # mcpexec's aliases win
     g["mcp_servers"] = servers
+    g["LOADED_MCP_SERVERS"] = tuple(runner.servers)
     for name in [m for m in sys.modules if m.startswith("mcp.servers.")]:
         del sys.modules[name]
+    pkg = sys.modules.get("mcp.servers")
+    if pkg is not None:  # the last job's server modules, set on the package by import
+        for name in [k for k, v in vars(pkg).items() if isinstance(v, type(sys)) and v.__name__.startswith("mcp.servers.")]:
+            delattr(pkg, name)
     rt = sys.modules.get("runtime")
     if rt is not None:
         rt.mcp_servers = servers
@@ -382,7 +635,9 @@ def _api(runner):
 
     async def call_tool(server, tool, arguments=None, raw=False, timeout=None):
         """Calls tool of server. The result is the tool's text, JSON-decoded when
-        it parses; raw=True gives the whole MCP result. Errors raise MCPError."""
+        it parses, which also answers the MCP result's keys (result["content"],
+        result["isError"], as the bridge's call_tool returns); raw=True gives the
+        whole MCP result. Errors raise MCPError."""
         return await _call_tool(runner, server, tool, arguments, raw, timeout)
 
     def list_servers():
@@ -399,13 +654,48 @@ def _api(runner):
         return _aw(runner.rpc_sync("list_tools", {"server": server}))
 
     def query_tool_docs(server, tool=None, detail="summary"):
-        """Documentation of a server's tools (or of one tool): summary and
-        signature; detail="full" adds the description and input schema."""
-        return _aw(runner.rpc_sync("query_tool_docs", {"server": server, "tool": tool, "detail": detail}))
+        """Documentation of a server's tools (or of one tool): summary,
+        signature and description; detail="full" adds the input schema. Each
+        doc also has the bridge's keys (serverAlias, toolAlias, inputSchema)."""
+        return _aw(runner.rpc_sync("query_tool_docs", {"server": server, "tool": tool, "detail": _detail(detail)}))
 
     def search_tool_docs(query, limit=5, detail="summary"):
         """Tools of this run's servers ranked by relevance to query."""
-        return _aw(runner.rpc_sync("search_tool_docs", {"query": str(query), "limit": int(limit), "detail": detail}))
+        return _aw(runner.rpc_sync("search_tool_docs", {"query": str(query), "limit": _limit(limit), "detail": _detail(detail)}))
+
+    # -- the Python bridge's helpers (mcp-server-code-execution-mode) ------------
+    def list_servers_sync():
+        """The names of this run's servers (a tuple, as the bridge's)."""
+        return _AwaitableTuple(runner.servers)
+
+    def describe_server(name):
+        """The bridge's metadata of one of this run's servers: {name, alias,
+        tools: [{name, alias, description, input_schema}], cwd}, with the
+        bridge's (lower-case) aliases."""
+        return _AwaitableDict(_describe(runner, name))
+
+    def list_loaded_server_metadata():
+        """describe_server of each of this run's servers (a tuple)."""
+        return _AwaitableTuple(_describe(runner, s) for s in runner.servers)
+
+    def list_tools_sync(server=None):
+        """The tools of describe_server(server) (a tuple)."""
+        if server is None:
+            raise MCPError("list_tools_sync(server) requires a server name")
+        return _AwaitableTuple(_describe(runner, server)["tools"])
+
+    def query_tool_docs_sync(server, tool=None, detail="summary"):
+        """query_tool_docs, always a list (of one doc when tool is given)."""
+        if tool is not None and not isinstance(tool, str):
+            raise MCPError("'tool' must be a string when provided")
+        docs = query_tool_docs(server, tool, detail)
+        return _AwaitableList([docs] if tool is not None else docs)
+
+    def search_tool_docs_sync(query, limit=5, detail="summary"):
+        """search_tool_docs; a query without words finds nothing."""
+        if not str(query).split():
+            return _AwaitableList()
+        return search_tool_docs(query, limit, detail)
 
     def capability_summary():
         """A short text overview of what this run can use."""
@@ -468,6 +758,16 @@ def _api(runner):
     def _info(m):
         return _AwaitableDict({k: v for k, v in (m or {}).items() if k != "value"})
 
+    def _detail(value):
+        # As the bridge reads it: "full" in any case, else the summary.
+        return "full" if value is not None and str(value).lower() == "full" else "summary"
+
+    def _limit(value):
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            return 5
+
     # -- workflows ---------------------------------------------------------------
     def job_result(job_id):
         """The outcome of an ended job of the same namespace (typically a parent
@@ -487,6 +787,12 @@ def _api(runner):
         "query_tool_docs": query_tool_docs,
         "search_tool_docs": search_tool_docs,
         "capability_summary": capability_summary,
+        "list_servers_sync": list_servers_sync,
+        "describe_server": describe_server,
+        "list_loaded_server_metadata": list_loaded_server_metadata,
+        "list_tools_sync": list_tools_sync,
+        "query_tool_docs_sync": query_tool_docs_sync,
+        "search_tool_docs_sync": search_tool_docs_sync,
         "save_memory": save_memory,
         "load_memory": load_memory,
         "delete_memory": delete_memory,
@@ -501,6 +807,9 @@ def _api(runner):
     sys.modules["runtime"] = rt
     api["runtime"] = rt
     _install_finder(runner)
+    # The package mcp, as the bridge puts it among the globals: mcp.runtime and
+    # mcp.servers.<alias> work without import.
+    api["mcp"] = __import__("mcp.servers")
     _bind_servers(runner, api)
     rt.mcp_servers = api["mcp_servers"]
     return api

@@ -30,8 +30,9 @@ KNOWN_METHODS = frozenset((
 SECRET_ENV = "MCPEXEC_RUNNER_SECRET"
 
 
-class MCPError(Exception):
-    """An error reported by the host for a proxy call (tool error, unknown server...)."""
+class MCPError(RuntimeError):
+    """An error reported by the host for a proxy call (tool error, unknown server...).
+    A RuntimeError, as the Python bridge's MCPError is."""
 
 
 def _encode(frame):

@@ -21,16 +21,24 @@ type Tool struct {
 	InputSchema json.RawMessage
 }
 
-// Doc is what query_tool_docs and search_tool_docs return for a tool.
+// Doc is what query_tool_docs and search_tool_docs return for a tool. It has
+// mcpexec's keys and, for code written for the Python bridge
+// (mcp-server-code-execution-mode), the bridge's: serverAlias, toolAlias (the
+// bridge's aliases, see BridgeServerAliases and BridgeToolAliases),
+// description (in both details, when not empty) and inputSchema.
 type Doc struct {
 	Server      string          `json:"server"`
 	Tool        string          `json:"tool"`
 	Alias       string          `json:"alias"`
 	Summary     string          `json:"summary"`
 	Signature   string          `json:"signature"`
-	Description string          `json:"description,omitempty"`  // full detail only
+	Description string          `json:"description,omitempty"`
 	InputSchema json.RawMessage `json:"input_schema,omitempty"` // full detail only
 	Score       float64         `json:"score,omitempty"`        // search only
+
+	ServerAlias  string          `json:"serverAlias"`
+	ToolAlias    string          `json:"toolAlias"`
+	BridgeSchema json.RawMessage `json:"inputSchema,omitempty"` // full detail only: InputSchema again
 }
 
 // Aliases maps each tool name to a unique Python identifier ("search-files" →
@@ -71,16 +79,109 @@ func Identifier(name string) string {
 	return a
 }
 
-// Document renders t; full adds the whole description and input schema.
-func Document(t Tool, alias string, full bool) Doc {
+// Document renders t: alias is its mcpexec alias, serverAlias and toolAlias
+// the bridge's; full adds the input schema.
+func Document(t Tool, alias, serverAlias, toolAlias string, full bool) Doc {
 	d := Doc{Server: t.Server, Tool: t.Name, Alias: alias, Summary: Summary(t.Description),
-		Signature: Signature(alias, t.InputSchema)}
-	if full {
-		d.Description = t.Description
+		Signature: Signature(alias, t.InputSchema), Description: strings.TrimSpace(t.Description),
+		ServerAlias: serverAlias, ToolAlias: toolAlias}
+	if full && len(t.InputSchema) > 0 {
 		d.InputSchema = t.InputSchema
+		d.BridgeSchema = t.InputSchema
 	}
 	return d
 }
+
+// BridgeToolAlias is the alias the Python bridge (mcp-server-code-execution-mode,
+// _sanitize_identifier) gives a tool: the name trimmed of white space, each run
+// of characters other than ASCII letters, digits and '_' replaced by one '_',
+// lower-cased; "tool" when empty; a leading digit gets a '_' prefix, a keyword
+// a '_' suffix ("getUser" → "getuser", "read--file" → "read_file").
+func BridgeToolAlias(name string) string {
+	a := strings.ToLower(nonIdentRun.ReplaceAllString(strings.TrimFunc(name, pyIsSpace), "_"))
+	if a == "" {
+		a = "tool"
+	}
+	if a[0] >= '0' && a[0] <= '9' {
+		a = "_" + a
+	}
+	if pyKeywords[a] {
+		a += "_"
+	}
+	return a
+}
+
+// BridgeToolAliases maps each tool name of one server to its bridge alias, in
+// the order the server lists them: the n-th tool with the same alias gets
+// "_n" appended, as the bridge does (_ensure_server_metadata).
+func BridgeToolAliases(names []string) map[string]string {
+	out := make(map[string]string, len(names))
+	count := map[string]int{}
+	for _, n := range names {
+		base := BridgeToolAlias(n)
+		count[base]++
+		if count[base] == 1 {
+			out[n] = base
+		} else {
+			out[n] = fmt.Sprintf("%s_%d", base, count[base])
+		}
+	}
+	return out
+}
+
+// BridgeServerAlias is the alias the Python bridge gives a server (MCPBridge.
+// _alias_for, before de-duplication): the name lower-cased as Python does, each
+// run of characters other than a-z, 0-9 and '_' replaced by one '_'; "server"
+// when empty; a leading digit gets a '_' prefix ("GitHub" → "github").
+func BridgeServerAlias(name string) string {
+	var b strings.Builder
+	for _, r := range name {
+		if r == '\u0130' { // Python lower-cases İ to i and a combining dot
+			b.WriteString("i\u0307")
+			continue
+		}
+		b.WriteRune(unicode.ToLower(r))
+	}
+	a := nonLowerIdentRun.ReplaceAllString(b.String(), "_")
+	if a == "" {
+		a = "server"
+	}
+	if a[0] >= '0' && a[0] <= '9' {
+		a = "_" + a
+	}
+	return a
+}
+
+// BridgeServerAliases maps each server name to its bridge alias, de-duplicated
+// ("_2", "_3"...) in sorted name order.
+func BridgeServerAliases(names []string) map[string]string {
+	sorted := append([]string(nil), names...)
+	sort.Strings(sorted)
+	out := make(map[string]string, len(sorted))
+	used := map[string]bool{}
+	for _, n := range sorted {
+		if _, ok := out[n]; ok {
+			continue
+		}
+		base := BridgeServerAlias(n)
+		a := base
+		for i := 2; used[a]; i++ {
+			a = fmt.Sprintf("%s_%d", base, i)
+		}
+		used[a] = true
+		out[n] = a
+	}
+	return out
+}
+
+var (
+	nonIdentRun      = regexp.MustCompile(`[^0-9A-Za-z_]+`)
+	nonLowerIdentRun = regexp.MustCompile(`[^a-z0-9_]+`)
+)
+
+// pyIsSpace is Python's str.isspace for one character (Go's unicode.IsSpace
+// leaves out the separators U+001C..U+001F).
+func pyIsSpace(r rune) bool { return unicode.IsSpace(r) || (r >= 0x1c && r <= 0x1f) }
 
 // Summary is the first sentence (or line) of a description, at most 160 bytes.
 func Summary(desc string) string {

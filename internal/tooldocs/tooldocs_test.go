@@ -62,3 +62,56 @@ func TestSearchRanks(t *testing.T) {
 		t.Errorf("unrelated query matched %v", hits)
 	}
 }
+
+// TestBridgeAliases checks the bridge's alias rules against what its Python
+// functions give (_sanitize_identifier for tools, MCPBridge._alias_for for
+// servers), including their differences: tools are trimmed, cleaned before
+// lower-casing and keyword-checked; servers are lower-cased first.
+func TestBridgeAliases(t *testing.T) {
+	for _, tc := range []struct{ in, tool, server string }{
+		{"getUser", "getuser", "getuser"},
+		{"read-file", "read_file", "read_file"},
+		{"  Trim me ", "trim_me", "_trim_me_"},
+		{"Class", "class_", "class"},
+		{"IF", "if_", "if"},
+		{"2FA", "_2fa", "_2fa"},
+		{"a--b..c", "a_b_c", "a_b_c"},
+		{"", "tool", "server"},
+		{"\x1cX\x1c", "x", "_x_"},
+		{"héllo", "h_llo", "h_llo"},
+		{"İx", "_x", "i_x"},
+		{"KELVIN\u212a", "kelvin_", "kelvink"},
+		{"--", "_", "_"},
+		{"None", "none", "none"},
+		{"naïve-Tool", "na_ve_tool", "na_ve_tool"},
+	} {
+		if got := BridgeToolAlias(tc.in); got != tc.tool {
+			t.Errorf("BridgeToolAlias(%q) = %q, want %q", tc.in, got, tc.tool)
+		}
+		if got := BridgeServerAlias(tc.in); got != tc.server {
+			t.Errorf("BridgeServerAlias(%q) = %q, want %q", tc.in, got, tc.server)
+		}
+	}
+	// The n-th tool of the same base alias gets _n, even when that is taken.
+	al := BridgeToolAliases([]string{"A-b", "a_b", "a_b_2", "a.B"})
+	if al["A-b"] != "a_b" || al["a_b"] != "a_b_2" || al["a_b_2"] != "a_b_2" || al["a.B"] != "a_b_3" {
+		t.Fatalf("tool aliases %v", al)
+	}
+	sa := BridgeServerAliases([]string{"github", "GitHub", "Git-Hub"})
+	if sa["Git-Hub"] != "git_hub" || sa["GitHub"] != "github" || sa["github"] != "github_2" {
+		t.Fatalf("server aliases %v", sa)
+	}
+}
+
+func TestDocumentKeys(t *testing.T) {
+	tool := Tool{Server: "GitHub", Name: "getUser", Description: " Get a user. By login. ", InputSchema: json.RawMessage(`{"type":"object"}`)}
+	for _, full := range []bool{false, true} {
+		b, _ := json.Marshal(Document(tool, "getUser", "github", "getuser", full))
+		var m map[string]any
+		_ = json.Unmarshal(b, &m)
+		if m["alias"] != "getUser" || m["toolAlias"] != "getuser" || m["serverAlias"] != "github" || m["description"] != "Get a user. By login." ||
+			m["summary"] != "Get a user." || (m["inputSchema"] != nil) != full || (m["input_schema"] != nil) != full {
+			t.Errorf("full=%v: %s", full, b)
+		}
+	}
+}

@@ -1,5 +1,6 @@
 // Command testserver is a tiny stdio MCP server for tests: it echoes, adds, returns
-// big results, fails, sleeps, crashes, and changes its tool list on request.
+// big results, fails, sleeps, crashes, has a mixed-case tool (getUser), and
+// changes its tool list on request.
 package main
 
 import (
@@ -52,6 +53,12 @@ func main() {
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			}
+		})
+	s.AddTool(mcp.NewTool("getUser", mcp.WithDescription("Get a user's profile by login. Answers JSON."),
+		mcp.WithString("login", mcp.Required(), mcp.Description("The user's login."))),
+		func(_ context.Context, r mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			login := r.GetString("login", "")
+			return mcp.NewToolResultText(fmt.Sprintf(`{"login": %q, "name": "User %s"}`, login, login)), nil
 		})
 	s.AddTool(mcp.NewTool("crash", mcp.WithDescription("Exit the server process immediately (simulates a crash).")),
 		func(context.Context, mcp.CallToolRequest) (*mcp.CallToolResult, error) {

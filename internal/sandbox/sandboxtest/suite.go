@@ -21,7 +21,9 @@ type Options struct {
 	Isolated bool
 }
 
-// EchoHost answers call_tool with its arguments and fails calls to server "bad".
+// EchoHost answers call_tool with its arguments (as an MCP result holding
+// them as JSON text when the call asks for the raw result, as the front-end
+// does) and fails calls to server "bad".
 type EchoHost struct {
 	mu     sync.Mutex
 	Calls  []string
@@ -36,12 +38,17 @@ func (h *EchoHost) Call(_ context.Context, method string, params json.RawMessage
 	var p struct {
 		Server    string          `json:"server"`
 		Arguments json.RawMessage `json:"arguments"`
+		Raw       bool            `json:"raw"`
 	}
 	_ = json.Unmarshal(params, &p) // a call without arguments echoes nothing
 	if p.Server == "bad" {
 		return nil, errors.New("server bad refused the call")
 	}
-	return json.Marshal(map[string]any{"method": method, "echo": p.Arguments})
+	value, err := json.Marshal(map[string]any{"method": method, "echo": p.Arguments})
+	if err != nil || !p.Raw {
+		return value, err
+	}
+	return json.Marshal(map[string]any{"content": []any{map[string]any{"type": "text", "text": string(value)}}})
 }
 
 // Output implements sandbox.Host.
