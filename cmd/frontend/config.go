@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"flag"
 	"io"
+	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"slices"
@@ -57,8 +59,12 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	c.sandbox = sandboxflags.Register(fs)
 	c.servers = registerServerFlags(fs)
 	c.fleet = registerFleetFlags(fs)
-	if err := cli.Parse(fs, args, sandboxflags.Aliases); err != nil {
+	if err := cli.Parse(fs, args, aliases()); err != nil {
 		return nil, err
+	}
+	c.level = bridgeLevel(c.level)
+	if c.servers.outputMode == "compact" { // the seed bridge's name of the text mode
+		c.servers.outputMode = mcpserver.OutputText
 	}
 	var err error
 	if c.languages, err = parseLanguages(*langs); err != nil {
@@ -127,4 +133,44 @@ func parseLanguages(v string) ([]string, error) {
 		return nil, cli.Usagef("--languages %q: python is always offered; list it too", v)
 	}
 	return out, nil
+}
+
+// aliases are the environment names of the seed bridge (MCP_BRIDGE_*) the
+// front-end's flags honour, besides their MCPEXEC_* names.
+func aliases() map[string][]string {
+	a := map[string][]string{
+		"output-mode": {"MCP_BRIDGE_OUTPUT_MODE"},
+		"log-level":   {"MCP_BRIDGE_LOG_LEVEL"},
+		"data":        {"MCP_BRIDGE_STATE_DIR"},
+	}
+	maps.Copy(a, sandboxflags.Aliases)
+	return a
+}
+
+// bridgeLevel maps Python's logging level names (the seed bridge's
+// MCP_BRIDGE_LOG_LEVEL) onto slog's.
+func bridgeLevel(l string) string {
+	switch strings.ToLower(l) {
+	case "warning":
+		return "warn"
+	case "critical", "fatal":
+		return "error"
+	}
+	return l
+}
+
+// replacedSettings are the seed bridge's settings mcpexec does not take, and
+// what replaces each.
+var replacedSettings = map[string]string{
+	"MCP_BRIDGE_RUNTIME_IDLE_TIMEOUT": "mcpexec keeps --pool warm sandboxes and reuses each per namespace; an idle one is removed after 2 minutes, and the Podman service it started ends with the front-end",
+}
+
+// logReplacedSettings says once, at start, which bridge settings are set but
+// replaced, and by what.
+func logReplacedSettings(log *slog.Logger) {
+	for _, name := range slices.Sorted(maps.Keys(replacedSettings)) {
+		if v, ok := os.LookupEnv(name); ok {
+			log.Warn("setting of mcp-server-code-execution-mode not used", "name", name, "value", v, "instead", replacedSettings[name])
+		}
+	}
 }

@@ -42,8 +42,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err != nil {
 		return err
 	}
+	logReplacedSettings(log)
 	dopts := c.servers.discoveryOptions()
-	pool, since := c.servers.pool(dopts, log)
+	var failures serverFailures
+	pool, since := c.servers.pool(dopts, failures.failed, log)
 	if err := pool.Start(ctx); err != nil {
 		return err
 	}
@@ -104,6 +106,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		mopts.Namespace = mcpserver.NamespaceFromContext
 	}
 	srv, tools := mcpserver.NewServer(lazy, mopts)
+	failures.tools.Store(tools)
 	if c.languages == nil && c.nats == "" {
 		lazy.OnReady(func(s *app.Stack) { tools.SetLanguages(sandbox.Languages(s.Runtime)) })
 	}

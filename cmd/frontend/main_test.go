@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/mcpexec/mcpexec/internal/cli"
+	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 )
@@ -255,5 +257,32 @@ func TestServersConfigWatched(t *testing.T) {
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("front-end did not stop within 60s of cancellation")
+	}
+}
+
+// TestBridgeSettings: the seed bridge's MCP_BRIDGE_* settings are honoured
+// with its values (compact output, Python level names, the state dir), and
+// one mcpexec replaces is logged with what replaces it.
+func TestBridgeSettings(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("MCP_BRIDGE_OUTPUT_MODE", "compact")
+	t.Setenv("MCP_BRIDGE_LOG_LEVEL", "WARNING")
+	t.Setenv("MCP_BRIDGE_STATE_DIR", dir)
+	c, err := parse(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.servers.outputMode != mcpserver.OutputText || c.level != "warn" || c.data != dir {
+		t.Fatalf("output %q level %q data %q", c.servers.outputMode, c.level, c.data)
+	}
+	t.Setenv("MCP_BRIDGE_OUTPUT_MODE", "toon")
+	if c, err := parse(nil, io.Discard); err != nil || c.servers.outputMode != mcpserver.OutputTOON {
+		t.Fatalf("toon: %v", err)
+	}
+	t.Setenv("MCP_BRIDGE_RUNTIME_IDLE_TIMEOUT", "300")
+	var buf strings.Builder
+	logReplacedSettings(slog.New(slog.NewTextHandler(&buf, nil)))
+	if !strings.Contains(buf.String(), "MCP_BRIDGE_RUNTIME_IDLE_TIMEOUT") || !strings.Contains(buf.String(), "--pool") {
+		t.Fatalf("replaced setting not logged: %s", buf.String())
 	}
 }

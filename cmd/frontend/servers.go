@@ -10,8 +10,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mcpexec/mcpexec/internal/app"
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/discovery"
@@ -158,15 +160,17 @@ func logDiscovery(res discovery.Result, log *slog.Logger) {
 }
 
 // pool discovers the servers and returns the client pool (not started) and
-// the configs' fingerprint it was read at (watchServers' start).
-func (sf *serverFlags) pool(opts discovery.Options, log *slog.Logger) (*mcpclients.Pool, string) {
+// the configs' fingerprint it was read at (watchServers' start). A server that
+// fails to start is told to failed.
+func (sf *serverFlags) pool(opts discovery.Options, failed func(server string, err error), log *slog.Logger) (*mcpclients.Pool, string) {
 	since := discovery.Fingerprint(opts)
 	res := discovery.Discover(opts)
 	logDiscovery(res, log)
 	return mcpclients.New(res.Servers, mcpclients.Config{
-		IdleTimeout: sf.idleTimeout,
-		Policy:      sf.policy(),
-		Logger:      log.With("component", "mcpclients"),
+		IdleTimeout:    sf.idleTimeout,
+		Policy:         sf.policy(),
+		Logger:         log.With("component", "mcpclients"),
+		OnStartFailure: failed,
 	}), since
 }
 
@@ -195,5 +199,17 @@ func serversChanged(lazy *app.Lazy, tools *mcpserver.Tools, log *slog.Logger) fu
 			}
 		}
 		tools.Refresh()
+	}
+}
+
+// serverFailures is the pool's start-failure hook: once the MCP server runs
+// (set), each failure is an MCP log message to the agents' clients.
+type serverFailures struct {
+	tools atomic.Pointer[mcpserver.Tools]
+}
+
+func (f *serverFailures) failed(server string, err error) {
+	if t := f.tools.Load(); t != nil {
+		t.Log(mcp.LoggingLevelError, map[string]any{"event": "server_failed", "server": server, "error": err.Error()})
 	}
 }

@@ -32,8 +32,12 @@ type Config struct {
 	MaxBackoff   time.Duration // longest restart delay (default 30s)
 	Policy       discovery.Policy
 	Logger       *slog.Logger // child stderr lines are logged here at info level
-	ClientName   string
-	Version      string
+	// OnStartFailure, when set, hears of each server that failed to start
+	// (an agent's client shows it: the front-end sends it as an MCP log
+	// message).
+	OnStartFailure func(server string, err error)
+	ClientName     string
+	Version        string
 }
 
 // DefaultConfig returns the defaults.
@@ -339,6 +343,9 @@ func (s *slot) acquire(ctx context.Context) (*session, error) {
 		}
 		close(ch)
 		s.mu.Unlock()
+		if err != nil && stale == nil && s.pool.cfg.OnStartFailure != nil {
+			s.pool.cfg.OnStartFailure(s.def.Name, err)
+		}
 		if stale != nil {
 			_ = stale.c.Close() // never used: its close error tells nothing
 		}

@@ -2,9 +2,11 @@ package mcpserver
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
@@ -78,5 +80,68 @@ func TestLanguagesOffered(t *testing.T) {
 		case !offered && err == nil && !res.IsError:
 			t.Fatalf("run_javascript answered where it is not offered: %+v", res)
 		}
+	}
+}
+
+// TestLoggingAndBridgeResource: the server declares logging and honours
+// logging/setLevel: at debug a call's job lifecycle arrives as
+// notifications/message; Tools.Log reaches every session at its level; the
+// manual is also served under the seed bridge's resource URI.
+func TestLoggingAndBridgeResource(t *testing.T) {
+	ctx := context.Background()
+	srv, tools := NewServer(&echoRunner{}, Options{})
+	c, err := client.NewInProcessClient(srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() }) // the test is over
+	msgs := make(chan mcp.JSONRPCNotification, 16)
+	c.OnNotification(func(n mcp.JSONRPCNotification) {
+		if n.Method == string(mcp.MethodNotificationMessage) {
+			msgs <- n
+		}
+	})
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	init := mcp.InitializeRequest{}
+	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
+	init.Params.ClientInfo = mcp.Implementation{Name: "t", Version: "0"}
+	ir, err := c.Initialize(ctx, init)
+	if err != nil || ir.Capabilities.Logging == nil {
+		t.Fatalf("initialize: %v, logging capability %v", err, ir.Capabilities.Logging)
+	}
+	lvl := mcp.SetLevelRequest{}
+	lvl.Params.Level = mcp.LoggingLevelDebug
+	//lint:ignore SA1019 clients of protocol versions before 2026-07-28 set the level this way, and the issue asks for it
+	if err := c.SetLevel(ctx, lvl); err != nil {
+		t.Fatal(err)
+	}
+	req := mcp.CallToolRequest{}
+	req.Params.Name = ToolName
+	req.Params.Arguments = map[string]any{"code": "print(1)"}
+	if res, err := c.CallTool(ctx, req); err != nil || res.IsError {
+		t.Fatalf("call: %v %+v", err, res)
+	}
+	tools.Log(mcp.LoggingLevelError, map[string]any{"event": "server_failed", "server": "gh"})
+	var events []string
+	for len(events) < 3 {
+		select {
+		case n := <-msgs:
+			b, _ := json.Marshal(n.Params.AdditionalFields) // decoded JSON re-encodes
+			events = append(events, string(b))
+		case <-time.After(10 * time.Second):
+			t.Fatalf("log messages so far: %v", events)
+		}
+	}
+	all := strings.Join(events, "\n")
+	for _, want := range []string{`"event":"accepted"`, `"event":"finished"`, `"event":"server_failed"`, `"level":"debug"`, `"level":"error"`} {
+		if !strings.Contains(all, want) {
+			t.Fatalf("log messages lack %s:\n%s", want, all)
+		}
+	}
+	rr, err := c.ReadResource(ctx, mcp.ReadResourceRequest{Params: mcp.ReadResourceParams{URI: BridgeCapabilitiesURI}})
+	if err != nil || !strings.Contains(rr.Contents[0].(mcp.TextResourceContents).Text, "run_python") {
+		t.Fatalf("the bridge's capabilities URI: %v", err)
 	}
 }

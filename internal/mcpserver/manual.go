@@ -8,8 +8,12 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
-// CapabilitiesURI is the resource holding the full manual.
-const CapabilitiesURI = "resource://mcpexec/capabilities"
+// CapabilitiesURI is the resource holding the full manual; BridgeCapabilitiesURI
+// serves the same under the seed bridge's name, for agents taught it.
+const (
+	CapabilitiesURI       = "resource://mcpexec/capabilities"
+	BridgeCapabilitiesURI = "resource://mcp-server-code-execution-mode/capabilities"
+)
 
 // Manual is the full description of the sandbox's Python API.
 const Manual = `# mcpexec sandbox manual

@@ -127,6 +127,20 @@ func (t *Tools) Refresh() {
 	}
 }
 
+// Log sends an MCP log message (notifications/message) to every session
+// whose logging/setLevel lets it through: what an agent's client should show,
+// such as a proxied server that failed to start.
+func (t *Tools) Log(level mcp.LoggingLevel, data any) {
+	t.h.sessions.Range(func(id, _ any) bool {
+		// A session that went or does not log: nothing to tell it.
+		_ = t.s.SendLogMessageToSpecificClient(id.(string), mcp.NewLoggingMessageNotification(level, LoggerName, data))
+		return true
+	})
+}
+
+// LoggerName is the logger of mcpexec's MCP log messages.
+const LoggerName = "mcpexec"
+
 // NewServer is New, with the Tools that change its tools later.
 func NewServer(r Runner, opts Options) (*server.MCPServer, *Tools) {
 	if opts.Name == "" {
@@ -144,8 +158,12 @@ func NewServer(r Runner, opts Options) (*server.MCPServer, *Tools) {
 			m.MCPRequest(string(method))
 		})
 	}
+	h := &handler{r: r, opts: opts}
+	hooks.AddOnRegisterSession(func(_ context.Context, cs server.ClientSession) { h.sessions.Store(cs.SessionID(), true) })
+	hooks.AddOnUnregisterSession(func(_ context.Context, cs server.ClientSession) { h.sessions.Delete(cs.SessionID()) })
 	sopts := []server.ServerOption{
 		server.WithHooks(hooks),
+		server.WithLogging(),
 		server.WithToolCapabilities(true), // the servers enum and the languages may change
 		server.WithResourceCapabilities(false, false),
 		server.WithInstructions(instructions(opts.Languages)),
@@ -155,24 +173,28 @@ func NewServer(r Runner, opts Options) (*server.MCPServer, *Tools) {
 		sopts = append(sopts, server.WithTaskCapabilities(true, true, true))
 	}
 	s := server.NewMCPServer(opts.Name, opts.Version, sopts...)
-	h := &handler{r: r, opts: opts}
+	h.srv = s
 	for _, lang := range h.languages() {
 		s.AddTool(h.tool(lang), h.call)
 	}
 	tools := &Tools{s: s, h: h}
-	s.AddResource(mcp.NewResource(CapabilitiesURI, "mcpexec capabilities",
-		mcp.WithResourceDescription("The manual of the sandbox's API (Python, and JavaScript where offered): proxied MCP servers, tool docs, memory."),
-		mcp.WithMIMEType("text/markdown")),
-		func(context.Context, mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
-			return []mcp.ResourceContents{mcp.TextResourceContents{URI: CapabilitiesURI, MIMEType: "text/markdown", Text: h.manual()}}, nil
-		})
+	for _, uri := range []string{CapabilitiesURI, BridgeCapabilitiesURI} {
+		s.AddResource(mcp.NewResource(uri, "mcpexec capabilities",
+			mcp.WithResourceDescription("The manual of the sandbox's API (Python, and JavaScript where offered): proxied MCP servers, tool docs, memory."),
+			mcp.WithMIMEType("text/markdown")),
+			func(context.Context, mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
+				return []mcp.ResourceContents{mcp.TextResourceContents{URI: uri, MIMEType: "text/markdown", Text: h.manual()}}, nil
+			})
+	}
 	return s, tools
 }
 
 type handler struct {
-	r    Runner
-	mu   sync.Mutex // guards opts.Languages
-	opts Options
+	r        Runner
+	srv      *server.MCPServer
+	mu       sync.Mutex // guards opts.Languages
+	opts     Options
+	sessions sync.Map // MCP session id → true, for Tools.Log
 }
 
 // languages returns the languages offered, Python first.
@@ -312,6 +334,7 @@ func (h *handler) call(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	job.ID = jobs.NewID()
 	log := h.logger(ctx, job.Namespace, job.ID)
 	log.Info(req.Params.Name+" accepted", "namespace", job.Namespace, "servers", job.Servers, "session", job.Session)
+	h.clientLog(ctx, mcp.LoggingLevelDebug, map[string]any{"event": "accepted", "tool": req.Params.Name, "job": job.ID})
 	progress := progressSender(ctx, req, h.opts.MaxProgress)
 	if progress != nil {
 		if w, ok := h.r.(OutputWatcher); ok {
@@ -331,7 +354,15 @@ func (h *handler) call(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 		return mcp.NewToolResultError(fmt.Sprintf("the job could not be run: %v", err)), nil
 	}
 	log.Info(req.Params.Name+" finished", "status", rec.Status)
+	h.clientLog(ctx, mcp.LoggingLevelDebug, map[string]any{"event": "finished", "tool": req.Params.Name, "job": job.ID, "status": rec.Status})
 	return resultOf(rec, h.opts.OutputMode), nil
+}
+
+// clientLog sends the calling session a log message, when its level lets it
+// through (a job's lifecycle, at debug level).
+func (h *handler) clientLog(ctx context.Context, level mcp.LoggingLevel, data any) {
+	// A client that does not log, or went away: nothing to tell.
+	_ = h.srv.SendLogMessageToClient(ctx, mcp.NewLoggingMessageNotification(level, LoggerName, data))
 }
 
 // logger returns the call's logger: job id, and the MCP session id when the
