@@ -8,13 +8,10 @@ package doctor
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -23,7 +20,6 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
-	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/sandbox/docker"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 )
@@ -163,169 +159,9 @@ print(json.dumps({
     "env": sorted(os.environ),
 }))`
 
-// probe is what probeCode prints.
-type probe struct {
-	Memory     *string  `json:"memory"`
-	MemSw      *string  `json:"memsw"`
-	Pids       *string  `json:"pids"`
-	CPUQuota   *string  `json:"cpu_quota"`
-	CPUPeriod  *string  `json:"cpu_period"`
-	CPUMax     *string  `json:"cpu_max"`
-	UID        int      `json:"uid"`
-	GID        int      `json:"gid"`
-	CapEff     string   `json:"cap_eff"`
-	CapBnd     string   `json:"cap_bnd"`
-	NoNewPrivs string   `json:"no_new_privs"`
-	Seccomp    string   `json:"seccomp"`
-	NoFile     int64    `json:"nofile"`
-	NProc      int64    `json:"nproc"`
-	Ifaces     []string `json:"ifaces"`
-	Rootfs     string   `json:"rootfs"`
-	Tmp        *string  `json:"tmp"`
-	Workspace  *string  `json:"workspace"`
-	Env        []string `json:"env"`
-}
-
 const fixLimits = "run the worker where Podman enforces limits: rootful Podman (run the worker as root, --podman unix:///run/podman/podman.sock) or rootless Podman on a cgroups v2 host with the memory, pids and cpu controllers delegated to the user"
 
-func checkSandbox(ctx context.Context, cfg podman.Config) []Check {
-	host, _ := os.Hostname()
-	cfg.Pool = 0
-	cfg.WorkerID = fmt.Sprintf("doctor-%s-%d", strings.NewReplacer(".", "_").Replace(host), os.Getpid())
-	if cfg.Limits == (sandbox.Limits{}) {
-		cfg.Limits = sandbox.DefaultLimits()
-	}
-	if cfg.Image == "" {
-		cfg.Image = podman.DefaultImage
-	}
-	var out []Check
-	start := time.Now()
-	rt, err := podman.New(ctx, cfg)
-	if errors.Is(err, podman.ErrNoImage) {
-		return append(out,
-			Check{Name: "podman api", Status: OK, Detail: "answered"},
-			Check{Name: "sandbox image", Status: Fail, Detail: cfg.Image + " is missing",
-				Fix: fmt.Sprintf("build it: sudo deploy/sandbox/build.sh %s (or `make image`; the worker builds it itself with --build-image)", cfg.Image)})
-	}
-	if err != nil {
-		return append(out, Check{Name: "podman api", Status: Fail, Detail: err.Error(),
-			Fix: "install Podman (apt-get install podman runc uidmap) and start its API: `podman system service --time=0` (rootless: as the worker's user; rootful: as root, socket /run/podman/podman.sock), or pass --podman URI"})
-	}
-	defer func() { _ = rt.Close() }() // the checks are done: a failure changes none of them
-	info := rt.Info()
-	mode := "rootful"
-	if info.Rootless {
-		mode = "rootless"
-	}
-	started := ""
-	if info.StartedService {
-		started = ", service started by mcpexec"
-	}
-	out = append(out, Check{Name: "podman api", Status: OK,
-		Detail: fmt.Sprintf("%s (Podman %s, %s, cgroups %s, OCI runtime %s%s)", info.URI, info.ServerVersion, mode, info.CgroupsVersion, info.OCIRuntime, started)})
-	switch {
-	case !info.LimitsEnforced:
-		out = append(out, Check{Name: "podman mode", Status: Fail,
-			Detail: fmt.Sprintf("%s Podman on cgroups %s: memory, pids and CPU limits are NOT enforced", mode, info.CgroupsVersion), Fix: fixLimits})
-	case !info.Rootless:
-		out = append(out, Check{Name: "podman mode", Status: Warn,
-			Detail: "rootful Podman: limits are enforced, but the worker and Podman run as root (sandboxed code still runs as an unprivileged user with no capabilities)",
-			Fix:    "for defence in depth run the worker as a dedicated user with rootless Podman on a cgroups v2 host (rootless on cgroups v1 cannot enforce limits)"})
-	default:
-		out = append(out, Check{Name: "podman mode", Status: OK, Detail: "rootless, limits enforced by cgroups " + info.CgroupsVersion})
-	}
-	if info.UserNS {
-		out = append(out, Check{Name: "user namespaces", Status: OK, Detail: "each sandbox has its own (--userns=auto)"})
-	} else {
-		out = append(out, Check{Name: "user namespaces", Status: Warn,
-			Detail: "sandboxes share the host's user namespace: " + info.UserNSNote,
-			Fix:    "sandboxed code still runs as an unprivileged user with no capabilities; a user namespace per sandbox adds a second wall"})
-	}
-	out = append(out, Check{Name: "sandbox image", Status: OK, Detail: cfg.Image})
-	return append(out, probeChecks(ctx, rt, cfg.Limits, cfg.Image, start, podmanFixes,
-		"run `podman run --rm --runtime "+info.OCIRuntime+" "+cfg.Image+" python3 -c 'print(1)'` to see Podman's own error; on cgroups v1 hosts use --oci-runtime runc")...)
-}
-
-// probeChecks runs the probe in a sandbox of rt and checks what it reads back.
-func probeChecks(ctx context.Context, rt sandbox.Runtime, l sandbox.Limits, image string, start time.Time, fx fixes, fixStart string) []Check {
-	var out []Check
-	res, err := rt.Run(ctx, sandbox.Job{ID: "doctor", Code: probeCode, Timeout: 30 * time.Second, OutputCap: 1 << 20}, nil)
-	if err == nil && res.Status != sandbox.StatusSuccess {
-		err = fmt.Errorf("probe ended %s: %s %s", res.Status, res.Error, strings.TrimSpace(res.Stderr))
-	}
-	if err != nil {
-		return append(out, Check{Name: "sandbox starts", Status: Fail, Detail: err.Error(), Fix: fixStart})
-	}
-	out = append(out, Check{Name: "sandbox starts", Status: OK, Detail: fmt.Sprintf("a cold container ran the probe in %s", time.Since(start).Round(time.Millisecond))})
-	var p probe
-	if err := json.Unmarshal([]byte(res.Stdout), &p); err != nil {
-		return append(out, Check{Name: "sandbox probe", Status: Fail, Detail: fmt.Sprintf("unreadable probe output %q: %v", res.Stdout, err),
-			Fix: "the image's python3 must be Python 3.8 or later"})
-	}
-	out = append(out, languageCheck(ctx, rt, image))
-	return append(out, limitChecksFor(l, p, fx)...)
-}
-
 const fixDockerLimits = "run the worker against a Docker engine that enforces limits: a rootful engine (sudo deploy/docker/start-dockerd.sh) on a host whose cgroups have the memory (with swap accounting), pids and cpu controllers"
-
-// checkDocker checks the Docker runtime.
-func checkDocker(ctx context.Context, cfg docker.Config) []Check {
-	host, _ := os.Hostname()
-	cfg.Pool = 0
-	cfg.WorkerID = fmt.Sprintf("doctor-%s-%d", strings.NewReplacer(".", "_").Replace(host), os.Getpid())
-	if cfg.Limits == (sandbox.Limits{}) {
-		cfg.Limits = sandbox.DefaultLimits()
-	}
-	if cfg.Image == "" {
-		cfg.Image = docker.DefaultImage
-	}
-	var out []Check
-	start := time.Now()
-	rt, err := docker.New(ctx, cfg)
-	if errors.Is(err, docker.ErrNoImage) {
-		return append(out,
-			Check{Name: "docker api", Status: OK, Detail: docker.HostOf(cfg.Host) + " answered"},
-			Check{Name: "sandbox image", Status: Fail, Detail: cfg.Image + " is missing in Docker",
-				Fix: fmt.Sprintf("build it and load it: sudo deploy/sandbox/build.sh %s && sudo deploy/docker/start-dockerd.sh %s (podman save %s | docker load; the worker does it itself with --build-image)", cfg.Image, cfg.Image, cfg.Image)})
-	}
-	if err != nil {
-		return append(out, Check{Name: "docker api", Status: Fail, Detail: err.Error(),
-			Fix: "install Docker (apt-get install docker.io) and start an engine: sudo deploy/docker/start-dockerd.sh (socket /run/mcpexec-docker.sock), then pass --docker unix:///run/mcpexec-docker.sock; or point --docker (DOCKER_HOST) at a running engine"})
-	}
-	defer func() { _ = rt.Close() }() // a probe runtime: its close error changes no check
-	info := rt.Info()
-	mode := "rootful"
-	if info.Rootless {
-		mode = "rootless"
-	}
-	out = append(out, Check{Name: "docker api", Status: OK,
-		Detail: fmt.Sprintf("%s (Docker %s, API %s, %s, cgroups v%s with %s, OCI runtime %s)", info.Host, info.ServerVersion, info.APIVersion, mode, info.CgroupsVersion, info.CgroupDriver, info.OCIRuntime)})
-	switch {
-	case !info.LimitsEnforced:
-		out = append(out, Check{Name: "docker mode", Status: Fail,
-			Detail: fmt.Sprintf("the engine does not enforce these limits: %s", strings.Join(info.Missing, ", ")), Fix: fixDockerLimits})
-	case !info.Rootless:
-		out = append(out, Check{Name: "docker mode", Status: Warn,
-			Detail: "rootful Docker: limits are enforced, but the engine runs as root (sandboxed code still runs as an unprivileged user with no capabilities)",
-			Fix:    "for defence in depth use Podman (rootless on a cgroups v2 host), which also gives each sandbox its own user namespace"})
-	default:
-		out = append(out, Check{Name: "docker mode", Status: OK, Detail: "rootless, limits enforced by cgroups v" + info.CgroupsVersion})
-	}
-	out = append(out, Check{Name: "user namespaces", Status: Warn,
-		Detail: "Docker gives sandboxes no user namespace of their own (only the engine-wide --userns-remap)",
-		Fix:    "sandboxed code still runs as an unprivileged user with no capabilities; --runtime podman gives each sandbox its own user namespace, a second wall"})
-	out = append(out, Check{Name: "sandbox image", Status: OK, Detail: cfg.Image})
-	return append(out, probeChecks(ctx, rt, cfg.Limits, cfg.Image, start, dockerFixes,
-		"run `docker -H "+info.Host+" run --rm --network none "+cfg.Image+" python3 -c 'print(1)'` to see Docker's own error")...)
-}
-
-// fixes are the engine's words in the fix lines of limitChecksFor.
-type fixes struct {
-	engine  string // "Podman" or "Docker"
-	limits  string
-	seccomp string
-	env     string
-}
 
 var (
 	podmanFixes = fixes{engine: "Podman", limits: fixLimits,
@@ -335,141 +171,6 @@ var (
 		seccomp: "run the engine with its default seccomp profile (no --seccomp-profile unconfined; Docker built with seccomp)",
 		env:     "check the image's ENV (docker image inspect)"}
 )
-
-// languageCheck reports the languages the worker's sandboxes run, running
-// JavaScript once where the image says it has it.
-func languageCheck(ctx context.Context, rt sandbox.Runtime, image string) Check {
-	langs := sandbox.Languages(rt)
-	if !slices.Contains(langs, sandbox.JavaScript) {
-		return Check{Name: "languages", Status: Warn, Detail: "python only: the image has no Node.js, so this worker takes no run_javascript job",
-			Fix: "rebuild the image with Node.js: sudo deploy/sandbox/build.sh --force " + image}
-	}
-	res, err := rt.Run(ctx, sandbox.Job{ID: "doctor-js", Code: "console.log(process.version)", Language: sandbox.JavaScript, Timeout: 30 * time.Second, OutputCap: 4096}, nil)
-	if err == nil && res.Status != sandbox.StatusSuccess {
-		err = fmt.Errorf("ended %s: %s %s", res.Status, res.Error, strings.TrimSpace(res.Stderr))
-	}
-	if err != nil {
-		return Check{Name: "languages", Status: Fail, Detail: "the image says it runs JavaScript, but a JavaScript probe failed: " + err.Error(),
-			Fix: "rebuild the image: sudo deploy/sandbox/build.sh --force " + image}
-	}
-	return Check{Name: "languages", Status: OK, Detail: "python, javascript (Node.js " + strings.TrimSpace(res.Stdout) + ")"}
-}
-
-// limitChecks compares what a Podman container sees with the configured limits.
-func limitChecks(l sandbox.Limits, p probe) []Check { return limitChecksFor(l, p, podmanFixes) }
-
-// limitChecksFor compares what the container sees with the configured limits;
-// fx words the fixes for its engine.
-func limitChecksFor(l sandbox.Limits, p probe, fx fixes) []Check {
-	fixLimits := fx.limits
-	var out []Check
-	add := func(name string, ok bool, detail, fix string) {
-		st := OK
-		if !ok {
-			st = Fail
-		}
-		out = append(out, Check{Name: name, Status: st, Detail: detail, Fix: fix})
-	}
-	num := func(s *string) (int64, bool) {
-		if s == nil {
-			return 0, false
-		}
-		n, err := strconv.ParseInt(*s, 10, 64)
-		return n, err == nil
-	}
-	show := func(s *string) string {
-		if s == nil {
-			return "unreadable"
-		}
-		return *s
-	}
-	if l.Memory > 0 {
-		n, ok := num(p.Memory)
-		add("memory limit", ok && n == l.Memory,
-			fmt.Sprintf("configured %s, the container's cgroup says %s", mib(l.Memory), mibOf(p.Memory)), fixLimits)
-		if p.MemSw != nil {
-			n, ok := num(p.MemSw)
-			add("swap limit", ok && (n == l.Memory || n == 0),
-				fmt.Sprintf("memory+swap limit %s (want %s: no swap beyond the memory limit)", mibOf(p.MemSw), mib(l.Memory)), fixLimits)
-		}
-	}
-	if l.Pids > 0 {
-		n, ok := num(p.Pids)
-		add("pids limit", ok && n == l.Pids, fmt.Sprintf("configured %d, the container's cgroup says %s", l.Pids, show(p.Pids)), fixLimits)
-	}
-	if l.CPUs > 0 {
-		got := "unreadable"
-		ok := false
-		if q, okq := num(p.CPUQuota); okq {
-			if per, okp := num(p.CPUPeriod); okp && per > 0 && q > 0 {
-				got = fmt.Sprintf("%.2f", float64(q)/float64(per))
-				ok = float64(q)/float64(per) <= l.CPUs*1.01
-			}
-		} else if p.CPUMax != nil {
-			f := strings.Fields(*p.CPUMax)
-			if len(f) == 2 {
-				q, e1 := strconv.ParseFloat(f[0], 64)
-				per, e2 := strconv.ParseFloat(f[1], 64)
-				if e1 == nil && e2 == nil && per > 0 {
-					got = fmt.Sprintf("%.2f", q/per)
-					ok = q/per <= l.CPUs*1.01
-				}
-			}
-		}
-		add("cpu limit", ok, fmt.Sprintf("configured %.2f CPUs, the container gets %s", l.CPUs, got), fixLimits)
-	}
-	wantUser := l.User
-	add("user", fmt.Sprintf("%d:%d", p.UID, p.GID) == wantUser, fmt.Sprintf("code runs as %d:%d (configured %s)", p.UID, p.GID, wantUser),
-		"set --container-user to an unprivileged numeric uid:gid such as 65534:65534")
-	add("capabilities", isZeroCaps(p.CapEff) && isZeroCaps(p.CapBnd), fmt.Sprintf("effective %s, bounding %s", p.CapEff, p.CapBnd),
-		fx.engine+" must honour --cap-drop ALL: upgrade "+fx.engine)
-	add("no_new_privs", p.NoNewPrivs == "1", "NoNewPrivs "+p.NoNewPrivs, fx.engine+" must honour no-new-privileges: upgrade "+fx.engine)
-	add("seccomp", p.Seccomp == "2", "Seccomp mode "+p.Seccomp+" (2: filter)", fx.seccomp)
-	add("network", slices.Equal(p.Ifaces, []string{"lo"}), fmt.Sprintf("interfaces %v", p.Ifaces), "the sandbox must run with network none: upgrade "+fx.engine)
-	add("read-only root", p.Rootfs == "read-only", "root filesystem "+p.Rootfs, fx.engine+" must honour --read-only: upgrade "+fx.engine)
-	for _, m := range []struct {
-		path string
-		opts *string
-	}{{"/tmp", p.Tmp}, {"/workspace", p.Workspace}} {
-		opts := show(m.opts)
-		ok := m.opts != nil && strings.Contains(opts, "noexec") && strings.Contains(opts, "nosuid") && strings.Contains(opts, "nodev")
-		add("tmpfs "+m.path, ok, opts, "the tmpfs must be mounted noexec,nosuid,nodev: upgrade "+fx.engine)
-	}
-	if l.NoFile > 0 {
-		add("rlimit nofile", p.NoFile == int64(l.NoFile), fmt.Sprintf("hard limit %d (configured %d)", p.NoFile, l.NoFile), fixLimits)
-	}
-	if l.NProc > 0 {
-		add("rlimit nproc", p.NProc == int64(l.NProc), fmt.Sprintf("hard limit %d (configured %d)", p.NProc, l.NProc), fixLimits)
-	}
-	var leaked []string
-	for _, k := range p.Env {
-		switch k {
-		// LC_CTYPE is set by Python itself (PEP 538 locale coercion).
-		case "PATH", "HOME", "PYTHONDONTWRITEBYTECODE", "HOSTNAME", "TERM", "container", "LC_CTYPE":
-		default:
-			leaked = append(leaked, k)
-		}
-	}
-	add("environment", len(leaked) == 0, fmt.Sprintf("variables %v", p.Env),
-		fmt.Sprintf("variables %v reach the sandbox: %s", leaked, fx.env))
-	return out
-}
-
-func mib(n int64) string { return fmt.Sprintf("%d MiB", n>>20) }
-
-// mibOf shows a cgroup limit file's content in MiB when it is a number.
-func mibOf(s *string) string {
-	if s == nil {
-		return "nothing (unreadable: no limit is applied)"
-	}
-	n, err := strconv.ParseInt(*s, 10, 64)
-	if err != nil || n >= 1<<50 {
-		return *s + " (no limit)"
-	}
-	return mib(n)
-}
-
-func isZeroCaps(s string) bool { return strings.Trim(s, "0") == "" && s != "" }
 
 func checkNATS(ctx context.Context, cfg Config) []Check {
 	var out []Check

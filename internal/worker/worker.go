@@ -5,13 +5,9 @@ package worker
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,7 +18,6 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/metrics"
-	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 )
@@ -183,115 +178,6 @@ func (w *Worker) Stop() {
 	}
 	stopJobs()
 	w.closeSessions()
-}
-
-// fetchLoop pulls one language's jobs for the worker's slots (slots holds a
-// token per job running, whatever its language). It takes what is pending for
-// the free slots at once; when nothing is, it waits (up to FetchWait) for the
-// next job holding no slot, so that the other languages' loops keep them all.
-func (w *Worker) fetchLoop(ctx, jobsCtx context.Context, cons jetstream.Consumer, slots chan struct{}) {
-	dispatch := func(msg jetstream.Msg) {
-		w.running.Add(1)
-		w.inFlight.Add(1)
-		go func() {
-			defer w.running.Done()
-			defer w.inFlight.Add(-1)
-			defer func() { <-slots }()
-			w.handle(jobsCtx, msg)
-		}()
-	}
-	for {
-		// A sick worker takes no job until a probe of its runtime succeeds.
-		if !w.health.wait(ctx) {
-			return
-		}
-		// No free slot, no fetch: the fleet's other workers take the jobs.
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			return
-		}
-		n := 1
-	more:
-		for n < w.cfg.Slots {
-			select {
-			case slots <- struct{}{}:
-				n++
-			default:
-				break more
-			}
-		}
-		got := 0
-		batch, err := cons.FetchNoWait(n)
-		if err == nil {
-			for msg := range batch.Messages() {
-				got++
-				dispatch(msg)
-			}
-			err = batch.Error()
-		}
-		for range n - got {
-			<-slots
-		}
-		if got == 0 && (err == nil || errors.Is(err, nats.ErrTimeout)) {
-			err = w.awaitJob(ctx, cons, slots, dispatch)
-		}
-		if err != nil && ctx.Err() == nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
-			w.log.Warn("fetch jobs", "err", err)
-			select {
-			case <-time.After(time.Second):
-			case <-ctx.Done():
-				return
-			}
-		}
-	}
-}
-
-// awaitJob waits up to FetchWait for the next job, then for a slot to run it
-// in (telling JetStream the job is in progress meanwhile, so it is not
-// redelivered). A job still without a slot when the worker stops is handed
-// back.
-func (w *Worker) awaitJob(ctx context.Context, cons jetstream.Consumer, slots chan struct{}, dispatch func(jetstream.Msg)) error {
-	fctx, cancel := context.WithTimeout(ctx, w.cfg.FetchWait)
-	defer cancel()
-	batch, err := cons.Fetch(1, jetstream.FetchContext(fctx))
-	if err != nil {
-		return err
-	}
-	for msg := range batch.Messages() {
-		if !w.slotFor(ctx, msg, slots) {
-			if err := msg.Nak(); err != nil {
-				w.log.Debug("hand back a job not started", "err", err)
-			}
-			continue
-		}
-		dispatch(msg)
-	}
-	return batch.Error()
-}
-
-// slotFor takes a slot for msg, keeping msg in progress while it waits;
-// false when ctx ends first.
-func (w *Worker) slotFor(ctx context.Context, msg jetstream.Msg, slots chan struct{}) bool {
-	select {
-	case slots <- struct{}{}:
-		return true
-	default:
-	}
-	tick := time.NewTicker(max(w.cfg.Queue.AckWait/3, 100*time.Millisecond))
-	defer tick.Stop()
-	for {
-		select {
-		case slots <- struct{}{}:
-			return true
-		case <-tick.C:
-			if err := msg.InProgress(); err != nil {
-				w.log.Debug("keep a waiting job in progress", "err", err)
-			}
-		case <-ctx.Done():
-			return false
-		}
-	}
 }
 
 // delivery is one delivery of a job message being handled.
@@ -513,48 +399,6 @@ func (w *Worker) heartbeat(msg jetstream.Msg, done <-chan struct{}) {
 	}
 }
 
-// natsHost relays a sandbox's calls to the front-ends and its output to the
-// job's output subject. Each call carries the job's capability and attempt; the
-// method and the server it names were chosen by sandbox code, so only known
-// methods leave the worker, and the server only selects a subject.
-type natsHost struct {
-	nc         *nats.Conn
-	subj       jobs.Subjects
-	job        *jobs.Job
-	attempt    int
-	capability string
-}
-
-func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessage) (json.RawMessage, error) {
-	if !proxy.KnownMethod(method) {
-		return nil, fmt.Errorf("unknown proxy method %q", truncate(method, 40))
-	}
-	subject := h.subj.ProxyAny()
-	server := ""
-	if proxy.ServerMethod(method) {
-		var p struct {
-			Server string `json:"server"`
-		}
-		if err := json.Unmarshal(params, &p); err != nil || p.Server == "" {
-			return nil, errors.New("name a server: the call needs a \"server\" parameter")
-		}
-		if !slices.Contains(h.job.Servers, p.Server) {
-			return nil, fmt.Errorf("server %q was not given to this run (it may use %s): add it to the job's servers", truncate(p.Server, 80), proxy.QuoteNames(h.job.Servers))
-		}
-		server, subject = p.Server, h.subj.ProxyServer(p.Server)
-	}
-	req := proxy.Request{Job: h.job.ID, Attempt: h.attempt, Capability: h.capability, Method: method, Params: params, CallID: newCallID()}
-	hdr := nats.Header{jobs.TraceHeader: []string{jobs.TraceParent(h.job.ID)}}
-	res, err := callRetrying(ctx, h.nc, subject, req, hdr)
-	if errors.Is(err, proxy.ErrNoResponder) {
-		if server != "" {
-			return nil, fmt.Errorf("no front-end proxies MCP server %q right now: start a front-end that has it, or retry later", server)
-		}
-		return nil, errors.New("no front-end is answering proxy calls right now: retry later")
-	}
-	return res, err
-}
-
 // Bounds of a proxy call's retries while the cluster fails over.
 const (
 	// proxyAttempt bounds one attempt of a retryable call: a request that
@@ -565,46 +409,3 @@ const (
 	// at all (every front-end reconnecting, or restarting).
 	proxyNoResponder = 15 * time.Second
 )
-
-// callRetrying makes a proxy call, sending it again (with the same call id)
-// when no front-end answered: any call when none was listening, a retryable
-// one when its answer did not come within proxyAttempt.
-func callRetrying(ctx context.Context, nc *nats.Conn, subject string, req proxy.Request, hdr nats.Header) (json.RawMessage, error) {
-	first := time.Now()
-	for {
-		actx, cancel := ctx, context.CancelFunc(func() {})
-		if proxy.Retryable(req.Method) {
-			actx, cancel = context.WithTimeout(ctx, proxyAttempt)
-		}
-		res, err := proxy.Call(actx, nc, subject, req, hdr)
-		cancel()
-		lost := proxy.Retryable(req.Method) && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
-		none := errors.Is(err, proxy.ErrNoResponder) && time.Since(first) < proxyNoResponder
-		if !lost && !none {
-			return res, err
-		}
-		select {
-		case <-ctx.Done():
-			return nil, err
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-}
-
-func newCallID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:]) // never fails
-	return hex.EncodeToString(b[:])
-}
-
-func (h *natsHost) Output(stream, data string) {
-	b, _ := json.Marshal(map[string]string{"stream": stream, "data": data}) // strings always encode
-	_ = h.nc.Publish(h.subj.Output(h.job.ID), b)                            // live output is best effort; the result has it all
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}

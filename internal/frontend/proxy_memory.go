@@ -1,0 +1,112 @@
+package frontend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/state"
+)
+
+// memoryView is a memory as sandbox code sees it.
+type memoryView struct {
+	Key       string          `json:"key"`
+	Value     json.RawMessage `json:"value,omitempty"`
+	Metadata  json.RawMessage `json:"metadata,omitempty"`
+	CreatedAt time.Time       `json:"created_at"`
+	UpdatedAt time.Time       `json:"updated_at"`
+	Version   uint64          `json:"version"`
+}
+
+func view(m *state.Memory) memoryView {
+	return memoryView{Key: m.Key, Value: m.Value, Metadata: m.Metadata, CreatedAt: m.CreatedAt, UpdatedAt: m.UpdatedAt, Version: m.Version}
+}
+
+func (h *proxyHandler) memory(ctx context.Context, rj *runningJob, method string, params json.RawMessage) (any, error) {
+	store := h.f.memory
+	if store == nil {
+		return nil, errors.New("memory is not available on this front-end")
+	}
+	ns := rj.namespace()
+	var p struct {
+		Key       string          `json:"key"`
+		Prefix    string          `json:"prefix"`
+		Value     json.RawMessage `json:"value"`
+		Metadata  json.RawMessage `json:"metadata"`
+		IfVersion *uint64         `json:"if_version"`
+	}
+	if err := decode(params, &p); err != nil {
+		return nil, err
+	}
+	if method != "memory_list" && p.Key == "" {
+		return nil, errors.New("a memory key must be a non-empty string")
+	}
+	switch method {
+	case "memory_get":
+		m, err := store.MemoryGet(ctx, ns, p.Key)
+		if errors.Is(err, state.ErrNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, memErr(err)
+		}
+		return view(m), nil
+	case "memory_put":
+		if len(p.Value) == 0 {
+			p.Value = json.RawMessage("null")
+		}
+		if string(p.Metadata) == "null" {
+			p.Metadata = nil
+		}
+		wid, _ := ctx.Value(writeIDKey{}).(string)
+		m, err := store.MemoryPutQuota(ctx, state.Memory{Namespace: ns, Key: p.Key, Value: p.Value, Metadata: p.Metadata, WriteID: wid}, p.IfVersion, h.f.policyFor(ns).MemoryBytes)
+		if errors.Is(err, state.ErrConflict) {
+			return map[string]any{"conflict": true}, nil
+		}
+		if err != nil {
+			return nil, memErr(err)
+		}
+		return view(m), nil
+	case "memory_delete":
+		ok, err := store.MemoryDelete(ctx, ns, p.Key)
+		if err != nil {
+			return nil, memErr(err)
+		}
+		return ok, nil
+	default: // memory_list
+		ms, err := store.MemoryList(ctx, ns, p.Prefix)
+		if err != nil {
+			return nil, memErr(err)
+		}
+		out := make([]memoryView, 0, len(ms))
+		for i := range ms {
+			out = append(out, view(&ms[i]))
+		}
+		return out, nil
+	}
+}
+
+func memErr(err error) error { return fmt.Errorf("memory: %w", err) }
+
+// jobResult answers job_result: the outcome of an ended job of the calling
+// job's namespace.
+func (h *proxyHandler) jobResult(ctx context.Context, rj *runningJob, id string) (any, error) {
+	ns := rj.namespace()
+	if !jobs.ValidUserID(id) {
+		return nil, fmt.Errorf("job_result: %.40q is not a job id", id)
+	}
+	rec, err := h.f.state.Job(ctx, jobs.ScopedID(ns, id))
+	if errors.Is(err, state.ErrNotFound) || (err == nil && rec.Job.Namespace != ns) {
+		return nil, fmt.Errorf("job_result: no job %s in this namespace", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("job_result: %w", err)
+	}
+	if !rec.Status.Terminal() {
+		return nil, fmt.Errorf("job_result: job %s has not ended (it is %s): name it in this job's after or after_any to wait for it", id, rec.Status)
+	}
+	return rec.View(ns).Structured(), nil
+}

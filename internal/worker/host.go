@@ -1,0 +1,101 @@
+package worker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/proxy"
+	"github.com/nats-io/nats.go"
+)
+
+// natsHost relays a sandbox's calls to the front-ends and its output to the
+// job's output subject. Each call carries the job's capability and attempt; the
+// method and the server it names were chosen by sandbox code, so only known
+// methods leave the worker, and the server only selects a subject.
+type natsHost struct {
+	nc         *nats.Conn
+	subj       jobs.Subjects
+	job        *jobs.Job
+	attempt    int
+	capability string
+}
+
+// callRetrying makes a proxy call, sending it again (with the same call id)
+// when no front-end answered: any call when none was listening, a retryable
+// one when its answer did not come within proxyAttempt.
+func callRetrying(ctx context.Context, nc *nats.Conn, subject string, req proxy.Request, hdr nats.Header) (json.RawMessage, error) {
+	first := time.Now()
+	for {
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if proxy.Retryable(req.Method) {
+			actx, cancel = context.WithTimeout(ctx, proxyAttempt)
+		}
+		res, err := proxy.Call(actx, nc, subject, req, hdr)
+		cancel()
+		lost := proxy.Retryable(req.Method) && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
+		none := errors.Is(err, proxy.ErrNoResponder) && time.Since(first) < proxyNoResponder
+		if !lost && !none {
+			return res, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func newCallID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // never fails
+	return hex.EncodeToString(b[:])
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessage) (json.RawMessage, error) {
+	if !proxy.KnownMethod(method) {
+		return nil, fmt.Errorf("unknown proxy method %q", truncate(method, 40))
+	}
+	subject := h.subj.ProxyAny()
+	server := ""
+	if proxy.ServerMethod(method) {
+		var p struct {
+			Server string `json:"server"`
+		}
+		if err := json.Unmarshal(params, &p); err != nil || p.Server == "" {
+			return nil, errors.New("name a server: the call needs a \"server\" parameter")
+		}
+		if !slices.Contains(h.job.Servers, p.Server) {
+			return nil, fmt.Errorf("server %q was not given to this run (it may use %s): add it to the job's servers", truncate(p.Server, 80), proxy.QuoteNames(h.job.Servers))
+		}
+		server, subject = p.Server, h.subj.ProxyServer(p.Server)
+	}
+	req := proxy.Request{Job: h.job.ID, Attempt: h.attempt, Capability: h.capability, Method: method, Params: params, CallID: newCallID()}
+	hdr := nats.Header{jobs.TraceHeader: []string{jobs.TraceParent(h.job.ID)}}
+	res, err := callRetrying(ctx, h.nc, subject, req, hdr)
+	if errors.Is(err, proxy.ErrNoResponder) {
+		if server != "" {
+			return nil, fmt.Errorf("no front-end proxies MCP server %q right now: start a front-end that has it, or retry later", server)
+		}
+		return nil, errors.New("no front-end is answering proxy calls right now: retry later")
+	}
+	return res, err
+}
+
+func (h *natsHost) Output(stream, data string) {
+	b, _ := json.Marshal(map[string]string{"stream": stream, "data": data}) // strings always encode
+	_ = h.nc.Publish(h.subj.Output(h.job.ID), b)                            // live output is best effort; the result has it all
+}
