@@ -53,10 +53,7 @@ func checkSandbox(ctx context.Context, cfg podman.Config) []Check {
 	start := time.Now()
 	rt, err := podman.New(ctx, cfg)
 	if errors.Is(err, podman.ErrNoImage) {
-		return append(out,
-			Check{Name: "podman api", Status: OK, Detail: "answered"},
-			Check{Name: "sandbox image", Status: Fail, Detail: cfg.Image + " is missing",
-				Fix: fmt.Sprintf("build it: sudo deploy/sandbox/build.sh %s (or `make image`; the worker builds it itself with --build-image)", cfg.Image)})
+		return append(out, Check{Name: "podman api", Status: OK, Detail: "answered"}, missingImage(cfg.Image))
 	}
 	if err != nil {
 		return append(out, Check{Name: "podman api", Status: Fail, Detail: err.Error(),
@@ -310,3 +307,15 @@ func mibOf(s *string) string {
 }
 
 func isZeroCaps(s string) bool { return strings.Trim(s, "0") == "" && s != "" }
+
+// missingImage is the check of an image that is not there: a build under way
+// (a front-end or worker building it, --build-image) says how far it got.
+func missingImage(image string) Check {
+	if p, ok := sandbox.ReadBuildProgress(image); ok {
+		return Check{Name: "sandbox image", Status: Warn,
+			Detail: fmt.Sprintf("%s is missing and %s (%s ago)", image, p, time.Since(p.Updated).Round(time.Second)),
+			Fix:    "wait for the build (about a minute); it runs once per machine"}
+	}
+	return Check{Name: "sandbox image", Status: Fail, Detail: image + " is missing",
+		Fix: fmt.Sprintf("build it: sudo deploy/sandbox/build.sh %s (or `make image`; the worker builds it itself with --build-image)", image)}
+}

@@ -276,7 +276,15 @@ func BuildImage(ctx context.Context, image string) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
+	// Its output also goes to a progress file doctor reads while it runs.
+	out := io.Writer(os.Stderr)
+	progress := sandbox.BuildProgressPath(image)
+	if pf, err := os.OpenFile(progress, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644); err == nil {
+		defer func() { _ = pf.Close(); _ = os.Remove(progress) }() // the build is over: nothing left to report
+		_, _ = fmt.Fprintf(pf, "pid %d\n", os.Getpid())            // a progress file is a courtesy: the build goes on without it
+		out = io.MultiWriter(os.Stderr, pf)
+	}
 	cmd := exec.CommandContext(ctx, "bash", tmp.Name(), image)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	cmd.Stdout, cmd.Stderr = out, out
 	return cmd.Run()
 }
