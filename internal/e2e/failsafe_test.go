@@ -87,8 +87,12 @@ func TestWorkersFailSafe(t *testing.T) {
 				requireRoot(t)
 				cfg.RunDir = mountTmpfs(t, "16m")
 			},
-			inject: func(t *testing.T, rt *podman.Runtime) { remount(t, filepath.Dir(rt.Info().RunDir), "ro") },
-			repair: func(t *testing.T, rt *podman.Runtime) { remount(t, filepath.Dir(rt.Info().RunDir), "rw") },
+			// A read-only file system over the run dir: a remount of the
+			// tmpfs itself is refused as busy while any process of the
+			// fleet (a runner, the podman service) holds a file of it open
+			// for writing, which can last.
+			inject: func(t *testing.T, rt *podman.Runtime) { mountReadOnly(t, rt.Info().RunDir) },
+			repair: func(t *testing.T, rt *podman.Runtime) { unmount(t, rt.Info().RunDir) },
 		},
 		{
 			name: "ContainerDiskFull",
@@ -341,19 +345,21 @@ func mountTmpfs(t *testing.T, size string) string {
 	return dir
 }
 
-func remount(t *testing.T, dir, mode string) {
+// mountReadOnly mounts an empty read-only tmpfs over dir: nothing can be
+// made in it until unmount.
+func mountReadOnly(t *testing.T, dir string) {
 	t.Helper()
-	// A file being written (a runner script, a socket being made) makes a
-	// read-only remount busy for a moment.
-	var out []byte
-	var err error
-	for range 50 {
-		if out, err = exec.Command("mount", "-o", "remount,"+mode, dir).CombinedOutput(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount a read-only tmpfs over %s: %v: %s", dir, err, out)
 	}
-	t.Fatalf("remount %s %s: %v: %s", dir, mode, err, out)
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() }) // repaired already, or the test failed: either way it goes
+}
+
+func unmount(t *testing.T, dir string) {
+	t.Helper()
+	if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+		t.Fatalf("umount %s: %v: %s", dir, err, out)
+	}
 }
 
 func randomID() string { return jobs.NewID()[18:] }
