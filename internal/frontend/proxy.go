@@ -173,6 +173,8 @@ func (h *proxyHandler) dispatch(ctx context.Context, rj *runningJob, method stri
 		return h.summary(ctx, rj), nil
 	case "memory_get", "memory_put", "memory_delete", "memory_list":
 		return h.memory(ctx, rj, method, params)
+	case proxy.MethodSavedToolPut, proxy.MethodSavedToolDelete, proxy.MethodSavedToolList:
+		return h.savedTools(ctx, rj, method, params)
 	case proxy.MethodJobResult:
 		var p struct {
 			ID string `json:"id"`
@@ -536,6 +538,9 @@ func (h *proxyHandler) memory(ctx context.Context, rj *runningJob, method string
 	if method != "memory_list" && p.Key == "" {
 		return nil, errors.New("a memory key must be a non-empty string")
 	}
+	if method != "memory_list" && strings.HasPrefix(p.Key, ReservedMemoryPrefix) {
+		return nil, fmt.Errorf("memory keys starting with %q are reserved (saved tools live there: use save_tool, list_saved_tools, delete_saved_tool)", ReservedMemoryPrefix)
+	}
 	switch method {
 	case "memory_get":
 		m, err := store.MemoryGet(ctx, ns, p.Key)
@@ -575,6 +580,9 @@ func (h *proxyHandler) memory(ctx context.Context, rj *runningJob, method string
 		}
 		out := make([]memoryView, 0, len(ms))
 		for i := range ms {
+			if strings.HasPrefix(ms[i].Key, ReservedMemoryPrefix) {
+				continue // saved tools and other reserved entries are not memories
+			}
 			out = append(out, view(&ms[i]))
 		}
 		return out, nil
