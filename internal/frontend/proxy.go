@@ -173,6 +173,8 @@ func (h *proxyHandler) dispatch(ctx context.Context, rj *runningJob, method stri
 		return h.summary(ctx, rj), nil
 	case "memory_get", "memory_put", "memory_delete", "memory_list":
 		return h.memory(ctx, rj, method, params)
+	case proxy.MethodSavedToolPut, proxy.MethodSavedToolDelete, proxy.MethodSavedToolList:
+		return h.savedTools(ctx, rj, method, params)
 	case proxy.MethodJobResult:
 		var p struct {
 			ID string `json:"id"`

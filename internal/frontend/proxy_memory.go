@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -43,6 +44,9 @@ func (h *proxyHandler) memory(ctx context.Context, rj *runningJob, method string
 	}
 	if method != "memory_list" && p.Key == "" {
 		return nil, errors.New("a memory key must be a non-empty string")
+	}
+	if method != "memory_list" && strings.HasPrefix(p.Key, ReservedMemoryPrefix) {
+		return nil, fmt.Errorf("memory keys starting with %q are reserved (saved tools live there: use save_tool, list_saved_tools, delete_saved_tool)", ReservedMemoryPrefix)
 	}
 	switch method {
 	case "memory_get":
@@ -83,6 +87,9 @@ func (h *proxyHandler) memory(ctx context.Context, rj *runningJob, method string
 		}
 		out := make([]memoryView, 0, len(ms))
 		for i := range ms {
+			if strings.HasPrefix(ms[i].Key, ReservedMemoryPrefix) {
+				continue // saved tools and other reserved entries are not memories
+			}
 			out = append(out, view(&ms[i]))
 		}
 		return out, nil

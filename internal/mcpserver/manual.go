@@ -64,7 +64,16 @@ MCPError rather than returning isError; ` + "`save_tool`" + ` is not available.
   created_at, updated_at, version), ` + "`delete_memory(key)`" + `, ` + "`list_memories(prefix=\"\")`" + `.
 - ` + "`update_memory(key, fn, default=None)`" + `: sets the value to fn(current) atomically
   (compare-and-set on the server, retried on conflict) and returns it.
-Keys are any non-empty strings; they are stored as given.
+Keys are any non-empty strings; they are stored as given (keys starting with __mcpexec are reserved).
+
+## Saved tools (Python; kept per caller, like memory)
+- ` + "`save_tool(fn, source=None)`" + `: keeps a top-level function (def) for later runs; saving a
+  name again replaces it. Later runs that use its name have it defined (also ` + "`from user_tools import fn`" + `);
+  code that names it only inside eval'd text calls ` + "`load_saved_tools()`" + ` first.
+- ` + "`list_saved_tools()`" + ` (name, source, saved_at), ` + "`delete_saved_tool(name)`" + `.
+- At most 100 tools, 64 KiB of source each, 512 KiB in all; they count against the memory quota.
+  A saved tool that fails to load is reported on stderr and left out; the run goes on.
+  JavaScript runs do not get saved tools.
 
 ## Workflows (jobs of the HTTP API)
 A job submitted with ` + "`after`" + ` (or ` + "`after_any`" + `) parents can read an ended parent's

@@ -27,6 +27,10 @@ const (
 	MethodMemoryDelete      = "memory_delete"
 	MethodMemoryList        = "memory_list"
 	MethodJobResult         = "job_result"
+	// Saved tools: functions kept per namespace and defined in its later jobs.
+	MethodSavedToolPut    = "saved_tool_put"
+	MethodSavedToolDelete = "saved_tool_delete"
+	MethodSavedToolList   = "saved_tool_list"
 )
 
 var knownMethods = map[string]bool{
@@ -34,6 +38,7 @@ var knownMethods = map[string]bool{
 	MethodListTools: true, MethodQueryToolDocs: true, MethodSearchToolDocs: true,
 	MethodCapabilitySummary: true, MethodMemoryGet: true, MethodMemoryPut: true,
 	MethodMemoryDelete: true, MethodMemoryList: true, MethodJobResult: true,
+	MethodSavedToolPut: true, MethodSavedToolDelete: true, MethodSavedToolList: true,
 }
 
 // KnownMethod reports whether m is a proxy method.

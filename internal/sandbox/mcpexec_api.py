@@ -3,6 +3,7 @@ and the API the sandbox's code sees. Standard library only."""
 
 import builtins
 import json
+import opcode
 import sys
 import threading
 
@@ -22,6 +23,9 @@ class Runner:
         self.globals = None
         self.servers = []
         self._call_slots = None
+        # The code of this executor's jobs (a session's, newest last), where
+        # save_tool finds the source of a function the code defined.
+        self.codes = []
 
     # -- proxy calls -------------------------------------------------------------
     async def rpc(self, method, params=None):
@@ -95,6 +99,9 @@ class Runner:
 
     def execute(self, code, g):
         compiled = compile(code, "<code>", "exec", flags=PYCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+        self.codes.append(code)
+        if _needs_saved_tools(compiled, g):
+            load_saved_tools_into(self, g)
         if not compiled.co_flags & CO_COROUTINE:
             # No top-level await: plain code needs no event loop.
             exec(compiled, g)  # noqa: S102 - running the user's code is the point
@@ -141,6 +148,134 @@ class Runner:
             except Exception:
                 pass
         return {"type": "done", "status": status, "exit_code": code, "error": err}
+
+
+# -- saved tools ------------------------------------------------------------------
+#
+# A namespace's saved tools are loaded (one proxy call) only by a job whose code
+# reads a global name that nothing defines: not the job's globals, not builtins,
+# not the code itself (a name it assigns, defines or imports anywhere). Code that
+# defines everything it uses, which is nearly every job, costs a scan of its
+# bytecode and no call. `import user_tools` also loads them, and
+# load_saved_tools() does so explicitly (for names only eval'd text uses).
+
+_OP_LOAD = frozenset(opcode.opmap[n] for n in ("LOAD_NAME", "LOAD_GLOBAL") if n in opcode.opmap)
+_OP_STORE = frozenset(opcode.opmap[n] for n in ("STORE_NAME", "STORE_GLOBAL", "DELETE_NAME", "DELETE_GLOBAL")
+                      if n in opcode.opmap)
+_OP_IMPORT = opcode.opmap.get("IMPORT_NAME")
+_OP_LOAD_GLOBAL = opcode.opmap.get("LOAD_GLOBAL")
+_OP_EXTENDED_ARG = opcode.opmap.get("EXTENDED_ARG")
+# From 3.11 LOAD_GLOBAL's argument is the name's index shifted left by one.
+_GLOBAL_SHIFT = 1 if sys.version_info >= (3, 11) else 0
+_HAVE_ARGUMENT = opcode.HAVE_ARGUMENT
+
+
+def _global_names(co, loads, stores):
+    """Adds the global names co (and the code nested in it) reads to loads and
+    those it binds to stores; "user_tools" to loads when it imports it."""
+    names = co.co_names
+    code = co.co_code
+    ext = 0
+    for i in range(0, len(code), 2):
+        op = code[i]
+        if op < _HAVE_ARGUMENT:
+            ext = 0
+            continue
+        arg = code[i + 1] | ext
+        if op == _OP_EXTENDED_ARG:
+            ext = arg << 8
+            continue
+        ext = 0
+        if op in _OP_LOAD:
+            idx = arg >> _GLOBAL_SHIFT if op == _OP_LOAD_GLOBAL else arg
+            if idx < len(names):
+                loads.add(names[idx])
+        elif op in _OP_STORE:
+            if arg < len(names):
+                stores.add(names[arg])
+        elif op == _OP_IMPORT and arg < len(names) and names[arg].split(".")[0] == "user_tools":
+            loads.add("user_tools")
+    for c in co.co_consts:
+        if isinstance(c, type(co)):
+            _global_names(c, loads, stores)
+
+
+def _needs_saved_tools(compiled, g):
+    loads, stores = set(), set()
+    try:
+        _global_names(compiled, loads, stores)
+    except Exception:  # an interpreter whose bytecode this does not read: load them
+        return True
+    if "user_tools" in loads and "user_tools" not in sys.modules:
+        return True
+    b = builtins.__dict__
+    return any(n not in g and n not in b and n not in stores for n in loads)
+
+
+def load_saved_tools_into(runner, g):
+    """Defines the namespace's saved tools in g (and module user_tools), but
+    none over a name g already has. A tool that fails to load is reported on
+    stderr and left out; the job goes on. Returns the names defined."""
+    try:
+        tools = runner.rpc_sync("saved_tool_list")
+    except Exception as e:
+        print("mcpexec: could not load the saved tools: %s" % e, file=sys.stderr)
+        return []
+    mod = sys.modules.get("user_tools")
+    if mod is None:
+        mod = type(sys)("user_tools", "This namespace's saved tools (save_tool).")
+        sys.modules["user_tools"] = mod
+    defined = []
+    for t in tools if isinstance(tools, list) else ():
+        if not isinstance(t, dict):
+            continue
+        name, source = t.get("name"), t.get("source")
+        if not isinstance(name, str) or not isinstance(source, str) or name in g:
+            continue
+        filename = "<saved tool %s>" % name
+        try:
+            import linecache
+
+            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+            # In the job's globals: the tool reads the API and the other tools.
+            exec(compile(source, filename, "exec", dont_inherit=True), g)  # noqa: S102 - the namespace's own code
+            fn = g.get(name)
+            if not callable(fn):
+                raise NameError("its source does not define %s" % name)
+        except BaseException as e:
+            print("mcpexec: saved tool %s failed to load (left out; delete_saved_tool(%r) removes it): %s: %s"
+                  % (name, name, type(e).__name__, e), file=sys.stderr)
+            continue
+        setattr(mod, name, fn)
+        defined.append(name)
+    return defined
+
+
+def _function_source(runner, fn):
+    """The source of fn: from its file, else from the code of this executor's
+    jobs (newest first) where its first line starts its definition."""
+    import inspect
+    import re
+    import textwrap
+
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        pass
+    first = fn.__code__.co_firstlineno
+    head = re.compile(r"\s*(@|(async\s+)?def\s+%s\b)" % re.escape(fn.__name__))
+    for code in reversed(runner.codes):
+        lines = code.splitlines(True)
+        if first > len(lines) or not head.match(lines[first - 1]):
+            continue
+        try:
+            block = inspect.getblock(lines[first - 1:])
+        except Exception:
+            continue
+        text = textwrap.dedent("".join(block))
+        if re.search(r"^(async\s+)?def\s+%s\b" % re.escape(fn.__name__), text, re.M):
+            return text
+    return None
 
 
 # -- the API user code sees ---------------------------------------------------------
@@ -777,6 +912,49 @@ def _api(runner):
             raise TypeError("job ids are non-empty strings, got %r" % (job_id,))
         return _AwaitableDict(runner.rpc_sync("job_result", {"id": job_id}))
 
+    # -- saved tools: functions kept per namespace, defined in its later jobs ---
+    def save_tool(fn, source=None):
+        """Saves function fn (a top-level def) for this namespace's later jobs:
+        a job that uses its name has it defined (also in module user_tools).
+        Saving a name again replaces it. source gives the code when it cannot
+        be found (a function built by exec). Returns a message."""
+        import inspect
+
+        if not inspect.isfunction(fn):
+            raise TypeError("save_tool expects a function defined with def, got %r" % (fn,))
+        name = fn.__name__
+        if not name.isidentifier() or name == "<lambda>":
+            raise ValueError("save_tool saves functions defined with def (a lambda has no name)")
+        if name in api:
+            raise ValueError("%r is a name of the sandbox API; give the function another name" % name)
+        if fn.__code__.co_freevars:
+            raise ValueError("%s uses variables of an enclosing function (%s): save a top-level function"
+                             % (name, ", ".join(fn.__code__.co_freevars)))
+        if source is None:
+            source = _function_source(runner, fn)
+            if source is None:
+                raise ValueError("the source of %s cannot be found: pass it, save_tool(fn, source=...)" % name)
+        elif not isinstance(source, str):
+            raise TypeError("source must be a string")
+        res = runner.rpc_sync("saved_tool_put", {"name": name, "source": source})
+        verb = "replaced" if (res or {}).get("replaced") else "saved"
+        return _AwaitableStr("Tool '%s' %s. It will be available in future runs of this namespace." % (name, verb))
+
+    def list_saved_tools():
+        """This namespace's saved tools: dicts of name, source and saved_at."""
+        return _AwaitableList(runner.rpc_sync("saved_tool_list") or [])
+
+    def delete_saved_tool(name):
+        """Deletes a saved tool; True when it existed."""
+        if not isinstance(name, str) or not name:
+            raise TypeError("saved tool names are non-empty strings, got %r" % (name,))
+        return bool(runner.rpc_sync("saved_tool_delete", {"name": name}))
+
+    def load_saved_tools():
+        """Defines this namespace's saved tools now (jobs do so by themselves
+        when their code names one); returns the names defined."""
+        return _AwaitableList(load_saved_tools_into(runner, runner.globals if runner.globals is not None else api))
+
     api = {
         "MCPError": MCPError,
         "MCPServerProxy": MCPServerProxy,
@@ -801,6 +979,10 @@ def _api(runner):
         "get_memory_info": get_memory_info,
         "update_memory": update_memory,
         "job_result": job_result,
+        "save_tool": save_tool,
+        "list_saved_tools": list_saved_tools,
+        "delete_saved_tool": delete_saved_tool,
+        "load_saved_tools": load_saved_tools,
     }
     rt = type(sys)("runtime", "The mcpexec sandbox API (the same names are available without import).")
     rt.__dict__.update(api)
