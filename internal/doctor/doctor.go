@@ -189,12 +189,9 @@ type probe struct {
 const fixLimits = "run the worker where Podman enforces limits: rootful Podman (run the worker as root, --podman unix:///run/podman/podman.sock) or rootless Podman on a cgroups v2 host with the memory, pids and cpu controllers delegated to the user"
 
 func checkSandbox(ctx context.Context, cfg podman.Config) []Check {
-	host, _ := os.Hostname()
 	cfg.Pool = 0
-	cfg.WorkerID = fmt.Sprintf("doctor-%s-%d", strings.NewReplacer(".", "_").Replace(host), os.Getpid())
-	if cfg.Limits == (sandbox.Limits{}) {
-		cfg.Limits = sandbox.DefaultLimits()
-	}
+	cfg.WorkerID = probeWorkerID()
+	cfg.Limits = limitsOrDefault(cfg.Limits)
 	if cfg.Image == "" {
 		cfg.Image = podman.DefaultImage
 	}
@@ -213,10 +210,7 @@ func checkSandbox(ctx context.Context, cfg podman.Config) []Check {
 	}
 	defer func() { _ = rt.Close() }() // the checks are done: a failure changes none of them
 	info := rt.Info()
-	mode := "rootful"
-	if info.Rootless {
-		mode = "rootless"
-	}
+	mode := rootMode(info.Rootless)
 	started := ""
 	if info.StartedService {
 		started = ", service started by mcpexec"
@@ -246,6 +240,28 @@ func checkSandbox(ctx context.Context, cfg podman.Config) []Check {
 		"run `podman run --rm --runtime "+info.OCIRuntime+" "+cfg.Image+" python3 -c 'print(1)'` to see Podman's own error; on cgroups v1 hosts use --oci-runtime runc")...)
 }
 
+// probeWorkerID is the worker id of the doctor's runtime: doctor-HOST-PID.
+func probeWorkerID() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("doctor-%s-%d", strings.NewReplacer(".", "_").Replace(host), os.Getpid())
+}
+
+// limitsOrDefault is l, or sandbox.DefaultLimits() when l is the zero value.
+func limitsOrDefault(l sandbox.Limits) sandbox.Limits {
+	if l == (sandbox.Limits{}) {
+		return sandbox.DefaultLimits()
+	}
+	return l
+}
+
+// rootMode names an engine's mode: "rootless" or "rootful".
+func rootMode(rootless bool) string {
+	if rootless {
+		return "rootless"
+	}
+	return "rootful"
+}
+
 // probeChecks runs the probe in a sandbox of rt and checks what it reads back.
 func probeChecks(ctx context.Context, rt sandbox.Runtime, l sandbox.Limits, image string, start time.Time, fx fixes, fixStart string) []Check {
 	var out []Check
@@ -270,12 +286,9 @@ const fixDockerLimits = "run the worker against a Docker engine that enforces li
 
 // checkDocker checks the Docker runtime.
 func checkDocker(ctx context.Context, cfg docker.Config) []Check {
-	host, _ := os.Hostname()
 	cfg.Pool = 0
-	cfg.WorkerID = fmt.Sprintf("doctor-%s-%d", strings.NewReplacer(".", "_").Replace(host), os.Getpid())
-	if cfg.Limits == (sandbox.Limits{}) {
-		cfg.Limits = sandbox.DefaultLimits()
-	}
+	cfg.WorkerID = probeWorkerID()
+	cfg.Limits = limitsOrDefault(cfg.Limits)
 	if cfg.Image == "" {
 		cfg.Image = docker.DefaultImage
 	}
@@ -294,10 +307,7 @@ func checkDocker(ctx context.Context, cfg docker.Config) []Check {
 	}
 	defer func() { _ = rt.Close() }() // a probe runtime: its close error changes no check
 	info := rt.Info()
-	mode := "rootful"
-	if info.Rootless {
-		mode = "rootless"
-	}
+	mode := rootMode(info.Rootless)
 	out = append(out, Check{Name: "docker api", Status: OK,
 		Detail: fmt.Sprintf("%s (Docker %s, API %s, %s, cgroups v%s with %s, OCI runtime %s)", info.Host, info.ServerVersion, info.APIVersion, mode, info.CgroupsVersion, info.CgroupDriver, info.OCIRuntime)})
 	switch {
