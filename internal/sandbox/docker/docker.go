@@ -502,15 +502,7 @@ func (r *Runtime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (
 // drive runs job on b within the job's time limit. The caller decides whether
 // b may serve again (b.rc.Reusable) or must be discarded.
 func (r *Runtime) drive(ctx context.Context, b *box, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	if job.Timeout <= 0 {
-		job.Timeout = 30 * time.Second
-	}
-	if err := sandbox.BeforeExec(job); err != nil {
-		return sandbox.Result{}, err
-	}
-	runCtx, cancel := context.WithTimeoutCause(ctx, job.Timeout, sandbox.ErrTimeout)
-	defer cancel()
-	res, err := b.rc.Drive(runCtx, job, host)
+	res, err := b.rc.Exec(ctx, job, host)
 	if errors.Is(err, sandbox.ErrRunnerLost) {
 		res = r.lost(b, res)
 		err = nil
