@@ -70,45 +70,69 @@ func TestEnvironmentConfiguresFlags(t *testing.T) {
 	}
 }
 
-// TestEmbeddedStdio runs the front-end's main as a desktop client would: no
-// --nats (embedded broker and worker, real Podman), MCP on stdio.
-func TestEmbeddedStdio(t *testing.T) {
-	podmantest.New(t, podmanConfigForProbe()) // skips (or fails in CI) without Podman
-	dir := t.TempDir()
+// startStdio runs the front-end's main with args, MCP on a pair of pipes, and
+// returns a started client on them (onNotification, unless nil, hears the
+// notifications) and stop, which cancels the front-end and fails the test
+// unless it exits cleanly within 60s.
+func startStdio(t *testing.T, args []string, onNotification func(mcp.JSONRPCNotification)) (context.Context, *client.Client, func()) {
+	t.Helper()
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"--data", filepath.Join(dir, "data"), "--pool", "1", "--worker-id", "test-embedded-stdio"}, inR, outW, testLogWriter(t))
+		done <- run(ctx, args, inR, outW, testLogWriter(t))
 		_ = outW.Close() // a pipe: closing only ends the other side's reads
 	}()
 	c := client.NewClient(transport.NewIO(outR, inW, nil))
+	if onNotification != nil {
+		c.OnNotification(onNotification)
+	}
 	if err := c.Start(ctx); err != nil {
+		cancel()
 		t.Fatal(err)
 	}
+	stop := func() {
+		t.Helper()
+		cancel()
+		_ = inW.Close() // a pipe: closing only ends the other side's reads
+		select {
+		case err := <-done:
+			if cli.ExitCode(err) != cli.ExitOK {
+				t.Fatalf("front-end exited with %v", err)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatal("front-end did not stop within 60s of cancellation")
+		}
+	}
+	return ctx, c, stop
+}
+
+// initialize sends c's MCP initialize as the client name.
+func initialize(ctx context.Context, c *client.Client, name string) error {
 	init := mcp.InitializeRequest{}
 	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
-	init.Params.ClientInfo = mcp.Implementation{Name: "stdio-test", Version: "0"}
+	init.Params.ClientInfo = mcp.Implementation{Name: name, Version: "0"}
+	_, err := c.Initialize(ctx, init)
+	return err
+}
+
+// TestEmbeddedStdio runs the front-end's main as a desktop client would: no
+// --nats (embedded broker and worker, real Podman), MCP on stdio.
+func TestEmbeddedStdio(t *testing.T) {
+	podmantest.New(t, podmanConfigForProbe()) // skips (or fails in CI) without Podman
+	dir := t.TempDir()
+	ctx, c, stop := startStdio(t, []string{"--data", filepath.Join(dir, "data"), "--pool", "1", "--worker-id", "test-embedded-stdio"}, nil)
 	ictx, icancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer icancel()
-	if _, err := c.Initialize(ictx, init); err != nil {
+	if err := initialize(ictx, c, "stdio-test"); err != nil {
 		t.Fatalf("initialize: %v", err)
 	}
 	res := testutil.CallRunPython(t, c, map[string]any{"code": "print(6*7)"})
 	if res.IsError || testutil.Text(res) != "42" {
 		t.Fatalf("isError=%v text=%q", res.IsError, testutil.Text(res))
 	}
-	cancel()
-	_ = inW.Close() // a pipe: closing only ends the other side's reads
-	select {
-	case err := <-done:
-		if cli.ExitCode(err) != cli.ExitOK {
-			t.Fatalf("front-end exited with %v", err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("front-end did not stop within 60s of cancellation")
-	}
+	stop()
 }
 
 // TestStartsWithoutPodman: with no Podman on PATH (and no socket), the
@@ -118,24 +142,10 @@ func TestEmbeddedStdio(t *testing.T) {
 func TestStartsWithoutPodman(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
 	dir := t.TempDir()
-	inR, inW := io.Pipe()
-	outR, outW := io.Pipe()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"--data", filepath.Join(dir, "data"), "--podman", "unix://" + filepath.Join(dir, "no.sock"),
-			"--discover=false", "--worker-id", "test-no-podman"}, inR, outW, testLogWriter(t))
-		_ = outW.Close() // a pipe: closing only ends the other side's reads
-	}()
-	c := client.NewClient(transport.NewIO(outR, inW, nil))
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	init := mcp.InitializeRequest{}
-	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
-	init.Params.ClientInfo = mcp.Implementation{Name: "no-podman", Version: "0"}
+	ctx, c, stop := startStdio(t, []string{"--data", filepath.Join(dir, "data"), "--podman", "unix://" + filepath.Join(dir, "no.sock"),
+		"--discover=false", "--worker-id", "test-no-podman"}, nil)
 	start := time.Now()
-	if _, err := c.Initialize(ctx, init); err != nil {
+	if err := initialize(ctx, c, "no-podman"); err != nil {
 		t.Fatalf("initialize: %v", err)
 	}
 	initialized := time.Since(start)
@@ -148,16 +158,7 @@ func TestStartsWithoutPodman(t *testing.T) {
 	if text := testutil.Text(res); !res.IsError || !strings.Contains(text, "not ready") || !strings.Contains(text, "apt-get install podman") {
 		t.Fatalf("run_python without Podman: isError=%v %q", res.IsError, text)
 	}
-	cancel()
-	_ = inW.Close() // a pipe: closing only ends the other side's reads
-	select {
-	case err := <-done:
-		if cli.ExitCode(err) != cli.ExitOK {
-			t.Fatalf("front-end exited with %v", err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("front-end did not stop within 60s of cancellation")
-	}
+	stop()
 }
 
 // TestServersConfigWatched: with HOME holding only ~/MCPs (the seed bridge's
@@ -175,28 +176,13 @@ func TestServersConfigWatched(t *testing.T) {
 		t.Fatal(err)
 	}
 	def := testutil.TestServerDef(t, "ts", nil)
-	inR, inW := io.Pipe()
-	outR, outW := io.Pipe()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"--data", filepath.Join(home, "data"), "--pool", "1", "--worker-id", "test-watch"}, inR, outW, testLogWriter(t))
-		_ = outW.Close() // a pipe: closing only ends the other side's reads
-	}()
-	c := client.NewClient(transport.NewIO(outR, inW, nil))
 	changed := make(chan struct{}, 8)
-	c.OnNotification(func(n mcp.JSONRPCNotification) {
+	ctx, c, stop := startStdio(t, []string{"--data", filepath.Join(home, "data"), "--pool", "1", "--worker-id", "test-watch"}, func(n mcp.JSONRPCNotification) {
 		if n.Method == string(mcp.MethodNotificationToolsListChanged) {
 			changed <- struct{}{}
 		}
 	})
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	init := mcp.InitializeRequest{}
-	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
-	init.Params.ClientInfo = mcp.Implementation{Name: "watch-test", Version: "0"}
-	if _, err := c.Initialize(ctx, init); err != nil {
+	if err := initialize(ctx, c, "watch-test"); err != nil {
 		t.Fatalf("initialize: %v", err)
 	}
 	enum := func() string {
@@ -248,16 +234,7 @@ func TestServersConfigWatched(t *testing.T) {
 	if !res.IsError || !strings.Contains(testutil.Text(res), "not a proxied MCP server") {
 		t.Fatalf("a removed server: isError=%v %q", res.IsError, testutil.Text(res))
 	}
-	cancel()
-	_ = inW.Close() // a pipe: closing only ends the other side's reads
-	select {
-	case err := <-done:
-		if cli.ExitCode(err) != cli.ExitOK {
-			t.Fatalf("front-end exited with %v", err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("front-end did not stop within 60s of cancellation")
-	}
+	stop()
 }
 
 // TestBridgeSettings: the seed bridge's MCP_BRIDGE_* settings are honoured

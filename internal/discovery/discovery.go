@@ -137,21 +137,29 @@ func Locations(o Options) []Location {
 	return locs
 }
 
+// files are the files loc names: its path, or what its glob matches, sorted.
+func (loc Location) files() ([]string, error) {
+	if !loc.Glob {
+		return []string{loc.Path}, nil
+	}
+	m, err := filepath.Glob(loc.Path)
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(m)
+	return m, nil
+}
+
 // Discover reads every location and returns the servers found. The first
 // definition of a name wins.
 func Discover(o Options) Result {
 	var res Result
 	seen := map[string]bool{}
 	for _, loc := range Locations(o) {
-		files := []string{loc.Path}
-		if loc.Glob {
-			m, err := filepath.Glob(loc.Path)
-			if err != nil {
-				res.Problems = append(res.Problems, Problem{Source: loc.Path, Err: err})
-				continue
-			}
-			sort.Strings(m)
-			files = m
+		files, err := loc.files()
+		if err != nil {
+			res.Problems = append(res.Problems, Problem{Source: loc.Path, Err: err})
+			continue
 		}
 		for _, f := range files {
 			data, err := os.ReadFile(f)
@@ -195,14 +203,9 @@ func Discover(o Options) Result {
 func Fingerprint(o Options) string {
 	var b strings.Builder
 	for _, loc := range Locations(o) {
-		files := []string{loc.Path}
-		if loc.Glob {
-			m, err := filepath.Glob(loc.Path)
-			if err != nil {
-				continue
-			}
-			sort.Strings(m)
-			files = m
+		files, err := loc.files()
+		if err != nil {
+			continue
 		}
 		for _, f := range files {
 			st, err := os.Stat(f)

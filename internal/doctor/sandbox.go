@@ -40,12 +40,9 @@ type probe struct {
 }
 
 func checkSandbox(ctx context.Context, cfg podman.Config) []Check {
-	host, _ := os.Hostname()
 	cfg.Pool = 0
-	cfg.WorkerID = fmt.Sprintf("doctor-%s-%d", strings.NewReplacer(".", "_").Replace(host), os.Getpid())
-	if cfg.Limits == (sandbox.Limits{}) {
-		cfg.Limits = sandbox.DefaultLimits()
-	}
+	cfg.WorkerID = probeWorkerID()
+	cfg.Limits = limitsOrDefault(cfg.Limits)
 	if cfg.Image == "" {
 		cfg.Image = podman.DefaultImage
 	}
@@ -61,10 +58,7 @@ func checkSandbox(ctx context.Context, cfg podman.Config) []Check {
 	}
 	defer func() { _ = rt.Close() }() // the checks are done: a failure changes none of them
 	info := rt.Info()
-	mode := "rootful"
-	if info.Rootless {
-		mode = "rootless"
-	}
+	mode := rootMode(info.Rootless)
 	started := ""
 	if info.StartedService {
 		started = ", service started by mcpexec"
@@ -116,12 +110,9 @@ func probeChecks(ctx context.Context, rt sandbox.Runtime, l sandbox.Limits, imag
 
 // checkDocker checks the Docker runtime.
 func checkDocker(ctx context.Context, cfg docker.Config) []Check {
-	host, _ := os.Hostname()
 	cfg.Pool = 0
-	cfg.WorkerID = fmt.Sprintf("doctor-%s-%d", strings.NewReplacer(".", "_").Replace(host), os.Getpid())
-	if cfg.Limits == (sandbox.Limits{}) {
-		cfg.Limits = sandbox.DefaultLimits()
-	}
+	cfg.WorkerID = probeWorkerID()
+	cfg.Limits = limitsOrDefault(cfg.Limits)
 	if cfg.Image == "" {
 		cfg.Image = docker.DefaultImage
 	}
@@ -140,10 +131,7 @@ func checkDocker(ctx context.Context, cfg docker.Config) []Check {
 	}
 	defer func() { _ = rt.Close() }() // a probe runtime: its close error changes no check
 	info := rt.Info()
-	mode := "rootful"
-	if info.Rootless {
-		mode = "rootless"
-	}
+	mode := rootMode(info.Rootless)
 	out = append(out, Check{Name: "docker api", Status: OK,
 		Detail: fmt.Sprintf("%s (Docker %s, API %s, %s, cgroups v%s with %s, OCI runtime %s)", info.Host, info.ServerVersion, info.APIVersion, mode, info.CgroupsVersion, info.CgroupDriver, info.OCIRuntime)})
 	switch {
@@ -318,4 +306,26 @@ func missingImage(image string) Check {
 	}
 	return Check{Name: "sandbox image", Status: Fail, Detail: image + " is missing",
 		Fix: fmt.Sprintf("build it: sudo deploy/sandbox/build.sh %s (or `make image`; the worker builds it itself with --build-image)", image)}
+}
+
+// probeWorkerID is the worker id of the doctor's runtime: doctor-HOST-PID.
+func probeWorkerID() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("doctor-%s-%d", strings.NewReplacer(".", "_").Replace(host), os.Getpid())
+}
+
+// limitsOrDefault is l, or sandbox.DefaultLimits() when l is the zero value.
+func limitsOrDefault(l sandbox.Limits) sandbox.Limits {
+	if l == (sandbox.Limits{}) {
+		return sandbox.DefaultLimits()
+	}
+	return l
+}
+
+// rootMode names an engine's mode: "rootless" or "rootful".
+func rootMode(rootless bool) string {
+	if rootless {
+		return "rootless"
+	}
+	return "rootful"
 }

@@ -25,28 +25,10 @@ import (
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
+	"github.com/mcpexec/mcpexec/internal/sandbox/sandboxtest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
-
-// forgeHelpers is Python that finds every socket the code can reach.
-const forgeHelpers = `import os, socket, stat, struct, json, gc
-def frame(obj):
-    body = json.dumps(obj).encode()
-    return struct.pack(">I", len(body)) + body
-def reachable():
-    out = []
-    for fd in range(3, 256):
-        try:
-            if stat.S_ISSOCK(os.fstat(fd).st_mode):
-                out.append(socket.socket(fileno=os.dup(fd)))
-        except OSError:
-            pass
-    for o in gc.get_objects():
-        if isinstance(o, socket.socket) and o.fileno() >= 0:
-            out.append(socket.socket(fileno=os.dup(o.fileno())))
-    return out
-`
 
 // heapWatch samples the process's heap in use and keeps its peak.
 type heapWatch struct {
@@ -139,14 +121,8 @@ func TestAttacksThroughFleet(t *testing.T) {
 	}
 
 	t.Run("ReachTheRunnersChannel", func(t *testing.T) {
-		st, _ := run(t, forgeHelpers+`
-n = 0
-for s in reachable():
-    try:
-        s.sendall(frame({"type": "out", "stream": "stdout", "data": "FORGED"}) + frame({"type": "done", "status": "success", "exit_code": 0}))
-        n += 1
-    except OSError:
-        pass
+		st, _ := run(t, sandboxtest.FrameHelpers+`
+n = send_all(frame({"type": "out", "stream": "stdout", "data": "FORGED"}) + frame({"type": "done", "status": "success", "exit_code": 0}))
 print("wrote to", n)
 import time; time.sleep(1)`, 10, false)
 		if strings.Contains(strings.Join(st.Stdout, "\n"), "FORGED") {
@@ -158,7 +134,7 @@ import time; time.sleep(1)`, 10, false)
 	t.Run("WedgeWorkerSlots", func(t *testing.T) {
 		// As many calls as the worker has slots, each flooding calls it never
 		// reads the answers of, with a 4 s limit.
-		code := forgeHelpers + `
+		code := sandboxtest.FrameHelpers + `
 import threading, time
 def flood(s):
     i = 1
@@ -168,7 +144,7 @@ def flood(s):
         except OSError:
             return
         i += 1
-for s in reachable():
+for s in reachable_sockets():
     threading.Thread(target=flood, args=(s,), daemon=True).start()
 time.sleep(600)`
 		var wg sync.WaitGroup
@@ -186,10 +162,10 @@ time.sleep(600)`
 		healthy(t)
 	})
 	t.Run("HugeMethodNames", func(t *testing.T) {
-		st, _ := run(t, forgeHelpers+`
+		st, _ := run(t, sandboxtest.FrameHelpers+`
 for k in range(40):
     name = os.urandom(3 << 19).hex()  # 3 MiB of random name
-    for s in reachable():
+    for s in reachable_sockets():
         try:
             s.sendall(frame({"type": "call", "id": k + 1, "method": name, "params": {}}))
         except OSError:

@@ -10,17 +10,30 @@ import (
 
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
+// inProcess is an initialised in-process client of New(r, opts).
 func inProcess(t *testing.T, r Runner, opts Options) *client.Client {
 	t.Helper()
-	c, err := client.NewInProcessClient(New(r, opts))
+	c, _ := connect(t, New(r, opts), nil)
+	return c
+}
+
+// connect starts and initialises an in-process client of srv, closed when
+// the test ends; onNotification, unless nil, hears its notifications.
+func connect(t *testing.T, srv *server.MCPServer, onNotification func(mcp.JSONRPCNotification)) (*client.Client, *mcp.InitializeResult) {
+	t.Helper()
+	c, err := client.NewInProcessClient(srv)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() }) // the test is over
+	if onNotification != nil {
+		c.OnNotification(onNotification)
+	}
 	ctx := context.Background()
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -28,10 +41,11 @@ func inProcess(t *testing.T, r Runner, opts Options) *client.Client {
 	init := mcp.InitializeRequest{}
 	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
 	init.Params.ClientInfo = mcp.Implementation{Name: "t", Version: "0"}
-	if _, err := c.Initialize(ctx, init); err != nil {
-		t.Fatal(err)
+	ir, err := c.Initialize(ctx, init)
+	if err != nil {
+		t.Fatalf("initialize: %v", err)
 	}
-	return c
+	return c, ir
 }
 
 // TestLanguagesOffered: run_javascript is offered only where JavaScript is
@@ -90,26 +104,14 @@ func TestLanguagesOffered(t *testing.T) {
 func TestLoggingAndBridgeResource(t *testing.T) {
 	ctx := context.Background()
 	srv, tools := NewServer(&echoRunner{}, Options{})
-	c, err := client.NewInProcessClient(srv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() }) // the test is over
 	msgs := make(chan mcp.JSONRPCNotification, 16)
-	c.OnNotification(func(n mcp.JSONRPCNotification) {
+	c, ir := connect(t, srv, func(n mcp.JSONRPCNotification) {
 		if n.Method == string(mcp.MethodNotificationMessage) {
 			msgs <- n
 		}
 	})
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	init := mcp.InitializeRequest{}
-	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
-	init.Params.ClientInfo = mcp.Implementation{Name: "t", Version: "0"}
-	ir, err := c.Initialize(ctx, init)
-	if err != nil || ir.Capabilities.Logging == nil {
-		t.Fatalf("initialize: %v, logging capability %v", err, ir.Capabilities.Logging)
+	if ir.Capabilities.Logging == nil {
+		t.Fatal("initialize: no logging capability")
 	}
 	lvl := mcp.SetLevelRequest{}
 	lvl.Params.Level = mcp.LoggingLevelDebug

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -34,22 +33,8 @@ func (e *echoRunner) Limits() jobs.Limits { return jobs.DefaultLimits() }
 func TestCallLogsJobID(t *testing.T) {
 	var buf bytes.Buffer
 	r := &echoRunner{}
-	srv := New(r, Options{Logger: slog.New(slog.NewJSONHandler(&buf, nil))})
-	c, err := client.NewInProcessClient(srv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close() }() // the test is over with it: a failing close changes no result
+	c := inProcess(t, r, Options{Logger: slog.New(slog.NewJSONHandler(&buf, nil))})
 	ctx := context.Background()
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	init := mcp.InitializeRequest{}
-	init.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
-	init.Params.ClientInfo = mcp.Implementation{Name: "t", Version: "0"}
-	if _, err := c.Initialize(ctx, init); err != nil {
-		t.Fatal(err)
-	}
 	req := mcp.CallToolRequest{}
 	req.Params.Name = ToolName
 	req.Params.Arguments = map[string]any{"code": "print(1)"}

@@ -259,6 +259,21 @@ func (c *capped) add(s string) string {
 	return s
 }
 
+// Exec runs job (after its BeforeExec) on a runner that has completed its
+// handshake, within the job's time limit (30 s when it sets none): Drive under
+// a deadline whose cause is ErrTimeout.
+func (c *RunnerConn) Exec(ctx context.Context, job Job, host Host) (Result, error) {
+	if job.Timeout <= 0 {
+		job.Timeout = 30 * time.Second
+	}
+	if err := BeforeExec(job); err != nil {
+		return Result{}, err
+	}
+	runCtx, cancel := context.WithTimeoutCause(ctx, job.Timeout, ErrTimeout)
+	defer cancel()
+	return c.Drive(runCtx, job, host)
+}
+
 // Drive runs job on a runner that has completed its handshake and returns the
 // outcome. When ctx ends first, Drive closes the connection and returns a
 // timeout Result (or ctx's error if ctx was cancelled for another reason); the

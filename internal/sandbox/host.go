@@ -90,6 +90,15 @@ func processStart(pid int) uint64 {
 	return n
 }
 
+// ShortID is a container id as logs and errors show it: its first 12
+// characters.
+func ShortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
 // FormatBytes shows n in the largest binary unit that divides it.
 func FormatBytes(n int64) string {
 	switch {

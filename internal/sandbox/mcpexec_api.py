@@ -286,28 +286,28 @@ def _function_source(runner, fn):
 # several).
 
 
-class _AwaitableList(list):
+class _Awaitable:
+    """Mixed into a builtin type: awaiting the value gives the value itself."""
+
     def __await__(self):
         yield from ()
         return self
 
 
-class _AwaitableDict(dict):
-    def __await__(self):
-        yield from ()
-        return self
+class _AwaitableList(list, _Awaitable):
+    pass
 
 
-class _AwaitableStr(str):
-    def __await__(self):
-        yield from ()
-        return self
+class _AwaitableDict(dict, _Awaitable):
+    pass
 
 
-class _AwaitableTuple(tuple):
-    def __await__(self):
-        yield from ()
-        return self
+class _AwaitableStr(str, _Awaitable):
+    pass
+
+
+class _AwaitableTuple(tuple, _Awaitable):
+    pass
 
 
 def _aw(v):

@@ -126,14 +126,25 @@ func Structured(t testing.TB, res *mcp.CallToolResult) mcpserver.Structured {
 
 // RequirePodman reports whether tests needing Podman must fail rather than skip
 // (CI sets MCPEXEC_REQUIRE_PODMAN=1).
-func RequirePodman() bool { return os.Getenv("MCPEXEC_REQUIRE_PODMAN") == "1" }
+func RequirePodman() bool { return os.Getenv(requirePodmanEnv) == "1" }
 
 // SkipOrFail skips the test with reason, or fails it when Podman is required.
 func SkipOrFail(t testing.TB, reason string, args ...any) {
 	t.Helper()
-	msg := fmt.Sprintf(reason, args...)
-	if RequirePodman() {
-		t.Fatalf("MCPEXEC_REQUIRE_PODMAN=1 but %s", msg)
+	skipOrFail(t, requirePodmanEnv, fmt.Sprintf(reason, args...))
+}
+
+// The variables that make tests needing an engine fail rather than skip.
+const (
+	requirePodmanEnv = "MCPEXEC_REQUIRE_PODMAN"
+	requireDockerEnv = "MCPEXEC_REQUIRE_DOCKER"
+)
+
+// skipOrFail skips the test with msg, or fails it when $env is 1.
+func skipOrFail(t testing.TB, env, msg string) {
+	t.Helper()
+	if os.Getenv(env) == "1" {
+		t.Fatalf("%s=1 but %s", env, msg)
 	}
 	t.Skip(msg)
 }
@@ -141,17 +152,13 @@ func SkipOrFail(t testing.TB, reason string, args ...any) {
 // RequireDocker reports whether tests needing the Docker engine must fail
 // rather than skip (make test sets MCPEXEC_REQUIRE_DOCKER=1 once it started
 // the engine).
-func RequireDocker() bool { return os.Getenv("MCPEXEC_REQUIRE_DOCKER") == "1" }
+func RequireDocker() bool { return os.Getenv(requireDockerEnv) == "1" }
 
 // SkipOrFailDocker skips the test with reason, or fails it when Docker is
 // required.
 func SkipOrFailDocker(t testing.TB, reason string, args ...any) {
 	t.Helper()
-	msg := fmt.Sprintf(reason, args...)
-	if RequireDocker() {
-		t.Fatalf("MCPEXEC_REQUIRE_DOCKER=1 but %s", msg)
-	}
-	t.Skip(msg)
+	skipOrFail(t, requireDockerEnv, fmt.Sprintf(reason, args...))
 }
 
 // DockerHost is the engine the Docker tests use: $MCPEXEC_DOCKER (make test

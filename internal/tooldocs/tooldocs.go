@@ -47,15 +47,20 @@ func Aliases(names []string) map[string]string {
 	out := make(map[string]string, len(names))
 	used := map[string]bool{}
 	for _, n := range names {
-		a := Identifier(n)
-		base := a
-		for i := 2; used[a]; i++ {
-			a = fmt.Sprintf("%s_%d", base, i)
-		}
-		used[a] = true
-		out[n] = a
+		out[n] = uniqueAlias(used, Identifier(n))
 	}
 	return out
+}
+
+// uniqueAlias is base, else the first of base_2, base_3... not in used; it
+// marks what it returns used.
+func uniqueAlias(used map[string]bool, base string) string {
+	a := base
+	for i := 2; used[a]; i++ {
+		a = fmt.Sprintf("%s_%d", base, i)
+	}
+	used[a] = true
+	return a
 }
 
 var nonIdent = regexp.MustCompile(`[^A-Za-z0-9_]`)
@@ -163,13 +168,7 @@ func BridgeServerAliases(names []string) map[string]string {
 		if _, ok := out[n]; ok {
 			continue
 		}
-		base := BridgeServerAlias(n)
-		a := base
-		for i := 2; used[a]; i++ {
-			a = fmt.Sprintf("%s_%d", base, i)
-		}
-		used[a] = true
-		out[n] = a
+		out[n] = uniqueAlias(used, BridgeServerAlias(n))
 	}
 	return out
 }

@@ -72,7 +72,7 @@ func Register(fs *flag.FlagSet) *Flags {
 	fs.StringVar(&f.Docker, "docker", "", "Docker Engine API address for --runtime docker (default $DOCKER_HOST, else unix:///var/run/docker.sock; auto also tries "+MCPEXECDockerHost+")")
 	fs.StringVar(&f.Image, "image", podman.DefaultImage, "sandbox image")
 	fs.StringVar(&f.Rootfs, "rootfs", "", "a host directory (with python3) used read-only as every sandbox's root file system, instead of --image (Podman only)")
-	fs.StringVar(&f.RunDir, "run-dir", podman.DefaultRunDir(), "worker-private directory (made 0700) of the runners' sockets")
+	fs.StringVar(&f.RunDir, "run-dir", sandbox.DefaultRunDir(), "worker-private directory (made 0700) of the runners' sockets")
 	fs.StringVar(&f.UserNS, "userns", podman.UserNSAuto, "a user namespace per sandbox (Podman only): auto (when the host has subordinate ids and Podman is 5+), on (whenever the ids exist), host (never)")
 	fs.StringVar(&f.Podman, "podman", "", "Podman API socket URI (default: the user's socket, else /run/podman/podman.sock, else start one)")
 	fs.StringVar(&f.OCIRuntime, "oci-runtime", "runc", "OCI runtime Podman (or Docker) uses (runc works on cgroups v1 hosts; crun does not)")

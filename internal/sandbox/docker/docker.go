@@ -492,7 +492,7 @@ func (r *Runtime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (
 		return res, nil
 	}
 	if reuse {
-		r.log.Debug("docker sandbox: container not kept for its namespace", "id", shortID(b.id), "status", res.Status, "err", err,
+		r.log.Debug("docker sandbox: container not kept for its namespace", "id", sandbox.ShortID(b.id), "status", res.Status, "err", err,
 			"runner_reusable", b.rc.Reusable(), "runner_idle", b.rc.Idle(), "uses", b.uses)
 	}
 	r.discard(b)
@@ -502,15 +502,7 @@ func (r *Runtime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (
 // drive runs job on b within the job's time limit. The caller decides whether
 // b may serve again (b.rc.Reusable) or must be discarded.
 func (r *Runtime) drive(ctx context.Context, b *box, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	if job.Timeout <= 0 {
-		job.Timeout = 30 * time.Second
-	}
-	if err := sandbox.BeforeExec(job); err != nil {
-		return sandbox.Result{}, err
-	}
-	runCtx, cancel := context.WithTimeoutCause(ctx, job.Timeout, sandbox.ErrTimeout)
-	defer cancel()
-	res, err := b.rc.Drive(runCtx, job, host)
+	res, err := b.rc.Exec(ctx, job, host)
 	if errors.Is(err, sandbox.ErrRunnerLost) {
 		res = r.lost(b, res)
 		err = nil
@@ -577,7 +569,7 @@ func (r *Runtime) Close() error {
 			if ids, err := r.list(context.Background()); err == nil {
 				for _, id := range ids {
 					if err := r.remove(context.Background(), id); err != nil {
-						r.closeErr = errors.Join(r.closeErr, fmt.Errorf("remove container %s: %w", shortID(id), err))
+						r.closeErr = errors.Join(r.closeErr, fmt.Errorf("remove container %s: %w", sandbox.ShortID(id), err))
 					}
 				}
 			}
@@ -588,11 +580,4 @@ func (r *Runtime) Close() error {
 		}
 	})
 	return r.closeErr
-}
-
-func shortID(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
 }

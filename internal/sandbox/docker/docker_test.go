@@ -142,10 +142,10 @@ func TestOrphansRemoved(t *testing.T) {
 	// A new life of the same worker removes the orphan, and only it.
 	rt2 := newRuntime(t, Config{WorkerID: id})
 	if _, err := rt2.cli.ContainerInspect(ctx, orphan); !client.IsErrNotFound(err) {
-		t.Fatalf("orphan %s still exists (err %v)", shortID(orphan), err)
+		t.Fatalf("orphan %s still exists (err %v)", sandbox.ShortID(orphan), err)
 	}
 	if _, err := rt2.cli.ContainerInspect(ctx, other); err != nil {
-		t.Fatalf("another worker's container %s was removed (err %v)", shortID(other), err)
+		t.Fatalf("another worker's container %s was removed (err %v)", sandbox.ShortID(other), err)
 	}
 }
 

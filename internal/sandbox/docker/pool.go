@@ -49,7 +49,7 @@ func (r *Runtime) discard(b *box) {
 		// forced removal.
 		b.rc.Finish(finishTimeout)
 		if err := r.remove(context.Background(), b.id); err != nil {
-			r.log.Error("docker sandbox: remove container", "id", shortID(b.id), "err", err)
+			r.log.Error("docker sandbox: remove container", "id", sandbox.ShortID(b.id), "err", err)
 		}
 		_ = b.ln.Close()        // discarding the box: a failed close leaves nothing to do
 		_ = os.RemoveAll(b.dir) // best effort: the Runtime's directory goes at Close
@@ -114,7 +114,7 @@ func (r *Runtime) start(ctx context.Context, jobLabel string, l sandbox.Limits) 
 	hctx, hcancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer hcancel()
 	if b.rc, err = sandbox.AcceptRunner(hctx, ln, r.cfg.MaxFrame, secret); err != nil {
-		return nil, fmt.Errorf("container %s: %w%s", shortID(b.id), err, r.exitNote(b.id))
+		return nil, fmt.Errorf("container %s: %w%s", sandbox.ShortID(b.id), err, r.exitNote(b.id))
 	}
 	return b, nil
 }

@@ -107,7 +107,7 @@ func (r *Runtime) lost(b *box, res sandbox.Result) sandbox.Result {
 	for {
 		data, err := r.cli.ContainerInspect(c, b.id)
 		if err != nil {
-			r.log.Warn("docker sandbox: inspect lost container", "id", shortID(b.id), "err", err)
+			r.log.Warn("docker sandbox: inspect lost container", "id", sandbox.ShortID(b.id), "err", err)
 			return res
 		}
 		if data.ContainerJSONBase != nil && data.State != nil && !data.State.Running {
@@ -116,13 +116,13 @@ func (r *Runtime) lost(b *box, res sandbox.Result) sandbox.Result {
 		}
 		select {
 		case <-c.Done():
-			r.log.Warn("docker sandbox: lost container still running", "id", shortID(b.id))
+			r.log.Warn("docker sandbox: lost container still running", "id", sandbox.ShortID(b.id))
 			return res
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
 	code := st.ExitCode
-	r.log.Debug("docker sandbox: runner lost", "id", shortID(b.id), "exit_code", code, "oom_killed", st.OOMKilled)
+	r.log.Debug("docker sandbox: runner lost", "id", sandbox.ShortID(b.id), "exit_code", code, "oom_killed", st.OOMKilled)
 	// A SIGKILL (137) cannot come from the code itself: the runner is PID 1 of
 	// its PID namespace, which ignores signals it has no handler for when they
 	// come from inside. So with a memory limit, 137 is the kernel's OOM killer
@@ -161,7 +161,7 @@ func (r *Runtime) reapLoop() {
 		}
 		for _, id := range ids {
 			if err := r.remove(context.Background(), id); err != nil {
-				r.log.Warn("docker sandbox: remove a container left behind", "id", shortID(id), "err", err)
+				r.log.Warn("docker sandbox: remove a container left behind", "id", sandbox.ShortID(id), "err", err)
 			}
 		}
 		if len(ids) > 0 {

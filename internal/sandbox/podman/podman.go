@@ -83,7 +83,7 @@ type Config struct {
 	// previous life with the same ID left behind. Default: the host name.
 	WorkerID string
 	// RunDir is the worker-private host directory under which each container
-	// gets a directory with the runner and its socket (default DefaultRunDir()).
+	// gets a directory with the runner and its socket (default sandbox.DefaultRunDir()).
 	// It is made 0700: no other local user can reach a runner's socket. Keep
 	// it short: Unix socket paths must stay under 100 bytes.
 	RunDir string
@@ -249,7 +249,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		cfg.WorkerID = h
 	}
 	if cfg.RunDir == "" {
-		cfg.RunDir = DefaultRunDir()
+		cfg.RunDir = sandbox.DefaultRunDir()
 	}
 	switch cfg.UserNS {
 	case "":
@@ -311,7 +311,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		}
 	}()
 
-	base, err := privateDir(cfg.RunDir)
+	base, err := sandbox.PrivateDir(cfg.RunDir)
 	if err != nil {
 		return nil, fmt.Errorf("podman sandbox: run dir: %w (choose another with --run-dir)", err)
 	}
@@ -397,15 +397,7 @@ func (r *Runtime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (
 // drive runs job on b within the job's time limit. The caller decides whether b
 // may serve again (b.rc.Reusable) or must be discarded.
 func (r *Runtime) drive(ctx context.Context, b *box, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	if job.Timeout <= 0 {
-		job.Timeout = 30 * time.Second
-	}
-	if err := sandbox.BeforeExec(job); err != nil {
-		return sandbox.Result{}, err
-	}
-	runCtx, cancel := context.WithTimeoutCause(ctx, job.Timeout, sandbox.ErrTimeout)
-	defer cancel()
-	res, err := b.rc.Drive(runCtx, job, host)
+	res, err := b.rc.Exec(ctx, job, host)
 	if errors.Is(err, sandbox.ErrRunnerLost) {
 		res = r.lost(b, res)
 		err = nil
@@ -413,7 +405,7 @@ func (r *Runtime) drive(ctx context.Context, b *box, job sandbox.Job, host sandb
 	// The code's process killed by SIGKILL: from inside the container only the
 	// kernel's OOM killer does that (the code cannot signal the runner, PID 1).
 	if err == nil && res.ExitCode == 137 && !b.rc.Reusable() && b.limits.Memory > 0 {
-		res.Error = fmt.Sprintf("the sandbox hit its memory limit (%s) and the code's process was killed", formatBytes(b.limits.Memory))
+		res.Error = fmt.Sprintf("the sandbox hit its memory limit (%s) and the code's process was killed", sandbox.FormatBytes(b.limits.Memory))
 	}
 	return res, err
 }
@@ -464,7 +456,7 @@ func (r *Runtime) Close() error {
 			if ids, err := r.list(context.Background()); err == nil {
 				for _, id := range ids {
 					if err := r.remove(context.Background(), id); err != nil {
-						r.closeErr = errors.Join(r.closeErr, fmt.Errorf("remove container %s: %w", shortID(id), err))
+						r.closeErr = errors.Join(r.closeErr, fmt.Errorf("remove container %s: %w", sandbox.ShortID(id), err))
 					}
 				}
 			}
@@ -477,23 +469,4 @@ func (r *Runtime) Close() error {
 		}
 	})
 	return r.closeErr
-}
-
-func shortID(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
-}
-
-func formatBytes(n int64) string {
-	switch {
-	case n >= 1<<30 && n%(1<<30) == 0:
-		return fmt.Sprintf("%d GiB", n>>30)
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%d MiB", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%d KiB", n>>10)
-	}
-	return fmt.Sprintf("%d bytes", n)
 }

@@ -123,10 +123,10 @@ func TestOrphansRemoved(t *testing.T) {
 	c, cancel := rt2.callCtx(ctx, 30*time.Second)
 	defer cancel()
 	if ok, err := containers.Exists(c, orphan, nil); err != nil || ok {
-		t.Fatalf("orphan %s still exists (err %v)", shortID(orphan), err)
+		t.Fatalf("orphan %s still exists (err %v)", sandbox.ShortID(orphan), err)
 	}
 	if ok, err := containers.Exists(c, other, nil); err != nil || !ok {
-		t.Fatalf("another worker's container %s was removed (err %v)", shortID(other), err)
+		t.Fatalf("another worker's container %s was removed (err %v)", sandbox.ShortID(other), err)
 	}
 }
 
@@ -509,14 +509,14 @@ func TestReapsContainersOfDeadOwners(t *testing.T) {
 		t.Cleanup(func() { _ = exec.Command("podman", "rm", "-f", id).Run() })
 		return id
 	}
-	gone := mk(fmt.Sprintf("%s/%d/%d", hostName, dead.Process.Pid, 12345))
-	live := mk(ownerLabel)
+	gone := mk(fmt.Sprintf("%s/%d/%d", sandbox.HostName, dead.Process.Pid, 12345))
+	live := mk(sandbox.OwnerLabel)
 	ids, err := rt.ownerless(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Contains(ids, gone) || slices.Contains(ids, live) {
-		t.Fatalf("ownerless = %v; want %s (dead owner) and not %s (this process)", ids, shortID(gone), shortID(live))
+		t.Fatalf("ownerless = %v; want %s (dead owner) and not %s (this process)", ids, sandbox.ShortID(gone), sandbox.ShortID(live))
 	}
 }
 

@@ -54,7 +54,7 @@ func (r *Runtime) discard(b *box) {
 		// does not exit in time is killed by the forced removal.
 		b.rc.Finish(finishTimeout)
 		if err := r.remove(context.Background(), b.id); err != nil {
-			r.log.Error("podman sandbox: remove container", "id", shortID(b.id), "err", err)
+			r.log.Error("podman sandbox: remove container", "id", sandbox.ShortID(b.id), "err", err)
 		}
 		_ = b.ln.Close()        // the container is gone: nothing connects any more
 		_ = os.RemoveAll(b.dir) // best effort: what is left is removed at the next start
@@ -123,7 +123,7 @@ func (r *Runtime) start(ctx context.Context, jobLabel string, l sandbox.Limits) 
 	hctx, hcancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer hcancel()
 	if b.rc, err = sandbox.AcceptRunner(hctx, ln, r.cfg.MaxFrame, secret); err != nil {
-		return nil, fmt.Errorf("container %s: %w%s", shortID(b.id), err, r.exitNote(b.id))
+		return nil, fmt.Errorf("container %s: %w%s", sandbox.ShortID(b.id), err, r.exitNote(b.id))
 	}
 	return b, nil
 }

@@ -4,9 +4,6 @@ package podman
 import (
 	"context"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/containers/podman/v5/libpod/define"
@@ -101,18 +98,18 @@ func (r *Runtime) lost(b *box, res sandbox.Result) sandbox.Result {
 		break
 	}
 	if err != nil || data.State == nil || data.State.Running {
-		r.log.Warn("podman sandbox: inspect lost container", "id", shortID(b.id), "err", err)
+		r.log.Warn("podman sandbox: inspect lost container", "id", sandbox.ShortID(b.id), "err", err)
 		return res
 	}
 	code := int(data.State.ExitCode)
-	r.log.Debug("podman sandbox: runner lost", "id", shortID(b.id), "exit_code", code, "oom_killed", data.State.OOMKilled)
+	r.log.Debug("podman sandbox: runner lost", "id", sandbox.ShortID(b.id), "exit_code", code, "oom_killed", data.State.OOMKilled)
 	// Podman 4.3 on cgroups v1 does not set OOMKilled. A SIGKILL (137) cannot come
 	// from the code itself: the runner is PID 1 of its PID namespace, which ignores
 	// signals it has no handler for when they come from inside. So with a memory
 	// limit, 137 is the kernel's OOM killer (or an operator).
 	if data.State.OOMKilled || (code == 137 && r.cfg.Limits.Memory > 0) {
 		res.ExitCode = 137
-		res.Error = fmt.Sprintf("the sandbox hit its memory limit (%s) and was killed", formatBytes(r.cfg.Limits.Memory))
+		res.Error = fmt.Sprintf("the sandbox hit its memory limit (%s) and was killed", sandbox.FormatBytes(r.cfg.Limits.Memory))
 		return res
 	}
 	res.ExitCode = code
@@ -143,7 +140,7 @@ func (r *Runtime) reapLoop() {
 		}
 		for _, id := range ids {
 			if err := r.remove(context.Background(), id); err != nil {
-				r.log.Warn("podman sandbox: remove a container left behind", "id", shortID(id), "err", err)
+				r.log.Warn("podman sandbox: remove a container left behind", "id", sandbox.ShortID(id), "err", err)
 			}
 		}
 		if len(ids) > 0 {
@@ -165,48 +162,9 @@ func (r *Runtime) ownerless(ctx context.Context) ([]string, error) {
 	}
 	var ids []string
 	for _, l := range list {
-		if host, alive, ok := ownerAlive(l.Labels[LabelOwner]); ok && host == hostName && !alive {
+		if host, alive, ok := sandbox.OwnerAlive(l.Labels[LabelOwner]); ok && host == sandbox.HostName && !alive {
 			ids = append(ids, l.ID)
 		}
 	}
 	return ids, nil
-}
-
-var (
-	hostName, _ = os.Hostname()
-	// ownerLabel is this process's LabelOwner value.
-	ownerLabel = fmt.Sprintf("%s/%d/%d", hostName, os.Getpid(), processStart(os.Getpid()))
-)
-
-// ownerAlive parses a LabelOwner value and reports whether that process still
-// runs (same pid, same start time).
-func ownerAlive(label string) (host string, alive, ok bool) {
-	i := strings.LastIndex(label, "/")
-	j := strings.LastIndex(label[:max(i, 0)], "/")
-	if i < 0 || j < 0 {
-		return "", false, false
-	}
-	pid, err1 := strconv.Atoi(label[j+1 : i])
-	start, err2 := strconv.ParseUint(label[i+1:], 10, 64)
-	if err1 != nil || err2 != nil {
-		return "", false, false
-	}
-	return label[:j], processStart(pid) == start && start != 0, true
-}
-
-// processStart returns pid's start time in clock ticks since boot (field 22
-// of /proc/PID/stat), or 0 when there is no such process.
-func processStart(pid int) uint64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The command name (field 2) may hold spaces: count from after its ')'.
-	rest := string(data[strings.LastIndexByte(string(data), ')')+1:])
-	f := strings.Fields(rest)
-	if len(f) < 20 {
-		return 0
-	}
-	n, _ := strconv.ParseUint(f[19], 10, 64) // field 22 is the 20th after the name
-	return n
 }

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 )
 
@@ -48,43 +47,6 @@ func majorVersion(v string) int {
 		n = n*10 + int(c-'0')
 	}
 	return n
-}
-
-// DefaultRunDir is where runner sockets live unless configured: under
-// /run/mcpexec for root, else under $XDG_RUNTIME_DIR (a per-user tmpfs), else
-// under the temporary directory.
-func DefaultRunDir() string {
-	if os.Geteuid() == 0 {
-		return "/run/mcpexec"
-	}
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "mcpexec")
-	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("mcpexec-%d", os.Geteuid()))
-}
-
-// privateDir makes dir (0700, owned by us) and a fresh 0700 directory in it
-// for one Runtime. Each container's own directory inside is bind-mounted into
-// the container, which therefore needs no access to these.
-func privateDir(dir string) (string, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", err
-	}
-	st, err := os.Lstat(dir)
-	if err != nil {
-		return "", err
-	}
-	if !st.IsDir() {
-		return "", fmt.Errorf("%s is not a directory", dir)
-	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return "", err
-	}
-	base, err := os.MkdirTemp(dir, "w-")
-	if err != nil {
-		return "", err
-	}
-	return base, os.Chmod(base, 0o700)
 }
 
 // autoUserNSAvailable reports whether Podman can give each container its own

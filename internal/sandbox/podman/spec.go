@@ -30,7 +30,7 @@ func (r *Runtime) spec(dir, jobLabel string, n uint64, l sandbox.Limits) *specge
 	}
 	s.Entrypoint = []string{}
 	s.OCIRuntime = r.cfg.OCIRuntime
-	s.Labels = map[string]string{LabelManaged: "true", LabelWorker: r.cfg.WorkerID, LabelJob: jobLabel, LabelOwner: ownerLabel}
+	s.Labels = map[string]string{LabelManaged: "true", LabelWorker: r.cfg.WorkerID, LabelJob: jobLabel, LabelOwner: sandbox.OwnerLabel}
 	s.Env = map[string]string{
 		"PATH":                    "/usr/local/bin:/usr/bin:/bin",
 		"HOME":                    "/tmp",

@@ -14,7 +14,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
-	"github.com/mcpexec/mcpexec/internal/sandbox/process"
+	"github.com/mcpexec/mcpexec/internal/testutil"
 )
 
 // bridgeHost answers as the front-end does for two servers, "GitHub" (tools
@@ -73,15 +73,7 @@ func (h *bridgeHost) Output(string, string) {}
 
 func runWith(t *testing.T, h sandbox.Host, code string) sandbox.Result {
 	t.Helper()
-	rt, err := process.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := rt.Close(); err != nil {
-			t.Error(err)
-		}
-	})
+	rt := testutil.ProcessRuntime(t)
 	res, err := rt.Run(context.Background(), sandbox.Job{ID: "b", Code: code, Servers: []string{"GitHub", "other.server"},
 		Timeout: 30 * time.Second}, h)
 	if err != nil {

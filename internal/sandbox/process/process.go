@@ -153,15 +153,7 @@ func (r *Runtime) start(ctx context.Context) (*proc, error) {
 
 // drive runs job on p within the job's time limit.
 func drive(ctx context.Context, p *proc, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	if job.Timeout <= 0 {
-		job.Timeout = 30 * time.Second
-	}
-	if err := sandbox.BeforeExec(job); err != nil {
-		return sandbox.Result{}, err
-	}
-	runCtx, cancelRun := context.WithTimeoutCause(ctx, job.Timeout, sandbox.ErrTimeout)
-	defer cancelRun()
-	res, err := p.rc.Drive(runCtx, job, host)
+	res, err := p.rc.Exec(ctx, job, host)
 	if errors.Is(err, sandbox.ErrRunnerLost) {
 		res.Status, res.ExitCode = sandbox.StatusError, -1
 		res.Error = "sandbox process exited before the job finished"

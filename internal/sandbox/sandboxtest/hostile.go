@@ -11,8 +11,11 @@ import (
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 )
 
-// frameOf is Python for the bytes of one frame of the runner protocol.
-const frameHelpers = `import os, socket, stat, struct, json, gc
+// FrameHelpers is Python for attacking the runner protocol from inside a
+// sandbox: frame(obj) is the bytes of one frame, reachable_sockets() every
+// socket the code can get hold of, send_all(data) writes data to each of them
+// and returns how many took it.
+const FrameHelpers = `import os, socket, stat, struct, json, gc
 def frame(obj):
     body = json.dumps(obj).encode()
     return struct.pack(">I", len(body)) + body
@@ -73,7 +76,7 @@ func runHostileRunner(t *testing.T, rt sandbox.Runtime, run runFunc) {
 		// ptrace, the socket path. A frame that reached the host straight
 		// would show as output; what reaches the runner ends the job as a
 		// protocol error at most.
-		code := frameHelpers + `
+		code := FrameHelpers + `
 import ctypes, glob
 report = []
 for path in ("/proc/1/fd", "/proc/%d/fd" % os.getppid()):
@@ -122,7 +125,7 @@ time.sleep(2)
 		// Raw calls as fast as the code can write them, never reading the
 		// (big) answers.
 		h := &bigHost{}
-		code := frameHelpers + `
+		code := FrameHelpers + `
 import threading
 socks = reachable_sockets()
 def flood(s):
@@ -173,7 +176,7 @@ print("done")`
 		}
 		for name, payload := range cases {
 			t.Run(name, func(t *testing.T) {
-				res := timed(t, frameHelpers+"print('sent to', send_all("+payload+"))\nimport time\ntime.sleep(2)\nprint('still here')", nil)
+				res := timed(t, FrameHelpers+"print('sent to', send_all("+payload+"))\nimport time\ntime.sleep(2)\nprint('still here')", nil)
 				if strings.Contains(res.Stdout, "yyyy") {
 					t.Fatalf("a forged frame's data became output: %d bytes", len(res.Stdout))
 				}
@@ -183,7 +186,7 @@ print("done")`
 		healthy(t)
 	})
 	t.Run("ClosesChannelMidCall", func(t *testing.T) {
-		code := frameHelpers + `
+		code := FrameHelpers + `
 import threading, time
 def close_all():
     time.sleep(0.2)
