@@ -72,7 +72,7 @@ func (l *Lazy) run(ctx context.Context) {
 			close(l.ready)
 			l.mu.Unlock()
 			if log != nil {
-				log.Info("mcpexec is ready to run code", "start", time.Since(start).Round(time.Millisecond))
+				log.Info("mcpexec is ready to run code", "start_ms", time.Since(start).Milliseconds())
 			}
 			for _, h := range hooks {
 				h(s)
