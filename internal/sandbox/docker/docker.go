@@ -147,13 +147,13 @@ type Info struct {
 
 // Runtime runs jobs in Docker containers. It is safe for concurrent use.
 type Runtime struct {
-	cfg    Config
-	log    *slog.Logger
-	cli    *client.Client
-	info   Info
-	base   string // per-Runtime directory under RunDir
-	langs  []string
-	lastJS atomic.Int64 // when a JavaScript job last came (unix ns)
+	cfg   Config
+	log   *slog.Logger
+	cli   *client.Client
+	info  Info
+	base  string // per-Runtime directory under RunDir
+	langs []string
+	js    sandbox.JSExpectation // when new sandboxes keep a JavaScript executor ready
 
 	seq           atomic.Uint64
 	started       atomic.Uint64 // containers whose runner completed its handshake
@@ -450,27 +450,9 @@ func (r *Runtime) Probe(ctx context.Context) error {
 	return nil
 }
 
-// jsWarmFor is how long after a JavaScript job new sandboxes keep a
-// JavaScript executor started ahead.
-const jsWarmFor = 30 * time.Minute
-
-// sawJob notes a JavaScript job, so that the sandboxes started next expect more.
-func (r *Runtime) sawJob(job sandbox.Job) {
-	if job.Language == sandbox.JavaScript {
-		r.lastJS.Store(time.Now().UnixNano())
-	}
-}
-
-// expectsJavaScript reports whether a sandbox started now should keep a
-// JavaScript executor ready.
-func (r *Runtime) expectsJavaScript() bool {
-	last := r.lastJS.Load()
-	return last != 0 && time.Since(time.Unix(0, last)) < jsWarmFor
-}
-
 // Run implements sandbox.Runtime.
 func (r *Runtime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	r.sawJob(job)
+	r.js.Saw(job)
 	l := r.limitsFor(job)
 	reuse := r.cfg.Reuse == ReuseNamespace && job.Tenant != "" && l == r.cfg.Limits
 	var b *box
@@ -530,7 +512,7 @@ func (r *Runtime) limitsFor(job sandbox.Job) sandbox.Limits {
 
 // RunInSession implements sandbox.SessionRuntime.
 func (r *Runtime) RunInSession(ctx context.Context, key string, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	r.sawJob(job)
+	r.js.Saw(job)
 	return r.sessions.Run(ctx, key, job, host)
 }
 

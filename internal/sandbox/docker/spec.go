@@ -33,7 +33,7 @@ type spec struct {
 // runner directory is dir; secret is the runner's.
 func (r *Runtime) spec(dir, jobLabel string, n uint64, l sandbox.Limits, secret string) spec {
 	cmd := []string{"python3", "-I", "-B", "-u", "/mcpexec/runner.py", "/mcpexec/s", "--reset"}
-	if r.expectsJavaScript() {
+	if r.js.Expected() {
 		cmd = append(cmd, "--spare-javascript")
 	}
 	cfg := &container.Config{

@@ -154,8 +154,8 @@ type Runtime struct {
 	info   Info
 	base   string // per-Runtime directory under RunDir
 	labels map[string]string
-	langs  []string     // what the image runs (checkImage)
-	lastJS atomic.Int64 // when a JavaScript job last came (unix ns)
+	langs  []string              // what the image runs (checkImage)
+	js     sandbox.JSExpectation // when new sandboxes keep a JavaScript executor ready
 
 	svc *service // the podman service this Runtime started, or nil
 
@@ -348,28 +348,9 @@ func (r *Runtime) Info() Info { return r.info }
 // ErrClosed is returned by Run and RunInSession after Close.
 var ErrClosed = errors.New("podman sandbox: runtime is closed")
 
-// jsWarmFor is how long after a JavaScript job new sandboxes keep a
-// JavaScript executor started ahead (Node takes ~100 ms to start; a worker
-// that runs Python only never pays for it).
-const jsWarmFor = 30 * time.Minute
-
-// sawJob notes a JavaScript job, so that the sandboxes started next expect more.
-func (r *Runtime) sawJob(job sandbox.Job) {
-	if job.Language == sandbox.JavaScript {
-		r.lastJS.Store(time.Now().UnixNano())
-	}
-}
-
-// expectsJavaScript reports whether a sandbox started now should keep a
-// JavaScript executor ready.
-func (r *Runtime) expectsJavaScript() bool {
-	last := r.lastJS.Load()
-	return last != 0 && time.Since(time.Unix(0, last)) < jsWarmFor
-}
-
 // Run implements sandbox.Runtime.
 func (r *Runtime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	r.sawJob(job)
+	r.js.Saw(job)
 	l := r.limitsFor(job)
 	reuse := r.cfg.Reuse == ReuseNamespace && job.Tenant != "" && l == r.cfg.Limits
 	var b *box
@@ -426,7 +407,7 @@ func (r *Runtime) limitsFor(job sandbox.Job) sandbox.Limits {
 // RunInSession implements sandbox.SessionRuntime, noting a JavaScript job
 // as Run does.
 func (r *Runtime) RunInSession(ctx context.Context, key string, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	r.sawJob(job)
+	r.js.Saw(job)
 	return r.SessionMethods.RunInSession(ctx, key, job, host)
 }
 

@@ -25,7 +25,7 @@ func (r *Runtime) spec(dir, jobLabel string, n uint64, l sandbox.Limits) *specge
 	}
 	s.Name = fmt.Sprintf("mcpexec-%s-%d-%d", unsafeName.ReplaceAllString(r.cfg.WorkerID, "_"), os.Getpid(), n)
 	s.Command = []string{"python3", "-I", "-B", "-u", "/mcpexec/runner.py", "/mcpexec/s", "--reset"}
-	if r.expectsJavaScript() {
+	if r.js.Expected() {
 		s.Command = append(s.Command, "--spare-javascript")
 	}
 	s.Entrypoint = []string{}
