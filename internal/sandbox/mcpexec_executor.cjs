@@ -62,15 +62,23 @@ function flushed(stream) {
 
 // -- frames ------------------------------------------------------------------------
 
-function send(frame) {
-  const body = Buffer.from(JSON.stringify(frame), "utf8");
-  if (body.length > MAX_FRAME) {
-    throw new MCPError(`message of ${body.length} bytes exceeds the ${MAX_FRAME}-byte frame limit`);
-  }
+function encode(frame) {
+  return Buffer.from(JSON.stringify(frame), "utf8");
+}
+
+// writeBody sends an encoded frame: its length, then its body.
+function writeBody(body) {
   const head = Buffer.alloc(4);
   head.writeUInt32BE(body.length);
   chan.write(Buffer.concat([head, body]));
-  return body.length;
+}
+
+function send(frame) {
+  const body = encode(frame);
+  if (body.length > MAX_FRAME) {
+    throw new MCPError(`message of ${body.length} bytes exceeds the ${MAX_FRAME}-byte frame limit`);
+  }
+  writeBody(body);
 }
 
 let inbuf = Buffer.alloc(0);
@@ -127,13 +135,13 @@ async function rpc(method, params) {
   await slot();
   try {
     const id = ++nextId;
-    const frame = { type: "call", id, method, params: params || {} };
-    const size = Buffer.byteLength(JSON.stringify(frame), "utf8");
-    if (size > MAX_CALL) {
-      throw new MCPError(`${method}: the call is ${size} bytes, over the ${MAX_CALL}-byte limit: send less`);
+    // Encoded once: its size is checked against the host's call limit.
+    const body = encode({ type: "call", id, method, params: params || {} });
+    if (body.length > MAX_CALL) {
+      throw new MCPError(`${method}: the call is ${body.length} bytes, over the ${MAX_CALL}-byte limit: send less`);
     }
     const reply = new Promise((resolve, reject) => pending.set(id, { resolve, reject }));
-    send(frame);
+    writeBody(body);
     return await reply;
   } finally {
     release();
