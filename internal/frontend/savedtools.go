@@ -10,15 +10,12 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/proxy"
-	"github.com/mcpexec/mcpexec/internal/state"
 )
 
 // Saved tools: functions a namespace's code saved with save_tool, defined in
-// the namespace's later Python jobs. They live in the namespace's memory, in
-// one entry under a reserved key that the memory methods refuse and that
-// memory listings leave out, so the only way to change them is through these
-// checks. One entry keeps the count cap exact (every change is a
-// compare-and-set of the whole set) and loading them one state read.
+// the namespace's later Python jobs. They live in one reserved memory entry
+// of the namespace (reserved.go), so the only way to change them is through
+// these checks, the count cap is exact and loading them is one state read.
 const (
 	// ReservedMemoryPrefix starts the memory keys sandbox code may not read
 	// or write with the memory methods.
@@ -97,7 +94,7 @@ func (h *proxyHandler) savedTools(ctx context.Context, rj *runningJob, method st
 	}
 	ns := rj.namespace()
 	if method == proxy.MethodSavedToolList {
-		set, _, err := loadSavedTools(ctx, store, ns)
+		set, err := loadSavedTools(ctx, store, ns)
 		if err != nil {
 			return nil, err
 		}
@@ -112,72 +109,43 @@ func (h *proxyHandler) savedTools(ctx context.Context, rj *runningJob, method st
 		}
 	}
 	wid, _ := ctx.Value(writeIDKey{}).(string)
-	// Read, change, compare-and-set; another job of the namespace may change
-	// the set meanwhile.
-	for range 20 {
-		set, version, err := loadSavedTools(ctx, store, ns)
-		if err != nil {
-			return nil, err
-		}
-		var answer any
-		if method == proxy.MethodSavedToolDelete {
-			if _, ok := set.Tools[p.Name]; !ok {
-				return false, nil
+	return updateReserved(ctx, store, ns, SavedToolsKey, "saved tools", wid, h.f.policyFor(ns).MemoryBytes, newSavedToolSet,
+		func(set *savedToolSet) (any, reservedChange, error) {
+			if method == proxy.MethodSavedToolDelete {
+				if _, ok := set.Tools[p.Name]; !ok {
+					return false, reservedKeep, nil
+				}
+				delete(set.Tools, p.Name)
+				if len(set.Tools) == 0 {
+					return true, reservedRemove, nil
+				}
+				return true, reservedStore, nil
 			}
-			delete(set.Tools, p.Name)
-			answer = true
-		} else {
 			_, replaces := set.Tools[p.Name]
 			if !replaces && len(set.Tools) >= MaxSavedTools {
-				return nil, fmt.Errorf("namespace %q already has %d saved tools, the most it may keep: delete_saved_tool(name) one first", ns, len(set.Tools))
+				return nil, 0, fmt.Errorf("namespace %q already has %d saved tools, the most it may keep: delete_saved_tool(name) one first", ns, len(set.Tools))
 			}
 			t := savedTool{Name: p.Name, Source: p.Source, SavedAt: time.Now().UTC()}
 			set.Tools[p.Name] = t
 			if total := set.bytes(); total > MaxSavedToolsBytes {
-				return nil, fmt.Errorf("saved tools of namespace %q would total %d bytes of source, over the %d-byte limit: delete_saved_tool(name) some first", ns, total, MaxSavedToolsBytes)
+				return nil, 0, fmt.Errorf("saved tools of namespace %q would total %d bytes of source, over the %d-byte limit: delete_saved_tool(name) some first", ns, total, MaxSavedToolsBytes)
 			}
-			answer = map[string]any{"name": t.Name, "bytes": len(t.Source), "saved_at": t.SavedAt, "replaced": replaces, "count": len(set.Tools)}
-		}
-		if method == proxy.MethodSavedToolDelete && len(set.Tools) == 0 {
-			if _, err := store.MemoryDelete(ctx, ns, SavedToolsKey); err != nil {
-				return nil, memErr(err)
-			}
-			return answer, nil
-		}
-		value, err := json.Marshal(set)
-		if err != nil {
-			return nil, err
-		}
-		_, err = store.MemoryPutQuota(ctx, state.Memory{Namespace: ns, Key: SavedToolsKey, Value: value, WriteID: wid}, &version, h.f.policyFor(ns).MemoryBytes)
-		if errors.Is(err, state.ErrConflict) {
-			continue
-		}
-		if err != nil {
-			return nil, memErr(err)
-		}
-		return answer, nil
-	}
-	return nil, errors.New("saved tools kept changing under concurrent changes: try again")
+			return map[string]any{"name": t.Name, "bytes": len(t.Source), "saved_at": t.SavedAt, "replaced": replaces, "count": len(set.Tools)}, reservedStore, nil
+		})
 }
 
-// loadSavedTools reads ns's saved tools and the version of their entry (0 when
-// there is none).
-func loadSavedTools(ctx context.Context, store MemoryStore, ns string) (savedToolSet, uint64, error) {
-	set := savedToolSet{Tools: map[string]savedTool{}}
-	m, err := store.MemoryGet(ctx, ns, SavedToolsKey)
-	if errors.Is(err, state.ErrNotFound) {
-		return set, 0, nil
-	}
-	if err != nil {
-		return set, 0, memErr(err)
-	}
-	if err := json.Unmarshal(m.Value, &set); err != nil {
-		return set, 0, fmt.Errorf("saved tools: stored entry is damaged: %w", err)
+func newSavedToolSet() *savedToolSet { return &savedToolSet{Tools: map[string]savedTool{}} }
+
+// loadSavedTools reads ns's saved tools.
+func loadSavedTools(ctx context.Context, store MemoryStore, ns string) (*savedToolSet, error) {
+	set := newSavedToolSet()
+	if _, err := loadReserved(ctx, store, ns, SavedToolsKey, "saved tools", set); err != nil {
+		return nil, err
 	}
 	if set.Tools == nil {
 		set.Tools = map[string]savedTool{}
 	}
-	return set, m.Version, nil
+	return set, nil
 }
 
 func (s savedToolSet) sorted() []savedTool {
