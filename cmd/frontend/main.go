@@ -44,8 +44,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	logReplacedSettings(log)
 	dopts := c.servers.discoveryOptions()
-	var failures serverFailures
-	pool, since := c.servers.pool(dopts, failures.failed, log)
+	var late lateTools
+	pool, since := c.servers.pool(dopts, late.failed, log)
 	if err := pool.Start(ctx); err != nil {
 		return err
 	}
@@ -78,7 +78,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		BrokerAddr: c.brokerListen,
 		Frontend: frontend.Config{ID: c.id, Limits: c.limits, Logger: log, Tools: pool,
 			CallTimeout: c.servers.callTimeout, MaxCallsPerJob: c.servers.maxCalls, Policy: def, Policies: policies,
-			Metrics: m},
+			Metrics: m, OnCatalogChange: late.catalogChanged},
 		Worker: wcfg,
 		NewRuntime: func(ctx context.Context) (sandbox.Runtime, error) {
 			return c.sandbox.Open(ctx, wcfg.ID, log)
@@ -98,7 +98,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			langs = []string{jobs.LangPython}
 		}
 	}
-	mopts := mcpserver.Options{Servers: pool.Names, Catalog: pool.Servers, OutputMode: c.servers.outputMode, Metrics: m, Logger: log, Languages: langs}
+	mopts := mcpserver.Options{Servers: pool.Names, Definitions: pool.Servers, OutputMode: c.servers.outputMode, Metrics: m, Logger: log, Languages: langs}
+	if len(c.servers.catalog) > 0 {
+		mopts.Catalog, mopts.AgentDiscovery = lazy, c.servers.agentDiscovery
+	}
 	if c.httpAddr == "" {
 		// One caller on stdio: the default memory namespace.
 		mopts.Namespace = func(context.Context) string { return mcpserver.DefaultNamespace }
@@ -106,7 +109,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		mopts.Namespace = mcpserver.NamespaceFromContext
 	}
 	srv, tools := mcpserver.NewServer(lazy, mopts)
-	failures.tools.Store(tools)
+	late.tools.Store(tools)
 	if c.languages == nil && c.nats == "" {
 		lazy.OnReady(func(s *app.Stack) { tools.SetLanguages(sandbox.Languages(s.Runtime)) })
 	}

@@ -25,6 +25,8 @@ import (
 // serverFlags are the flags about proxied MCP servers and the MCP surface.
 type serverFlags struct {
 	files          fileList
+	catalog        fileList
+	agentDiscovery bool
 	discover       bool
 	allow, deny    string
 	idleTimeout    time.Duration
@@ -59,6 +61,8 @@ func (l *fileList) Set(v string) error {
 func registerServerFlags(fs *flag.FlagSet) *serverFlags {
 	sf := &serverFlags{}
 	fs.Var(&sf.files, "servers", "MCP servers config file ({\"mcpServers\": {...}}) to proxy; repeatable; MCP_SERVERS_CONFIG and the usual client config locations are read too")
+	fs.Var(&sf.catalog, "catalog", "server catalog file (same mcpServers form): servers known but not enabled, which a namespace's code finds with find_servers and enables with enable_server; repeatable")
+	fs.BoolVar(&sf.agentDiscovery, "agent-discovery", false, "offer the server catalog as MCP tools too (find_servers, enable_server, disable_server); needs --catalog")
 	fs.BoolVar(&sf.discover, "discover", true, "also read the usual client config locations (Claude, Cursor, VS Code, ~/.config/mcp/servers, ./mcp-servers)")
 	fs.StringVar(&sf.allow, "allow-servers", "", "comma-separated names or globs of the only servers that may be used")
 	fs.StringVar(&sf.deny, "deny-servers", "", "comma-separated names or globs of servers that may not be used (wins over --allow-servers)")
@@ -81,6 +85,9 @@ func (sf *serverFlags) validate() error {
 	}
 	if !mcpserver.ValidOutputMode(sf.outputMode) {
 		return cli.Usagef("--output-mode %q: want text or toon", sf.outputMode)
+	}
+	if sf.agentDiscovery && len(sf.catalog) == 0 {
+		return cli.Usagef("--agent-discovery offers the server catalog, but no --catalog FILE names one")
 	}
 	if sf.idleTimeout <= 0 || sf.callTimeout <= 0 {
 		return cli.Usagef("--server-idle-timeout and --call-timeout must be positive")
@@ -132,6 +139,7 @@ func (sf *serverFlags) discoveryOptions() discovery.Options {
 		Policy:    sf.policy(),
 		LookupEnv: os.LookupEnv,
 		AllowSelf: cli.Truthy(os.Getenv("MCP_BRIDGE_ALLOW_SELF_SERVER")),
+		Catalog:   sf.catalog,
 	}
 	if self, err := os.Executable(); err == nil {
 		opts.Self = self
@@ -152,11 +160,15 @@ func logDiscovery(res discovery.Result, log *slog.Logger) {
 	for _, s := range res.Skipped {
 		log.Info("MCP server skipped", "server", s.Name, "file", s.Source, "reason", s.Reason)
 	}
-	names := make([]string, 0, len(res.Servers))
+	var names, catalog []string
 	for _, s := range res.Servers {
-		names = append(names, s.Name)
+		if s.Catalog {
+			catalog = append(catalog, s.Name)
+		} else {
+			names = append(names, s.Name)
+		}
 	}
-	log.Info("MCP servers discovered", "count", len(names), "servers", strings.Join(names, ","))
+	log.Info("MCP servers discovered", "count", len(names), "servers", strings.Join(names, ","), "catalog", strings.Join(catalog, ","))
 }
 
 // pool discovers the servers and returns the client pool (not started) and
@@ -202,13 +214,23 @@ func serversChanged(lazy *app.Lazy, tools *mcpserver.Tools, log *slog.Logger) fu
 	}
 }
 
-// serverFailures is the pool's start-failure hook: once the MCP server runs
-// (set), each failure is an MCP log message to the agents' clients.
-type serverFailures struct {
+// lateTools holds the MCP server's Tools for the hooks made before it:
+// until it is set, they do nothing.
+type lateTools struct {
 	tools atomic.Pointer[mcpserver.Tools]
 }
 
-func (f *serverFailures) failed(server string, err error) {
+// catalogChanged is the front-end's catalog hook: a namespace's servers
+// enum changed, so clients hear notifications/tools/list_changed.
+func (f *lateTools) catalogChanged(string) {
+	if t := f.tools.Load(); t != nil {
+		t.Refresh()
+	}
+}
+
+// failed is the pool's start-failure hook: each failure is an MCP log
+// message to the agents' clients.
+func (f *lateTools) failed(server string, err error) {
 	if t := f.tools.Load(); t != nil {
 		t.Log(mcp.LoggingLevelError, map[string]any{"event": "server_failed", "server": server, "error": err.Error()})
 	}

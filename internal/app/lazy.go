@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/errs"
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -289,3 +290,40 @@ func (l *Lazy) Handler(build func(*frontend.Frontend) http.Handler) http.Handler
 
 // IsNotReady reports whether err is a Lazy front-end's ErrNotReady.
 func IsNotReady(err error) bool { return errors.Is(err, ErrNotReady) }
+
+// EnabledServers implements mcpserver.ServerCatalog; it waits, as Run does,
+// for a start in progress (within ctx).
+func (l *Lazy) EnabledServers(ctx context.Context, ns string) ([]string, error) {
+	fe, err := l.await(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return fe.EnabledServers(ctx, ns)
+}
+
+// FindServers implements mcpserver.ServerCatalog.
+func (l *Lazy) FindServers(ctx context.Context, ns, query string, limit int) ([]discovery.CatalogEntry, error) {
+	fe, err := l.await(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return fe.FindServers(ctx, ns, query, limit)
+}
+
+// EnableServer implements mcpserver.ServerCatalog.
+func (l *Lazy) EnableServer(ctx context.Context, ns, name string) (discovery.CatalogEntry, error) {
+	fe, err := l.await(ctx)
+	if err != nil {
+		return discovery.CatalogEntry{}, err
+	}
+	return fe.EnableServer(ctx, ns, name)
+}
+
+// DisableServer implements mcpserver.ServerCatalog.
+func (l *Lazy) DisableServer(ctx context.Context, ns, name string) (bool, error) {
+	fe, err := l.await(ctx)
+	if err != nil {
+		return false, err
+	}
+	return fe.DisableServer(ctx, ns, name)
+}

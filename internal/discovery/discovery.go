@@ -33,10 +33,29 @@ type Server struct {
 	Headers     map[string]string `json:"headers,omitempty"`
 	// Source is the file the definition came from.
 	Source string `json:"source,omitempty"`
+	// Catalog marks a server of the operator's catalog: known but not
+	// enabled. A namespace's code may enable it (enable_server); until then
+	// it is in no servers list.
+	Catalog bool `json:"catalog,omitempty"`
 }
 
 // Remote reports whether s is reached over HTTP rather than launched.
 func (s Server) Remote() bool { return s.URL != "" }
+
+// CatalogEntry is a catalog server as find_servers and enable_server answer
+// it.
+type CatalogEntry struct {
+	Name        string `json:"name"`
+	Alias       string `json:"alias"` // mcp_<alias> in the sandbox
+	Description string `json:"description"`
+	Transport   string `json:"transport,omitempty"`
+	// Enabled: the caller's namespace has it enabled.
+	Enabled bool `json:"enabled"`
+	// Score ranks find_servers' answers (absent when it lists all).
+	Score float64 `json:"score,omitempty"`
+	// AlreadyEnabled (enable_server): it was enabled before this call.
+	AlreadyEnabled bool `json:"already_enabled,omitempty"`
+}
 
 // Problem is a config file that could not be used, and why. Problems never stop
 // discovery: the other files are still read.
@@ -84,6 +103,10 @@ type Options struct {
 	// AllowSelf keeps entries that launch mcpexec itself
 	// (MCP_BRIDGE_ALLOW_SELF_SERVER); they are skipped otherwise.
 	AllowSelf bool
+	// Catalog are the operator's catalog files (--catalog): servers in the
+	// same mcpServers form, known but enabled only per namespace. They are
+	// read last; a name configured elsewhere is not a catalog server.
+	Catalog []string
 }
 
 // Location is one place a config may be found.
@@ -93,6 +116,8 @@ type Location struct {
 	Explicit bool // named by the operator: a missing file is a problem
 	// Project is the key of ~/.claude.json's "projects" whose servers apply too.
 	Project string
+	// Catalog: the servers found here are catalog servers.
+	Catalog bool
 }
 
 // Locations returns where Discover looks, highest priority first.
@@ -134,6 +159,9 @@ func Locations(o Options) []Location {
 			Location{Path: filepath.Join(cfg, "mcp", "servers", "*.json"), Glob: true},                                        // shared
 		)
 	}
+	for _, f := range o.Catalog {
+		locs = append(locs, Location{Path: f, Explicit: true, Catalog: true})
+	}
 	return locs
 }
 
@@ -174,8 +202,12 @@ func Discover(o Options) Result {
 			res.Problems = append(res.Problems, problems...)
 			for _, s := range servers {
 				if seen[s.Name] {
+					if loc.Catalog {
+						res.Skipped = append(res.Skipped, Skip{Name: s.Name, Source: f, Reason: "defined earlier (configured, or in an earlier catalog file), so this catalog entry is not used"})
+					}
 					continue
 				}
+				s.Catalog = loc.Catalog
 				if o.LookupEnv != nil {
 					s = expand(s, o.LookupEnv)
 				}

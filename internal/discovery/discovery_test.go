@@ -212,3 +212,38 @@ func TestBridgeDirectoryAndWatch(t *testing.T) {
 	}
 	next(2)
 }
+
+// TestCatalogFiles: catalog files are read last and their servers marked;
+// a name configured elsewhere is not a catalog server; the policy applies;
+// the watcher's fingerprint covers them.
+func TestCatalogFiles(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "servers.json")
+	write(t, cfg, `{"mcpServers": {"fs": {"command": "fs"}}}`)
+	cat := filepath.Join(dir, "catalog.json")
+	write(t, cat, `{"mcpServers": {"weather": {"command": "w", "description": "forecasts"}, "fs": {"command": "other"}, "secret": {"command": "s"}}}`)
+	o := Options{Files: []string{cfg}, Catalog: []string{cat}, Policy: Policy{Deny: []string{"secret"}}}
+	res := Discover(o)
+	var got []string
+	for _, s := range res.Servers {
+		got = append(got, s.Name+"="+s.Command+map[bool]string{true: ":catalog"}[s.Catalog])
+	}
+	if strings.Join(got, ",") != "fs=fs,weather=w:catalog" {
+		t.Fatalf("servers %v", got)
+	}
+	var skipped []string
+	for _, s := range res.Skipped {
+		skipped = append(skipped, s.Name+": "+s.Reason)
+	}
+	if len(skipped) != 2 || !strings.Contains(skipped[0]+skipped[1], "fs: defined earlier") || !strings.Contains(skipped[0]+skipped[1], "secret: denied") {
+		t.Fatalf("skipped %v", skipped)
+	}
+	before := Fingerprint(o)
+	write(t, cat, `{"mcpServers": {"weather": {"command": "w2"}}}`)
+	if Fingerprint(o) == before {
+		t.Fatal("the fingerprint does not cover the catalog file")
+	}
+	if res := Discover(Options{Catalog: []string{filepath.Join(dir, "missing.json")}}); len(res.Problems) != 1 {
+		t.Fatalf("a missing catalog file is not a problem: %+v", res)
+	}
+}

@@ -317,7 +317,7 @@ func TestBridgePrograms(t *testing.T) {
 	pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "GitHub", nil),
 		testutil.TestServerDef(t, "filesystem", nil), testutil.TestServerDef(t, "demo-server", nil))
 	fe := testutil.FrontendWith(t, b, frontend.Config{ID: "e2e-fe", Tools: pool})
-	c := testutil.MCPClientWith(t, fe, mcpserver.Options{Servers: pool.Names, Catalog: pool.Servers}, mcpserver.HTTPOptions{})
+	c := testutil.MCPClientWith(t, fe, mcpserver.Options{Servers: pool.Names, Definitions: pool.Servers}, mcpserver.HTTPOptions{})
 	for _, p := range bridgePrograms {
 		t.Run(p.name, func(t *testing.T) {
 			res := testutil.CallRunPython(t, c, map[string]any{"code": p.code, "servers": p.servers})

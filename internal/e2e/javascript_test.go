@@ -32,7 +32,7 @@ func TestJavaScriptThroughTheFleet(t *testing.T) {
 	testutil.Worker(t, b, rt, worker.DefaultConfig("js-worker"))
 	pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
 	fe := testutil.FrontendWith(t, b, frontend.Config{ID: "js-fe", Tools: pool})
-	c := testutil.MCPClientWith(t, fe, mcpserver.Options{Servers: pool.Names, Catalog: pool.Servers, Languages: jobs.Languages}, mcpserver.HTTPOptions{})
+	c := testutil.MCPClientWith(t, fe, mcpserver.Options{Servers: pool.Names, Definitions: pool.Servers, Languages: jobs.Languages}, mcpserver.HTTPOptions{})
 
 	tools, err := c.ListTools(context.Background(), mcp.ListToolsRequest{})
 	if err != nil {

@@ -24,7 +24,7 @@ func TestProxiedCallsFromPodman(t *testing.T) {
 	testutil.Worker(t, b, rt, worker.DefaultConfig("e2e-worker"))
 	pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil), testutil.TestServerDef(t, "other", nil))
 	fe := testutil.FrontendWith(t, b, frontend.Config{ID: "e2e-fe", Tools: pool})
-	c := testutil.MCPClientWith(t, fe, mcpserver.Options{Servers: pool.Names, Catalog: pool.Servers}, mcpserver.HTTPOptions{})
+	c := testutil.MCPClientWith(t, fe, mcpserver.Options{Servers: pool.Names, Definitions: pool.Servers}, mcpserver.HTTPOptions{})
 
 	code := `import asyncio, os, socket
 print(os.getuid(), [n for _, n in socket.if_nameindex()])

@@ -49,6 +49,9 @@ type Config struct {
 	Policies map[string]Policy
 	// Metrics, when set, records submissions and proxy call latency.
 	Metrics *metrics.Metrics
+	// OnCatalogChange, when set, is told of a namespace that enabled or
+	// disabled a catalog server (its servers enum changed).
+	OnCatalogChange func(ns string)
 }
 
 // Frontend submits jobs and waits for them.

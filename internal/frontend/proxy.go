@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -140,7 +141,7 @@ func (h *proxyHandler) dispatch(ctx context.Context, rj *runningJob, method stri
 		if err := decode(params, &p); err != nil {
 			return nil, err
 		}
-		return h.discovered(rj, p.Detailed), nil
+		return h.discovered(ctx, rj, p.Detailed)
 	case "list_tools":
 		var p struct {
 			Server string `json:"server"`
@@ -175,6 +176,12 @@ func (h *proxyHandler) dispatch(ctx context.Context, rj *runningJob, method stri
 		return h.memory(ctx, rj, method, params)
 	case proxy.MethodSavedToolPut, proxy.MethodSavedToolDelete, proxy.MethodSavedToolList:
 		return h.savedTools(ctx, rj, method, params)
+	case proxy.MethodCatalogFind, proxy.MethodCatalogEnable, proxy.MethodCatalogDisable:
+		var p catalogParams
+		if err := decode(params, &p); err != nil {
+			return nil, err
+		}
+		return h.catalogCall(ctx, rj, method, p)
 	case proxy.MethodJobResult:
 		var p struct {
 			ID string `json:"id"`
@@ -199,13 +206,25 @@ func decode(params json.RawMessage, v any) error {
 
 func (h *proxyHandler) tools() ToolSource { return h.f.cfg.Tools }
 
-// server checks that the job was given name.
-func (h *proxyHandler) server(rj *runningJob, name string) error {
+// server checks that the job may use name: it was given to the job, or it
+// is a catalog server the job's namespace has enabled now (the worker lets
+// only the job's servers, and those the job itself enabled, ask).
+func (h *proxyHandler) server(ctx context.Context, rj *runningJob, name string) error {
 	if name == "" {
 		return errors.New("name a server: one of " + proxy.QuoteNames(h.jobServers(rj)))
 	}
 	if !h.f.policyFor(rj.namespace()).allowsServer(name) {
 		return fmt.Errorf("server %q is not allowed for namespace %q", name, rj.namespace())
+	}
+	if _, isCatalog := h.f.catalogServer(name); isCatalog {
+		on, err := h.f.catalogEnabled(ctx, rj.namespace(), name)
+		if err != nil {
+			return err
+		}
+		if !on {
+			return fmt.Errorf("server %q is a catalog server that namespace %q has not enabled: call enable_server(%q) first", name, rj.namespace(), name)
+		}
+		return nil
 	}
 	if !rj.servers[name] {
 		given := h.jobServers(rj)
@@ -231,7 +250,7 @@ func (h *proxyHandler) jobServers(rj *runningJob) []string {
 }
 
 func (h *proxyHandler) callTool(ctx context.Context, rj *runningJob, server, tool string, args map[string]any, raw bool, timeout float64) (any, error) {
-	if err := h.server(rj, server); err != nil {
+	if err := h.server(ctx, rj, server); err != nil {
 		return nil, err
 	}
 	if tool == "" {
@@ -298,10 +317,20 @@ type serverInfo struct {
 	Source      string `json:"source,omitempty"`
 }
 
-func (h *proxyHandler) discovered(rj *runningJob, detailed bool) any {
+// discovered answers discovered_servers: the servers configured on this
+// front-end and the catalog servers the job's namespace enabled.
+func (h *proxyHandler) discovered(ctx context.Context, rj *runningJob, detailed bool) (any, error) {
 	var all []discovery.Server
 	if h.tools() != nil {
-		all = h.tools().Servers()
+		enabled, err := h.f.EnabledServers(ctx, rj.namespace())
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range h.tools().Servers() {
+			if !s.Catalog || slices.Contains(enabled, s.Name) {
+				all = append(all, s)
+			}
+		}
 	}
 	if !detailed {
 		names := make([]string, 0, len(all))
@@ -309,7 +338,7 @@ func (h *proxyHandler) discovered(rj *runningJob, detailed bool) any {
 			names = append(names, s.Name)
 		}
 		sort.Strings(names)
-		return names
+		return names, nil
 	}
 	out := make([]serverInfo, 0, len(all))
 	for _, s := range all {
@@ -317,7 +346,7 @@ func (h *proxyHandler) discovered(rj *runningJob, detailed bool) any {
 			Transport: s.Type, Available: rj.servers[s.Name]})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
+	return out, nil
 }
 
 // toolInfo is a tool as list_tools answers it: mcpexec's keys, and the MCP
@@ -335,7 +364,7 @@ type toolInfo struct {
 type aliases struct{ ours, bridge map[string]string }
 
 func (h *proxyHandler) serverTools(ctx context.Context, rj *runningJob, server string) ([]tooldocs.Tool, aliases, error) {
-	if err := h.server(rj, server); err != nil {
+	if err := h.server(ctx, rj, server); err != nil {
 		return nil, aliases{}, err
 	}
 	ts, err := h.tools().Tools(ctx, server)

@@ -46,7 +46,7 @@ func (h *proxyHandler) memory(ctx context.Context, rj *runningJob, method string
 		return nil, errors.New("a memory key must be a non-empty string")
 	}
 	if method != "memory_list" && strings.HasPrefix(p.Key, ReservedMemoryPrefix) {
-		return nil, fmt.Errorf("memory keys starting with %q are reserved (saved tools live there: use save_tool, list_saved_tools, delete_saved_tool)", ReservedMemoryPrefix)
+		return nil, fmt.Errorf("memory keys starting with %q are reserved (saved tools and enabled catalog servers live there: use save_tool, delete_saved_tool, enable_server, disable_server)", ReservedMemoryPrefix)
 	}
 	switch method {
 	case "memory_get":

@@ -46,7 +46,7 @@ func setup(t *testing.T, dir string, cfg frontend.Config, servers ...discovery.S
 	}
 	cfg.Tools = pool
 	fe := testutil.FrontendWith(t, b, cfg)
-	c := testutil.MCPClientWith(t, fe, mcpserver.Options{Servers: pool.Names, Catalog: pool.Servers}, mcpserver.HTTPOptions{})
+	c := testutil.MCPClientWith(t, fe, mcpserver.Options{Servers: pool.Names, Definitions: pool.Servers}, mcpserver.HTTPOptions{})
 	return &stack{b: b, fe: fe, pool: pool, c: c}
 }
 
@@ -473,7 +473,7 @@ func TestSlowSandboxStartKeepsItsTimeLimit(t *testing.T) {
 	testutil.Worker(t, b, slowStartRuntime{delay: 1500 * time.Millisecond}, worker.DefaultConfig("w1"))
 	pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
 	fe := testutil.FrontendWith(t, b, frontend.Config{ID: "fe1", Tools: pool})
-	c := testutil.MCPClientWith(t, fe, mcpserver.Options{Servers: pool.Names, Catalog: pool.Servers}, mcpserver.HTTPOptions{})
+	c := testutil.MCPClientWith(t, fe, mcpserver.Options{Servers: pool.Names, Definitions: pool.Servers}, mcpserver.HTTPOptions{})
 	res := testutil.CallRunPython(t, c, map[string]any{"code": "unused", "servers": []string{"ts"}, "timeout": 1})
 	if st := testutil.Structured(t, res); st.Status != "success" || !strings.Contains(testutil.Text(res), "late") {
 		t.Fatalf("status %s: %s", st.Status, testutil.Text(res))

@@ -161,11 +161,14 @@ func (p *Pool) Servers() []discovery.Server {
 	return out
 }
 
-// Names returns the allowed server names, sorted.
+// Names returns the allowed server names, sorted, but for catalog servers
+// (those only a namespace that enabled them uses).
 func (p *Pool) Names() []string {
 	var out []string
 	for _, s := range p.Servers() {
-		out = append(out, s.Name)
+		if !s.Catalog {
+			out = append(out, s.Name)
+		}
 	}
 	sort.Strings(out)
 	return out

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
@@ -127,12 +128,17 @@ func (h *handler) manual() string {
 	}
 	b.WriteString("\n## MCP servers on this front-end\n")
 	switch {
-	case h.opts.Catalog != nil:
-		cat := h.opts.Catalog()
-		if len(cat) == 0 {
+	case h.opts.Definitions != nil:
+		var defs []discovery.Server
+		for _, s := range h.opts.Definitions() {
+			if !s.Catalog {
+				defs = append(defs, s)
+			}
+		}
+		if len(defs) == 0 {
 			b.WriteString("None configured.\n")
 		}
-		for _, s := range cat {
+		for _, s := range defs {
 			desc := s.Description
 			if desc == "" {
 				desc = "(no description: use query_tool_docs)"
@@ -144,5 +150,22 @@ func (h *handler) manual() string {
 	default:
 		b.WriteString("None configured.\n")
 	}
+	if h.opts.Catalog != nil {
+		b.WriteString(CatalogManual)
+	}
 	return b.String()
 }
+
+// CatalogManual documents the server catalog, where the operator has one.
+const CatalogManual = `
+## The server catalog (servers you may enable)
+Besides the servers above, the operator lists servers that are known but not
+enabled. Enabling one makes it one of your servers: it stays enabled for your
+later runs (name it in servers) until you disable it.
+- ` + "`find_servers(query=\"\", limit=5)`" + ` (JavaScript ` + "`findServers`" + `): catalog servers ranked by
+  relevance to a free-text query: name, alias, description, transport, enabled, score.
+  An empty query lists them all.
+- ` + "`enable_server(name)`" + ` (` + "`enableServer`" + `): enables it for you and for this run at once:
+  ` + "`mcp_<alias>`" + ` is defined, ` + "`call_tool(name, ...)`" + ` works.
+- ` + "`disable_server(name)`" + ` (` + "`disableServer`" + `): its calls are refused from then on.
+`

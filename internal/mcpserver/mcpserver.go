@@ -38,9 +38,15 @@ type Options struct {
 	Name    string
 	Version string
 	Servers func() []string // names of proxied servers (the servers enum)
-	// Catalog lists the proxied servers for the capabilities manual; nil
-	// lists Servers' names only.
-	Catalog func() []discovery.Server
+	// Definitions lists the proxied servers for the capabilities manual
+	// (catalog servers are left out); nil lists Servers' names only.
+	Definitions func() []discovery.Server
+	// Catalog is the operator's server catalog (--catalog); nil: none. The
+	// catalog servers a namespace enabled join its servers enum.
+	Catalog ServerCatalog
+	// AgentDiscovery offers the catalog to agents as MCP tools too:
+	// find_servers, enable_server and disable_server (--agent-discovery).
+	AgentDiscovery bool
 	// Namespace returns the memory namespace of the caller (from its token over
 	// HTTP; DefaultNamespace on stdio). nil means DefaultNamespace.
 	Namespace func(ctx context.Context) string
@@ -167,6 +173,7 @@ func NewServer(r Runner, opts Options) (*server.MCPServer, *Tools) {
 		server.WithToolCapabilities(true), // the servers enum and the languages may change
 		server.WithResourceCapabilities(false, false),
 		server.WithInstructions(instructions(opts.Languages)),
+		server.WithToolFilter(h.namespaceServers),
 	}
 	if _, ok := r.(TaskBackend); ok {
 		// Declared here, answered by Tasks in front of mcp-go.
@@ -176,6 +183,9 @@ func NewServer(r Runner, opts Options) (*server.MCPServer, *Tools) {
 	h.srv = s
 	for _, lang := range h.languages() {
 		s.AddTool(h.tool(lang), h.call)
+	}
+	if opts.Catalog != nil && opts.AgentDiscovery {
+		h.addCatalogTools(s)
 	}
 	tools := &Tools{s: s, h: h}
 	for _, uri := range []string{CapabilitiesURI, BridgeCapabilitiesURI} {
@@ -220,16 +230,25 @@ const toolDescription = `Run Python 3 code in an isolated sandbox (no network, r
 
 const jsToolDescription = `Run JavaScript (Node.js) in an isolated sandbox (no network, read-only filesystem, time and memory limits) and return its stdout, stderr and status. Top-level await works. The code can call the tools of the MCP servers named in "servers" without loading their schemas: await mcp_<server>.<tool>({...}) or await callTool(server, tool, {...}); results come back JSON-decoded when possible; errors throw MCPError. Find tools with listServers(), queryToolDocs(server) and searchToolDocs("what you need"). saveMemory/loadMemory/updateMemory keep data across calls (shared with Python). console.log what you need: only printed output comes back. Calls with the same "session" share globals (var, function, globalThis). Read resource ` + CapabilitiesURI + ` for the full API.`
 
+// tool is the run tool of lang, its servers enum the configured servers.
 func (h *handler) tool(lang string) mcp.Tool {
+	var names []string
+	if h.opts.Servers != nil {
+		names = h.opts.Servers()
+	}
+	return h.toolWith(lang, names)
+}
+
+// toolWith is the run tool of lang with names as its servers enum (none: any
+// string).
+func (h *handler) toolWith(lang string, names []string) mcp.Tool {
 	l := h.r.Limits()
 	serverOpts := []mcp.PropertyOption{
 		mcp.Description("MCP servers the code may call."),
 		mcp.WithStringItems(),
 	}
-	if h.opts.Servers != nil {
-		if names := h.opts.Servers(); len(names) > 0 {
-			serverOpts = []mcp.PropertyOption{mcp.Description("MCP servers the code may call."), mcp.WithStringEnumItems(names)}
-		}
+	if len(names) > 0 {
+		serverOpts = []mcp.PropertyOption{mcp.Description("MCP servers the code may call."), mcp.WithStringEnumItems(names)}
 	}
 	name, desc, source, shares := ToolName, toolDescription, "Python source to run.", "Python globals"
 	if lang == jobs.LangJavaScript {
@@ -305,11 +324,15 @@ func parseArgs(tool string, raw any) (*jobs.Job, error) {
 	return job, nil
 }
 
-// checkServers refuses server names the front-end does not proxy.
-func (h *handler) checkServers(names []string) error {
+// checkServers refuses server names the front-end does not proxy for
+// namespace ns: neither configured nor catalog servers ns enabled.
+func (h *handler) checkServers(ctx context.Context, ns string, names []string) error {
 	var known []string
 	if h.opts.Servers != nil {
 		known = h.opts.Servers()
+	}
+	if len(names) > 0 {
+		known = append(slices.Clone(known), h.enabled(ctx, ns)...)
 	}
 	for _, n := range names {
 		if !slices.Contains(known, n) {
@@ -327,10 +350,10 @@ func (h *handler) call(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	if err != nil {
 		return mcp.NewToolResultError(err.Error()), nil
 	}
-	if err := h.checkServers(job.Servers); err != nil {
+	job.Namespace = h.namespace(ctx)
+	if err := h.checkServers(ctx, job.Namespace, job.Servers); err != nil {
 		return mcp.NewToolResultError(err.Error()), nil
 	}
-	job.Namespace = h.namespace(ctx)
 	job.ID = jobs.NewID()
 	log := h.logger(ctx, job.Namespace, job.ID)
 	log.Info(req.Params.Name+" accepted", "namespace", job.Namespace, "servers", job.Servers, "session", job.Session)

@@ -175,7 +175,7 @@ func (t *Tasks) create(ctx context.Context, ns, session string, params json.RawM
 	}
 	job, err := parseArgs(p.Name, p.Arguments)
 	if err == nil {
-		err = t.h.checkServers(job.Servers)
+		err = t.h.checkServers(ctx, ns, job.Servers)
 	}
 	if err != nil {
 		return nil, invalidParams("%v", err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -31,6 +32,10 @@ const (
 	MethodSavedToolPut    = "saved_tool_put"
 	MethodSavedToolDelete = "saved_tool_delete"
 	MethodSavedToolList   = "saved_tool_list"
+	// The server catalog: find_servers, enable_server, disable_server.
+	MethodCatalogFind    = "catalog_find"
+	MethodCatalogEnable  = "catalog_enable"
+	MethodCatalogDisable = "catalog_disable"
 )
 
 var knownMethods = map[string]bool{
@@ -39,6 +44,17 @@ var knownMethods = map[string]bool{
 	MethodCapabilitySummary: true, MethodMemoryGet: true, MethodMemoryPut: true,
 	MethodMemoryDelete: true, MethodMemoryList: true, MethodJobResult: true,
 	MethodSavedToolPut: true, MethodSavedToolDelete: true, MethodSavedToolList: true,
+	MethodCatalogFind: true, MethodCatalogEnable: true, MethodCatalogDisable: true,
+}
+
+// Methods returns the proxy methods, sorted.
+func Methods() []string {
+	out := make([]string, 0, len(knownMethods))
+	for m := range knownMethods {
+		out = append(out, m)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // KnownMethod reports whether m is a proxy method.

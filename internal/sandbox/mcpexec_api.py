@@ -955,6 +955,38 @@ def _api(runner):
         when their code names one); returns the names defined."""
         return _AwaitableList(load_saved_tools_into(runner, runner.globals if runner.globals is not None else api))
 
+    # -- the server catalog: servers the operator lists, a namespace enables ---
+    def find_servers(query="", limit=5):
+        """Catalog servers (known to the operator, not enabled until a
+        namespace enables them) ranked by relevance to query: dicts of name,
+        alias, description, transport, enabled and score. An empty query lists
+        them all."""
+        return _AwaitableList(runner.rpc_sync("catalog_find", {"query": str(query), "limit": _limit(limit)}) or [])
+
+    def enable_server(name):
+        """Enables catalog server name for this namespace (its later runs may
+        name it in servers) and for this run: mcp_<alias> is defined at once.
+        Returns its entry (name, alias, description, enabled)."""
+        entry = runner.rpc_sync("catalog_enable", {"name": _server_name(name)})
+        if name not in runner.servers:
+            runner.servers = runner.servers + [name]
+            _bind_servers(runner, runner.globals if runner.globals is not None else api)
+        return _AwaitableDict(entry or {})
+
+    def disable_server(name):
+        """Disables catalog server name for this namespace; True when it was
+        enabled. Its calls are refused from now on."""
+        res = runner.rpc_sync("catalog_disable", {"name": _server_name(name)})
+        if name in runner.servers:
+            runner.servers = [s for s in runner.servers if s != name]
+            _bind_servers(runner, runner.globals if runner.globals is not None else api)
+        return bool((res or {}).get("disabled"))
+
+    def _server_name(name):
+        if not isinstance(name, str) or not name:
+            raise TypeError("server names are non-empty strings, got %r" % (name,))
+        return name
+
     api = {
         "MCPError": MCPError,
         "MCPServerProxy": MCPServerProxy,
@@ -983,6 +1015,9 @@ def _api(runner):
         "list_saved_tools": list_saved_tools,
         "delete_saved_tool": delete_saved_tool,
         "load_saved_tools": load_saved_tools,
+        "find_servers": find_servers,
+        "enable_server": enable_server,
+        "disable_server": disable_server,
     }
     rt = type(sys)("runtime", "The mcpexec sandbox API (the same names are available without import).")
     rt.__dict__.update(api)

@@ -355,7 +355,34 @@ const api = {
     }
     return rpc("job_result", { id });
   },
+  // The server catalog: servers the operator lists but a namespace enables.
+  async findServers(query = "", limit = 5) {
+    return (await rpc("catalog_find", { query: String(query), limit: Math.trunc(Number(limit)) || 5 })) || [];
+  },
+  // enableServer enables a catalog server for this namespace and this run:
+  // mcp_<alias> is defined at once.
+  async enableServer(name) {
+    const entry = await rpc("catalog_enable", { name: serverName(name) });
+    if (!servers.includes(name)) {
+      bindServers([...servers, name]);
+    }
+    return entry;
+  },
+  async disableServer(name) {
+    const res = await rpc("catalog_disable", { name: serverName(name) });
+    if (servers.includes(name)) {
+      bindServers(servers.filter((s) => s !== name));
+    }
+    return Boolean(res && res.disabled);
+  },
 };
+
+function serverName(name) {
+  if (typeof name !== "string" || name === "") {
+    throw new TypeError(`server names are non-empty strings, got ${JSON.stringify(name)}`);
+  }
+  return name;
+}
 for (const [name, value] of Object.entries(api)) {
   defineGlobal(name, value);
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -25,7 +26,45 @@ type natsHost struct {
 	job        *jobs.Job
 	attempt    int
 	capability string
+
+	mu sync.Mutex
+	// enabled are the catalog servers this run enabled (enable_server):
+	// it may call them too.
+	enabled []string
 }
+
+// mayUse reports whether the run may call server: it was given to the job,
+// or the run enabled it.
+func (h *natsHost) mayUse(server string) bool {
+	if slices.Contains(h.job.Servers, server) {
+		return true
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Contains(h.enabled, server)
+}
+
+// catalogAnswer notes the catalog server a front-end enabled or disabled for
+// this run (from its answer to catalog_enable or catalog_disable).
+func (h *natsHost) catalogAnswer(method string, res json.RawMessage) {
+	var a struct {
+		Name     string `json:"name"`
+		Enabled  bool   `json:"enabled"`
+		Disabled bool   `json:"disabled"`
+	}
+	if json.Unmarshal(res, &a) != nil || a.Name == "" {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.enabled = slices.DeleteFunc(h.enabled, func(s string) bool { return s == a.Name })
+	if method == proxy.MethodCatalogEnable && a.Enabled && len(h.enabled) < maxRunEnabled {
+		h.enabled = append(h.enabled, a.Name)
+	}
+}
+
+// maxRunEnabled bounds the catalog servers one run notes as enabled.
+const maxRunEnabled = 256
 
 // callRetrying makes a proxy call, sending it again (with the same call id)
 // when no front-end answered: any call when none was listening, a retryable
@@ -78,7 +117,7 @@ func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessa
 		if err := json.Unmarshal(params, &p); err != nil || p.Server == "" {
 			return nil, errors.New("name a server: the call needs a \"server\" parameter")
 		}
-		if !slices.Contains(h.job.Servers, p.Server) {
+		if !h.mayUse(p.Server) {
 			return nil, fmt.Errorf("server %q was not given to this run (it may use %s): add it to the job's servers", truncate(p.Server, 80), proxy.QuoteNames(h.job.Servers))
 		}
 		server, subject = p.Server, h.subj.ProxyServer(p.Server)
@@ -86,6 +125,9 @@ func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessa
 	req := proxy.Request{Job: h.job.ID, Attempt: h.attempt, Capability: h.capability, Method: method, Params: params, CallID: newCallID()}
 	hdr := nats.Header{jobs.TraceHeader: []string{jobs.TraceParent(h.job.ID)}}
 	res, err := callRetrying(ctx, h.nc, subject, req, hdr)
+	if err == nil && (method == proxy.MethodCatalogEnable || method == proxy.MethodCatalogDisable) {
+		h.catalogAnswer(method, res)
+	}
 	if errors.Is(err, proxy.ErrNoResponder) {
 		if server != "" {
 			return nil, fmt.Errorf("no front-end proxies MCP server %q right now: start a front-end that has it, or retry later", server)
