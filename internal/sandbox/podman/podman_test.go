@@ -19,6 +19,7 @@ import (
 	"github.com/containers/podman/v5/pkg/bindings/containers"
 
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/sandboxtest"
 )
 
@@ -73,10 +74,7 @@ func waitWarm(tb testing.TB, rt *Runtime, n int) {
 	tb.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
-		rt.mu.Lock()
-		w := len(rt.warm)
-		rt.mu.Unlock()
-		if w >= n {
+		if rt.Warm() >= n {
 			return
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -103,7 +101,7 @@ func TestOrphansRemoved(t *testing.T) {
 	ctx := context.Background()
 	create := func(worker string) string {
 		t.Helper()
-		s := rt.spec(t.TempDir(), "orphan", rt.seq.Add(1), rt.cfg.Limits)
+		s := rt.spec(containerpool.Spec{Dir: t.TempDir(), Job: "orphan", Limits: rt.cfg.Limits})
 		s.Labels[LabelWorker] = worker
 		s.Name = ""
 		c, cancel := rt.callCtx(ctx, 30*time.Second)
@@ -140,17 +138,17 @@ func TestNoContainerLeftAfterRun(t *testing.T) {
 		}
 		t.Logf("%q: %s exit %d %s", code, res.Status, res.ExitCode, res.Error)
 	}
-	rt.removals.Wait()
-	ids, err := rt.list(ctx)
+	rt.pool.WaitRemovals()
+	ids, err := rt.pool.List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(ids) != 0 {
 		t.Fatalf("%d containers left after runs: %v", len(ids), ids)
 	}
-	ents, _ := os.ReadDir(rt.base)
+	ents, _ := os.ReadDir(rt.pool.Dir())
 	if len(ents) != 0 {
-		t.Fatalf("%d container dirs left in %s", len(ents), rt.base)
+		t.Fatalf("%d container dirs left in %s", len(ents), rt.pool.Dir())
 	}
 }
 
@@ -214,12 +212,12 @@ func TestWarmPool(t *testing.T) {
 
 	// A cold start, for comparison.
 	cold0 := time.Now()
-	b, err := rt.start(ctx, "cold", rt.cfg.Limits)
+	b, err := rt.pool.NewBox(ctx, "cold", rt.cfg.Limits)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cold := time.Since(cold0)
-	rt.discard(b)
+	rt.pool.Discard(b)
 	t.Logf("warm run %s, cold container start %s", warm, cold)
 	if warm >= cold {
 		t.Fatalf("warm run (%s) not faster than a cold start (%s)", warm, cold)
@@ -271,7 +269,7 @@ for host in ("127.0.0.1", "localhost", "host.containers.internal", "10.88.0.1"):
 
 func TestSpecIsLockedDown(t *testing.T) {
 	rt := &Runtime{cfg: Config{Image: "img", OCIRuntime: "runc", Limits: sandbox.DefaultLimits(), WorkerID: "w"}}
-	s := rt.spec("/d", "job1", 1, rt.cfg.Limits)
+	s := rt.spec(containerpool.Spec{Dir: "/d", Job: "job1", Seq: 1, Limits: rt.cfg.Limits})
 	if !*s.ReadOnlyFilesystem || *s.ReadWriteTmpfs || !*s.NoNewPrivileges || !slices.Equal(s.CapDrop, []string{"ALL"}) {
 		t.Fatalf("spec not locked down: %+v", s)
 	}
@@ -349,8 +347,8 @@ func TestSessionContainerLifecycle(t *testing.T) {
 	ctx := context.Background()
 	count := func() int {
 		t.Helper()
-		rt.removals.Wait()
-		ids, err := rt.list(ctx)
+		rt.pool.WaitRemovals()
+		ids, err := rt.pool.List(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -511,7 +509,7 @@ func TestReapsContainersOfDeadOwners(t *testing.T) {
 	}
 	gone := mk(fmt.Sprintf("%s/%d/%d", sandbox.HostName, dead.Process.Pid, 12345))
 	live := mk(sandbox.OwnerLabel)
-	ids, err := rt.ownerless(context.Background())
+	ids, err := rt.pool.Ownerless(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
