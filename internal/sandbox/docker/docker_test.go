@@ -19,6 +19,7 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/sandboxtest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 )
@@ -127,7 +128,7 @@ func TestOrphansRemoved(t *testing.T) {
 	ctx := context.Background()
 	create := func(worker string) string {
 		t.Helper()
-		s := rt.spec(t.TempDir(), "orphan", rt.seq.Add(1), rt.cfg.Limits, "x")
+		s := rt.spec(containerpool.Spec{Dir: t.TempDir(), Job: "orphan", Limits: rt.cfg.Limits, Secret: "x"})
 		s.config.Labels[LabelWorker] = worker
 		r, err := rt.cli.ContainerCreate(ctx, s.config, s.host, s.net, nil, "")
 		if err != nil {
@@ -152,7 +153,7 @@ func TestOrphansRemoved(t *testing.T) {
 func TestOwnerlessReaped(t *testing.T) {
 	rt := newRuntime(t, Config{})
 	ctx := context.Background()
-	s := rt.spec(t.TempDir(), "ownerless", rt.seq.Add(1), rt.cfg.Limits, "x")
+	s := rt.spec(containerpool.Spec{Dir: t.TempDir(), Job: "ownerless", Limits: rt.cfg.Limits, Secret: "x"})
 	s.config.Labels[LabelWorker] = workerID(t) + "-gone"
 	s.config.Labels[LabelOwner] = sandbox.HostName + "/999999999/1" // no such process
 	r, err := rt.cli.ContainerCreate(ctx, s.config, s.host, s.net, nil, "")
@@ -160,7 +161,7 @@ func TestOwnerlessReaped(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = rt.remove(ctx, r.ID) })
-	ids, err := rt.ownerless(ctx)
+	ids, err := rt.pool.Ownerless(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,14 +173,14 @@ func TestOwnerlessReaped(t *testing.T) {
 		t.Fatalf("a container whose owner is gone is not reaped: %v", ids)
 	}
 	// This process's own containers are not.
-	b, err := rt.acquire(ctx, "alive", rt.cfg.Limits)
+	b, err := rt.pool.Acquire(ctx, "alive", rt.cfg.Limits)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rt.discard(b)
-	ids, _ = rt.ownerless(ctx)
+	defer rt.pool.Discard(b)
+	ids, _ = rt.pool.Ownerless(ctx)
 	for _, id := range ids {
-		if id == b.id {
+		if id == b.ID() {
 			t.Fatal("a live owner's container is taken for ownerless")
 		}
 	}
@@ -195,29 +196,29 @@ func TestNoContainerLeftAfterRun(t *testing.T) {
 		}
 		t.Logf("%q: %s exit %d %s", code, res.Status, res.ExitCode, res.Error)
 	}
-	rt.removals.Wait()
-	ids, err := rt.list(ctx)
+	rt.pool.WaitRemovals()
+	ids, err := rt.pool.List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(ids) != 0 {
 		t.Fatalf("%d containers left after runs: %v", len(ids), ids)
 	}
-	ents, _ := os.ReadDir(rt.base)
+	ents, _ := os.ReadDir(rt.pool.Dir())
 	if len(ents) != 0 {
-		t.Fatalf("%d container dirs left in %s", len(ents), rt.base)
+		t.Fatalf("%d container dirs left in %s", len(ents), rt.pool.Dir())
 	}
 }
 
 func TestSpecLockdown(t *testing.T) {
 	rt := newRuntime(t, Config{})
 	ctx := context.Background()
-	b, err := rt.acquire(ctx, "spec", rt.cfg.Limits)
+	b, err := rt.pool.Acquire(ctx, "spec", rt.cfg.Limits)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rt.discard(b)
-	c, err := rt.cli.ContainerInspect(ctx, b.id)
+	defer rt.pool.Discard(b)
+	c, err := rt.cli.ContainerInspect(ctx, b.ID())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,8 +334,8 @@ func TestSessionContainerLifecycle(t *testing.T) {
 	ctx := context.Background()
 	count := func() int {
 		t.Helper()
-		rt.removals.Wait()
-		ids, err := rt.list(ctx)
+		rt.pool.WaitRemovals()
+		ids, err := rt.pool.List(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
