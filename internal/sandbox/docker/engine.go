@@ -97,19 +97,13 @@ func (e *engine) ExitNote(id string) string {
 	if err != nil || data.ContainerJSONBase == nil || data.State == nil || data.State.Running {
 		return ""
 	}
-	note := fmt.Sprintf(" (container exited with code %d", data.State.ExitCode)
-	if data.State.Error != "" {
-		note += ": " + data.State.Error
-	}
-	return note + ")"
+	return containerpool.ExitNote(data.State.ExitCode, data.State.Error)
 }
 
 // Lost implements containerpool.Engine.
 func (e *engine) Lost(b *containerpool.Box, res sandbox.Result) sandbox.Result {
 	r := (*Runtime)(e)
-	res.Status = sandbox.StatusError
-	res.ExitCode = -1
-	res.Error = "sandbox exited unexpectedly"
+	res = containerpool.Lost(res)
 	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// The socket closes as the process dies; the container's state follows
@@ -134,16 +128,5 @@ func (e *engine) Lost(b *containerpool.Box, res sandbox.Result) sandbox.Result {
 	}
 	code := st.ExitCode
 	r.log.Debug("docker sandbox: runner lost", "id", sandbox.ShortID(b.ID()), "exit_code", code, "oom_killed", st.OOMKilled)
-	// A SIGKILL (137) cannot come from the code itself: the runner is PID 1 of
-	// its PID namespace, which ignores signals it has no handler for when they
-	// come from inside. So with a memory limit, 137 is the kernel's OOM killer
-	// (or an operator).
-	if st.OOMKilled || (code == 137 && b.Limits().Memory > 0) {
-		res.ExitCode = 137
-		res.Error = fmt.Sprintf("the sandbox hit its memory limit (%s) and was killed", sandbox.FormatBytes(b.Limits().Memory))
-		return res
-	}
-	res.ExitCode = code
-	res.Error = fmt.Sprintf("sandbox exited unexpectedly (exit code %d)", code)
-	return res
+	return containerpool.Exited(res, code, st.OOMKilled, b.Limits().Memory)
 }

@@ -111,19 +111,13 @@ func (e *engine) ExitNote(id string) string {
 	if err != nil || data.State == nil || data.State.Running {
 		return ""
 	}
-	note := fmt.Sprintf(" (container exited with code %d", data.State.ExitCode)
-	if data.State.Error != "" {
-		note += ": " + data.State.Error
-	}
-	return note + ")"
+	return containerpool.ExitNote(int(data.State.ExitCode), data.State.Error)
 }
 
 // Lost implements containerpool.Engine.
 func (e *engine) Lost(b *containerpool.Box, res sandbox.Result) sandbox.Result {
 	r := (*Runtime)(e)
-	res.Status = sandbox.StatusError
-	res.ExitCode = -1
-	res.Error = "sandbox exited unexpectedly"
+	res = containerpool.Lost(res)
 	c, cancel := r.callCtx(context.Background(), 10*time.Second)
 	defer cancel()
 	// The socket closes as the process dies; the container's state follows
@@ -151,16 +145,9 @@ func (e *engine) Lost(b *containerpool.Box, res sandbox.Result) sandbox.Result {
 	}
 	code := int(data.State.ExitCode)
 	r.log.Debug("podman sandbox: runner lost", "id", sandbox.ShortID(b.ID()), "exit_code", code, "oom_killed", data.State.OOMKilled)
-	// Podman 4.3 on cgroups v1 does not set OOMKilled. A SIGKILL (137) cannot come
-	// from the code itself: the runner is PID 1 of its PID namespace, which ignores
-	// signals it has no handler for when they come from inside. So with a memory
-	// limit, 137 is the kernel's OOM killer (or an operator).
-	if data.State.OOMKilled || (code == 137 && r.cfg.Limits.Memory > 0) {
-		res.ExitCode = 137
-		res.Error = fmt.Sprintf("the sandbox hit its memory limit (%s) and was killed", sandbox.FormatBytes(r.cfg.Limits.Memory))
-		return res
-	}
-	res.ExitCode = code
-	res.Error = fmt.Sprintf("sandbox exited unexpectedly (exit code %d)", code)
-	return res
+	// Podman 4.3 on cgroups v1 does not set OOMKilled: Exited takes a 137
+	// with a memory limit for the OOM killer. The limit is the configured
+	// one, as before the runtimes shared their pool (the Docker runtime names
+	// the box's own, which a job may have set).
+	return containerpool.Exited(res, code, data.State.OOMKilled, r.cfg.Limits.Memory)
 }
