@@ -25,19 +25,17 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"net"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/docker/docker/client"
 
 	sandboximage "github.com/mcpexec/mcpexec/deploy/sandbox"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 )
 
 // DefaultImage is the image New uses when Config.Image is empty: the one
@@ -55,31 +53,28 @@ var ErrNoImage = errors.New("not found")
 // ErrClosed is returned by Run and RunInSession after Close.
 var ErrClosed = errors.New("docker sandbox: runtime is closed")
 
-// Labels put on every container this package creates (the Podman runtime's).
+// Labels put on every container this package creates (containerpool's, as
+// the Podman runtime's).
 const (
-	LabelManaged = "mcpexec.managed"
-	LabelWorker  = "mcpexec.worker"
-	LabelJob     = "mcpexec.job"
+	LabelManaged = containerpool.LabelManaged
+	LabelWorker  = containerpool.LabelWorker
+	LabelJob     = containerpool.LabelJob
 	// LabelOwner names the process that made the container
 	// (sandbox.OwnerLabel): a container whose owner is gone is reaped by any
 	// Runtime on the host, whatever its worker id.
-	LabelOwner = "mcpexec.owner"
+	LabelOwner = containerpool.LabelOwner
 )
 
 // Reuse modes (Config.Reuse).
 const (
-	ReuseNamespace = "namespace"
-	ReuseNone      = "none"
+	ReuseNamespace = containerpool.ReuseNamespace
+	ReuseNone      = containerpool.ReuseNone
 )
 
 // Timeouts of the container life cycle.
 const (
-	handshakeTimeout = 30 * time.Second
-	removeTimeout    = 30 * time.Second
-	connectTimeout   = 15 * time.Second
-	// finishTimeout bounds the wait for a runner to exit by itself once its
-	// connection is closed; a runner still running then is killed.
-	finishTimeout = 2 * time.Second
+	removeTimeout  = 30 * time.Second
+	connectTimeout = 15 * time.Second
 )
 
 // Config configures a Runtime.
@@ -151,29 +146,11 @@ type Runtime struct {
 	log   *slog.Logger
 	cli   *client.Client
 	info  Info
-	base  string // per-Runtime directory under RunDir
 	langs []string
-	js    sandbox.JSExpectation // when new sandboxes keep a JavaScript executor ready
+	pool  *containerpool.Pool // its containers; nil only while New fails early
 
-	seq           atomic.Uint64
-	started       atomic.Uint64 // containers whose runner completed its handshake
-	startFailures atomic.Uint64 // containers that failed to start
-
-	mu       sync.Mutex // guards warm, idle, idleN, starting, closed
-	warm     []*box
-	idle     map[string][]*box // by tenant, least recently used first
-	idleN    int
-	starting int
-	closed   bool
-	sessions *sandbox.Sessions[*box]
-
-	wake       chan struct{} // pokes the pool filler
-	stop       chan struct{} // closed by Close
-	fillerDone chan struct{}
-	reaperDone chan struct{}
-	removals   sync.WaitGroup // background container removals
-	closeOnce  sync.Once
-	closeErr   error
+	closeOnce sync.Once
+	closeErr  error
 }
 
 var (
@@ -183,18 +160,6 @@ var (
 	_ sandbox.LanguageReporter = (*Runtime)(nil)
 	_ sandbox.StatsReporter    = (*Runtime)(nil)
 )
-
-// box is one started container whose runner completed its handshake.
-type box struct {
-	tenant   string         // the namespace it served (reused boxes)
-	uses     int            // jobs it ran
-	idleFrom time.Time      // when it went idle
-	limits   sandbox.Limits // its container's
-	id       string
-	dir      string
-	ln       net.Listener
-	rc       *sandbox.RunnerConn
-}
 
 // DefaultHost is the engine address used when neither Config.Host nor
 // $DOCKER_HOST gives one.
@@ -217,91 +182,48 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if cfg.Image == "" {
 		cfg.Image = DefaultImage
 	}
-	if cfg.Limits == (sandbox.Limits{}) {
-		cfg.Limits = sandbox.DefaultLimits()
-	}
-	if cfg.Limits.User == "" {
-		cfg.Limits.User = "65534:65534"
-	}
-	if cfg.WorkerID == "" {
-		h, err := os.Hostname()
-		if err != nil || h == "" {
-			h = "worker"
-		}
-		cfg.WorkerID = h
-	}
-	if cfg.RunDir == "" {
-		cfg.RunDir = sandbox.DefaultRunDir()
-	}
 	cfg.Host = HostOf(cfg.Host)
-	cfg.Pool = max(cfg.Pool, 0)
-	switch cfg.Reuse {
-	case "":
-		cfg.Reuse = ReuseNamespace
-	case ReuseNamespace, ReuseNone:
-	default:
-		return nil, fmt.Errorf("docker sandbox: reuse mode %q: want %q or %q", cfg.Reuse, ReuseNamespace, ReuseNone)
+	pc, err := cfg.poolConfig()
+	if err != nil {
+		return nil, err
 	}
-	if cfg.MaxUses <= 0 {
-		cfg.MaxUses = 100
-	}
-	if cfg.MaxIdle <= 0 {
-		cfg.MaxIdle = 8
-	}
-	if cfg.MaxIdlePerTenant <= 0 {
-		cfg.MaxIdlePerTenant = 4
-	}
-	if cfg.IdleTTL <= 0 {
-		cfg.IdleTTL = 2 * time.Minute
-	}
-	r := &Runtime{
-		cfg:        cfg,
-		log:        cfg.Logger,
-		wake:       make(chan struct{}, 1),
-		stop:       make(chan struct{}),
-		fillerDone: make(chan struct{}),
-		reaperDone: make(chan struct{}),
-	}
-	if r.log == nil {
-		r.log = slog.Default()
-	}
-	r.sessions = &sandbox.Sessions[*box]{
-		Start:     func(ctx context.Context) (*box, error) { return r.acquire(ctx, "session", r.cfg.Limits) },
-		Drive:     r.drive,
-		Reusable:  func(b *box) bool { return b.rc.Reusable() },
-		Discard:   r.discard,
-		ErrClosed: ErrClosed,
-	}
+	r := &Runtime{cfg: cfg, log: pc.Logger}
 	ok := false
 	defer func() {
 		if !ok {
-			close(r.fillerDone)
-			close(r.reaperDone)
 			_ = r.Close() // closing on the way out: a failure leaves nothing to do
 		}
 	}()
-
-	base, err := sandbox.PrivateDir(cfg.RunDir)
-	if err != nil {
-		return nil, fmt.Errorf("docker sandbox: run dir: %w (choose another with --run-dir)", err)
+	if r.pool, err = containerpool.New(pc, (*engine)(r)); err != nil {
+		return nil, err
 	}
-	r.base, r.info.RunDir = base, base
-	if n := len(filepath.Join(base, "18446744073709551615", "s")); n >= 100 {
-		return nil, fmt.Errorf("docker sandbox: run dir %q is too long for Unix socket paths (%d bytes, limit 100): choose a shorter --run-dir", cfg.RunDir, n)
-	}
+	r.info.RunDir = r.pool.Dir()
 	if err := r.connect(ctx); err != nil {
 		return nil, err
 	}
 	if err := r.checkImage(ctx); err != nil {
 		return nil, err
 	}
-	if err := r.removeOrphans(ctx); err != nil {
+	if err := r.pool.RemoveOrphans(ctx); err != nil {
 		return nil, err
 	}
 	ok = true
-	go r.fill()
-	go r.reapLoop()
+	r.pool.Start()
 	return r, nil
+}
+
+// poolConfig fills in the defaults of cfg's fields that configure the pool
+// and returns the pool's Config.
+func (cfg *Config) poolConfig() (containerpool.Config, error) {
+	pc := containerpool.Config{
+		Name: "docker sandbox", ErrClosed: ErrClosed, Logger: cfg.Logger, MaxFrame: cfg.MaxFrame,
+		Limits: cfg.Limits, WorkerID: cfg.WorkerID, RunDir: cfg.RunDir, Pool: cfg.Pool, Reuse: cfg.Reuse,
+		MaxUses: cfg.MaxUses, MaxIdle: cfg.MaxIdle, MaxIdlePerTenant: cfg.MaxIdlePerTenant, IdleTTL: cfg.IdleTTL,
+	}
+	err := pc.SetDefaults()
+	cfg.Limits, cfg.WorkerID, cfg.RunDir, cfg.Pool, cfg.Reuse = pc.Limits, pc.WorkerID, pc.RunDir, pc.Pool, pc.Reuse
+	cfg.MaxUses, cfg.MaxIdle, cfg.MaxIdlePerTenant, cfg.IdleTTL = pc.MaxUses, pc.MaxIdle, pc.MaxIdlePerTenant, pc.IdleTTL
+	return pc, err
 }
 
 // Ping reports whether the engine at host (HostOf) answers, and its version.
@@ -441,125 +363,46 @@ func (r *Runtime) Languages() []string { return r.langs }
 func (r *Runtime) ReportsStart() {}
 
 // Probe implements sandbox.Prober: it starts a container and removes it.
-func (r *Runtime) Probe(ctx context.Context) error {
-	b, err := r.acquire(ctx, "probe", r.cfg.Limits)
-	if err != nil {
-		return err
-	}
-	r.discard(b)
-	return nil
-}
+func (r *Runtime) Probe(ctx context.Context) error { return r.pool.Probe(ctx) }
 
 // Run implements sandbox.Runtime.
 func (r *Runtime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	r.js.Saw(job)
-	l := r.limitsFor(job)
-	reuse := r.cfg.Reuse == ReuseNamespace && job.Tenant != "" && l == r.cfg.Limits
-	var b *box
-	if reuse {
-		b = r.takeIdle(job.Tenant)
-	}
-	if b == nil {
-		var err error
-		if b, err = r.acquire(ctx, job.ID, l); err != nil {
-			return sandbox.Result{}, err
-		}
-	}
-	job.Fresh = true
-	res, err := r.drive(ctx, b, job, host)
-	b.uses++
-	if reuse && err == nil && res.Status != sandbox.StatusTimeout && b.rc.Resets() && b.rc.Idle() && b.uses < r.cfg.MaxUses {
-		b.tenant = job.Tenant
-		r.putIdle(b)
-		return res, nil
-	}
-	if reuse {
-		r.log.Debug("docker sandbox: container not kept for its namespace", "id", sandbox.ShortID(b.id), "status", res.Status, "err", err,
-			"runner_reusable", b.rc.Reusable(), "runner_idle", b.rc.Idle(), "uses", b.uses)
-	}
-	r.discard(b)
-	return res, err
-}
-
-// drive runs job on b within the job's time limit. The caller decides whether
-// b may serve again (b.rc.Reusable) or must be discarded.
-func (r *Runtime) drive(ctx context.Context, b *box, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	res, err := b.rc.Exec(ctx, job, host)
-	if errors.Is(err, sandbox.ErrRunnerLost) {
-		res = r.lost(b, res)
-		err = nil
-	}
-	// The code's process killed by SIGKILL: from inside the container only the
-	// kernel's OOM killer does that (the code cannot signal the runner, PID 1).
-	if err == nil && res.ExitCode == 137 && !b.rc.Reusable() && b.limits.Memory > 0 {
-		res.Error = fmt.Sprintf("the sandbox hit its memory limit (%s) and the code's process was killed", sandbox.FormatBytes(b.limits.Memory))
-	}
-	return res, err
-}
-
-// limitsFor returns the limits of job's sandbox: the configured ones, with
-// the job's own memory and CPUs when it asks for them.
-func (r *Runtime) limitsFor(job sandbox.Job) sandbox.Limits {
-	l := r.cfg.Limits
-	if job.Memory > 0 {
-		l.Memory = job.Memory
-	}
-	if job.CPUs > 0 {
-		l.CPUs = job.CPUs
-	}
-	return l
+	return r.pool.Run(ctx, job, host)
 }
 
 // RunInSession implements sandbox.SessionRuntime.
 func (r *Runtime) RunInSession(ctx context.Context, key string, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	r.js.Saw(job)
-	return r.sessions.Run(ctx, key, job, host)
+	return r.pool.RunInSession(ctx, key, job, host)
 }
 
 // HasSession implements sandbox.SessionRuntime.
-func (r *Runtime) HasSession(key string) bool { return r.sessions.Has(key) }
+func (r *Runtime) HasSession(key string) bool { return r.pool.HasSession(key) }
 
 // EndSession implements sandbox.SessionRuntime. A job of the session that is
 // running finishes first; its container is removed afterwards.
-func (r *Runtime) EndSession(key string) error {
-	r.sessions.End(key)
-	return nil
-}
+func (r *Runtime) EndSession(key string) error { return r.pool.EndSession(key) }
+
+// Stats implements sandbox.StatsReporter.
+func (r *Runtime) Stats() sandbox.Stats { return r.pool.Stats() }
+
+// Warm returns how many started containers wait in the pool.
+func (r *Runtime) Warm() int { return r.pool.Warm() }
+
+// Idle returns how many containers wait for their namespace's next job.
+func (r *Runtime) Idle() int { return r.pool.Idle() }
 
 // Close removes every container of this Runtime. It is idempotent.
 func (r *Runtime) Close() error {
 	r.closeOnce.Do(func() {
-		r.mu.Lock()
-		r.closed = true
-		warm := r.warm
-		r.warm = nil
-		for _, bs := range r.idle {
-			warm = append(warm, bs...)
+		if r.pool == nil { // New failed before it connected
+			return
 		}
-		r.idle, r.idleN = nil, 0
-		r.mu.Unlock()
-		r.sessions.Close()
-		close(r.stop)
-		<-r.fillerDone
-		<-r.reaperDone
-		for _, b := range warm {
-			r.discard(b)
-		}
-		r.removals.Wait()
+		r.pool.Close()
 		if r.cli != nil {
 			// Anything left (a start that failed half-way, a crash of ours).
-			if ids, err := r.list(context.Background()); err == nil {
-				for _, id := range ids {
-					if err := r.remove(context.Background(), id); err != nil {
-						r.closeErr = errors.Join(r.closeErr, fmt.Errorf("remove container %s: %w", sandbox.ShortID(id), err))
-					}
-				}
-			}
-			r.closeErr = errors.Join(r.closeErr, r.cli.Close())
+			r.closeErr = errors.Join(r.pool.RemoveLeftovers(), r.cli.Close())
 		}
-		if r.base != "" {
-			_ = os.RemoveAll(r.base) // best effort: what is left is removed at the next start
-		}
+		_ = os.RemoveAll(r.pool.Dir()) // best effort: what is left is removed at the next start
 	})
 	return r.closeErr
 }

@@ -2,14 +2,11 @@ package docker
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +16,7 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/sandboxtest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 )
@@ -30,13 +28,6 @@ func unavailable(tb testing.TB, format string, args ...any) {
 	testutil.SkipOrFailDocker(tb, "Docker sandbox unavailable: "+format, args...)
 }
 
-func workerID(tb testing.TB) string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	name := strings.NewReplacer("/", "-", " ", "-").Replace(tb.Name())
-	return "test-" + name + "-" + hex.EncodeToString(b)
-}
-
 // newRuntime starts a Runtime for one test with its own worker ID, on the
 // engine at $MCPEXEC_DOCKER (else $DOCKER_HOST, else the default socket).
 func newRuntime(tb testing.TB, cfg Config) *Runtime {
@@ -45,7 +36,7 @@ func newRuntime(tb testing.TB, cfg Config) *Runtime {
 		cfg.Image = os.Getenv("MCPEXEC_IMAGE")
 	}
 	if cfg.WorkerID == "" {
-		cfg.WorkerID = workerID(tb)
+		cfg.WorkerID = sandboxtest.WorkerID(tb)
 	}
 	if cfg.Host == "" {
 		cfg.Host = testutil.DockerHost()
@@ -84,7 +75,7 @@ func TestConformanceWarmPool(t *testing.T) {
 	}
 	// The warm pool and namespace reuse: jobs of one tenant in one container.
 	rt := newRuntime(t, Config{Pool: 2})
-	waitWarm(t, rt, 2)
+	sandboxtest.WaitWarm(t, rt, 2)
 	ctx := context.Background()
 	seen := map[string]int{} // jobs by container (its host name)
 	for i := 0; i < 4; i++ {
@@ -108,26 +99,13 @@ func TestConformanceWarmPool(t *testing.T) {
 	}
 }
 
-// waitWarm waits until the pool holds n containers.
-func waitWarm(tb testing.TB, rt *Runtime, n int) {
-	tb.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		if rt.Warm() >= n {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	tb.Fatalf("pool did not reach %d warm containers", n)
-}
-
 func TestOrphansRemoved(t *testing.T) {
-	id := workerID(t)
+	id := sandboxtest.WorkerID(t)
 	rt := newRuntime(t, Config{WorkerID: id})
 	ctx := context.Background()
 	create := func(worker string) string {
 		t.Helper()
-		s := rt.spec(t.TempDir(), "orphan", rt.seq.Add(1), rt.cfg.Limits, "x")
+		s := rt.spec(containerpool.Spec{Dir: t.TempDir(), Job: "orphan", Limits: rt.cfg.Limits, Secret: "x"})
 		s.config.Labels[LabelWorker] = worker
 		r, err := rt.cli.ContainerCreate(ctx, s.config, s.host, s.net, nil, "")
 		if err != nil {
@@ -152,15 +130,15 @@ func TestOrphansRemoved(t *testing.T) {
 func TestOwnerlessReaped(t *testing.T) {
 	rt := newRuntime(t, Config{})
 	ctx := context.Background()
-	s := rt.spec(t.TempDir(), "ownerless", rt.seq.Add(1), rt.cfg.Limits, "x")
-	s.config.Labels[LabelWorker] = workerID(t) + "-gone"
+	s := rt.spec(containerpool.Spec{Dir: t.TempDir(), Job: "ownerless", Limits: rt.cfg.Limits, Secret: "x"})
+	s.config.Labels[LabelWorker] = sandboxtest.WorkerID(t) + "-gone"
 	s.config.Labels[LabelOwner] = sandbox.HostName + "/999999999/1" // no such process
 	r, err := rt.cli.ContainerCreate(ctx, s.config, s.host, s.net, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = rt.remove(ctx, r.ID) })
-	ids, err := rt.ownerless(ctx)
+	ids, err := rt.pool.Ownerless(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,14 +150,14 @@ func TestOwnerlessReaped(t *testing.T) {
 		t.Fatalf("a container whose owner is gone is not reaped: %v", ids)
 	}
 	// This process's own containers are not.
-	b, err := rt.acquire(ctx, "alive", rt.cfg.Limits)
+	b, err := rt.pool.Acquire(ctx, "alive", rt.cfg.Limits)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rt.discard(b)
-	ids, _ = rt.ownerless(ctx)
+	defer rt.pool.Discard(b)
+	ids, _ = rt.pool.Ownerless(ctx)
 	for _, id := range ids {
-		if id == b.id {
+		if id == b.ID() {
 			t.Fatal("a live owner's container is taken for ownerless")
 		}
 	}
@@ -195,29 +173,29 @@ func TestNoContainerLeftAfterRun(t *testing.T) {
 		}
 		t.Logf("%q: %s exit %d %s", code, res.Status, res.ExitCode, res.Error)
 	}
-	rt.removals.Wait()
-	ids, err := rt.list(ctx)
+	rt.pool.WaitRemovals()
+	ids, err := rt.pool.List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(ids) != 0 {
 		t.Fatalf("%d containers left after runs: %v", len(ids), ids)
 	}
-	ents, _ := os.ReadDir(rt.base)
+	ents, _ := os.ReadDir(rt.pool.Dir())
 	if len(ents) != 0 {
-		t.Fatalf("%d container dirs left in %s", len(ents), rt.base)
+		t.Fatalf("%d container dirs left in %s", len(ents), rt.pool.Dir())
 	}
 }
 
 func TestSpecLockdown(t *testing.T) {
 	rt := newRuntime(t, Config{})
 	ctx := context.Background()
-	b, err := rt.acquire(ctx, "spec", rt.cfg.Limits)
+	b, err := rt.pool.Acquire(ctx, "spec", rt.cfg.Limits)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rt.discard(b)
-	c, err := rt.cli.ContainerInspect(ctx, b.id)
+	defer rt.pool.Discard(b)
+	c, err := rt.cli.ContainerInspect(ctx, b.ID())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,14 +240,7 @@ func TestSpecLockdown(t *testing.T) {
 }
 
 func TestRunnerExitReported(t *testing.T) {
-	rt := newRuntime(t, Config{})
-	res, err := rt.Run(context.Background(), sandbox.Job{ID: "exit", Code: "import os\nprint('bye', flush=True)\nos._exit(5)", Timeout: 10 * time.Second}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Status != sandbox.StatusError || res.ExitCode != 5 || res.Error != "the code's process exited with code 5" || res.Stdout != "bye\n" {
-		t.Fatalf("result %+v", res)
-	}
+	sandboxtest.RunnerExitReported(t, newRuntime(t, Config{}))
 }
 
 func TestMemoryLimitMessage(t *testing.T) {
@@ -279,20 +250,7 @@ func TestMemoryLimitMessage(t *testing.T) {
 	if !rt.Info().LimitsEnforced {
 		unavailable(t, "limits are not enforced by %s", rt.Info().Host)
 	}
-	res, err := rt.Run(context.Background(), sandbox.Job{ID: "oom", Code: "b = []\nwhile True:\n    b.append(bytearray(8 << 20))", Timeout: 30 * time.Second}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("result: %s exit %d error %q stderr %q", res.Status, res.ExitCode, res.Error, res.Stderr)
-	if res.Status != sandbox.StatusError {
-		t.Fatalf("status %s", res.Status)
-	}
-	if res.ExitCode == 137 && !strings.Contains(res.Error, "memory limit (96 MiB)") {
-		t.Fatalf("OOM kill reported as %q", res.Error)
-	}
-	if res.ExitCode != 137 && !strings.Contains(res.Stderr, "MemoryError") {
-		t.Fatalf("neither an OOM kill nor a MemoryError: %+v", res)
-	}
+	sandboxtest.MemoryLimitMessage(t, rt)
 }
 
 func TestPerJobLimits(t *testing.T) {
@@ -319,7 +277,7 @@ func TestUnreachableEngine(t *testing.T) {
 func TestMissingImage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := New(ctx, Config{Host: testutil.DockerHost(), Image: "localhost/mcpexec-no-such-image:latest", WorkerID: workerID(t), Logger: testutil.Logger(t)})
+	_, err := New(ctx, Config{Host: testutil.DockerHost(), Image: "localhost/mcpexec-no-such-image:latest", WorkerID: sandboxtest.WorkerID(t), Logger: testutil.Logger(t)})
 	if err != nil && strings.Contains(err.Error(), "cannot reach") {
 		unavailable(t, "%v", err)
 	}
@@ -333,39 +291,14 @@ func TestSessionContainerLifecycle(t *testing.T) {
 	ctx := context.Background()
 	count := func() int {
 		t.Helper()
-		rt.removals.Wait()
-		ids, err := rt.list(ctx)
+		rt.pool.WaitRemovals()
+		ids, err := rt.pool.List(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return len(ids)
 	}
-	job := sandbox.Job{ID: "s", Code: "x = 1", Timeout: 10 * time.Second}
-	for _, s := range []string{"a", "b"} {
-		if res, err := rt.RunInSession(ctx, s, job, nil); err != nil || res.Status != sandbox.StatusSuccess {
-			t.Fatalf("RunInSession %s: %v %+v", s, err, res)
-		}
-	}
-	if n := count(); n != 2 {
-		t.Fatalf("%d containers for 2 live sessions", n)
-	}
-	if err := rt.EndSession("a"); err != nil {
-		t.Fatal(err)
-	}
-	if n := count(); n != 1 {
-		t.Fatalf("%d containers after ending one of 2 sessions", n)
-	}
-	// A timeout ends the session and removes its container.
-	if res, _ := rt.RunInSession(ctx, "b", sandbox.Job{ID: "s", Code: "while True: pass", Timeout: time.Second}, nil); res.Status != sandbox.StatusTimeout {
-		t.Fatalf("status %s", res.Status)
-	}
-	if n := count(); n != 0 || rt.HasSession("b") {
-		t.Fatalf("%d containers after the session's timeout (session kept %v)", n, rt.HasSession("b"))
-	}
-	// Close removes live sessions' containers.
-	if _, err := rt.RunInSession(ctx, "c", job, nil); err != nil {
-		t.Fatal(err)
-	}
+	sandboxtest.SessionContainers(t, rt, count)
 	if err := rt.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -378,6 +311,7 @@ func TestSessionContainerLifecycle(t *testing.T) {
 	if err != nil || len(list) != 0 {
 		t.Fatalf("containers left after Close: %d (err %v)", len(list), err)
 	}
+	job := sandbox.Job{ID: "s", Code: "x = 1", Timeout: 10 * time.Second}
 	if _, err := rt.RunInSession(ctx, "d", job, nil); !errors.Is(err, ErrClosed) {
 		t.Fatalf("RunInSession after Close: %v", err)
 	}
@@ -387,31 +321,7 @@ func TestSessionContainerLifecycle(t *testing.T) {
 }
 
 func benchRun(b *testing.B, pool int, tenant string) {
-	rt := newRuntime(b, Config{Pool: pool})
-	if pool > 0 {
-		waitWarm(b, rt, pool)
-	}
-	ctx := context.Background()
-	job := sandbox.Job{ID: "bench", Code: "print(1)", Timeout: 10 * time.Second, Tenant: tenant}
-	var ds []time.Duration
-	b.ResetTimer()
-	for b.Loop() {
-		if pool > 0 && tenant == "" {
-			b.StopTimer()
-			waitWarm(b, rt, pool) // measure the warm path only: no refill competes for the CPUs
-			b.StartTimer()
-		}
-		start := time.Now()
-		res, err := rt.Run(ctx, job, nil)
-		ds = append(ds, time.Since(start))
-		if err != nil || res.Stdout != "1\n" {
-			b.Fatalf("%v %+v", err, res)
-		}
-	}
-	b.StopTimer()
-	slices.Sort(ds)
-	b.ReportMetric(float64(ds[len(ds)/2].Microseconds())/1000, "p50-ms")
-	b.ReportMetric(float64(ds[len(ds)*9/10].Microseconds())/1000, "p90-ms")
+	sandboxtest.BenchRun(b, newRuntime(b, Config{Pool: pool}), pool, tenant)
 }
 
 // BenchmarkRunWarm: run with a warm pool, a fresh container per run (go test
@@ -520,47 +430,7 @@ func TestRunDirPrivate(t *testing.T) {
 	}
 }
 
-// TestJavaScriptSpareOutOfReach: the JavaScript executor a reused container
-// starts ahead is out of the reach of the jobs before it.
+// TestJavaScriptSpareOutOfReach: see sandboxtest.JavaScriptSpareOutOfReach.
 func TestJavaScriptSpareOutOfReach(t *testing.T) {
-	rt := newRuntime(t, Config{Pool: 1})
-	if !slices.Contains(rt.Languages(), sandbox.JavaScript) {
-		t.Fatalf("the sandbox image runs %v: rebuild it with Node.js (sudo deploy/sandbox/build.sh --force)", rt.Languages())
-	}
-	run := func(lang, code string) (host, out string) {
-		t.Helper()
-		res, err := rt.Run(context.Background(), sandbox.Job{ID: "spare", Tenant: "a", Language: lang, Code: code, Timeout: 30 * time.Second}, nil)
-		if err != nil || res.Status != sandbox.StatusSuccess {
-			t.Fatalf("run %s: %v %+v", lang, err, res)
-		}
-		host, out, _ = strings.Cut(strings.TrimSpace(res.Stdout), "\n")
-		return host, out
-	}
-	// others lists the processes but PID 1 (the supervisor), the zygote and
-	// the job's own; the uptime says whether the executor was started ahead.
-	const jsProbe = `const fs = require("fs")
-console.log(require("os").hostname())
-const others = fs.readdirSync("/proc").filter((p) => /^\d+$/.test(p)).map(Number).filter((p) => ![1, process.pid, process.ppid].includes(p))
-for (const p of others) { try { process.kill(p, "SIGKILL") } catch {} }
-console.log(others.length, process.uptime() > 0.5 ? "ahead" : "started now")`
-	first, _ := run(sandbox.JavaScript, jsProbe)
-	time.Sleep(time.Second) // the spare loads
-	host, _ := run(sandbox.Python, `import os, signal, socket
-print(socket.gethostname())
-for pid in [int(p) for p in os.listdir("/proc") if p.isdigit()]:
-    if pid not in (1, os.getpid(), os.getppid()):  # the runner's own are another test's
-        try:
-            os.kill(pid, signal.SIGSTOP)
-        except OSError:
-            pass`)
-	if host != first {
-		t.Fatalf("python job in container %s, not %s", host, first)
-	}
-	for i := range 3 {
-		time.Sleep(time.Second)
-		host, out := run(sandbox.JavaScript, jsProbe)
-		if host != first || out != "0 ahead" {
-			t.Fatalf("javascript job %d: container %s (first %s), other processes and start: %q", i, host, first, out)
-		}
-	}
+	sandboxtest.JavaScriptSpareOutOfReach(t, newRuntime(t, Config{Pool: 1}))
 }

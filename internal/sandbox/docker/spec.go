@@ -13,6 +13,7 @@ import (
 	"github.com/docker/docker/api/types/network"
 
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 )
 
 var unsafeName = regexp.MustCompile(`[^a-zA-Z0-9_.-]+`)
@@ -29,16 +30,12 @@ type spec struct {
 	net    *network.NetworkingConfig
 }
 
-// spec returns the locked-down container specification of a container whose
-// runner directory is dir; secret is the runner's.
-func (r *Runtime) spec(dir, jobLabel string, n uint64, l sandbox.Limits, secret string) spec {
-	cmd := []string{"python3", "-I", "-B", "-u", "/mcpexec/runner.py", "/mcpexec/s", "--reset"}
-	if r.js.Expected() {
-		cmd = append(cmd, "--spare-javascript")
-	}
+// spec returns the locked-down container specification of sp.
+func (r *Runtime) spec(sp containerpool.Spec) spec {
+	dir, l := sp.Dir, sp.Limits
 	cfg := &container.Config{
 		Image:      r.cfg.Image,
-		Cmd:        cmd,
+		Cmd:        sp.Command(),
 		Entrypoint: []string{},
 		User:       l.User,
 		WorkingDir: "/workspace",
@@ -47,12 +44,12 @@ func (r *Runtime) spec(dir, jobLabel string, n uint64, l sandbox.Limits, secret 
 			"PATH=/usr/local/bin:/usr/bin:/bin",
 			"HOME=/tmp",
 			"PYTHONDONTWRITEBYTECODE=1",
-			sandbox.SecretEnv + "=" + secret,
+			sandbox.SecretEnv + "=" + sp.Secret,
 		},
 		Labels: map[string]string{
 			LabelManaged: "true",
 			LabelWorker:  r.cfg.WorkerID,
-			LabelJob:     jobLabel,
+			LabelJob:     sp.Job,
 			LabelOwner:   sandbox.OwnerLabel,
 		},
 		NetworkDisabled: true,
@@ -112,7 +109,7 @@ func (r *Runtime) spec(dir, jobLabel string, n uint64, l sandbox.Limits, secret 
 		hc.Ulimits = append(hc.Ulimits, &container.Ulimit{Name: "nproc", Soft: int64(l.NProc), Hard: int64(l.NProc)})
 	}
 	return spec{
-		name:   fmt.Sprintf("mcpexec-%s-%d-%d", unsafeName.ReplaceAllString(r.cfg.WorkerID, "_"), os.Getpid(), n),
+		name:   fmt.Sprintf("mcpexec-%s-%d-%d", unsafeName.ReplaceAllString(r.cfg.WorkerID, "_"), os.Getpid(), sp.Seq),
 		config: cfg,
 		host:   hc,
 		net:    &network.NetworkingConfig{},

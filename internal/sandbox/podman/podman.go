@@ -22,15 +22,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
-	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	sandboximage "github.com/mcpexec/mcpexec/deploy/sandbox"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 )
 
 // DefaultImage is the image New uses when Config.Image is empty; deploy/sandbox
@@ -40,25 +38,27 @@ const DefaultImage = sandboximage.DefaultImage
 // ErrNoImage is returned by New when the sandbox image does not exist.
 var ErrNoImage = errors.New("not found")
 
-// Labels put on every container this package creates.
+// Labels put on every container this package creates (containerpool's).
 const (
-	LabelManaged = "mcpexec.managed"
-	LabelWorker  = "mcpexec.worker"
-	LabelJob     = "mcpexec.job"
+	LabelManaged = containerpool.LabelManaged
+	LabelWorker  = containerpool.LabelWorker
+	LabelJob     = containerpool.LabelJob
 	// LabelOwner names the process that made the container (host, pid and
 	// the pid's start time): a container whose owner is gone is reaped by any
 	// Runtime on the host, whatever its worker id.
-	LabelOwner = "mcpexec.owner"
+	LabelOwner = containerpool.LabelOwner
+)
+
+// Reuse modes (Config.Reuse).
+const (
+	ReuseNamespace = containerpool.ReuseNamespace
+	ReuseNone      = containerpool.ReuseNone
 )
 
 // Timeouts of the container life cycle.
 const (
-	handshakeTimeout = 30 * time.Second
-	removeTimeout    = 30 * time.Second
-	serviceTimeout   = 15 * time.Second
-	// finishTimeout bounds the wait for a runner to exit by itself once its
-	// connection is closed; a runner still running then is killed.
-	finishTimeout = 2 * time.Second
+	removeTimeout  = 30 * time.Second
+	serviceTimeout = 15 * time.Second
 )
 
 // Config configures a Runtime.
@@ -148,45 +148,26 @@ type Info struct {
 
 // Runtime runs jobs in Podman containers. It is safe for concurrent use.
 type Runtime struct {
-	cfg    Config
-	log    *slog.Logger
-	conn   context.Context // bindings connection; never cancelled
-	info   Info
-	base   string // per-Runtime directory under RunDir
-	labels map[string]string
-	langs  []string              // what the image runs (checkImage)
-	js     sandbox.JSExpectation // when new sandboxes keep a JavaScript executor ready
+	cfg   Config
+	log   *slog.Logger
+	conn  context.Context // bindings connection; never cancelled
+	info  Info
+	langs []string            // what the image runs (checkImage)
+	pool  *containerpool.Pool // its containers; nil only while New fails early
 
 	svc *service // the podman service this Runtime started, or nil
 
-	seq       atomic.Uint64
 	storageMu sync.Mutex // serialises creates and removals in user-namespace mode
 
-	started       atomic.Uint64 // containers whose runner completed its handshake
-	startFailures atomic.Uint64 // containers that failed to start
-
-	mu       sync.Mutex // guards warm, idle, idleCount, starting, closed
-	warm     []*box
-	idle     map[string][]*box // by tenant, least recently used first
-	idleN    int
-	starting int
-	closed   bool
-
-	sandbox.SessionMethods[*box] // session containers
-
-	wake       chan struct{} // pokes the pool filler
-	stop       chan struct{} // closed by Close
-	fillerDone chan struct{}
-	reaperDone chan struct{}  // closed when reapLoop returns
-	removals   sync.WaitGroup // background container removals
-	closeOnce  sync.Once
-	closeErr   error
+	closeOnce sync.Once
+	closeErr  error
 }
 
 var (
 	_ sandbox.SessionRuntime = (*Runtime)(nil)
 	_ sandbox.StartReporter  = (*Runtime)(nil)
 	_ sandbox.Prober         = (*Runtime)(nil)
+	_ sandbox.StatsReporter  = (*Runtime)(nil)
 )
 
 // Config returns the runtime's configuration, defaults filled in.
@@ -205,26 +186,7 @@ func (r *Runtime) ServicePID() int {
 func (r *Runtime) ReportsStart() {}
 
 // Probe implements sandbox.Prober: it starts a container and removes it.
-func (r *Runtime) Probe(ctx context.Context) error {
-	b, err := r.acquire(ctx, "probe", r.cfg.Limits)
-	if err != nil {
-		return err
-	}
-	r.discard(b)
-	return nil
-}
-
-// box is one started container whose runner completed its handshake.
-type box struct {
-	tenant   string         // the namespace it served (reused boxes)
-	uses     int            // jobs it ran
-	idleFrom time.Time      // when it went idle
-	limits   sandbox.Limits // its container's
-	id       string
-	dir      string
-	ln       net.Listener
-	rc       *sandbox.RunnerConn
-}
+func (r *Runtime) Probe(ctx context.Context) error { return r.pool.Probe(ctx) }
 
 // New connects to Podman, checks the image, removes this worker's orphans and
 // starts the warm pool.
@@ -235,22 +197,6 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if cfg.OCIRuntime == "" {
 		cfg.OCIRuntime = "runc"
 	}
-	if cfg.Limits == (sandbox.Limits{}) {
-		cfg.Limits = sandbox.DefaultLimits()
-	}
-	if cfg.Limits.User == "" {
-		cfg.Limits.User = "65534:65534"
-	}
-	if cfg.WorkerID == "" {
-		h, err := os.Hostname()
-		if err != nil || h == "" {
-			h = "worker"
-		}
-		cfg.WorkerID = h
-	}
-	if cfg.RunDir == "" {
-		cfg.RunDir = sandbox.DefaultRunDir()
-	}
 	switch cfg.UserNS {
 	case "":
 		cfg.UserNS = UserNSAuto
@@ -258,67 +204,21 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	default:
 		return nil, fmt.Errorf("podman sandbox: user namespace mode %q: want %q, %q or %q", cfg.UserNS, UserNSAuto, UserNSOn, UserNSHost)
 	}
-	if cfg.Pool < 0 {
-		cfg.Pool = 0
+	pc, err := cfg.poolConfig()
+	if err != nil {
+		return nil, err
 	}
-	switch cfg.Reuse {
-	case "":
-		cfg.Reuse = ReuseNamespace
-	case ReuseNamespace, ReuseNone:
-	default:
-		return nil, fmt.Errorf("podman sandbox: reuse mode %q: want %q or %q", cfg.Reuse, ReuseNamespace, ReuseNone)
-	}
-	if cfg.MaxUses <= 0 {
-		cfg.MaxUses = 100
-	}
-	if cfg.MaxIdle <= 0 {
-		cfg.MaxIdle = 8
-	}
-	if cfg.MaxIdlePerTenant <= 0 {
-		cfg.MaxIdlePerTenant = 4
-	}
-	if cfg.IdleTTL <= 0 {
-		cfg.IdleTTL = 2 * time.Minute
-	}
-	r := &Runtime{
-		cfg: cfg,
-		log: cfg.Logger,
-		labels: map[string]string{
-			LabelManaged: "true",
-			LabelWorker:  cfg.WorkerID,
-		},
-		wake:       make(chan struct{}, 1),
-		stop:       make(chan struct{}),
-		fillerDone: make(chan struct{}),
-		reaperDone: make(chan struct{}),
-	}
-	if r.log == nil {
-		r.log = slog.Default()
-	}
-	r.Sessions = &sandbox.Sessions[*box]{
-		Start:     func(ctx context.Context) (*box, error) { return r.acquire(ctx, "session", r.cfg.Limits) },
-		Drive:     r.drive,
-		Reusable:  func(b *box) bool { return b.rc.Reusable() },
-		Discard:   r.discard,
-		ErrClosed: ErrClosed,
-	}
+	r := &Runtime{cfg: cfg, log: pc.Logger}
 	ok := false
 	defer func() {
 		if !ok {
-			close(r.fillerDone)
-			close(r.reaperDone)
 			_ = r.Close() // closing on the way out: a failure leaves nothing to do
 		}
 	}()
-
-	base, err := sandbox.PrivateDir(cfg.RunDir)
-	if err != nil {
-		return nil, fmt.Errorf("podman sandbox: run dir: %w (choose another with --run-dir)", err)
+	if r.pool, err = containerpool.New(pc, (*engine)(r)); err != nil {
+		return nil, err
 	}
-	r.base, r.info.RunDir = base, base
-	if n := len(filepath.Join(base, "18446744073709551615", "s")); n >= 100 {
-		return nil, fmt.Errorf("podman sandbox: run dir %q is too long for Unix socket paths (%d bytes, limit 100): choose a shorter --run-dir", cfg.RunDir, n)
-	}
+	r.info.RunDir = r.pool.Dir()
 
 	if err := r.connect(ctx); err != nil {
 		return nil, err
@@ -333,13 +233,26 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err := r.checkImage(ctx); err != nil {
 		return nil, err
 	}
-	if err := r.removeOrphans(ctx); err != nil {
+	if err := r.pool.RemoveOrphans(ctx); err != nil {
 		return nil, err
 	}
 	ok = true
-	go r.fill()
-	go r.reapLoop()
+	r.pool.Start()
 	return r, nil
+}
+
+// poolConfig fills in the defaults of cfg's fields that configure the pool
+// and returns the pool's Config.
+func (cfg *Config) poolConfig() (containerpool.Config, error) {
+	pc := containerpool.Config{
+		Name: "podman sandbox", ErrClosed: ErrClosed, Logger: cfg.Logger, MaxFrame: cfg.MaxFrame,
+		Limits: cfg.Limits, WorkerID: cfg.WorkerID, RunDir: cfg.RunDir, Pool: cfg.Pool, Reuse: cfg.Reuse,
+		MaxUses: cfg.MaxUses, MaxIdle: cfg.MaxIdle, MaxIdlePerTenant: cfg.MaxIdlePerTenant, IdleTTL: cfg.IdleTTL,
+	}
+	err := pc.SetDefaults()
+	cfg.Limits, cfg.WorkerID, cfg.RunDir, cfg.Pool, cfg.Reuse = pc.Limits, pc.WorkerID, pc.RunDir, pc.Pool, pc.Reuse
+	cfg.MaxUses, cfg.MaxIdle, cfg.MaxIdlePerTenant, cfg.IdleTTL = pc.MaxUses, pc.MaxIdle, pc.MaxIdlePerTenant, pc.IdleTTL
+	return pc, err
 }
 
 // Info describes the Podman connection.
@@ -350,104 +263,46 @@ var ErrClosed = errors.New("podman sandbox: runtime is closed")
 
 // Run implements sandbox.Runtime.
 func (r *Runtime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	r.js.Saw(job)
-	l := r.limitsFor(job)
-	reuse := r.cfg.Reuse == ReuseNamespace && job.Tenant != "" && l == r.cfg.Limits
-	var b *box
-	if reuse {
-		b = r.takeIdle(job.Tenant)
-	}
-	if b == nil {
-		var err error
-		if b, err = r.acquire(ctx, job.ID, l); err != nil {
-			return sandbox.Result{}, err
-		}
-	}
-	job.Fresh = true
-	res, err := r.drive(ctx, b, job, host)
-	b.uses++
-	if reuse && err == nil && res.Status != sandbox.StatusTimeout && b.rc.Resets() && b.rc.Idle() && b.uses < r.cfg.MaxUses {
-		b.tenant = job.Tenant
-		r.putIdle(b)
-		return res, nil
-	}
-	r.discard(b)
-	return res, err
+	return r.pool.Run(ctx, job, host)
 }
 
-// drive runs job on b within the job's time limit. The caller decides whether b
-// may serve again (b.rc.Reusable) or must be discarded.
-func (r *Runtime) drive(ctx context.Context, b *box, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	res, err := b.rc.Exec(ctx, job, host)
-	if errors.Is(err, sandbox.ErrRunnerLost) {
-		res = r.lost(b, res)
-		err = nil
-	}
-	// The code's process killed by SIGKILL: from inside the container only the
-	// kernel's OOM killer does that (the code cannot signal the runner, PID 1).
-	if err == nil && res.ExitCode == 137 && !b.rc.Reusable() && b.limits.Memory > 0 {
-		res.Error = fmt.Sprintf("the sandbox hit its memory limit (%s) and the code's process was killed", sandbox.FormatBytes(b.limits.Memory))
-	}
-	return res, err
-}
-
-// limitsFor returns the limits of job's sandbox: the configured ones, with
-// the job's own memory and CPUs when it asks for them.
-func (r *Runtime) limitsFor(job sandbox.Job) sandbox.Limits {
-	l := r.cfg.Limits
-	if job.Memory > 0 {
-		l.Memory = job.Memory
-	}
-	if job.CPUs > 0 {
-		l.CPUs = job.CPUs
-	}
-	return l
-}
-
-// RunInSession implements sandbox.SessionRuntime, noting a JavaScript job
-// as Run does.
+// RunInSession implements sandbox.SessionRuntime.
 func (r *Runtime) RunInSession(ctx context.Context, key string, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
-	r.js.Saw(job)
-	return r.SessionMethods.RunInSession(ctx, key, job, host)
+	return r.pool.RunInSession(ctx, key, job, host)
 }
+
+// HasSession implements sandbox.SessionRuntime.
+func (r *Runtime) HasSession(key string) bool { return r.pool.HasSession(key) }
+
+// EndSession implements sandbox.SessionRuntime. A job of the session that is
+// running finishes first; its container is removed afterwards.
+func (r *Runtime) EndSession(key string) error { return r.pool.EndSession(key) }
+
+// Stats implements sandbox.StatsReporter.
+func (r *Runtime) Stats() sandbox.Stats { return r.pool.Stats() }
+
+// Warm returns how many started containers wait in the pool.
+func (r *Runtime) Warm() int { return r.pool.Warm() }
+
+// Idle returns how many containers wait for their namespace's next job.
+func (r *Runtime) Idle() int { return r.pool.Idle() }
 
 // Close removes every container of this Runtime and stops the Podman service it
 // started. It is idempotent.
 func (r *Runtime) Close() error {
 	r.closeOnce.Do(func() {
-		r.mu.Lock()
-		r.closed = true
-		warm := r.warm
-		r.warm = nil
-		for _, bs := range r.idle {
-			warm = append(warm, bs...)
+		if r.pool == nil { // New failed before it connected
+			return
 		}
-		r.idle, r.idleN = nil, 0
-		r.mu.Unlock()
-		r.Sessions.Close()
-		close(r.stop)
-		<-r.fillerDone
-		<-r.reaperDone
-		for _, b := range warm {
-			r.discard(b)
-		}
-		r.removals.Wait()
+		r.pool.Close()
 		if r.conn != nil {
 			// Anything left (a start that failed half-way, a crash of ours).
-			if ids, err := r.list(context.Background()); err == nil {
-				for _, id := range ids {
-					if err := r.remove(context.Background(), id); err != nil {
-						r.closeErr = errors.Join(r.closeErr, fmt.Errorf("remove container %s: %w", sandbox.ShortID(id), err))
-					}
-				}
-			}
+			r.closeErr = r.pool.RemoveLeftovers()
 		}
 		if r.svc != nil {
 			r.svc.shutdown()
 		}
-		if r.base != "" {
-			_ = os.RemoveAll(r.base) // best effort: what is left is removed at the next start
-		}
+		_ = os.RemoveAll(r.pool.Dir()) // best effort: what is left is removed at the next start
 	})
 	return r.closeErr
 }

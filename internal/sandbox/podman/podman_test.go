@@ -2,8 +2,6 @@ package podman
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -19,6 +17,7 @@ import (
 	"github.com/containers/podman/v5/pkg/bindings/containers"
 
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/sandboxtest"
 )
 
@@ -32,13 +31,6 @@ func unavailable(tb testing.TB, format string, args ...any) {
 	tb.Skipf("Podman sandbox unavailable: %s (set MCPEXEC_REQUIRE_PODMAN=1 to fail instead)", msg)
 }
 
-func workerID(tb testing.TB) string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	name := strings.NewReplacer("/", "-", " ", "-").Replace(tb.Name())
-	return "test-" + name + "-" + hex.EncodeToString(b)
-}
-
 // newRuntime starts a Runtime for one test with its own worker ID.
 func newRuntime(tb testing.TB, cfg Config) *Runtime {
 	tb.Helper()
@@ -49,7 +41,7 @@ func newRuntime(tb testing.TB, cfg Config) *Runtime {
 		cfg.Image = os.Getenv("MCPEXEC_IMAGE")
 	}
 	if cfg.WorkerID == "" {
-		cfg.WorkerID = workerID(tb)
+		cfg.WorkerID = sandboxtest.WorkerID(tb)
 	}
 	if cfg.URI == "" {
 		cfg.URI = os.Getenv("MCPEXEC_PODMAN")
@@ -68,22 +60,6 @@ func newRuntime(tb testing.TB, cfg Config) *Runtime {
 	return rt
 }
 
-// waitWarm waits until the pool holds n containers.
-func waitWarm(tb testing.TB, rt *Runtime, n int) {
-	tb.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		rt.mu.Lock()
-		w := len(rt.warm)
-		rt.mu.Unlock()
-		if w >= n {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	tb.Fatalf("pool did not reach %d warm containers", n)
-}
-
 func TestConformance(t *testing.T) {
 	// Forced on: Podman 4.x does not do it by default (see userNSMode). No
 	// pool, so that containers come and go one at a time.
@@ -98,12 +74,12 @@ func TestConformance(t *testing.T) {
 }
 
 func TestOrphansRemoved(t *testing.T) {
-	id := workerID(t)
+	id := sandboxtest.WorkerID(t)
 	rt := newRuntime(t, Config{WorkerID: id})
 	ctx := context.Background()
 	create := func(worker string) string {
 		t.Helper()
-		s := rt.spec(t.TempDir(), "orphan", rt.seq.Add(1), rt.cfg.Limits)
+		s := rt.spec(containerpool.Spec{Dir: t.TempDir(), Job: "orphan", Limits: rt.cfg.Limits})
 		s.Labels[LabelWorker] = worker
 		s.Name = ""
 		c, cancel := rt.callCtx(ctx, 30*time.Second)
@@ -140,31 +116,22 @@ func TestNoContainerLeftAfterRun(t *testing.T) {
 		}
 		t.Logf("%q: %s exit %d %s", code, res.Status, res.ExitCode, res.Error)
 	}
-	rt.removals.Wait()
-	ids, err := rt.list(ctx)
+	rt.pool.WaitRemovals()
+	ids, err := rt.pool.List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(ids) != 0 {
 		t.Fatalf("%d containers left after runs: %v", len(ids), ids)
 	}
-	ents, _ := os.ReadDir(rt.base)
+	ents, _ := os.ReadDir(rt.pool.Dir())
 	if len(ents) != 0 {
-		t.Fatalf("%d container dirs left in %s", len(ents), rt.base)
+		t.Fatalf("%d container dirs left in %s", len(ents), rt.pool.Dir())
 	}
 }
 
 func TestRunnerExitReported(t *testing.T) {
-	rt := newRuntime(t, Config{})
-	// os._exit ends the code's process mid-job; the runner (PID 1, another
-	// process) reports it with what the code printed just before.
-	res, err := rt.Run(context.Background(), sandbox.Job{ID: "exit", Code: "import os\nprint('bye', flush=True)\nos._exit(5)", Timeout: 10 * time.Second}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Status != sandbox.StatusError || res.ExitCode != 5 || res.Error != "the code's process exited with code 5" || res.Stdout != "bye\n" {
-		t.Fatalf("result %+v", res)
-	}
+	sandboxtest.RunnerExitReported(t, newRuntime(t, Config{}))
 }
 
 func TestMemoryLimitMessage(t *testing.T) {
@@ -174,25 +141,12 @@ func TestMemoryLimitMessage(t *testing.T) {
 	if !rt.Info().LimitsEnforced {
 		unavailable(t, "limits are not enforced by %s", rt.Info().URI)
 	}
-	res, err := rt.Run(context.Background(), sandbox.Job{ID: "oom", Code: "b = []\nwhile True:\n    b.append(bytearray(8 << 20))", Timeout: 30 * time.Second}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("result: %s exit %d error %q stderr %q", res.Status, res.ExitCode, res.Error, res.Stderr)
-	if res.Status != sandbox.StatusError {
-		t.Fatalf("status %s", res.Status)
-	}
-	if res.ExitCode == 137 && !strings.Contains(res.Error, "memory limit (96 MiB)") {
-		t.Fatalf("OOM kill reported as %q", res.Error)
-	}
-	if res.ExitCode != 137 && !strings.Contains(res.Stderr, "MemoryError") {
-		t.Fatalf("neither an OOM kill nor a MemoryError: %+v", res)
-	}
+	sandboxtest.MemoryLimitMessage(t, rt)
 }
 
 func TestWarmPool(t *testing.T) {
 	rt := newRuntime(t, Config{Pool: 2})
-	waitWarm(t, rt, 2)
+	sandboxtest.WaitWarm(t, rt, 2)
 	ctx := context.Background()
 	job := sandbox.Job{ID: "warm", Code: "print(1)", Timeout: 10 * time.Second}
 
@@ -207,19 +161,19 @@ func TestWarmPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	// ...and the pool refills.
-	waitWarm(t, rt, 2)
+	sandboxtest.WaitWarm(t, rt, 2)
 	if st := rt.Stats(); st.Started < 4 || st.StartFailures != 0 || st.Warm != 2 {
 		t.Fatalf("stats after two runs and a refill: %+v, want >=4 started, 0 failures, 2 warm", st)
 	}
 
 	// A cold start, for comparison.
 	cold0 := time.Now()
-	b, err := rt.start(ctx, "cold", rt.cfg.Limits)
+	b, err := rt.pool.NewBox(ctx, "cold", rt.cfg.Limits)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cold := time.Since(cold0)
-	rt.discard(b)
+	rt.pool.Discard(b)
 	t.Logf("warm run %s, cold container start %s", warm, cold)
 	if warm >= cold {
 		t.Fatalf("warm run (%s) not faster than a cold start (%s)", warm, cold)
@@ -271,7 +225,7 @@ for host in ("127.0.0.1", "localhost", "host.containers.internal", "10.88.0.1"):
 
 func TestSpecIsLockedDown(t *testing.T) {
 	rt := &Runtime{cfg: Config{Image: "img", OCIRuntime: "runc", Limits: sandbox.DefaultLimits(), WorkerID: "w"}}
-	s := rt.spec("/d", "job1", 1, rt.cfg.Limits)
+	s := rt.spec(containerpool.Spec{Dir: "/d", Job: "job1", Seq: 1, Limits: rt.cfg.Limits})
 	if !*s.ReadOnlyFilesystem || *s.ReadWriteTmpfs || !*s.NoNewPrivileges || !slices.Equal(s.CapDrop, []string{"ALL"}) {
 		t.Fatalf("spec not locked down: %+v", s)
 	}
@@ -297,31 +251,7 @@ func benchRun(b *testing.B, pool int, tenant string) {
 		cfg.Limits = sandbox.DefaultLimits()
 		cfg.Limits.CPUs = 0
 	}
-	rt := newRuntime(b, cfg)
-	if pool > 0 {
-		waitWarm(b, rt, pool)
-	}
-	ctx := context.Background()
-	job := sandbox.Job{ID: "bench", Code: "print(1)", Timeout: 10 * time.Second, Tenant: tenant}
-	var ds []time.Duration
-	b.ResetTimer()
-	for b.Loop() {
-		if pool > 0 && tenant == "" {
-			b.StopTimer()
-			waitWarm(b, rt, pool) // measure the warm path only: no refill competes for the CPUs
-			b.StartTimer()
-		}
-		start := time.Now()
-		res, err := rt.Run(ctx, job, nil)
-		ds = append(ds, time.Since(start))
-		if err != nil || res.Stdout != "1\n" {
-			b.Fatalf("%v %+v", err, res)
-		}
-	}
-	b.StopTimer()
-	slices.Sort(ds)
-	b.ReportMetric(float64(ds[len(ds)/2].Microseconds())/1000, "p50-ms")
-	b.ReportMetric(float64(ds[len(ds)*9/10].Microseconds())/1000, "p90-ms")
+	sandboxtest.BenchRun(b, newRuntime(b, cfg), pool, tenant)
 }
 
 // BenchmarkRunWarm: run with a warm pool, a fresh container per run (go
@@ -337,7 +267,7 @@ func BenchmarkRunCold(b *testing.B) { benchRun(b, 0, "") }
 
 func TestMissingImage(t *testing.T) {
 	newRuntime(t, Config{}) // skips when Podman is unavailable
-	_, err := New(context.Background(), Config{Image: "localhost/mcpexec-no-such-image:x", WorkerID: workerID(t), URI: os.Getenv("MCPEXEC_PODMAN")})
+	_, err := New(context.Background(), Config{Image: "localhost/mcpexec-no-such-image:x", WorkerID: sandboxtest.WorkerID(t), URI: os.Getenv("MCPEXEC_PODMAN")})
 	if err == nil || !strings.Contains(err.Error(), "build.sh") {
 		t.Fatalf("error %v, want one that says how to build the image", err)
 	}
@@ -349,39 +279,14 @@ func TestSessionContainerLifecycle(t *testing.T) {
 	ctx := context.Background()
 	count := func() int {
 		t.Helper()
-		rt.removals.Wait()
-		ids, err := rt.list(ctx)
+		rt.pool.WaitRemovals()
+		ids, err := rt.pool.List(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return len(ids)
 	}
-	job := sandbox.Job{ID: "s", Code: "x = 1", Timeout: 10 * time.Second}
-	for _, s := range []string{"a", "b"} {
-		if res, err := rt.RunInSession(ctx, s, job, nil); err != nil || res.Status != sandbox.StatusSuccess {
-			t.Fatalf("RunInSession %s: %v %+v", s, err, res)
-		}
-	}
-	if n := count(); n != 2 {
-		t.Fatalf("%d containers for 2 live sessions", n)
-	}
-	if err := rt.EndSession("a"); err != nil {
-		t.Fatal(err)
-	}
-	if n := count(); n != 1 {
-		t.Fatalf("%d containers after ending one of 2 sessions", n)
-	}
-	// A timeout ends the session and removes its container.
-	if res, _ := rt.RunInSession(ctx, "b", sandbox.Job{ID: "s", Code: "while True: pass", Timeout: time.Second}, nil); res.Status != sandbox.StatusTimeout {
-		t.Fatalf("status %s", res.Status)
-	}
-	if n := count(); n != 0 || rt.HasSession("b") {
-		t.Fatalf("%d containers after the session's timeout (session kept %v)", n, rt.HasSession("b"))
-	}
-	// Close removes live sessions' containers.
-	if _, err := rt.RunInSession(ctx, "c", job, nil); err != nil {
-		t.Fatal(err)
-	}
+	sandboxtest.SessionContainers(t, rt, count)
 	if err := rt.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -390,7 +295,7 @@ func TestSessionContainerLifecycle(t *testing.T) {
 	if err != nil || strings.TrimSpace(string(out)) != "" {
 		t.Fatalf("containers left after Close: %q (err %v)", out, err)
 	}
-	if _, err := rt.RunInSession(ctx, "d", job, nil); !errors.Is(err, ErrClosed) {
+	if _, err := rt.RunInSession(ctx, "d", sandbox.Job{ID: "s", Code: "x = 1"}, nil); !errors.Is(err, ErrClosed) {
 		t.Fatalf("RunInSession after Close: %v", err)
 	}
 }
@@ -511,7 +416,7 @@ func TestReapsContainersOfDeadOwners(t *testing.T) {
 	}
 	gone := mk(fmt.Sprintf("%s/%d/%d", sandbox.HostName, dead.Process.Pid, 12345))
 	live := mk(sandbox.OwnerLabel)
-	ids, err := rt.ownerless(context.Background())
+	ids, err := rt.pool.Ownerless(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -528,7 +433,7 @@ func TestJobSizedSandbox(t *testing.T) {
 	if !rt.Info().LimitsEnforced {
 		unavailable(t, "limits are not enforced by %s", rt.Info().URI)
 	}
-	waitWarm(t, rt, 1)
+	sandboxtest.WaitWarm(t, rt, 1)
 	code := `import os
 def first(*paths):
     for p in paths:
@@ -642,7 +547,7 @@ func TestRootfs(t *testing.T) {
 		image = DefaultImage
 	}
 	dir := t.TempDir()
-	name := "mcpexec-rootfs-" + workerID(t)
+	name := "mcpexec-rootfs-" + sandboxtest.WorkerID(t)
 	if out, err := exec.Command("podman", "create", "--name", name, image, "true").CombinedOutput(); err != nil {
 		t.Fatalf("podman create: %v %s", err, out)
 	}
@@ -664,56 +569,12 @@ print(os.getuid())`, Timeout: 30 * time.Second}, nil)
 	if _, err := os.Stat(filepath.Join(dir, "etc", "written")); err == nil {
 		t.Fatal("the job wrote into the host's root directory")
 	}
-	if _, err := New(context.Background(), Config{Rootfs: t.TempDir(), WorkerID: workerID(t), URI: os.Getenv("MCPEXEC_PODMAN")}); err == nil || !strings.Contains(err.Error(), "usr/bin/python3") {
+	if _, err := New(context.Background(), Config{Rootfs: t.TempDir(), WorkerID: sandboxtest.WorkerID(t), URI: os.Getenv("MCPEXEC_PODMAN")}); err == nil || !strings.Contains(err.Error(), "usr/bin/python3") {
 		t.Fatalf("an empty rootfs: %v", err)
 	}
 }
 
-// TestJavaScriptSpareOutOfReach: a reused container keeps a JavaScript
-// executor started ahead once it has run JavaScript, and no job's code meets
-// the one a later job gets: a Python job that signals every process it may,
-// then a JavaScript job that finds no other process to kill, and the next
-// JavaScript jobs still get an executor started ahead, in the same
-// container (the spare never counts as a process a job left behind).
+// TestJavaScriptSpareOutOfReach: see sandboxtest.JavaScriptSpareOutOfReach.
 func TestJavaScriptSpareOutOfReach(t *testing.T) {
-	rt := newRuntime(t, Config{Pool: 1})
-	if !slices.Contains(rt.Languages(), sandbox.JavaScript) {
-		t.Fatalf("the sandbox image runs %v: rebuild it with Node.js (sudo deploy/sandbox/build.sh --force)", rt.Languages())
-	}
-	run := func(lang, code string) (host, out string) {
-		t.Helper()
-		res, err := rt.Run(context.Background(), sandbox.Job{ID: "spare", Tenant: "a", Language: lang, Code: code, Timeout: 30 * time.Second}, nil)
-		if err != nil || res.Status != sandbox.StatusSuccess {
-			t.Fatalf("run %s: %v %+v", lang, err, res)
-		}
-		host, out, _ = strings.Cut(strings.TrimSpace(res.Stdout), "\n")
-		return host, out
-	}
-	// others lists the processes but PID 1 (the supervisor), the zygote and
-	// the job's own; the uptime says whether the executor was started ahead.
-	const jsProbe = `const fs = require("fs")
-console.log(require("os").hostname())
-const others = fs.readdirSync("/proc").filter((p) => /^\d+$/.test(p)).map(Number).filter((p) => ![1, process.pid, process.ppid].includes(p))
-for (const p of others) { try { process.kill(p, "SIGKILL") } catch {} }
-console.log(others.length, process.uptime() > 0.5 ? "ahead" : "started now")`
-	first, _ := run(sandbox.JavaScript, jsProbe)
-	time.Sleep(time.Second) // the spare loads
-	host, _ := run(sandbox.Python, `import os, signal, socket
-print(socket.gethostname())
-for pid in [int(p) for p in os.listdir("/proc") if p.isdigit()]:
-    if pid not in (1, os.getpid(), os.getppid()):  # the runner's own are another test's
-        try:
-            os.kill(pid, signal.SIGSTOP)
-        except OSError:
-            pass`)
-	if host != first {
-		t.Fatalf("python job in container %s, not %s", host, first)
-	}
-	for i := range 3 {
-		time.Sleep(time.Second)
-		host, out := run(sandbox.JavaScript, jsProbe)
-		if host != first || out != "0 ahead" {
-			t.Fatalf("javascript job %d: container %s (first %s), other processes and start: %q", i, host, first, out)
-		}
-	}
+	sandboxtest.JavaScriptSpareOutOfReach(t, newRuntime(t, Config{Pool: 1}))
 }

@@ -11,26 +11,26 @@ import (
 
 	storagetypes "github.com/containers/storage/types"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	spec "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 var unsafeName = regexp.MustCompile(`[^a-zA-Z0-9_.-]+`)
 
-// spec is the locked-down container specification.
-func (r *Runtime) spec(dir, jobLabel string, n uint64, l sandbox.Limits) *specgen.SpecGenerator {
+// spec is the locked-down container specification (without the runner's
+// secret).
+func (r *Runtime) spec(sp containerpool.Spec) *specgen.SpecGenerator {
+	dir, l := sp.Dir, sp.Limits
 	t, f := true, false
 	s := specgen.NewSpecGenerator(r.cfg.Image, false)
 	if r.cfg.Rootfs != "" {
 		s = specgen.NewSpecGenerator(r.cfg.Rootfs, true)
 	}
-	s.Name = fmt.Sprintf("mcpexec-%s-%d-%d", unsafeName.ReplaceAllString(r.cfg.WorkerID, "_"), os.Getpid(), n)
-	s.Command = []string{"python3", "-I", "-B", "-u", "/mcpexec/runner.py", "/mcpexec/s", "--reset"}
-	if r.js.Expected() {
-		s.Command = append(s.Command, "--spare-javascript")
-	}
+	s.Name = fmt.Sprintf("mcpexec-%s-%d-%d", unsafeName.ReplaceAllString(r.cfg.WorkerID, "_"), os.Getpid(), sp.Seq)
+	s.Command = sp.Command()
 	s.Entrypoint = []string{}
 	s.OCIRuntime = r.cfg.OCIRuntime
-	s.Labels = map[string]string{LabelManaged: "true", LabelWorker: r.cfg.WorkerID, LabelJob: jobLabel, LabelOwner: sandbox.OwnerLabel}
+	s.Labels = map[string]string{LabelManaged: "true", LabelWorker: r.cfg.WorkerID, LabelJob: sp.Job, LabelOwner: sandbox.OwnerLabel}
 	s.Env = map[string]string{
 		"PATH":                    "/usr/local/bin:/usr/bin:/bin",
 		"HOME":                    "/tmp",

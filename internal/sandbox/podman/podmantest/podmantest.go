@@ -3,15 +3,13 @@ package podmantest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"os"
 	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
+	"github.com/mcpexec/mcpexec/internal/sandbox/sandboxtest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 )
 
@@ -30,9 +28,7 @@ func New(tb testing.TB, cfg podman.Config) *podman.Runtime {
 		cfg.URI = os.Getenv("MCPEXEC_PODMAN")
 	}
 	if cfg.WorkerID == "" {
-		b := make([]byte, 4)
-		_, _ = rand.Read(b) // never fails
-		cfg.WorkerID = "test-" + strings.NewReplacer("/", "-", " ", "-").Replace(tb.Name()) + "-" + hex.EncodeToString(b)
+		cfg.WorkerID = sandboxtest.WorkerID(tb)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = testutil.Logger(tb)

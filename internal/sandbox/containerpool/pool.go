@@ -1,0 +1,457 @@
+package containerpool
+
+// This file starts and removes containers and keeps the warm pool and the
+// containers idle for their namespace's next job.
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+)
+
+// Box is one started container whose runner completed its handshake.
+type Box struct {
+	tenant   string         // the namespace it served (reused boxes)
+	uses     int            // jobs it ran
+	idleFrom time.Time      // when it went idle
+	limits   sandbox.Limits // its container's
+	id       string
+	dir      string
+	ln       net.Listener
+	rc       *sandbox.RunnerConn
+}
+
+// ID is the box's container id.
+func (b *Box) ID() string { return b.id }
+
+// Limits are the box's container's.
+func (b *Box) Limits() sandbox.Limits { return b.limits }
+
+// Pool starts containers through an Engine and keeps them: warm ones for
+// any job, idle ones for their namespace's next job, and sessions'. It is
+// safe for concurrent use.
+type Pool struct {
+	cfg  Config
+	eng  Engine
+	log  *slog.Logger
+	base string                // the Pool's own directory under RunDir
+	js   sandbox.JSExpectation // when new sandboxes keep a JavaScript executor ready
+
+	seq           atomic.Uint64
+	started       atomic.Uint64 // containers whose runner completed its handshake
+	startFailures atomic.Uint64 // containers that failed to start
+
+	mu       sync.Mutex // guards warm, idle, idleN, starting, running, closed
+	warm     []*Box
+	idle     map[string][]*Box // by tenant, least recently used first
+	idleN    int
+	starting int
+	running  bool // Start started the filler and the reaper
+	closed   bool
+	sessions *sandbox.Sessions[*Box]
+
+	wake       chan struct{} // pokes the pool filler
+	stop       chan struct{} // closed by Close
+	fillerDone chan struct{}
+	reaperDone chan struct{}  // closed when reapLoop returns
+	removals   sync.WaitGroup // background container removals
+	closeOnce  sync.Once
+}
+
+// New makes the Pool's directory under cfg.RunDir; cfg has its defaults
+// (Config.SetDefaults). Start starts the pool's filler and reaper.
+func New(cfg Config, eng Engine) (*Pool, error) {
+	base, err := cfg.privateDir()
+	if err != nil {
+		return nil, err
+	}
+	p := &Pool{
+		cfg:        cfg,
+		eng:        eng,
+		log:        cfg.Logger,
+		base:       base,
+		wake:       make(chan struct{}, 1),
+		stop:       make(chan struct{}),
+		fillerDone: make(chan struct{}),
+		reaperDone: make(chan struct{}),
+	}
+	p.sessions = &sandbox.Sessions[*Box]{
+		Start:     func(ctx context.Context) (*Box, error) { return p.Acquire(ctx, "session", p.cfg.Limits) },
+		Drive:     p.drive,
+		Reusable:  func(b *Box) bool { return b.rc.Reusable() },
+		Discard:   p.Discard,
+		ErrClosed: cfg.ErrClosed,
+	}
+	return p, nil
+}
+
+// Dir is the Pool's own directory: one directory per container under it.
+func (p *Pool) Dir() string { return p.base }
+
+// Start starts the pool's filler and the reaper of idle containers and of
+// containers whose owner is gone. Close stops them.
+func (p *Pool) Start() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.running {
+		return
+	}
+	p.running = true
+	go p.fill()
+	go p.reapLoop()
+}
+
+// Close ends every session and discards every container the Pool holds,
+// and returns when all are removed. It is idempotent and safe before Start.
+func (p *Pool) Close() {
+	p.closeOnce.Do(func() {
+		p.mu.Lock()
+		p.closed = true
+		running := p.running
+		warm := p.warm
+		p.warm = nil
+		for _, bs := range p.idle {
+			warm = append(warm, bs...)
+		}
+		p.idle, p.idleN = nil, 0
+		p.mu.Unlock()
+		p.sessions.Close()
+		close(p.stop)
+		if running {
+			<-p.fillerDone
+			<-p.reaperDone
+		}
+		for _, b := range warm {
+			p.Discard(b)
+		}
+		p.removals.Wait()
+	})
+}
+
+// WaitRemovals waits for the removals Discard started.
+func (p *Pool) WaitRemovals() { p.removals.Wait() }
+
+// Discard closes a box and removes its container in the background.
+func (p *Pool) Discard(b *Box) {
+	p.removals.Add(1)
+	go func() {
+		defer p.removals.Done()
+		// Closing the connection makes the runner exit by itself (within
+		// milliseconds, even mid-job): the removal then finds a stopped container
+		// and needs no kill (a runc process and a SIGKILL fewer). A runner that
+		// does not exit in time is killed by the forced removal.
+		b.rc.Finish(finishTimeout)
+		if err := p.eng.Remove(context.Background(), b.id); err != nil {
+			p.log.Error(p.cfg.Name+": remove container", "id", sandbox.ShortID(b.id), "err", err)
+		}
+		_ = b.ln.Close()        // the container is gone: nothing connects any more
+		_ = os.RemoveAll(b.dir) // best effort: the Pool's directory goes at Close
+	}()
+}
+
+// NewBox creates and starts a container labelled jobLabel, of limits l, and
+// waits for its runner's hello: a cold start, whatever the pool holds.
+func (p *Pool) NewBox(ctx context.Context, jobLabel string, l sandbox.Limits) (_ *Box, err error) {
+	n := p.seq.Add(1)
+	dir := filepath.Join(p.base, strconv.FormatUint(n, 10))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create container dir: %w", err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil { // umask
+		return nil, err
+	}
+	b := &Box{dir: dir, limits: l}
+	defer func() {
+		if err == nil {
+			p.started.Add(1)
+			return
+		}
+		p.startFailures.Add(1)
+		if b.ln != nil {
+			_ = b.ln.Close() // the start failed: err is what the caller hears
+		}
+		if b.id != "" {
+			_ = p.eng.Remove(ctx, b.id) // best effort: Close and the reaper remove what is left
+		}
+		_ = os.RemoveAll(dir) // best effort: the Pool's directory goes at Close
+	}()
+	if err := sandbox.WriteRunner(dir); err != nil {
+		return nil, err
+	}
+	sock := filepath.Join(dir, "s")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return nil, fmt.Errorf("listen for runner: %w", err)
+	}
+	b.ln = ln
+	if err := os.Chmod(sock, 0o777); err != nil { // the container's user must connect
+		return nil, err
+	}
+
+	secret := sandbox.NewSecret()
+	b.id, err = p.eng.Create(ctx, Spec{Dir: dir, Job: jobLabel, Seq: n, Limits: l, Secret: secret, SpareJavaScript: p.js.Expected()})
+	if err != nil {
+		return nil, err
+	}
+
+	hctx, hcancel := context.WithTimeout(ctx, handshakeTimeout)
+	defer hcancel()
+	if b.rc, err = sandbox.AcceptRunner(hctx, ln, p.cfg.MaxFrame, secret); err != nil {
+		return nil, fmt.Errorf("container %s: %w%s", sandbox.ShortID(b.id), err, p.eng.ExitNote(b.id))
+	}
+	return b, nil
+}
+
+// take returns a warm box, or nil.
+func (p *Pool) take() *Box {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.warm) == 0 {
+		return nil
+	}
+	b := p.warm[0]
+	p.warm = p.warm[1:]
+	p.poke()
+	return b
+}
+
+// takeIdle returns the most recently used idle box of tenant that is still
+// fit for a job, or nil. Boxes past IdleTTL, or whose runner spoke or went
+// while idle, are discarded.
+func (p *Pool) takeIdle(tenant string) *Box {
+	var stale []*Box
+	defer func() {
+		for _, b := range stale {
+			p.Discard(b)
+		}
+	}()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	bs := p.idle[tenant]
+	for len(bs) > 0 {
+		b := bs[len(bs)-1]
+		bs = bs[:len(bs)-1]
+		p.idleN--
+		if time.Since(b.idleFrom) > p.cfg.IdleTTL || !b.rc.Idle() {
+			stale = append(stale, b)
+			continue
+		}
+		p.setIdle(tenant, bs)
+		return b
+	}
+	p.setIdle(tenant, bs)
+	return nil
+}
+
+func (p *Pool) setIdle(tenant string, bs []*Box) {
+	if len(bs) == 0 {
+		delete(p.idle, tenant)
+		return
+	}
+	p.idle[tenant] = bs
+}
+
+// putIdle keeps b for its tenant's next job, within the idle bounds (the
+// least recently used box of the tenant, or of all, makes room).
+func (p *Pool) putIdle(b *Box) {
+	var out []*Box
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		p.Discard(b)
+		return
+	}
+	if p.idle == nil {
+		p.idle = map[string][]*Box{}
+	}
+	b.idleFrom = time.Now()
+	bs := append(p.idle[b.tenant], b)
+	p.idleN++
+	if len(bs) > p.cfg.MaxIdlePerTenant {
+		out, bs = append(out, bs[0]), bs[1:]
+		p.idleN--
+	}
+	p.idle[b.tenant] = bs
+	for p.idleN > p.cfg.MaxIdle {
+		var oldest string
+		for t, tbs := range p.idle {
+			if oldest == "" || tbs[0].idleFrom.Before(p.idle[oldest][0].idleFrom) {
+				oldest = t
+			}
+		}
+		out = append(out, p.idle[oldest][0])
+		p.setIdle(oldest, p.idle[oldest][1:])
+		p.idleN--
+	}
+	p.mu.Unlock()
+	for _, o := range out {
+		p.Discard(o)
+	}
+}
+
+// retireIdle discards the idle boxes past IdleTTL.
+func (p *Pool) retireIdle() {
+	var out []*Box
+	p.mu.Lock()
+	for t, bs := range p.idle {
+		keep := bs[:0]
+		for _, b := range bs {
+			if time.Since(b.idleFrom) > p.cfg.IdleTTL {
+				out = append(out, b)
+				p.idleN--
+			} else {
+				keep = append(keep, b)
+			}
+		}
+		p.setIdle(t, keep)
+	}
+	p.mu.Unlock()
+	for _, b := range out {
+		p.Discard(b)
+	}
+}
+
+// Idle returns how many containers wait for their namespace's next job.
+func (p *Pool) Idle() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.idleN
+}
+
+// Warm returns how many started containers wait in the pool.
+func (p *Pool) Warm() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.warm)
+}
+
+// Stats implements sandbox.StatsReporter.
+func (p *Pool) Stats() sandbox.Stats {
+	return sandbox.Stats{Started: p.started.Load(), StartFailures: p.startFailures.Load(), Warm: p.Warm()}
+}
+
+// poke wakes the pool filler.
+func (p *Pool) poke() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// fill keeps cfg.Pool warm containers ready until Close. It starts up to
+// cfg.Pool containers at once: a batch of jobs drains the pool as fast as the
+// worker's slots take containers, and one start at a time would leave the slots
+// starting containers themselves.
+func (p *Pool) fill() {
+	defer close(p.fillerDone)
+	if p.cfg.Pool == 0 {
+		return
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	results := make(chan error, p.cfg.Pool) // each start's outcome
+	backoff := time.Duration(0)
+	for {
+		p.mu.Lock()
+		need := !p.closed && len(p.warm)+p.starting < p.cfg.Pool
+		if need {
+			p.starting++
+		}
+		p.mu.Unlock()
+		if need {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				err := p.fillOne()
+				select {
+				case results <- err:
+				case <-p.stop:
+				}
+			}()
+			continue
+		}
+		select {
+		case <-p.stop:
+			return
+		case <-p.wake:
+		case err := <-results:
+			if err == nil {
+				backoff = 0
+				continue
+			}
+			select {
+			case <-p.stop:
+				return
+			default:
+			}
+			backoff = min(max(2*backoff, time.Second), 30*time.Second)
+			p.log.Error(p.cfg.Name+": start warm container", "err", err, "retry_in", backoff)
+			select {
+			case <-p.stop:
+				return
+			case <-time.After(backoff):
+			}
+		}
+	}
+}
+
+// fillOne starts one warm container (p.starting counts it already) and adds it
+// to the pool.
+func (p *Pool) fillOne() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-p.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	b, err := p.NewBox(ctx, "pool", p.cfg.Limits)
+	p.mu.Lock()
+	p.starting--
+	keep := err == nil && !p.closed
+	if keep {
+		p.warm = append(p.warm, b)
+	}
+	p.mu.Unlock()
+	if err == nil && !keep {
+		p.Discard(b)
+	}
+	return err
+}
+
+// Acquire returns a warm box, or starts one labelled with label; a box of
+// other limits than the configured ones is always started for the caller.
+func (p *Pool) Acquire(ctx context.Context, label string, l sandbox.Limits) (*Box, error) {
+	p.mu.Lock()
+	closed := p.closed
+	p.mu.Unlock()
+	if closed {
+		return nil, p.cfg.ErrClosed
+	}
+	if l == p.cfg.Limits {
+		if b := p.take(); b != nil {
+			return b, nil
+		}
+	}
+	if label == "" {
+		label = "job"
+	}
+	b, err := p.NewBox(ctx, label, l)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%s: %w", p.cfg.Name, context.Cause(ctx))
+		}
+		return nil, fmt.Errorf("%s: %w", p.cfg.Name, err)
+	}
+	return b, nil
+}

@@ -1,0 +1,188 @@
+package sandboxtest
+
+// This file holds the tests and helpers the container runtimes (Podman,
+// Docker) share beyond the conformance suite.
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+)
+
+// WorkerID is a worker id of its own for tb: its containers are told apart
+// from every other test's.
+func WorkerID(tb testing.TB) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b) // never fails
+	name := strings.NewReplacer("/", "-", " ", "-").Replace(tb.Name())
+	return "test-" + name + "-" + hex.EncodeToString(b)
+}
+
+// Warmer is a runtime with a warm pool.
+type Warmer interface {
+	sandbox.Runtime
+	Warm() int // started containers waiting in the pool
+}
+
+// WaitWarm waits until rt's pool holds n containers.
+func WaitWarm(tb testing.TB, rt Warmer, n int) {
+	tb.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if rt.Warm() >= n {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	tb.Fatalf("pool did not reach %d warm containers", n)
+}
+
+// BenchRun measures Run of a trivial job on rt, whose pool holds pool
+// containers, for tenant ("": a fresh container per run).
+func BenchRun(b *testing.B, rt Warmer, pool int, tenant string) {
+	if pool > 0 {
+		WaitWarm(b, rt, pool)
+	}
+	ctx := context.Background()
+	job := sandbox.Job{ID: "bench", Code: "print(1)", Timeout: 10 * time.Second, Tenant: tenant}
+	var ds []time.Duration
+	b.ResetTimer()
+	for b.Loop() {
+		if pool > 0 && tenant == "" {
+			b.StopTimer()
+			WaitWarm(b, rt, pool) // measure the warm path only: no refill competes for the CPUs
+			b.StartTimer()
+		}
+		start := time.Now()
+		res, err := rt.Run(ctx, job, nil)
+		ds = append(ds, time.Since(start))
+		if err != nil || res.Stdout != "1\n" {
+			b.Fatalf("%v %+v", err, res)
+		}
+	}
+	b.StopTimer()
+	slices.Sort(ds)
+	b.ReportMetric(float64(ds[len(ds)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(ds[len(ds)*9/10].Microseconds())/1000, "p90-ms")
+}
+
+// RunnerExitReported: os._exit ends the code's process mid-job; the runner
+// (PID 1, another process) reports it with what the code printed just
+// before.
+func RunnerExitReported(t *testing.T, rt sandbox.Runtime) {
+	res, err := rt.Run(context.Background(), sandbox.Job{ID: "exit", Code: "import os\nprint('bye', flush=True)\nos._exit(5)", Timeout: 10 * time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != sandbox.StatusError || res.ExitCode != 5 || res.Error != "the code's process exited with code 5" || res.Stdout != "bye\n" {
+		t.Fatalf("result %+v", res)
+	}
+}
+
+// MemoryLimitMessage: code that outgrows rt's memory limit of 96 MiB
+// (enforced) is killed and told so, or gets a MemoryError.
+func MemoryLimitMessage(t *testing.T, rt sandbox.Runtime) {
+	res, err := rt.Run(context.Background(), sandbox.Job{ID: "oom", Code: "b = []\nwhile True:\n    b.append(bytearray(8 << 20))", Timeout: 30 * time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("result: %s exit %d error %q stderr %q", res.Status, res.ExitCode, res.Error, res.Stderr)
+	if res.Status != sandbox.StatusError {
+		t.Fatalf("status %s", res.Status)
+	}
+	if res.ExitCode == 137 && !strings.Contains(res.Error, "memory limit (96 MiB)") {
+		t.Fatalf("OOM kill reported as %q", res.Error)
+	}
+	if res.ExitCode != 137 && !strings.Contains(res.Stderr, "MemoryError") {
+		t.Fatalf("neither an OOM kill nor a MemoryError: %+v", res)
+	}
+}
+
+// SessionContainers: a session keeps one container (count says how many
+// rt has) until EndSession or a job that fails it (a timeout). It leaves
+// session "c" live, for the caller to check that Close removes it.
+func SessionContainers(t *testing.T, rt sandbox.SessionRuntime, count func() int) {
+	ctx := context.Background()
+	job := sandbox.Job{ID: "s", Code: "x = 1", Timeout: 10 * time.Second}
+	for _, s := range []string{"a", "b"} {
+		if res, err := rt.RunInSession(ctx, s, job, nil); err != nil || res.Status != sandbox.StatusSuccess {
+			t.Fatalf("RunInSession %s: %v %+v", s, err, res)
+		}
+	}
+	if n := count(); n != 2 {
+		t.Fatalf("%d containers for 2 live sessions", n)
+	}
+	if err := rt.EndSession("a"); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("%d containers after ending one of 2 sessions", n)
+	}
+	// A timeout ends the session and removes its container.
+	if res, _ := rt.RunInSession(ctx, "b", sandbox.Job{ID: "s", Code: "while True: pass", Timeout: time.Second}, nil); res.Status != sandbox.StatusTimeout {
+		t.Fatalf("status %s", res.Status)
+	}
+	if n := count(); n != 0 || rt.HasSession("b") {
+		t.Fatalf("%d containers after the session's timeout (session kept %v)", n, rt.HasSession("b"))
+	}
+	if _, err := rt.RunInSession(ctx, "c", job, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// JavaScriptSpareOutOfReach: a reused container keeps a JavaScript
+// executor started ahead once it has run JavaScript, and no job's code
+// meets the one a later job gets: a Python job that signals every process
+// it may, then a JavaScript job that finds no other process to kill, and
+// the next JavaScript jobs still get an executor started ahead, in the same
+// container (the spare never counts as a process a job left behind). rt
+// reuses containers within a namespace.
+func JavaScriptSpareOutOfReach(t *testing.T, rt interface {
+	sandbox.Runtime
+	sandbox.LanguageReporter
+}) {
+	if !slices.Contains(rt.Languages(), sandbox.JavaScript) {
+		t.Fatalf("the sandbox image runs %v: rebuild it with Node.js (sudo deploy/sandbox/build.sh --force)", rt.Languages())
+	}
+	run := func(lang, code string) (host, out string) {
+		t.Helper()
+		res, err := rt.Run(context.Background(), sandbox.Job{ID: "spare", Tenant: "a", Language: lang, Code: code, Timeout: 30 * time.Second}, nil)
+		if err != nil || res.Status != sandbox.StatusSuccess {
+			t.Fatalf("run %s: %v %+v", lang, err, res)
+		}
+		host, out, _ = strings.Cut(strings.TrimSpace(res.Stdout), "\n")
+		return host, out
+	}
+	// others lists the processes but PID 1 (the supervisor), the zygote and
+	// the job's own; the uptime says whether the executor was started ahead.
+	const jsProbe = `const fs = require("fs")
+console.log(require("os").hostname())
+const others = fs.readdirSync("/proc").filter((p) => /^\d+$/.test(p)).map(Number).filter((p) => ![1, process.pid, process.ppid].includes(p))
+for (const p of others) { try { process.kill(p, "SIGKILL") } catch {} }
+console.log(others.length, process.uptime() > 0.5 ? "ahead" : "started now")`
+	first, _ := run(sandbox.JavaScript, jsProbe)
+	time.Sleep(time.Second) // the spare loads
+	host, _ := run(sandbox.Python, `import os, signal, socket
+print(socket.gethostname())
+for pid in [int(p) for p in os.listdir("/proc") if p.isdigit()]:
+    if pid not in (1, os.getpid(), os.getppid()):  # the runner's own are another test's
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except OSError:
+            pass`)
+	if host != first {
+		t.Fatalf("python job in container %s, not %s", host, first)
+	}
+	for i := range 3 {
+		time.Sleep(time.Second)
+		host, out := run(sandbox.JavaScript, jsProbe)
+		if host != first || out != "0 ahead" {
+			t.Fatalf("javascript job %d: container %s (first %s), other processes and start: %q", i, host, first, out)
+		}
+	}
+}
