@@ -11,6 +11,7 @@ import (
 	"os"
 
 	"github.com/mcpexec/mcpexec/cmd/internal/doctorcmd"
+	"github.com/mcpexec/mcpexec/cmd/internal/tracingenv"
 	"github.com/mcpexec/mcpexec/internal/app"
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/frontend"
@@ -43,6 +44,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return err
 	}
 	logReplacedSettings(log)
+	tp, stopTraces, err := tracingenv.Start(ctx, "mcpexec-frontend", log)
+	if err != nil {
+		return err
+	}
+	defer stopTraces() // last: after the stack's final spans
 	dopts := c.servers.discoveryOptions()
 	var failures serverFailures
 	pool, since := c.servers.pool(dopts, failures.failed, log)
@@ -52,7 +58,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	defer pool.Stop()
 	m := metrics.New("frontend")
 	wcfg := worker.DefaultConfig(c.workerID)
-	wcfg.Slots, wcfg.Logger, wcfg.Grace, wcfg.Metrics = c.slots, log, c.fleet.grace, m
+	wcfg.Slots, wcfg.Logger, wcfg.Grace, wcfg.Metrics, wcfg.Tracing = c.slots, log, c.fleet.grace, m, tp
 	if err := c.sandbox.ConfigureWorker(&wcfg); err != nil {
 		return err
 	}
@@ -78,7 +84,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		BrokerAddr: c.brokerListen,
 		Frontend: frontend.Config{ID: c.id, Limits: c.limits, Logger: log, Tools: pool,
 			CallTimeout: c.servers.callTimeout, MaxCallsPerJob: c.servers.maxCalls, Policy: def, Policies: policies,
-			Metrics: m},
+			Metrics: m, Tracing: tp},
 		Worker: wcfg,
 		NewRuntime: func(ctx context.Context) (sandbox.Runtime, error) {
 			return c.sandbox.Open(ctx, wcfg.ID, log)
