@@ -3,6 +3,8 @@ package tracing_test
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpclients"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
@@ -32,7 +35,7 @@ type fleet struct {
 	pool      *mcpclients.Pool
 }
 
-func startFleet(t *testing.T, r *receiver) *fleet {
+func startFleet(t testing.TB, r *receiver) *fleet {
 	t.Helper()
 	f := &fleet{}
 	var bp, wp, fp *tracing.Provider
@@ -64,7 +67,7 @@ func startFleet(t *testing.T, r *receiver) *fleet {
 // flushUntil flushes every provider until the receiver holds want spans of
 // trace id (the state service applies the finished event after the result
 // is back), or fails.
-func (f *fleet) flushUntil(t *testing.T, r *receiver, id string, want int) []span {
+func (f *fleet) flushUntil(t testing.TB, r *receiver, id string, want int) []span {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
@@ -242,4 +245,42 @@ func dump(spans []span) string {
 		fmt.Fprintf(&b, "  %s %s id=%s parent=%s %v\n", s.Service, s.Name, s.ID, s.Parent, s.Attrs)
 	}
 	return b.String()
+}
+
+// TestAPITraceParent submits through POST /api/jobs with a traceparent
+// header: the job's submit span is the caller's child (via "api").
+func TestAPITraceParent(t *testing.T) {
+	r := newReceiver(t)
+	f := startFleet(t, r)
+	api := jobsapi.New(jobsapi.Config{Backend: f.fe, Namespace: mcpserver.NamespaceFromContext})
+	hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(f.fe, mcpserver.Options{}), mcpserver.HTTPOptions{API: api}))
+	t.Cleanup(hs.Close)
+	req, _ := http.NewRequest("POST", hs.URL+"/api/jobs", strings.NewReader(`{"id": "api-traced", "code": "print(1)"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("traceparent", "00-55555555555555555555555555555555-6666666666666666-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close() // read nothing: the record is checked below
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("POST /api/jobs: %s", resp.Status)
+	}
+	rec := testutil.WaitRecord(t, f.b, jobs.ScopedID(jobs.NamespaceOf(""), "api-traced"), jobs.StatusSuccess)
+	want := strings.Repeat("5", 32)
+	if rec.TraceID != want {
+		t.Fatalf("trace %s, want %s", rec.TraceID, want)
+	}
+	found := false
+	for _, s := range f.flushUntil(t, r, want, 4) { // submit, its event applied, queue wait, run...
+		if s.Name == tracing.SpanSubmit {
+			found = true
+			if s.Parent != "6666666666666666" || s.Attrs["mcpexec.submit.via"] != "api" {
+				t.Fatalf("submit span %+v", s)
+			}
+		}
+	}
+	if !found {
+		t.Fatal("no submit span in the caller's trace")
+	}
 }
