@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/mcpexec/mcpexec/cmd/internal/tracingenv"
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -46,13 +47,18 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	tp, stopTraces, err := tracingenv.Start(ctx, "mcpexec-broker", log)
+	if err != nil {
+		return err
+	}
+	defer stopTraces() // last: after the state service's final spans
 	if *maxQueued < 1 {
 		return cli.Usagef("--max-queued must be at least 1")
 	}
 	qcfg := queue.DefaultConfig()
 	qcfg.MaxQueued = *maxQueued
 	m := metrics.New("broker")
-	bcfg := broker.Config{DataDir: *data, Listen: *listen, Queue: qcfg, Logger: log, Metrics: m}
+	bcfg := broker.Config{DataDir: *data, Listen: *listen, Queue: qcfg, Logger: log, Metrics: m, Tracing: tp}
 	if err := fl.apply(&bcfg, log); err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/cmd/internal/sandboxflags"
 	"github.com/mcpexec/mcpexec/internal/cli"
+	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 )
@@ -173,4 +174,18 @@ func logReplacedSettings(log *slog.Logger) {
 			log.Warn("setting of mcp-server-code-execution-mode not used", "name", name, "value", v, "instead", replacedSettings[name])
 		}
 	}
+}
+
+// policies returns the default namespace policy (the flags', with the tokens
+// file's default_policy over it) and each named namespace's, inheriting it.
+func (c *config) policies() (frontend.Policy, map[string]frontend.Policy) {
+	def := c.fleet.policy
+	if c.servers.defaultPolicy != nil {
+		def = c.servers.defaultPolicy.Inherit(def)
+	}
+	policies := map[string]frontend.Policy{}
+	for ns, p := range c.servers.policies {
+		policies[ns] = p.Inherit(def)
+	}
+	return def, policies
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 
 	"github.com/mcpexec/mcpexec/cmd/internal/doctorcmd"
+	"github.com/mcpexec/mcpexec/cmd/internal/tracingenv"
 	"github.com/mcpexec/mcpexec/internal/app"
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/frontend"
@@ -43,6 +44,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return err
 	}
 	logReplacedSettings(log)
+	tp, stopTraces, err := tracingenv.Start(ctx, "mcpexec-frontend", log)
+	if err != nil {
+		return err
+	}
+	defer stopTraces() // last: after the stack's final spans
 	dopts := c.servers.discoveryOptions()
 	var late lateTools
 	pool, since := c.servers.pool(dopts, late.failed, log)
@@ -52,7 +58,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	defer pool.Stop()
 	m := metrics.New("frontend")
 	wcfg := worker.DefaultConfig(c.workerID)
-	wcfg.Slots, wcfg.Logger, wcfg.Grace, wcfg.Metrics = c.slots, log, c.fleet.grace, m
+	wcfg.Slots, wcfg.Logger, wcfg.Grace, wcfg.Metrics, wcfg.Tracing = c.slots, log, c.fleet.grace, m, tp
 	if err := c.sandbox.ConfigureWorker(&wcfg); err != nil {
 		return err
 	}
@@ -60,14 +66,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err != nil {
 		return err
 	}
-	def := c.fleet.policy
-	if c.servers.defaultPolicy != nil {
-		def = c.servers.defaultPolicy.Inherit(def)
-	}
-	policies := map[string]frontend.Policy{}
-	for ns, p := range c.servers.policies {
-		policies[ns] = p.Inherit(def)
-	}
+	def, policies := c.policies()
 	// The stack (broker, sandbox runtime, worker) starts in the background:
 	// MCP clients get initialize and tools/list at once, and run_python says
 	// what is missing until it runs.
@@ -78,7 +77,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		BrokerAddr: c.brokerListen,
 		Frontend: frontend.Config{ID: c.id, Limits: c.limits, Logger: log, Tools: pool,
 			CallTimeout: c.servers.callTimeout, MaxCallsPerJob: c.servers.maxCalls, Policy: def, Policies: policies,
-			Metrics: m, OnCatalogChange: late.catalogChanged},
+			Metrics: m, OnCatalogChange: late.catalogChanged, Tracing: tp},
 		Worker: wcfg,
 		NewRuntime: func(ctx context.Context) (sandbox.Runtime, error) {
 			return c.sandbox.Open(ctx, wcfg.ID, log)

@@ -15,6 +15,7 @@ import (
 	"github.com/mcpexec/mcpexec/cmd/internal/doctorcmd"
 	"github.com/mcpexec/mcpexec/cmd/internal/natsflags"
 	"github.com/mcpexec/mcpexec/cmd/internal/sandboxflags"
+	"github.com/mcpexec/mcpexec/cmd/internal/tracingenv"
 	"github.com/mcpexec/mcpexec/internal/app"
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -49,6 +50,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	tp, stopTraces, err := tracingenv.Start(ctx, "mcpexec-worker", log)
+	if err != nil {
+		return err
+	}
+	defer stopTraces() // last: after the worker's final spans
 	if !jobs.ValidID(*id) {
 		return cli.Usagef("--id %q: use letters, digits, '-' or '_'", *id)
 	}
@@ -71,7 +77,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	m := metrics.New("worker")
 	app.InstrumentRuntime(m, rt)
 	cfg := worker.DefaultConfig(*id)
-	cfg.Slots, cfg.Pool, cfg.Grace, cfg.Logger, cfg.Metrics = *slots, *pool, *grace, log, m
+	cfg.Slots, cfg.Pool, cfg.Grace, cfg.Logger, cfg.Metrics, cfg.Tracing = *slots, *pool, *grace, log, m, tp
 	if err := sb.ConfigureWorker(&cfg); err != nil {
 		return err
 	}

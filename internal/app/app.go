@@ -62,6 +62,7 @@ func StartFrontend(ctx context.Context, cfg FrontendConfig) (_ *Stack, err error
 			Queue:   cfg.Worker.Queue,
 			Logger:  cfg.Logger.With("component", "broker"),
 			Metrics: cfg.Metrics,
+			Tracing: cfg.Frontend.Tracing, // one process, one provider
 		})
 		if err != nil {
 			return nil, err

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/queue"
@@ -54,6 +55,9 @@ type Config struct {
 	// Metrics, when set, receives the state service's job metrics and the queue
 	// depth gauge.
 	Metrics *metrics.Metrics
+	// Tracing receives the state service's spans (job events applied,
+	// memory writes); nil: none.
+	Tracing trace.TracerProvider
 }
 
 // Broker is a running NATS server with the mcpexec streams and state service.

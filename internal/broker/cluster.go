@@ -229,7 +229,7 @@ func (b *Broker) startState(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		svc.Metrics, svc.Node = b.cfg.Metrics, b.ns.Name()
+		svc.Metrics, svc.Node, svc.Tracing = b.cfg.Metrics, b.ns.Name(), b.cfg.Tracing
 		if err := svc.Start(ctx); err != nil {
 			svc.Stop()
 			return err

@@ -17,12 +17,14 @@ import (
 	"github.com/mcpexec/mcpexec/internal/errs"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/state"
+	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
 // Config configures a Frontend.
@@ -52,6 +54,9 @@ type Config struct {
 	// OnCatalogChange, when set, is told of a namespace that enabled or
 	// disabled a catalog server (its servers enum changed).
 	OnCatalogChange func(ns string)
+	// Tracing receives the front-end's spans (submissions, proxy calls
+	// answered); nil: none.
+	Tracing trace.TracerProvider
 }
 
 // Frontend submits jobs and waits for them.
@@ -63,6 +68,7 @@ type Frontend struct {
 	responder *proxy.Responder
 	handler   *proxyHandler
 	log       *slog.Logger
+	tracer    trace.Tracer
 	once      sync.Once
 	inRun     atomic.Int64 // Run calls in flight
 	memory    MemoryStore  // memory helpers' backend
@@ -83,7 +89,8 @@ func New(nc *nats.Conn, cfg Config) (*Frontend, error) {
 	}
 	st := state.NewClient(nc, cfg.Subjects)
 	st.EventsFloor = client.EventsSeq // reads see this front-end's submissions
-	f := &Frontend{cfg: cfg, nc: nc, client: client, state: st, log: cfg.Logger.With("frontend", cfg.ID)}
+	f := &Frontend{cfg: cfg, nc: nc, client: client, state: st, log: cfg.Logger.With("frontend", cfg.ID),
+		tracer: tracing.Tracer(cfg.Tracing)}
 	if f.cfg.CallTimeout <= 0 {
 		f.cfg.CallTimeout = DefaultCallTimeout
 	}
@@ -105,7 +112,7 @@ func New(nc *nats.Conn, cfg Config) (*Frontend, error) {
 			return res, err
 		})
 	}
-	f.responder = proxy.NewResponder(nc, jobs.ProxyQueue, h)
+	f.responder = proxy.NewResponder(nc, jobs.ProxyQueue, f.tracedHandler(h))
 	return f, nil
 }
 
@@ -188,7 +195,9 @@ func (f *Frontend) Run(ctx context.Context, job *jobs.Job, progress func(jobs.Ev
 	if err := f.checkSessions(ctx, []*jobs.Job{job})[0]; err != nil {
 		return nil, err
 	}
+	ctx, span := f.startSubmit(ctx, job)
 	rec, err := f.run(ctx, job, progress)
+	endSubmit(span, rec, err)
 	if rec != nil {
 		rec = rec.View(ns)
 	}
@@ -221,7 +230,7 @@ func (f *Frontend) run(ctx context.Context, job *jobs.Job, progress func(jobs.Ev
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	f.cfg.Metrics.Submitted("accepted")
-	f.log.Debug("job submitted", "job", job.ID, "trace_id", jobs.TraceID(jobs.TraceParent(job.ID)))
+	f.log.Debug("job submitted", "job", job.ID, "trace_id", jobs.TraceID(job.Trace()))
 	poll := time.NewTicker(5 * time.Second)
 	defer poll.Stop()
 	for {
@@ -255,7 +264,7 @@ func (f *Frontend) run(ctx context.Context, job *jobs.Job, progress func(jobs.Ev
 // settled turns a terminal event into the job's record, preferring the state
 // service's copy (which applies fencing) when it already has it.
 func (f *Frontend) settled(ctx context.Context, job *jobs.Job, ev jobs.Event) (*jobs.Record, error) {
-	rec, _ := jobs.Apply(&jobs.Record{Job: *job, Status: jobs.StatusQueued, CreatedAt: job.SubmittedAt}, ev)
+	rec, _ := jobs.Apply(&jobs.Record{Job: *job, Status: jobs.StatusQueued, CreatedAt: job.SubmittedAt, TraceID: jobs.TraceID(job.Trace())}, ev)
 	if ev.Kind == jobs.EventFinished && ev.Result != nil {
 		return rec, nil
 	}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/errs"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/state"
@@ -121,7 +123,12 @@ func (f *Frontend) submit(ctx context.Context, js []*jobs.Job, ns string, all bo
 		todo, at = append(todo, j), append(at, i)
 	}
 	todo, at = f.adm.admitBatch(todo, at, out)
+	spans := make([]trace.Span, len(todo))
+	for k, j := range todo {
+		_, spans[k] = f.startSubmit(ctx, j)
+	}
 	errs := f.client.SubmitMany(ctx, todo)
+	submitted(spans, errs)
 	var dupIDs []string
 	for k, err := range errs {
 		i, j := at[k], todo[k]
@@ -132,10 +139,10 @@ func (f *Frontend) submit(ctx context.Context, js []*jobs.Job, ns string, all bo
 			if j.Waits() {
 				st = jobs.StatusWaiting
 			}
-			out[i].Record = &jobs.Record{Job: *j, Status: st, CreatedAt: j.SubmittedAt}
+			out[i].Record = &jobs.Record{Job: *j, Status: st, CreatedAt: j.SubmittedAt, TraceID: jobs.TraceID(j.Trace())}
 		case errors.Is(err, queue.ErrQueueFull):
 			fin := time.Now().UTC()
-			out[i] = Submitted{Err: queue.ErrQueueFull, Record: &jobs.Record{Job: *j, Status: jobs.StatusRejected, CreatedAt: j.SubmittedAt, FinishedAt: &fin,
+			out[i] = Submitted{Err: queue.ErrQueueFull, Record: &jobs.Record{Job: *j, Status: jobs.StatusRejected, CreatedAt: j.SubmittedAt, FinishedAt: &fin, TraceID: jobs.TraceID(j.Trace()),
 				Result: &jobs.Result{Status: jobs.StatusRejected, Error: "the job queue is full: retry later with a new id, or add workers"}}}
 		case errors.Is(err, queue.ErrDuplicate):
 			dupIDs = append(dupIDs, j.ID)

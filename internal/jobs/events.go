@@ -50,6 +50,9 @@ type Record struct {
 	StartedAt  *time.Time `json:"started_at,omitempty"`
 	FinishedAt *time.Time `json:"finished_at,omitempty"`
 	Result     *Result    `json:"result,omitempty"`
+	// TraceID is the job's trace (32 hex digits): where a console finds the
+	// spans of the job.
+	TraceID string `json:"trace_id,omitempty"`
 }
 
 // Apply folds ev into rec and reports whether rec changed. rec is nil when no
@@ -69,6 +72,7 @@ func Apply(rec *Record, ev Event) (*Record, bool) {
 				rec.Status = StatusWaiting
 			}
 		}
+		rec.TraceID = TraceID(rec.Job.Trace())
 		if ev.Kind == EventSubmitted {
 			return rec, true
 		}

@@ -81,6 +81,12 @@ type Job struct {
 	// also when empty) or LangJavaScript. Only workers that can run it take
 	// the job.
 	Language string `json:"language,omitempty"`
+	// TraceParent is the W3C traceparent of the front-end's span that
+	// submitted the job: the worker's spans are its children, so every span
+	// of the job is in its trace. The front-end sets it (from the caller's
+	// traceparent when one came, else a trace id derived from the job id);
+	// a caller's own value is never taken. See ValidTraceParent.
+	TraceParent string `json:"traceparent,omitempty"`
 }
 
 // Languages the sandbox runs.
@@ -255,6 +261,9 @@ func (j *Job) Normalize(l Limits, now time.Time) error {
 		j.Language = "" // the default: its records and messages stay as they were
 	} else if j.Language != "" && !slices.Contains(Languages, j.Language) {
 		return invalid("language", "%q is not a language the sandbox runs: use one of %s", truncate(j.Language, 40), strings.Join(Languages, ", "))
+	}
+	if j.TraceParent != "" && !ValidTraceParent(j.TraceParent) {
+		return invalid("traceparent", "%q is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>, lower case)", truncate(j.TraceParent, 60))
 	}
 	if j.Pool == "" {
 		j.Pool = DefaultPool

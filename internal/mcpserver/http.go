@@ -16,6 +16,10 @@ import (
 	"github.com/mcpexec/mcpexec/internal/cli"
 
 	"github.com/mark3labs/mcp-go/server"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
 // HTTPOptions configure the HTTP surface.
@@ -59,6 +63,9 @@ func Handler(s *server.MCPServer, opts HTTPOptions) http.Handler {
 		// guard checks Host itself, with AllowedHosts, for /mcp and /api alike.
 		server.WithDisableLocalhostProtection(true),
 		server.WithHTTPContextFunc(func(ctx context.Context, r *http.Request) context.Context {
+			if sc := trace.SpanContextFromContext(r.Context()); sc.IsValid() {
+				ctx = trace.ContextWithRemoteSpanContext(ctx, sc) // the caller's traceparent (guard)
+			}
 			if ns, ok := r.Context().Value(ctxKey{}).(string); ok {
 				return context.WithValue(ctx, ctxKey{}, ns)
 			}
@@ -114,6 +121,11 @@ func guard(next http.Handler, opts HTTPOptions) http.Handler {
 			r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, ns))
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, opts.MaxBody)
+		// A caller's W3C traceparent becomes the parent of the jobs it
+		// submits; one that is not exactly valid (or sent twice) is ignored.
+		if tp := r.Header.Values(jobs.TraceHeader); len(tp) == 1 && jobs.ValidTraceParent(tp[0]) {
+			r = r.WithContext(tracing.WithParent(r.Context(), tp[0]))
+		}
 		next.ServeHTTP(w, r)
 	})
 }

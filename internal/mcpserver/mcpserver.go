@@ -15,10 +15,12 @@ import (
 
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/metrics"
+	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
 // Runner runs a job to its end; *frontend.Frontend is one.
@@ -355,6 +357,12 @@ func (h *handler) call(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 		return mcp.NewToolResultError(err.Error()), nil
 	}
 	job.ID = jobs.NewID()
+	ctx = tracing.WithVia(ctx, req.Params.Name)
+	if req.Params.Meta != nil {
+		if tp, ok := req.Params.Meta.AdditionalFields[jobs.TraceHeader].(string); ok {
+			ctx = tracing.WithParent(ctx, tp) // _meta.traceparent, when valid, over the HTTP header
+		}
+	}
 	log := h.logger(ctx, job.Namespace, job.ID)
 	log.Info(req.Params.Name+" accepted", "namespace", job.Namespace, "servers", job.Servers, "session", job.Session)
 	h.clientLog(ctx, mcp.LoggingLevelDebug, map[string]any{"event": "accepted", "tool": req.Params.Name, "job": job.ID})
@@ -395,7 +403,11 @@ func (h *handler) logger(ctx context.Context, ns, jobID string) *slog.Logger {
 	if l == nil {
 		l = slog.New(slog.DiscardHandler)
 	}
-	l = l.With("job", jobID, "trace_id", jobs.TraceID(jobs.TraceParent(jobs.ScopedID(ns, jobID))))
+	traceID := jobs.TraceID(jobs.TraceParent(jobs.ScopedID(ns, jobID)))
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		traceID = sc.TraceID().String() // the caller's trace
+	}
+	l = l.With("job", jobID, "trace_id", traceID)
 	if cs := server.ClientSessionFromContext(ctx); cs != nil && cs.SessionID() != "" {
 		l = l.With("mcp_session", cs.SessionID())
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
 // TaskBackend is the optional ability of a Runner that makes run_python a
@@ -169,9 +170,16 @@ func (t *Tasks) create(ctx context.Context, ns, session string, params json.RawM
 	var p struct {
 		Name      string `json:"name"`
 		Arguments any    `json:"arguments"`
+		Meta      struct {
+			TraceParent any `json:"traceparent"`
+		} `json:"_meta"`
 	}
 	if err := json.Unmarshal(params, &p); err != nil {
 		return nil, invalidParams("tools/call params: %v", err)
+	}
+	ctx = tracing.WithVia(ctx, "task")
+	if tp, ok := p.Meta.TraceParent.(string); ok {
+		ctx = tracing.WithParent(ctx, tp) // _meta.traceparent, when valid, over the HTTP header
 	}
 	job, err := parseArgs(p.Name, p.Arguments)
 	if err == nil {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
 // The proxy methods a sandbox may call. Anything else is refused where it is
@@ -225,7 +227,9 @@ func (r *Responder) serve(m *nats.Msg) {
 	case !KnownMethod(req.Method):
 		resp.Error = fmt.Sprintf("unknown proxy method %q", truncate(req.Method, 40))
 	default:
-		ctx := r.ctx
+		// The worker's call span, when it sent one, is the parent of the
+		// handler's spans (the header is validated: it comes from a worker).
+		ctx := tracing.FromHeader(r.ctx, m.Header)
 		if req.TimeoutMS > 0 {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, time.Duration(req.TimeoutMS)*time.Millisecond)

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
 // Config sets the streams' and consumers' limits. Every field is explicit: nothing
@@ -302,7 +303,9 @@ func (c *Client) Conn() *nats.Conn { return c.nc }
 // Subjects returns the wire names in use.
 func (c *Client) Subjects() jobs.Subjects { return c.sub }
 
-func (c *Client) eventMsg(ev *jobs.Event) (*nats.Msg, error) {
+// eventMsg makes the message of ev, with traceparent (the span it belongs
+// to, jobs.Job.Trace when none) as its trace header.
+func (c *Client) eventMsg(ev *jobs.Event, traceparent string) (*nats.Msg, error) {
 	if ev.At.IsZero() {
 		ev.At = time.Now().UTC()
 	}
@@ -322,7 +325,7 @@ func (c *Client) eventMsg(ev *jobs.Event) (*nats.Msg, error) {
 	m := nats.NewMsg(c.sub.Event(ev.Job, ev.Kind))
 	m.Data = data
 	m.Header.Set(jetstream.MsgIDHeader, EventMsgID(*ev))
-	m.Header.Set(jobs.TraceHeader, jobs.TraceParent(ev.Job))
+	m.Header.Set(jobs.TraceHeader, traceparent)
 	return m, nil
 }
 
@@ -333,8 +336,14 @@ func EventMsgID(ev jobs.Event) string {
 }
 
 // PublishEvent records ev in the events stream and waits for the stream's ack.
+// The event's trace header is the span in ctx (the job's derived trace when
+// ctx holds none), so the state service's apply span is its child.
 func (c *Client) PublishEvent(ctx context.Context, ev jobs.Event) error {
-	m, err := c.eventMsg(&ev)
+	tp := tracing.TraceParent(ctx)
+	if tp == "" {
+		tp = jobs.TraceParent(ev.Job)
+	}
+	m, err := c.eventMsg(&ev, tp)
 	if err != nil {
 		return err
 	}

@@ -121,7 +121,7 @@ func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, k
 		if kind == jobs.EventSubmitted {
 			ev.Spec, ev.At = job, job.SubmittedAt
 		}
-		m, err := c.eventMsg(ev)
+		m, err := c.eventMsg(ev, job.Trace())
 		if err == nil {
 			m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
 			claims[i], err = c.js.PublishMsgAsync(m)
@@ -165,7 +165,7 @@ func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, k
 		if err == nil {
 			m := nats.NewMsg(subject)
 			m.Data = data
-			m.Header.Set(jobs.TraceHeader, jobs.TraceParent(job.ID))
+			m.Header.Set(jobs.TraceHeader, job.Trace())
 			enq[i], err = c.js.PublishMsgAsync(m, jetstream.WithMsgID(c.sub.JobMsgID(job.ID)))
 		}
 		if err != nil && errs[i] == nil {
@@ -189,7 +189,7 @@ func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, k
 		m, merr := c.eventMsg(&jobs.Event{Job: js[i].ID, Kind: jobs.EventFinished, Result: &jobs.Result{
 			Status: jobs.StatusRejected,
 			Error:  "the job queue is full: retry later with a new id, or add workers",
-		}})
+		}}, js[i].Trace())
 		if merr == nil {
 			var rf jetstream.PubAckFuture
 			if rf, merr = c.js.PublishMsgAsync(m); merr == nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
 // ErrUnavailable wraps failures to reach the state service.
@@ -116,6 +117,7 @@ func (c *Client) once(ctx context.Context, op string, data []byte, resp any) err
 	if mem := c.memory.Load(); mem > 0 {
 		msg.Header.Set(HeaderMemorySeq, strconv.FormatUint(mem, 10))
 	}
+	tracing.Inject(ctx, msg.Header) // a memory write's span is the caller's child
 	reply, err := c.nc.RequestMsgWithContext(ctx, msg)
 	if err != nil {
 		// The cause stays text: it is often this attempt's own timeout, which callers

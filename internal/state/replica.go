@@ -229,7 +229,9 @@ func gather(msgs <-chan jetstream.Msg, batch []jetstream.Msg, limit int, linger 
 
 // applyEvents folds a batch of the events stream.
 func (s *Service) applyEvents(msgs []jetstream.Msg, last uint64) error {
+	start := time.Now()
 	evs := make([]jobs.Event, 0, len(msgs))
+	kept := msgs[:0:0] // the messages of evs, for their spans
 	for _, m := range msgs {
 		var ev jobs.Event
 		if err := json.Unmarshal(m.Data(), &ev); err != nil || !jobs.ValidID(ev.Job) {
@@ -242,8 +244,12 @@ func (s *Service) applyEvents(msgs []jetstream.Msg, last uint64) error {
 			continue
 		}
 		evs = append(evs, ev)
+		if s.tracer != nil {
+			kept = append(kept, m)
+		}
 	}
 	changed, err := s.store.ApplyEvents(evs, last)
+	s.appliedSpans(kept, evs, start, err)
 	if err != nil {
 		return err
 	}

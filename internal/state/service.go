@@ -12,10 +12,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
 // Error codes answered on request/reply (Nats-Service-Error-Code).
@@ -66,6 +68,10 @@ type Service struct {
 	Metrics *metrics.Metrics
 	// Node names this replica for admin requests (the broker's server name).
 	Node string
+	// Tracing, when set before Start, receives a span per job event applied
+	// and per memory write.
+	Tracing trace.TracerProvider
+	tracer  trace.Tracer // from Tracing, by Start; nil: no spans
 
 	key     []byte     // the fleet's proxy key, which proves workers' events; set by Start
 	applied *applied   // set by Start
@@ -97,6 +103,9 @@ func NewService(nc *nats.Conn, store Store, sub jobs.Subjects, logger *slog.Logg
 // Start follows the streams from where the store left off, waits until it has
 // caught up with them, then registers the request handlers.
 func (s *Service) Start(ctx context.Context) error {
+	if s.Tracing != nil {
+		s.tracer = tracing.Tracer(s.Tracing)
+	}
 	key, err := queue.ProxyKey(ctx, s.js, s.sub)
 	if err != nil {
 		return fmt.Errorf("state service: %w", err)
@@ -152,9 +161,9 @@ func (s *Service) Start(ctx context.Context) error {
 		{OpJobList, s.consistent(s.handleJobList)},
 		{OpDeadLetterList, s.consistent(s.handleDeadLetterList)},
 		{OpMemoryGet, s.consistent(s.handleMemoryGet)},
-		{OpMemoryPut, s.concurrently(s.consistent(s.handleMemoryPut))},
+		{OpMemoryPut, s.concurrently(s.tracedWrite("put", s.consistent(s.handleMemoryPut)))},
 		{OpMemoryList, s.consistent(s.handleMemoryList)},
-		{OpMemoryDelete, s.concurrently(s.consistent(s.handleMemoryDelete))},
+		{OpMemoryDelete, s.concurrently(s.tracedWrite("delete", s.consistent(s.handleMemoryDelete)))},
 	}
 	for _, e := range endpoints {
 		name := endpointName(e.op)

@@ -9,11 +9,17 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/proxy"
-	"github.com/nats-io/nats.go"
+	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
 // natsHost relays a sandbox's calls to the front-ends and its output to the
@@ -26,6 +32,8 @@ type natsHost struct {
 	job        *jobs.Job
 	attempt    int
 	capability string
+	tracer     trace.Tracer
+	parent     atomic.Pointer[trace.SpanContext] // the span proxy calls are children of
 
 	mu sync.Mutex
 	// enabled are the catalog servers this run enabled (enable_server):
@@ -65,6 +73,9 @@ func (h *natsHost) catalogAnswer(method string, res json.RawMessage) {
 
 // maxRunEnabled bounds the catalog servers one run notes as enabled.
 const maxRunEnabled = 256
+
+// setParent makes sc the parent of the calls that follow.
+func (h *natsHost) setParent(sc trace.SpanContext) { h.parent.Store(&sc) }
 
 // callRetrying makes a proxy call, sending it again (with the same call id)
 // when no front-end answered: any call when none was listening, a retryable
@@ -109,10 +120,11 @@ func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessa
 		return nil, fmt.Errorf("unknown proxy method %q", truncate(method, 40))
 	}
 	subject := h.subj.ProxyAny()
-	server := ""
+	server, tool := "", ""
 	if proxy.ServerMethod(method) {
 		var p struct {
 			Server string `json:"server"`
+			Tool   string `json:"tool"`
 		}
 		if err := json.Unmarshal(params, &p); err != nil || p.Server == "" {
 			return nil, errors.New("name a server: the call needs a \"server\" parameter")
@@ -120,11 +132,17 @@ func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessa
 		if !h.mayUse(p.Server) {
 			return nil, fmt.Errorf("server %q was not given to this run (it may use %s): add it to the job's servers", truncate(p.Server, 80), proxy.QuoteNames(h.job.Servers))
 		}
-		server, subject = p.Server, h.subj.ProxyServer(p.Server)
+		server, tool, subject = p.Server, p.Tool, h.subj.ProxyServer(p.Server)
 	}
+	ctx, span := h.startCall(ctx, method, server, tool)
+	start := time.Now()
 	req := proxy.Request{Job: h.job.ID, Attempt: h.attempt, Capability: h.capability, Method: method, Params: params, CallID: newCallID()}
-	hdr := nats.Header{jobs.TraceHeader: []string{jobs.TraceParent(h.job.ID)}}
+	hdr := nats.Header{}
+	if !tracing.Inject(ctx, hdr) {
+		hdr.Set(jobs.TraceHeader, h.job.Trace())
+	}
 	res, err := callRetrying(ctx, h.nc, subject, req, hdr)
+	endCall(span, start, err)
 	if err == nil && (method == proxy.MethodCatalogEnable || method == proxy.MethodCatalogDisable) {
 		h.catalogAnswer(method, res)
 	}
@@ -135,6 +153,34 @@ func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessa
 		return nil, errors.New("no front-end is answering proxy calls right now: retry later")
 	}
 	return res, err
+}
+
+// startCall starts the client span of a proxy call. method is a known one;
+// server is one of the job's; tool was chosen by sandbox code, so it is only
+// cleaned and cut.
+func (h *natsHost) startCall(ctx context.Context, method, server, tool string) (context.Context, trace.Span) {
+	if p := h.parent.Load(); p != nil && p.IsValid() {
+		ctx = trace.ContextWithSpanContext(ctx, *p)
+	}
+	attrs := []attribute.KeyValue{tracing.AttrJobID.String(h.job.ID), tracing.AttrAttempt.Int(h.attempt), tracing.AttrMethod.String(method)}
+	if server != "" {
+		attrs = append(attrs, tracing.AttrServer.String(server))
+	}
+	if tool != "" {
+		attrs = append(attrs, tracing.AttrTool.String(tracing.Clean(tool, 128)))
+	}
+	return h.tracer.Start(ctx, tracing.SpanProxyCall, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+}
+
+func endCall(span trace.Span, start time.Time, err error) {
+	span.SetAttributes(tracing.AttrDurationMS.Float64(float64(time.Since(start).Microseconds()) / 1000))
+	if err != nil {
+		span.SetAttributes(tracing.AttrOutcome.String("error"))
+		span.SetStatus(codes.Error, tracing.Clean(err.Error(), 256))
+	} else {
+		span.SetAttributes(tracing.AttrOutcome.String("ok"))
+	}
+	span.End()
 }
 
 func (h *natsHost) Output(stream, data string) {

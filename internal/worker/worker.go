@@ -15,11 +15,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
 // Config configures a Worker.
@@ -43,6 +45,9 @@ type Config struct {
 	// worker stop taking jobs until a probe of its runtime succeeds (0:
 	// DefaultFailureThreshold).
 	FailureThreshold int
+	// Tracing receives the worker's spans (queue wait, sandbox acquire, run,
+	// proxy calls); nil: none.
+	Tracing trace.TracerProvider
 }
 
 // DefaultConfig returns a worker configuration with the given id.
@@ -66,6 +71,7 @@ type Worker struct {
 	client *queue.Client
 	rt     sandbox.Runtime
 	log    *slog.Logger
+	tracer trace.Tracer
 
 	mu        sync.Mutex // guards cancel, stopJob, svc, statusSub
 	cancel    context.CancelFunc
@@ -92,7 +98,7 @@ func New(nc *nats.Conn, rt sandbox.Runtime, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Worker{cfg: cfg, nc: nc, client: client, rt: rt, log: cfg.Logger.With("worker", cfg.ID),
+	return &Worker{cfg: cfg, nc: nc, client: client, rt: rt, log: cfg.Logger.With("worker", cfg.ID), tracer: tracing.Tracer(cfg.Tracing),
 		health: newHealth(cfg.FailureThreshold), langs: sandbox.Languages(rt)}, nil
 }
 
@@ -187,6 +193,18 @@ type delivery struct {
 	capability string
 	attempt    int
 	log        *slog.Logger
+	// span is the job's queue wait span (the job's submit span's child):
+	// the parent of the attempt's spans and of its events.
+	span trace.SpanContext
+}
+
+// traced returns ctx with the delivery's span as the parent of what starts
+// from it.
+func (d *delivery) traced(ctx context.Context) context.Context {
+	if !d.span.IsValid() {
+		return ctx
+	}
+	return trace.ContextWithSpanContext(ctx, d.span)
 }
 
 func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
@@ -202,12 +220,9 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		w.settle(ctx, &delivery{msg: msg, log: w.log}, outcome{kind: undecodable, err: err})
 		return
 	}
-	trace := msg.Headers().Get(jobs.TraceHeader)
-	if trace == "" {
-		trace = jobs.TraceParent(m.ID)
-	}
-	d := &delivery{msg: msg, job: m.Job, capability: m.Capability,
-		log: w.log.With("job", m.ID, "delivery", o.delivery, "trace_id", jobs.TraceID(trace))}
+	d := &delivery{msg: msg, job: m.Job, capability: m.Capability}
+	d.span = w.queueWait(ctx, msg, &m.Job, o.delivery)
+	d.log = w.log.With("job", m.ID, "delivery", o.delivery, "trace_id", d.span.TraceID().String())
 	o.maxAttempts = max(d.job.MaxAttempts, 1)
 	w.settle(ctx, d, w.run(ctx, d, o))
 }
@@ -265,23 +280,30 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 	defer close(hbDone)
 	go w.heartbeat(d.msg, hbDone)
 
+	host := &natsHost{nc: w.nc, subj: w.client.Subjects(), job: &d.job, attempt: o.attempt, capability: d.capability, tracer: w.tracer}
+	host.setParent(d.span)
+	spans := w.attemptSpans(ctx, d, host)
 	started := false
 	recordStart := func() error {
-		err := w.client.PublishEvent(ctx, jobs.Event{Job: d.job.ID, Kind: jobs.EventStarted, Attempt: o.attempt, Worker: w.cfg.ID,
+		err := w.client.PublishEvent(d.traced(ctx), jobs.Event{Job: d.job.ID, Kind: jobs.EventStarted, Attempt: o.attempt, Worker: w.cfg.ID,
 			Proof: jobs.EventProof(d.capability, jobs.EventStarted, o.attempt)})
 		started = err == nil
+		if started {
+			spans.running()
+		}
 		return err
 	}
 	sj := sandbox.Job{ID: d.job.ID, Code: d.job.Code, Language: d.job.Language, Servers: d.job.Servers, Timeout: d.job.TimeoutDuration(), OutputCap: w.cfg.OutputCap,
 		Memory: int64(d.job.MemoryMB) << 20, CPUs: d.job.CPUs, Tenant: jobs.NamespaceOf(d.job.Namespace)}
 	if _, ok := w.rt.(sandbox.StartReporter); ok {
 		sj.BeforeExec = recordStart // the attempt begins when the code is sent
+		spans.acquiring()
 	} else if err := recordStart(); err != nil {
 		o.kind, o.err = transient, err
 		return o
 	}
-	host := &natsHost{nc: w.nc, subj: w.client.Subjects(), job: &d.job, attempt: o.attempt, capability: d.capability}
 	res, runErr := w.runSandbox(runCtx, &d.job, sj, host)
+	spans.end(res, runErr)
 	o.started, o.result = started, res
 	switch {
 	case errors.Is(context.Cause(runCtx), errCancelled):
@@ -353,10 +375,10 @@ func (w *Worker) record(ctx context.Context, d *delivery, attempt int, res jobs.
 	var err error
 	for {
 		pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 4*time.Second)
-		err = w.client.PublishEvent(pubCtx, ev)
+		err = w.client.PublishEvent(d.traced(pubCtx), ev)
 		if err != nil && isTooLarge(err) {
 			shrinkOutput(&res, int(w.nc.MaxPayload())/4)
-			err = w.client.PublishEvent(pubCtx, ev)
+			err = w.client.PublishEvent(d.traced(pubCtx), ev)
 		}
 		cancel()
 		if !queue.Transient(err) || time.Now().After(deadline) {
