@@ -70,14 +70,7 @@ func (f *Frontend) tracedHandler(h proxy.Handler) proxy.Handler {
 		ctx, span := f.tracer.Start(ctx, tracing.SpanProxyHandle, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
 		start := time.Now()
 		res, err := h.Handle(ctx, req)
-		span.SetAttributes(tracing.AttrDurationMS.Float64(float64(time.Since(start).Microseconds()) / 1000))
-		if err != nil {
-			span.SetAttributes(tracing.AttrOutcome.String("error"))
-			span.SetStatus(codes.Error, tracing.Clean(err.Error(), 256))
-		} else {
-			span.SetAttributes(tracing.AttrOutcome.String("ok"))
-		}
-		span.End()
+		tracing.EndCall(span, start, err)
 		return res, err
 	})
 }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -142,7 +141,7 @@ func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessa
 		hdr.Set(jobs.TraceHeader, h.job.Trace())
 	}
 	res, err := callRetrying(ctx, h.nc, subject, req, hdr)
-	endCall(span, start, err)
+	tracing.EndCall(span, start, err)
 	if err == nil && (method == proxy.MethodCatalogEnable || method == proxy.MethodCatalogDisable) {
 		h.catalogAnswer(method, res)
 	}
@@ -170,17 +169,6 @@ func (h *natsHost) startCall(ctx context.Context, method, server, tool string) (
 		attrs = append(attrs, tracing.AttrTool.String(tracing.Clean(tool, 128)))
 	}
 	return h.tracer.Start(ctx, tracing.SpanProxyCall, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
-}
-
-func endCall(span trace.Span, start time.Time, err error) {
-	span.SetAttributes(tracing.AttrDurationMS.Float64(float64(time.Since(start).Microseconds()) / 1000))
-	if err != nil {
-		span.SetAttributes(tracing.AttrOutcome.String("error"))
-		span.SetStatus(codes.Error, tracing.Clean(err.Error(), 256))
-	} else {
-		span.SetAttributes(tracing.AttrOutcome.String("ok"))
-	}
-	span.End()
 }
 
 func (h *natsHost) Output(stream, data string) {
