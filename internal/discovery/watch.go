@@ -3,6 +3,8 @@ package discovery
 import (
 	"context"
 	"time"
+
+	"github.com/mcpexec/mcpexec/internal/periodic"
 )
 
 // WatchInterval is how often Watch looks at the config files by default: a
@@ -18,19 +20,10 @@ func Watch(ctx context.Context, o Options, since string, interval time.Duration,
 		interval = WatchInterval
 	}
 	last := since
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	periodic.Run(ctx, interval, func() {
+		if fp := Fingerprint(o); fp != last {
+			last = fp
+			fn(Discover(o))
 		}
-		fp := Fingerprint(o)
-		if fp == last {
-			continue
-		}
-		last = fp
-		fn(Discover(o))
-	}
+	})
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/errs"
+	"github.com/mcpexec/mcpexec/internal/periodic"
 
 	"github.com/nats-io/nats.go"
 
@@ -134,34 +135,31 @@ func (a *admission) observe(id string, kind jobs.EventKind) {
 }
 
 func (a *admission) reconcileLoop(ctx context.Context) {
-	t := time.NewTicker(reconcileEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		a.mu.Lock()
-		ids := make([]string, 0, len(a.jobs))
-		for id := range a.jobs {
-			ids = append(ids, id)
-		}
-		a.mu.Unlock()
-		if len(ids) == 0 {
-			continue
-		}
-		recs, err := a.f.state.Jobs(ctx, ids)
-		if err != nil {
-			continue
-		}
-		for _, r := range recs {
-			switch {
-			case r.Status.Terminal():
-				a.observe(r.Job.ID, jobs.EventFinished)
-			case r.Status == jobs.StatusRunning:
-				a.observe(r.Job.ID, jobs.EventStarted)
-			}
+	periodic.Run(ctx, reconcileEvery, func() { a.reconcile(ctx) })
+}
+
+// reconcile reads the records of the jobs the admission counts and settles
+// those that started or ended unseen (their events lost).
+func (a *admission) reconcile(ctx context.Context) {
+	a.mu.Lock()
+	ids := make([]string, 0, len(a.jobs))
+	for id := range a.jobs {
+		ids = append(ids, id)
+	}
+	a.mu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	recs, err := a.f.state.Jobs(ctx, ids)
+	if err != nil {
+		return
+	}
+	for _, r := range recs {
+		switch {
+		case r.Status.Terminal():
+			a.observe(r.Job.ID, jobs.EventFinished)
+		case r.Status == jobs.StatusRunning:
+			a.observe(r.Job.ID, jobs.EventStarted)
 		}
 	}
 }

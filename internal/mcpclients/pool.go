@@ -21,6 +21,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/mcpexec/mcpexec/internal/discovery"
+	"github.com/mcpexec/mcpexec/internal/periodic"
 )
 
 // Config tunes a Pool.
@@ -113,18 +114,11 @@ func (p *Pool) Start(context.Context) error {
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		t := time.NewTicker(max(interval, 10*time.Millisecond))
-		defer t.Stop()
-		for {
-			select {
-			case <-p.ctx.Done():
-				return
-			case <-t.C:
-				for _, sl := range p.slots() {
-					sl.closeIfIdle(p.cfg.IdleTimeout)
-				}
+		periodic.Run(p.ctx, max(interval, 10*time.Millisecond), func() {
+			for _, sl := range p.slots() {
+				sl.closeIfIdle(p.cfg.IdleTimeout)
 			}
-		}
+		})
 	}()
 	return nil
 }

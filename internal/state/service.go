@@ -16,6 +16,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/metrics"
+	"github.com/mcpexec/mcpexec/internal/periodic"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/tracing"
 )
@@ -259,16 +260,9 @@ func (s *Service) retentionLoop(ctx context.Context) {
 	if every <= 0 {
 		every = time.Hour
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	periodic.Run(ctx, every, func() {
 		if s.Retention == (Retention{}) {
-			continue
+			return
 		}
 		n, err := s.store.Prune(s.Retention, time.Now())
 		if err != nil {
@@ -276,7 +270,7 @@ func (s *Service) retentionLoop(ctx context.Context) {
 		} else if n > 0 {
 			s.logger.Info("deleted finished job records past retention", "count", n)
 		}
-	}
+	})
 }
 
 // maxDeliveriesAdvisory is the subject JetStream announces a job message that
