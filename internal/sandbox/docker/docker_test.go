@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -165,26 +164,7 @@ func TestOwnerlessReaped(t *testing.T) {
 
 func TestNoContainerLeftAfterRun(t *testing.T) {
 	rt := newRuntime(t, Config{Reuse: ReuseNone})
-	ctx := context.Background()
-	for _, code := range []string{"print(1)", "while True: pass", "import os\nos._exit(9)"} {
-		res, err := rt.Run(ctx, sandbox.Job{ID: "left", Code: code, Timeout: 2 * time.Second}, nil)
-		if err != nil {
-			t.Fatalf("Run(%q): %v", code, err)
-		}
-		t.Logf("%q: %s exit %d %s", code, res.Status, res.ExitCode, res.Error)
-	}
-	rt.pool.WaitRemovals()
-	ids, err := rt.pool.List(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(ids) != 0 {
-		t.Fatalf("%d containers left after runs: %v", len(ids), ids)
-	}
-	ents, _ := os.ReadDir(rt.pool.Dir())
-	if len(ents) != 0 {
-		t.Fatalf("%d container dirs left in %s", len(ents), rt.pool.Dir())
-	}
+	sandboxtest.NoContainerLeftAfterRun(t, rt, rt.pool)
 }
 
 func TestSpecLockdown(t *testing.T) {
@@ -377,46 +357,7 @@ print(bad)`
 // TestHostLoopbackUnreachable: network none keeps the host's loopback out of
 // reach (and the names Docker gives the host).
 func TestHostLoopbackUnreachable(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ln.Close() }() // the test is over
-	got := make(chan struct{}, 1)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.Close() // the test only counts connections
-			got <- struct{}{}
-		}
-	}()
-	port := ln.Addr().(*net.TCPAddr).Port
-	rt := newRuntime(t, Config{})
-	code := fmt.Sprintf(`import socket
-for host in ("127.0.0.1", "localhost", "host.docker.internal", "172.17.0.1"):
-    s = socket.socket()
-    s.settimeout(2)
-    try:
-        s.connect((host, %d))
-        print("CONNECTED", host)
-    except OSError as e:
-        print("blocked", host, e)`, port)
-	res, err := rt.Run(context.Background(), sandbox.Job{ID: "loop", Code: code, Timeout: 20 * time.Second}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Log(res.Stdout)
-	if res.Status != sandbox.StatusSuccess || strings.Contains(res.Stdout, "CONNECTED") {
-		t.Fatalf("result %+v", res)
-	}
-	select {
-	case <-got:
-		t.Fatal("the host listener accepted a connection from the sandbox")
-	default:
-	}
+	sandboxtest.HostLoopbackUnreachable(t, newRuntime(t, Config{}), "127.0.0.1", "localhost", "host.docker.internal", "172.17.0.1")
 }
 
 // TestRunDirPrivate: the runners' sockets live in 0700 directories.

@@ -6,12 +6,16 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 )
 
 // WorkerID is a worker id of its own for tb: its containers are told apart
@@ -184,5 +188,82 @@ for pid in [int(p) for p in os.listdir("/proc") if p.isdigit()]:
 		if host != first || out != "0 ahead" {
 			t.Fatalf("javascript job %d: container %s (first %s), other processes and start: %q", i, host, first, out)
 		}
+	}
+}
+
+// HostLoopbackUnreachable: code in rt's sandboxes reaches no listener on the
+// host's loopback, by any of hosts (127.0.0.1, localhost, and the names and
+// bridge addresses the engine gives the host) or otherwise: the listener
+// counts every connection it accepts.
+func HostLoopbackUnreachable(t *testing.T, rt sandbox.Runtime, hosts ...string) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ln.Close() }() // the test is over with it: a failing close changes no result
+	got := make(chan struct{}, 1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close() // the test only counts connections
+			select {
+			case got <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	quoted := make([]string, len(hosts))
+	for i, h := range hosts {
+		quoted[i] = fmt.Sprintf("%q", h)
+	}
+	code := fmt.Sprintf(`import socket
+for host in (%s,):
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect((host, %d))
+        print("CONNECTED", host)
+    except OSError as e:
+        print("blocked", host, e)`, strings.Join(quoted, ", "), ln.Addr().(*net.TCPAddr).Port)
+	res, err := rt.Run(context.Background(), sandbox.Job{ID: "loop", Code: code, Timeout: 20 * time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(res.Stdout)
+	if res.Status != sandbox.StatusSuccess || strings.Contains(res.Stdout, "CONNECTED") || strings.Count(res.Stdout, "blocked") != len(hosts) {
+		t.Fatalf("result %+v", res)
+	}
+	select {
+	case <-got:
+		t.Fatal("the host listener accepted a connection from the sandbox")
+	default:
+	}
+}
+
+// NoContainerLeftAfterRun: after jobs that end well, loop until their time
+// limit and kill their runner, no container of pool's and no container
+// directory is left (rt runs a container per job: ReuseNone, no warm pool).
+func NoContainerLeftAfterRun(t *testing.T, rt sandbox.Runtime, pool *containerpool.Pool) {
+	ctx := context.Background()
+	for _, code := range []string{"print(1)", "while True: pass", "import os\nos._exit(9)"} {
+		res, err := rt.Run(ctx, sandbox.Job{ID: "left", Code: code, Timeout: 2 * time.Second}, nil)
+		if err != nil {
+			t.Fatalf("Run(%q): %v", code, err)
+		}
+		t.Logf("%q: %s exit %d %s", code, res.Status, res.ExitCode, res.Error)
+	}
+	pool.WaitRemovals()
+	ids, err := pool.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 0 {
+		t.Fatalf("%d containers left after runs: %v", len(ids), ids)
+	}
+	if ents, _ := os.ReadDir(pool.Dir()); len(ents) != 0 { // a dir that cannot be read holds nothing left
+		t.Fatalf("%d container dirs left in %s", len(ents), pool.Dir())
 	}
 }
