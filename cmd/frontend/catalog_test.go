@@ -7,10 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/mark3labs/mcp-go/mcp"
-
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
-	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 )
 
@@ -20,11 +17,7 @@ import (
 // still has it (the enabled set is in the state service) and calls it
 // again; disabling it (here through the MCP tool) refuses it.
 func TestCatalogAcrossRestart(t *testing.T) {
-	podmantest.New(t, podmanConfigForProbe()) // skips (or fails in CI) without Podman
-	home := t.TempDir()
-	t.Setenv("HOME", home)
-	t.Setenv("XDG_CONFIG_HOME", "")
-	t.Setenv("MCP_SERVERS_CONFIG", "")
+	home := podmanHome(t)
 	def := testutil.TestServerDef(t, "weather", nil)
 	body, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{"weather": map[string]any{ // plain values encode
 		"command": def.Command, "args": def.Args, "description": "Weather forecasts and severe weather alerts"}}})
@@ -72,15 +65,7 @@ except MCPError as e:
 	if got := testutil.Text(res); !strings.Contains(got, "not given to this run") {
 		t.Fatalf("a call of a disabled server: %q", got)
 	}
-	tools, err := c.ListTools(ctx, mcp.ListToolsRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, tl := range tools.Tools {
-		names = append(names, tl.Name)
-	}
-	if !strings.Contains(strings.Join(names, ","), mcpserver.EnableServerTool) {
+	if names := testutil.ToolNames(t, c); !strings.Contains(strings.Join(names, ","), mcpserver.EnableServerTool) {
 		t.Fatalf("--agent-discovery: tools %v", names)
 	}
 }

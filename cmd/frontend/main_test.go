@@ -108,6 +108,18 @@ func startStdio(t *testing.T, args []string, onNotification func(mcp.JSONRPCNoti
 	return ctx, c, stop
 }
 
+// podmanHome needs Podman (it skips, or fails in CI, without) and makes a
+// temporary HOME with no config in it, for a front-end run as a user would.
+func podmanHome(t *testing.T) string {
+	t.Helper()
+	podmantest.New(t, podmanConfigForProbe())
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	t.Setenv("XDG_CONFIG_HOME", "")
+	t.Setenv("MCP_SERVERS_CONFIG", "")
+	return home
+}
+
 // initialize sends c's MCP initialize as the client name.
 func initialize(ctx context.Context, c *client.Client, name string) error {
 	init := mcp.InitializeRequest{}
@@ -166,11 +178,7 @@ func TestStartsWithoutPodman(t *testing.T) {
 // proxied without a restart: clients hear notifications/tools/list_changed,
 // the servers enum names it, and code calls it; removing the file removes it.
 func TestServersConfigWatched(t *testing.T) {
-	podmantest.New(t, podmanConfigForProbe()) // skips (or fails in CI) without Podman
-	home := t.TempDir()
-	t.Setenv("HOME", home)
-	t.Setenv("XDG_CONFIG_HOME", "")
-	t.Setenv("MCP_SERVERS_CONFIG", "")
+	home := podmanHome(t)
 	mcps := filepath.Join(home, "MCPs")
 	if err := os.MkdirAll(mcps, 0o755); err != nil {
 		t.Fatal(err)
@@ -185,21 +193,7 @@ func TestServersConfigWatched(t *testing.T) {
 	if err := initialize(ctx, c, "watch-test"); err != nil {
 		t.Fatalf("initialize: %v", err)
 	}
-	enum := func() string {
-		t.Helper()
-		tools, err := c.ListTools(ctx, mcp.ListToolsRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, tl := range tools.Tools {
-			if tl.Name == "run_python" {
-				b, _ := json.Marshal(tl.InputSchema.Properties["servers"]) // a schema always encodes
-				return string(b)
-			}
-		}
-		t.Fatal("no run_python")
-		return ""
-	}
+	enum := func() string { return testutil.ServersEnum(t, c) }
 	if strings.Contains(enum(), `"ts"`) {
 		t.Fatal("ts is offered before its file exists")
 	}

@@ -34,15 +34,7 @@ func TestJavaScriptThroughTheFleet(t *testing.T) {
 	fe := testutil.FrontendWith(t, b, frontend.Config{ID: "js-fe", Tools: pool})
 	c := testutil.MCPClientWith(t, fe, mcpserver.Options{Servers: pool.Names, Definitions: pool.Servers, Languages: jobs.Languages}, mcpserver.HTTPOptions{})
 
-	tools, err := c.ListTools(context.Background(), mcp.ListToolsRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, tl := range tools.Tools {
-		names = append(names, tl.Name)
-	}
-	if !slices.Equal(names, []string{"run_javascript", "run_python"}) && !slices.Equal(names, []string{"run_python", "run_javascript"}) {
+	if names := testutil.ToolNames(t, c); !slices.Equal(names, []string{"run_javascript", "run_python"}) {
 		t.Fatalf("tools %v, want run_python and run_javascript", names)
 	}
 

@@ -2,7 +2,6 @@ package frontend_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -21,7 +20,7 @@ var _ mcpserver.ServerCatalog = (*frontend.Frontend)(nil)
 
 // catalogDef is a catalog server: a test server the operator lists but no
 // namespace enabled yet.
-func catalogDef(t *testing.T, name, desc string) discovery.Server {
+func catalogDef(t testing.TB, name, desc string) discovery.Server {
 	s := testutil.TestServerDef(t, name, nil)
 	s.Description, s.Catalog = desc, true
 	return s
@@ -49,21 +48,7 @@ func TestCatalog(t *testing.T) {
 		catalogDef(t, "files", "Read, write and search files in a workspace"),
 		catalogDef(t, "Git-Hub", "Issues and pull requests of repositories"))
 	c := testutil.MCPClientWith(t, s.fe, mcpserver.Options{Servers: s.pool.Names, Definitions: s.pool.Servers, Catalog: s.fe}, mcpserver.HTTPOptions{})
-	enum := func() string {
-		t.Helper()
-		tools, err := c.ListTools(context.Background(), mcp.ListToolsRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, tl := range tools.Tools {
-			if tl.Name == mcpserver.ToolName {
-				b, _ := json.Marshal(tl.InputSchema.Properties["servers"]) // a schema always encodes
-				return string(b)
-			}
-		}
-		t.Fatal("no run_python")
-		return ""
-	}
+	enum := func() string { return testutil.ServersEnum(t, c) }
 	if e := enum(); strings.Contains(e, "weather") || !strings.Contains(e, `"ts"`) {
 		t.Fatalf("servers enum before enabling: %s", e)
 	}
@@ -223,33 +208,16 @@ print(len([h for h in find_servers(limit=100) if h["enabled"]]))
 func TestCatalogTools(t *testing.T) {
 	t.Parallel()
 	s := setup(t, t.TempDir(), frontend.Config{}, testutil.TestServerDef(t, "ts", nil), catalogDef(t, "weather", "Weather forecasts"))
-	ctx := context.Background()
 	for _, on := range []bool{false, true} {
 		c := testutil.MCPClientWith(t, s.fe, mcpserver.Options{Servers: s.pool.Names, Definitions: s.pool.Servers, Catalog: s.fe, AgentDiscovery: on}, mcpserver.HTTPOptions{})
-		tools, err := c.ListTools(ctx, mcp.ListToolsRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var names []string
-		for _, tl := range tools.Tools {
-			names = append(names, tl.Name)
-		}
+		names := testutil.ToolNames(t, c)
 		if has := strings.Contains(fmt.Sprint(names), mcpserver.FindServersTool); has != on {
 			t.Fatalf("agent discovery %v: tools %v", on, names)
 		}
 		if !on {
 			continue
 		}
-		call := func(name string, args map[string]any) *mcp.CallToolResult {
-			t.Helper()
-			req := mcp.CallToolRequest{}
-			req.Params.Name, req.Params.Arguments = name, args
-			res, err := c.CallTool(ctx, req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return res
-		}
+		call := func(name string, args map[string]any) *mcp.CallToolResult { return testutil.CallTool(t, c, name, args) }
 		if res := call(mcpserver.FindServersTool, map[string]any{"query": "forecast"}); res.IsError || !strings.Contains(testutil.Text(res), `"name":"weather"`) {
 			t.Fatalf("find_servers: %q", testutil.Text(res))
 		}
@@ -265,5 +233,27 @@ func TestCatalogTools(t *testing.T) {
 		if res := call(mcpserver.DisableServerTool, map[string]any{"name": "weather"}); res.IsError || testutil.Text(res) != `{"disabled":true,"name":"weather"}` {
 			t.Fatalf("disable_server: %q", testutil.Text(res))
 		}
+	}
+}
+
+// BenchmarkCatalogCall: what a call of an enabled catalog server costs next
+// to a configured one (the front-end reads the namespace's enabled set at
+// each call). Each op is one job of 50 sequential calls; call-ms is per call.
+func BenchmarkCatalogCall(b *testing.B) {
+	s := setup(b, b.TempDir(), frontend.Config{}, testutil.TestServerDef(b, "ts", nil), catalogDef(b, "weather", "forecasts"))
+	if _, err := s.fe.EnableServer(context.Background(), frontend.DefaultNamespace, "weather"); err != nil {
+		b.Fatal(err)
+	}
+	const calls = 50
+	for _, server := range []string{"ts", "weather"} {
+		b.Run(server, func(b *testing.B) {
+			code := fmt.Sprintf("for i in range(%d):\n    await mcp_%s.echo(text='x')\nprint('ok')", calls, server)
+			mustRun(b, s.c, code, server) // warm: the server started, the sandbox ready
+			b.ResetTimer()
+			for range b.N {
+				mustRun(b, s.c, code, server)
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N*calls), "call-ms")
+		})
 	}
 }

@@ -35,7 +35,7 @@ type stack struct {
 
 // setup starts a broker, a worker on the process runtime, a client pool of
 // servers, and a front-end with an MCP client, all joined over TCP NATS.
-func setup(t *testing.T, dir string, cfg frontend.Config, servers ...discovery.Server) *stack {
+func setup(t testing.TB, dir string, cfg frontend.Config, servers ...discovery.Server) *stack {
 	t.Helper()
 	b := testutil.Broker(t, dir, queue.DefaultConfig())
 	rt := testutil.ProcessRuntime(t)
@@ -50,7 +50,7 @@ func setup(t *testing.T, dir string, cfg frontend.Config, servers ...discovery.S
 	return &stack{b: b, fe: fe, pool: pool, c: c}
 }
 
-func run(t *testing.T, c *client.Client, code string, servers ...string) (string, mcpserver.Structured) {
+func run(t testing.TB, c *client.Client, code string, servers ...string) (string, mcpserver.Structured) {
 	t.Helper()
 	args := map[string]any{"code": code}
 	if len(servers) > 0 {
@@ -60,7 +60,7 @@ func run(t *testing.T, c *client.Client, code string, servers ...string) (string
 	return testutil.Text(res), testutil.Structured(t, res)
 }
 
-func mustRun(t *testing.T, c *client.Client, code string, servers ...string) string {
+func mustRun(t testing.TB, c *client.Client, code string, servers ...string) string {
 	t.Helper()
 	out, st := run(t, c, code, servers...)
 	if st.Status != "success" {

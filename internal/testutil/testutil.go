@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -200,4 +201,41 @@ func ProcessRuntime(t testing.TB) *process.Runtime {
 		}
 	})
 	return rt
+}
+
+// ListTools returns c's tools (tools/list).
+func ListTools(t testing.TB, c *client.Client) []mcp.Tool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := c.ListTools(ctx, mcp.ListToolsRequest{})
+	if err != nil {
+		t.Fatalf("tools/list: %v", err)
+	}
+	return res.Tools
+}
+
+// ToolNames returns the names of c's tools, sorted.
+func ToolNames(t testing.TB, c *client.Client) []string {
+	t.Helper()
+	var names []string
+	for _, tl := range ListTools(t, c) {
+		names = append(names, tl.Name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// ServersEnum returns run_python's "servers" property as c sees it (JSON):
+// the servers enum of c's namespace.
+func ServersEnum(t testing.TB, c *client.Client) string {
+	t.Helper()
+	for _, tl := range ListTools(t, c) {
+		if tl.Name == mcpserver.ToolName {
+			b, _ := json.Marshal(tl.InputSchema.Properties["servers"]) // a schema always encodes
+			return string(b)
+		}
+	}
+	t.Fatal("no run_python among the tools")
+	return ""
 }
