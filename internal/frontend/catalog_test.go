@@ -244,14 +244,15 @@ func BenchmarkCatalogCall(b *testing.B) {
 	if _, err := s.fe.EnableServer(context.Background(), frontend.DefaultNamespace, "weather"); err != nil {
 		b.Fatal(err)
 	}
+	c := testutil.MCPClientWith(b, s.fe, mcpserver.Options{Servers: s.pool.Names, Catalog: s.fe}, mcpserver.HTTPOptions{})
 	const calls = 50
 	for _, server := range []string{"ts", "weather"} {
 		b.Run(server, func(b *testing.B) {
 			code := fmt.Sprintf("for i in range(%d):\n    await mcp_%s.echo(text='x')\nprint('ok')", calls, server)
-			mustRun(b, s.c, code, server) // warm: the server started, the sandbox ready
+			mustRun(b, c, code, server) // warm: the server started, the sandbox ready
 			b.ResetTimer()
 			for range b.N {
-				mustRun(b, s.c, code, server)
+				mustRun(b, c, code, server)
 			}
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N*calls), "call-ms")
 		})
