@@ -43,18 +43,7 @@ func newRuntime(tb testing.TB, cfg Config) *Runtime {
 	if cfg.Logger == nil {
 		cfg.Logger = testutil.Logger(tb)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	rt, err := New(ctx, cfg)
-	if err != nil {
-		unavailable(tb, "%v", err)
-	}
-	tb.Cleanup(func() {
-		if err := rt.Close(); err != nil {
-			tb.Errorf("Close: %v", err)
-		}
-	})
-	return rt
+	return sandboxtest.Open(tb, func(ctx context.Context) (*Runtime, error) { return New(ctx, cfg) }, unavailable)
 }
 
 func TestConformance(t *testing.T) {

@@ -267,3 +267,22 @@ func NoContainerLeftAfterRun(t *testing.T, rt sandbox.Runtime, pool *containerpo
 		t.Fatalf("%d container dirs left in %s", len(ents), pool.Dir())
 	}
 }
+
+// Open opens a runtime for tb with open (within two minutes), closing it
+// when tb ends; a runtime that cannot be opened is unavailable (which skips,
+// or fails where the runtime is required).
+func Open[R interface{ Close() error }](tb testing.TB, open func(context.Context) (R, error), unavailable func(tb testing.TB, format string, args ...any)) R {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rt, err := open(ctx)
+	if err != nil {
+		unavailable(tb, "%v", err)
+	}
+	tb.Cleanup(func() {
+		if err := rt.Close(); err != nil {
+			tb.Errorf("Close: %v", err)
+		}
+	})
+	return rt
+}
