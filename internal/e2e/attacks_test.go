@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -220,17 +218,10 @@ except MCPError as e:
 	})
 	t.Run("AnotherTenantsJob", func(t *testing.T) {
 		post := func(token string, body any) (int, string) {
-			data, _ := json.Marshal(body)
-			req, _ := http.NewRequest("POST", hs.URL+"/api/jobs", bytes.NewReader(data))
-			req.Header.Set("Authorization", "Bearer "+token)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = resp.Body.Close() }() // read or abandoned: nothing to report
-			got, _ := io.ReadAll(resp.Body)
-			return resp.StatusCode, string(got)
+			st, got := testutil.HTTPCall(t, token, "POST", hs.URL+"/api/jobs", body)
+			return st, string(got)
 		}
+
 		if st, body := post("tok-aaaaaaaa", map[string]any{"id": "private", "code": "print('secret of a')"}); st != http.StatusCreated {
 			t.Fatalf("a: %d %s", st, body)
 		}

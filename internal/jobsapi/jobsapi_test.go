@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -67,26 +66,7 @@ func setup(t *testing.T, withWorker bool) env {
 
 func (e env) call(t *testing.T, token, method, path string, body any) (int, []byte) {
 	t.Helper()
-	var rd io.Reader
-	if body != nil {
-		if s, ok := body.(string); ok {
-			rd = strings.NewReader(s)
-		} else {
-			b, _ := json.Marshal(body)
-			rd = bytes.NewReader(b)
-		}
-	}
-	req, _ := http.NewRequest(method, e.url+path, rd)
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = resp.Body.Close() }() // read or abandoned: nothing to report
-	data, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, data
+	return testutil.HTTPCall(t, token, method, e.url+path, body)
 }
 
 func decode[T any](t *testing.T, data []byte) T {

@@ -3,12 +3,16 @@
 package testutil
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -238,4 +242,37 @@ func ServersEnum(t testing.TB, c *client.Client) string {
 	}
 	t.Fatal("no run_python among the tools")
 	return ""
+}
+
+// HTTPCall sends method url with the bearer token (none when empty) and body
+// (a string as is, anything else as JSON; nil: none) and returns the status
+// and the response body.
+func HTTPCall(t testing.TB, token, method, url string, body any) (int, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		if s, ok := body.(string); ok {
+			rd = strings.NewReader(s)
+		} else {
+			b, err := json.Marshal(body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rd = bytes.NewReader(b)
+		}
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }() // read or abandoned: nothing to report
+	data, _ := io.ReadAll(resp.Body)         // a short body is what the test then sees
+	return resp.StatusCode, data
 }
