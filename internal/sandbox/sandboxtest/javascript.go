@@ -20,68 +20,8 @@ func runJavaScript(t *testing.T, rt sandbox.Runtime, opts Options) {
 	if !slices.Contains(sandbox.Languages(rt), sandbox.JavaScript) {
 		t.Skip("the runtime's sandboxes run no JavaScript")
 	}
-	run := func(t *testing.T, code string, timeout time.Duration, host sandbox.Host) sandbox.Result {
-		t.Helper()
-		if host == nil {
-			host = &EchoHost{}
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), timeout+60*time.Second)
-		defer cancel()
-		res, err := rt.Run(ctx, sandbox.Job{ID: t.Name(), Code: code, Language: sandbox.JavaScript, Timeout: timeout, OutputCap: 4096}, host)
-		if err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-		return res
-	}
-
-	t.Run("PrintsOutput", func(t *testing.T) {
-		res := run(t, "console.log(6*7)", short, nil)
-		expect(t, res, sandbox.StatusSuccess, 0)
-		if res.Stdout != "42\n" {
-			t.Fatalf("stdout %q, want %q", res.Stdout, "42\n")
-		}
-	})
-	t.Run("TopLevelAwait", func(t *testing.T) {
-		res := run(t, "await new Promise((r) => setTimeout(r, 10))\nconsole.log('awaited')", short, nil)
-		expect(t, res, sandbox.StatusSuccess, 0)
-		if res.Stdout != "awaited\n" {
-			t.Fatalf("stdout %q", res.Stdout)
-		}
-	})
-	t.Run("ExceptionIsError", func(t *testing.T) {
-		res := run(t, "console.log('before')\nnull.x", short, nil)
-		expect(t, res, sandbox.StatusError, 1)
-		if !strings.Contains(res.Stderr, "TypeError") || !strings.Contains(res.Stderr, "<code>:2") || !strings.HasPrefix(res.Error, "TypeError:") {
-			t.Fatalf("error %q, stderr lacks the stack: %q", res.Error, res.Stderr)
-		}
-		if res.Stdout != "before\n" {
-			t.Fatalf("stdout %q", res.Stdout)
-		}
-	})
-	t.Run("ExitCode", func(t *testing.T) {
-		expect(t, run(t, "process.exit(3)", short, nil), sandbox.StatusError, 3)
-		expect(t, run(t, "await null\nprocess.exit(0)\nconsole.log('not reached')", short, nil), sandbox.StatusSuccess, 0)
-	})
-	t.Run("SyntaxError", func(t *testing.T) {
-		res := run(t, "function (", short, nil)
-		expect(t, res, sandbox.StatusError, 1)
-		if !strings.Contains(res.Stderr, "SyntaxError") {
-			t.Fatalf("stderr %q", res.Stderr)
-		}
-	})
-	t.Run("EndlessLoopTimesOut", func(t *testing.T) {
-		res := run(t, "while (true) {}", time.Second, nil)
-		if res.Status != sandbox.StatusTimeout {
-			t.Fatalf("status %s, want timeout (%s)", res.Status, res.Error)
-		}
-	})
-	t.Run("OutputCapped", func(t *testing.T) {
-		res := run(t, "for (let i = 0; i < 2000; i++) console.log('x'.repeat(100))\nprocess.stderr.write('e'.repeat(10000))", short, nil)
-		expect(t, res, sandbox.StatusSuccess, 0)
-		if len(res.Stdout) != 4096 || !res.StdoutTruncated || len(res.Stderr) != 4096 || !res.StderrTruncated {
-			t.Fatalf("stdout %d bytes (cut %v), stderr %d (cut %v), want 4096 and cut", len(res.Stdout), res.StdoutTruncated, len(res.Stderr), res.StderrTruncated)
-		}
-	})
+	run := runnerFor(rt, sandbox.JavaScript)
+	runBasics(t, run, javaScriptBasics)
 	t.Run("OutputFlood", func(t *testing.T) {
 		res := run(t, "const s = 'x'.repeat(65536)\nwhile (true) process.stdout.write(s)", 3*time.Second, nil)
 		if res.Status != sandbox.StatusTimeout || len(res.Stdout) != 4096 || !res.StdoutTruncated {
@@ -202,13 +142,7 @@ func runJavaScriptSessions(t *testing.T, rt sandbox.SessionRuntime) {
 }
 
 func runJavaScriptIsolation(t *testing.T, run runFunc) {
-	t.Run("RunsAsNobody", func(t *testing.T) {
-		res := run(t, "console.log(process.getuid(), process.getgid())", short, nil)
-		expect(t, res, sandbox.StatusSuccess, 0)
-		if res.Stdout != "65534 65534\n" {
-			t.Fatalf("uid/gid %q", res.Stdout)
-		}
-	})
+	runsAsNobody(t, run, javaScriptBasics)
 	t.Run("NoNetwork", func(t *testing.T) {
 		code := `const net = require("net"), os = require("os")
 console.log("ifaces", Object.keys(os.networkInterfaces()).join(","))

@@ -61,73 +61,8 @@ func (h *EchoHost) Output(_, data string) {
 // Run runs the suite against the runtime newRuntime returns.
 func Run(t *testing.T, rt sandbox.Runtime, opts Options) {
 	t.Helper()
-	run := func(t *testing.T, code string, timeout time.Duration, host sandbox.Host) sandbox.Result {
-		t.Helper()
-		if host == nil {
-			host = &EchoHost{}
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), timeout+60*time.Second)
-		defer cancel()
-		res, err := rt.Run(ctx, sandbox.Job{ID: t.Name(), Code: code, Timeout: timeout, OutputCap: 4096}, host)
-		if err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-		return res
-	}
-
-	t.Run("PrintsOutput", func(t *testing.T) {
-		out := succeeds(t, run, "print(6*7)")
-		if out != "42\n" {
-			t.Fatalf("stdout %q, want %q", out, "42\n")
-		}
-	})
-	t.Run("TopLevelAwait", func(t *testing.T) {
-		out := succeeds(t, run, "import asyncio\nawait asyncio.sleep(0.01)\nprint('awaited')")
-		if out != "awaited\n" {
-			t.Fatalf("stdout %q", out)
-		}
-	})
-	t.Run("ExceptionIsError", func(t *testing.T) {
-		res := run(t, "print('before')\n1/0", short, nil)
-		expect(t, res, sandbox.StatusError, 1)
-		if !strings.Contains(res.Stderr, "ZeroDivisionError") || !strings.Contains(res.Stderr, "Traceback") {
-			t.Fatalf("stderr lacks the traceback: %q", res.Stderr)
-		}
-		if res.Stdout != "before\n" {
-			t.Fatalf("stdout %q", res.Stdout)
-		}
-	})
-	t.Run("SystemExitCode", func(t *testing.T) {
-		expect(t, run(t, "import sys\nsys.exit(3)", short, nil), sandbox.StatusError, 3)
-		expect(t, run(t, "raise SystemExit(0)", short, nil), sandbox.StatusSuccess, 0)
-	})
-	t.Run("SyntaxError", func(t *testing.T) {
-		res := run(t, "def (:", short, nil)
-		expect(t, res, sandbox.StatusError, 1)
-		if !strings.Contains(res.Stderr, "SyntaxError") {
-			t.Fatalf("stderr %q", res.Stderr)
-		}
-	})
-	t.Run("Timeout", func(t *testing.T) {
-		start := time.Now()
-		res := run(t, "while True:\n    pass", time.Second, nil)
-		if res.Status != sandbox.StatusTimeout {
-			t.Fatalf("status %s, want timeout (%s)", res.Status, res.Error)
-		}
-		if el := time.Since(start); el > 15*time.Second {
-			t.Fatalf("timeout of 1s took %s", el)
-		}
-	})
-	t.Run("OutputCapped", func(t *testing.T) {
-		res := run(t, "import sys\nfor i in range(2000):\n    print('x'*100)\nsys.stderr.write('e'*10000)", short, nil)
-		expect(t, res, sandbox.StatusSuccess, 0)
-		if len(res.Stdout) != 4096 || !res.StdoutTruncated {
-			t.Fatalf("stdout %d bytes truncated=%v, want 4096 and true", len(res.Stdout), res.StdoutTruncated)
-		}
-		if len(res.Stderr) != 4096 || !res.StderrTruncated {
-			t.Fatalf("stderr %d bytes truncated=%v", len(res.Stderr), res.StderrTruncated)
-		}
-	})
+	run := runnerFor(rt, "")
+	runBasics(t, run, pythonBasics)
 	t.Run("RawFDWritesAreOutputNotFrames", func(t *testing.T) {
 		// A forged 'done' frame written straight to fd 1 must arrive as text.
 		code := `import os, json, struct
@@ -414,12 +349,7 @@ func succeeds(t *testing.T, run runFunc, code string) string {
 }
 
 func runIsolation(t *testing.T, run runFunc) {
-	t.Run("RunsAsNobody", func(t *testing.T) {
-		out := succeeds(t, run, "import os\nprint(os.getuid(), os.getgid())")
-		if out != "65534 65534\n" {
-			t.Fatalf("uid/gid %q", out)
-		}
-	})
+	runsAsNobody(t, run, pythonBasics)
 	t.Run("NoNetwork", func(t *testing.T) {
 		code := `import socket
 ifs = [n for _, n in socket.if_nameindex()]
