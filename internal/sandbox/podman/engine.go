@@ -146,8 +146,7 @@ func (e *engine) Lost(b *containerpool.Box, res sandbox.Result) sandbox.Result {
 	code := int(data.State.ExitCode)
 	r.log.Debug("podman sandbox: runner lost", "id", sandbox.ShortID(b.ID()), "exit_code", code, "oom_killed", data.State.OOMKilled)
 	// Podman 4.3 on cgroups v1 does not set OOMKilled: Exited takes a 137
-	// with a memory limit for the OOM killer. The limit is the configured
-	// one, as before the runtimes shared their pool (the Docker runtime names
-	// the box's own, which a job may have set).
-	return containerpool.Exited(res, code, data.State.OOMKilled, r.cfg.Limits.Memory)
+	// with a memory limit for the OOM killer. The limit is the box's own
+	// (a job may set it), as the Docker runtime reports it.
+	return containerpool.Exited(res, code, data.State.OOMKilled, b.Limits().Memory)
 }

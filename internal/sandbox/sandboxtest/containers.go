@@ -91,19 +91,26 @@ func RunnerExitReported(t *testing.T, rt sandbox.Runtime) {
 // MemoryLimitMessage: code that outgrows rt's memory limit of 96 MiB
 // (enforced) is killed and told so, or gets a MemoryError.
 func MemoryLimitMessage(t *testing.T, rt sandbox.Runtime) {
-	res, err := rt.Run(context.Background(), sandbox.Job{ID: "oom", Code: "b = []\nwhile True:\n    b.append(bytearray(8 << 20))", Timeout: 30 * time.Second}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("result: %s exit %d error %q stderr %q", res.Status, res.ExitCode, res.Error, res.Stderr)
-	if res.Status != sandbox.StatusError {
-		t.Fatalf("status %s", res.Status)
-	}
-	if res.ExitCode == 137 && !strings.Contains(res.Error, "memory limit (96 MiB)") {
-		t.Fatalf("OOM kill reported as %q", res.Error)
-	}
-	if res.ExitCode != 137 && !strings.Contains(res.Stderr, "MemoryError") {
-		t.Fatalf("neither an OOM kill nor a MemoryError: %+v", res)
+	// The runtime's limit (96 MiB), then a job's own: the message names the
+	// limit the killed sandbox had.
+	for _, c := range []struct {
+		memory int64
+		want   string
+	}{{0, "memory limit (96 MiB)"}, {80 << 20, "memory limit (80 MiB)"}} {
+		res, err := rt.Run(context.Background(), sandbox.Job{ID: "oom", Code: "b = []\nwhile True:\n    b.append(bytearray(8 << 20))", Timeout: 30 * time.Second, Memory: c.memory}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("memory %d: %s exit %d error %q stderr %q", c.memory, res.Status, res.ExitCode, res.Error, res.Stderr)
+		if res.Status != sandbox.StatusError {
+			t.Fatalf("status %s", res.Status)
+		}
+		if res.ExitCode == 137 && !strings.Contains(res.Error, c.want) {
+			t.Fatalf("OOM kill reported as %q, want it to name the %s", res.Error, c.want)
+		}
+		if res.ExitCode != 137 && !strings.Contains(res.Stderr, "MemoryError") {
+			t.Fatalf("neither an OOM kill nor a MemoryError: %+v", res)
+		}
 	}
 }
 
