@@ -49,19 +49,21 @@ func BenchmarkRunTraced(b *testing.B) {
 
 // BenchmarkSpan is what one span costs a process: start it from a parent
 // taken off a NATS header, put its traceparent on the next header, end it.
+// "recorded" is the front-end's default without an OTLP endpoint: no
+// export, the span kept by the in-process recorder (full, so every span
+// also evicts the oldest).
 func BenchmarkSpan(b *testing.B) {
-	for _, on := range []bool{false, true} {
-		name := "off"
-		if on {
-			name = "on"
-		}
+	for _, name := range []string{"off", "recorded", "on"} {
 		b.Run(name, func(b *testing.B) {
 			p, err := tracing.New(context.Background(), tracing.Config{})
 			if err != nil {
 				b.Fatal(err)
 			}
-			if on {
+			switch name {
+			case "on":
 				p = newReceiver(b).provider(b, "bench")
+			case "recorded":
+				p = recordingProvider(b, tracing.NewRecorder(1000, 0))
 			}
 			tr := tracing.Tracer(p.TracerProvider())
 			in := nats.Header{jobs.TraceHeader: {jobs.TraceParent("bench")}}

@@ -40,6 +40,7 @@ const (
 	AttrVia          = attribute.Key("mcpexec.submit.via") // run_python, run_javascript, api, task
 	AttrDelivery     = attribute.Key("mcpexec.delivery")
 	AttrWorker       = attribute.Key("mcpexec.worker.id")
+	AttrSandbox      = attribute.Key("mcpexec.sandbox.id") // the container's short id
 	AttrFrontend     = attribute.Key("mcpexec.frontend.id")
 	AttrNode         = attribute.Key("mcpexec.state.node")
 	AttrEventKind    = attribute.Key("mcpexec.event.kind")
