@@ -157,3 +157,8 @@ func (p *page) signIn(token string) {
 	p.do(chromedp.SendKeys(chromedp.ID("token"), token), chromedp.Click(chromedp.CSS("form.signin button")))
 	p.until("the jobs page", `document.getElementById('jobs-body') !== null && document.getElementById('live').textContent === 'live'`)
 }
+
+// chromedpClick clicks the first element that matches the CSS selector.
+func chromedpClick(sel string) chromedp.Action[chromedp.Void] {
+	return chromedp.Click(chromedp.CSS(sel))
+}

@@ -126,7 +126,7 @@ async function jobsPage(show, params, signal) {
     rows.set(rec.job.id, tr);
   };
   const listQuery = () => {
-    const p = new URLSearchParams({ limit: String(PAGE) });
+    const p = new URLSearchParams({ limit: String(PAGE), order: 'newest' });
     if (q.status) p.set('status', q.status);
     if (q.prefix) p.set('prefix', q.prefix);
     if (q.label) p.append('label', q.label);
