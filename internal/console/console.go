@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/errs"
+	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/state"
 	"github.com/mcpexec/mcpexec/internal/tracing"
@@ -36,6 +37,9 @@ type Backend interface {
 	MemoryGet(ctx context.Context, ns, key string) (*state.Memory, error)
 	MemoryPut(ctx context.Context, ns, key string, value, metadata json.RawMessage, ifVersion *uint64) (*state.Memory, error)
 	MemoryDelete(ctx context.Context, ns, key string) (bool, error)
+	Sessions(ctx context.Context, ns string) ([]frontend.Session, error)
+	EndSession(ctx context.Context, ns, name string) error
+	SavedTools(ctx context.Context, ns string) ([]frontend.SavedTool, error)
 }
 
 // Config configures the console's API.
@@ -139,6 +143,9 @@ func API(cfg Config) http.Handler {
 	mux.HandleFunc("PUT /api/console/memory/entry", a.memoryPut)
 	mux.HandleFunc("DELETE /api/console/memory/entry", a.memoryDelete)
 	mux.HandleFunc("GET /api/console/metrics", a.metrics)
+	mux.HandleFunc("GET /api/console/sessions", a.sessions)
+	mux.HandleFunc("POST /api/console/sessions/{name}/end", a.endSession)
+	mux.HandleFunc("GET /api/console/tools", a.savedTools)
 	mux.HandleFunc("/api/console/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no console route %s %s", r.Method, r.URL.Path))
 	})
@@ -273,6 +280,40 @@ func (a *api) memoryDelete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]bool{"deleted": ok})
+}
+
+func (a *api) sessions(w http.ResponseWriter, r *http.Request) {
+	ss, err := a.cfg.Backend.Sessions(r.Context(), a.cfg.Namespace(r.Context()))
+	if err != nil {
+		writeErr(w, err, "")
+		return
+	}
+	if ss == nil {
+		ss = []frontend.Session{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"sessions": ss})
+}
+
+func (a *api) endSession(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if !jobs.ValidUserID(name) {
+		writeError(w, http.StatusBadRequest, "bad_session", fmt.Sprintf("%.40q is not a session name", name))
+		return
+	}
+	if err := a.cfg.Backend.EndSession(r.Context(), a.cfg.Namespace(r.Context()), name); err != nil {
+		writeErr(w, err, fmt.Sprintf("no live session %q", name))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]bool{"ended": true})
+}
+
+func (a *api) savedTools(w http.ResponseWriter, r *http.Request) {
+	ts, err := a.cfg.Backend.SavedTools(r.Context(), a.cfg.Namespace(r.Context()))
+	if err != nil {
+		writeErr(w, err, "")
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"tools": ts})
 }
 
 func (a *api) metrics(w http.ResponseWriter, _ *http.Request) {

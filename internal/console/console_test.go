@@ -120,6 +120,25 @@ func TestConsole(t *testing.T) {
 		_ = p.takeErrors() // the refused save is logged as a failed load (409)
 	})
 
+	t.Run("SessionsAndTools", func(t *testing.T) {
+		p.on(t)
+		if rec := f.wait(t, tokA, f.submit(t, tokA, map[string]any{"code": "x = 41", "session": "s1"})); rec.Status != jobs.StatusSuccess {
+			t.Fatalf("session job: %+v", rec.Result)
+		}
+		if rec := f.wait(t, tokA, f.submit(t, tokA, map[string]any{"code": "def twice(n):\n    return 2 * n\n\nsave_tool(twice)"})); rec.Status != jobs.StatusSuccess {
+			t.Fatalf("save_tool job: %+v", rec.Result)
+		}
+		p.hash("#/sessions")
+		p.until("the live session and the saved tool", `(document.querySelector('tr[data-name="s1"] .state') || {}).textContent === 'live' && document.querySelector('details[data-tool="twice"]') !== null`)
+		p.do(chromedp.Click(chromedp.CSS(`button[data-session="s1"]`)))
+		p.until("the ended session", `document.getElementById('s-msg').textContent.includes('Ended session s1')`)
+		rec := f.wait(t, tokA, f.submit(t, tokA, map[string]any{"code": "print(x)", "session": "s1"}))
+		if rec.Status == jobs.StatusSuccess {
+			t.Fatalf("the ended session ran on: %+v", rec.Result)
+		}
+		p.noErrors()
+	})
+
 	t.Run("Keyboard", func(t *testing.T) {
 		p.on(t)
 		p.open("#/jobs")

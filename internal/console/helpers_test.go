@@ -145,18 +145,19 @@ func (f *fleet) wait(t testing.TB, token, id string) *jobs.Record {
 	return &rec
 }
 
-// failOnce fails the first run of each code that holds "#fail-once" as a
+// failOnce wraps a runtime that keeps sessions (the process runtime) and
+// fails the first run of each code that holds "#fail-once" as a
 // sandbox failure after the code was sent (the job becomes a dead letter);
 // later runs of the same code run.
 type failOnce struct {
-	sandbox.Runtime
+	sandbox.SessionRuntime
 
 	mu     sync.Mutex // guards failed
 	failed map[string]bool
 }
 
-func newFailOnce(rt sandbox.Runtime) *failOnce {
-	return &failOnce{Runtime: rt, failed: map[string]bool{}}
+func newFailOnce(rt sandbox.SessionRuntime) *failOnce {
+	return &failOnce{SessionRuntime: rt, failed: map[string]bool{}}
 }
 
 func (f *failOnce) ReportsStart() {}
@@ -174,5 +175,5 @@ func (f *failOnce) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) 
 			return sandbox.Result{}, errors.New("simulated sandbox failure")
 		}
 	}
-	return f.Runtime.Run(ctx, job, host)
+	return f.SessionRuntime.Run(ctx, job, host)
 }

@@ -37,6 +37,7 @@ func TestConsolePages(t *testing.T) {
 	for i := range 3 {
 		f.wait(t, tokA, f.submit(t, tokA, map[string]any{"code": fmt.Sprintf("print(%d)", i), "labels": map[string]string{"batch": "b1"}}))
 	}
+	f.wait(t, tokA, f.submit(t, tokA, map[string]any{"code": "def twice(n):\n    \"\"\"Twice n.\"\"\"\n    return 2 * n\n\nsave_tool(twice)", "session": "notebook"}))
 	p := newPage(t, f.url)
 	pages := []struct{ name, hash, ready string }{
 		{"signin", "#/jobs", `document.getElementById('token') !== null`},
@@ -44,6 +45,7 @@ func TestConsolePages(t *testing.T) {
 		{"job", "#/job/" + id, `document.getElementById('timeline') !== null && document.getElementById('timeline').textContent.includes('call ts.echo')`},
 		{"fleet", "#/fleet", `document.getElementById('workers') !== null`},
 		{"memory", "#/memory", `document.querySelector('button[data-key="notes"]') !== null`},
+		{"sessions", "#/sessions", `document.querySelector('tr[data-name="notebook"]') !== null && document.querySelector('details[data-tool="twice"]') !== null`},
 		{"charts", "#/charts", `document.querySelectorAll('figure.chartbox').length === 3`},
 	}
 	shots := os.Getenv("MCPEXEC_SCREENSHOTS") == "1"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
+	"time"
 
 	"github.com/mcpexec/mcpexec/internal/errs"
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -63,4 +64,24 @@ func (f *Frontend) MemoryDelete(ctx context.Context, ns, key string) (bool, erro
 		return false, ErrReservedKey
 	}
 	return f.memory.MemoryDelete(ctx, jobs.NamespaceOf(ns), key)
+}
+
+// SavedTool is a saved tool as the console lists it.
+type SavedTool struct {
+	Name    string    `json:"name"`
+	Source  string    `json:"source"`
+	SavedAt time.Time `json:"saved_at"`
+}
+
+// SavedTools returns namespace ns's saved tools (save_tool), by name.
+func (f *Frontend) SavedTools(ctx context.Context, ns string) ([]SavedTool, error) {
+	set, err := loadSavedTools(ctx, f.memory, jobs.NamespaceOf(ns))
+	if err != nil {
+		return nil, err
+	}
+	out := []SavedTool{}
+	for _, t := range set.sorted() {
+		out = append(out, SavedTool(t))
+	}
+	return out, nil
 }

@@ -1,7 +1,7 @@
 // The console's router, sign-in and the jobs pages.
 import { h, api, follow, store, fmtTime, fmtDur, badge, scroller, notice, TERMINAL, STATUSES } from './lib.js';
 import { highlight } from './hl.js';
-import { fleetPage, memoryPage, chartsPage } from './pages.js';
+import { fleetPage, memoryPage, chartsPage, sessionsPage } from './pages.js';
 
 const main = document.getElementById('main');
 let pageAbort = new AbortController();
@@ -28,6 +28,7 @@ function route() {
     job: () => jobPage(show, decodeURIComponent(parts[1] || ''), signal),
     fleet: () => fleetPage(show, signal),
     memory: () => memoryPage(show, params, signal),
+    sessions: () => sessionsPage(show, signal),
     charts: () => chartsPage(show, signal),
   };
   (pages[page] || pages.jobs)().catch((e) => {

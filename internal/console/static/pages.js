@@ -1,5 +1,6 @@
 // The fleet, memory and charts pages.
 import { h, api, fmtTime, scroller, notice } from './lib.js';
+import { highlight } from './hl.js';
 
 const every = (ms, fn, signal) => {
   const t = setInterval(() => fn().catch(() => {}), ms);
@@ -152,4 +153,40 @@ function chart(title, at, series, unit) {
   // The swatches take their series' colour through the CSSOM (CSP allows it; style attributes it would not).
   for (const sw of fig.querySelectorAll('.swatch')) sw.style.background = (series.find((s) => s.name === sw.dataset.color) || {}).color || '#000';
   return fig;
+}
+
+// ---- Sessions and saved tools ----
+
+export async function sessionsPage(show, signal) {
+  const sessions = h('div', { id: 'sessions' });
+  const tools = h('div', { id: 'tools' });
+  const msg = h('div', { id: 's-msg', 'aria-live': 'polite' });
+  show('Sessions', msg, sessions, h('h2', {}, 'Saved tools'), tools);
+  const render = async () => {
+    const res = await api('/api/console/sessions', { signal });
+    const rows = res.sessions.map((s) => {
+      const end = s.ended ? null : h('button', { type: 'button', class: 'danger', 'data-session': s.name, onclick: async () => {
+        end.disabled = true;
+        try {
+          await api('/api/console/sessions/' + encodeURIComponent(s.name) + '/end', { method: 'POST', signal });
+          msg.replaceChildren(notice('Ended session ' + s.name + '.', ''));
+          await render();
+        } catch (e) { msg.replaceChildren(notice(e.message, 'error')); end.disabled = false; }
+      } }, 'End');
+      return h('tr', { 'data-name': s.name }, h('td', { class: 'mono' }, s.name), h('td', { class: 'state' }, s.ended ? 'ended' : 'live'),
+        h('td', { class: 'mono' }, s.worker), h('td', {}, fmtTime(s.since)), h('td', {}, end));
+    });
+    sessions.replaceChildren(rows.length ? scroller('Sessions table', h('table', { id: 'sessions-table' }, h('caption', { class: 'sr' }, 'Sessions'),
+      h('thead', {}, h('tr', {}, ['Session', 'State', 'Worker', 'Since', 'Action'].map((c) => h('th', { scope: 'col' }, c)))), h('tbody', {}, rows)))
+      : h('p', {}, 'No sessions: a job that names a session starts one.'));
+  };
+  const renderTools = async () => {
+    const res = await api('/api/console/tools', { signal });
+    tools.replaceChildren(...(res.tools.length ? res.tools.map((t) => h('details', { class: 'tool', 'data-tool': t.name },
+      h('summary', {}, h('span', { class: 'mono' }, t.name), h('span', { class: 'muted' }, ' saved ' + fmtTime(t.saved_at))),
+      scroller('Source of ' + t.name, h('pre', { class: 'code' }, h('code', { class: 'hl' }, highlight(t.source, 'python').map(([c, x]) => (c ? h('span', { class: c }, x) : x)))))))
+      : [h('p', {}, 'No saved tools: save_tool(fn) in a job saves one.')]));
+  };
+  await Promise.all([render(), renderTools()]);
+  every(5000, render, signal);
 }
