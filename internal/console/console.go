@@ -40,6 +40,8 @@ type Backend interface {
 	Sessions(ctx context.Context, ns string) ([]frontend.Session, error)
 	EndSession(ctx context.Context, ns, name string) error
 	SavedTools(ctx context.Context, ns string) ([]frontend.SavedTool, error)
+	Streams(ctx context.Context) []frontend.StreamStatus
+	Broker() (server, cluster string)
 }
 
 // Config configures the console's API.
@@ -58,9 +60,10 @@ type Config struct {
 	// History is the metric history of the charts (nil: none).
 	History *History
 	// FrontendID names this front-end; Servers lists the MCP servers it
-	// proxies.
+	// proxies and Running says whether one's process runs (nil: unknown).
 	FrontendID string
 	Servers    func() []string
+	Running    func(server string) bool
 	// StaleAfter marks a worker stale when it has not answered for this long
 	// (default 15 s).
 	StaleAfter time.Duration

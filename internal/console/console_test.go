@@ -5,12 +5,14 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/chromedp/chromedp"
 
 	"github.com/mcpexec/mcpexec/internal/console"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
 // TestConsole drives the console in headless Chromium against a fleet in
@@ -154,11 +156,27 @@ func TestConsole(t *testing.T) {
 
 	t.Run("FleetAndCharts", func(t *testing.T) {
 		p.on(t)
+		other := testutil.Worker(t, f.b, testutil.ProcessRuntime(t), worker.DefaultConfig("short-lived-worker"))
 		p.hash("#/fleet")
-		p.until("the worker", `(document.querySelector('#workers tr[data-id="`+f.workerID+`"]') || {textContent: ''}).textContent.includes('healthy')`)
-		if got := eval[string](p, `document.getElementById('frontends').textContent`); !strings.Contains(got, "console-fe") || !strings.Contains(got, "ts") {
+		row := func(id string) string {
+			return `(document.querySelector('#workers tr[data-id="` + id + `"]') || {textContent: ''}).textContent`
+		}
+		p.until("the workers", row(f.workerID)+`.includes('healthy') && `+row("short-lived-worker")+`.includes('healthy')`)
+		if got := eval[string](p, `document.getElementById('frontends').textContent`); !strings.Contains(got, "console-fe") || !strings.Contains(got, "ts (") {
 			t.Errorf("front-ends: %s", got)
 		}
+		if got := eval[string](p, `document.getElementById('streams').textContent`); !strings.Contains(got, "MCPEXEC_JOBS") || !strings.Contains(got, "MCPEXEC_MEMORY") {
+			t.Errorf("streams: %s", got)
+		}
+		if n := eval[int](p, `document.querySelectorAll('#brokers tbody tr').length`); n != 1 {
+			t.Errorf("%d brokers", n)
+		}
+		// A worker that stops answering turns stale (after 1 s here).
+		other.Stop()
+		time.Sleep(1100 * time.Millisecond)
+		p.hash("#/jobs")
+		p.hash("#/fleet")
+		p.until("the stale worker", row("short-lived-worker")+`.includes('stale') && `+row(f.workerID)+`.includes('healthy')`)
 		p.hash("#/charts")
 		p.until("three charts with samples", `document.querySelectorAll('figure.chartbox svg').length === 3`)
 		p.noErrors()

@@ -67,17 +67,17 @@ func startFleet(t testing.TB, rt sandbox.Runtime, servers bool) *fleet {
 	wc.FetchWait, wc.Grace, wc.Tracing, wc.Slots = 200*time.Millisecond, 100*time.Millisecond, tp, 4
 	testutil.Worker(t, b, rt, wc)
 	fc := frontend.Config{ID: "console-fe", Tracing: tp, Metrics: m}
-	names := func() []string { return nil }
+	names, running := func() []string { return nil }, func(string) bool { return false }
 	if servers {
 		pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
-		fc.Tools, names = pool, pool.Names
+		fc.Tools, names, running = pool, pool.Names, pool.Running
 	}
 	fe := testutil.FrontendWith(t, b, fc)
 	history := console.NewHistory(m.Registry, 250*time.Millisecond)
 	history.Start(context.Background())
 	t.Cleanup(history.Stop)
 	api := console.Routes(console.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext, IsAdmin: mcpserver.IsAdmin,
-		Namespaces: []string{"a", "b"}, Spans: rec, History: history, FrontendID: "console-fe", Servers: names},
+		Namespaces: []string{"a", "b"}, Spans: rec, History: history, FrontendID: "console-fe", Servers: names, Running: running, StaleAfter: time.Second},
 		jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext}))
 	srv := mcpserver.New(fe, mcpserver.Options{Namespace: mcpserver.NamespaceFromContext})
 	extra := map[string]http.Handler{}

@@ -12,30 +12,43 @@ const every = (ms, fn, signal) => {
 export async function fleetPage(show, signal) {
   const body = h('div', { id: 'fleet' });
   show('Fleet', body);
+  const th = (cols) => h('thead', {}, h('tr', {}, cols.map((c) => h('th', { scope: 'col' }, c))));
+  const table = (id, caption, cols, rows) => scroller(caption + ' table', h('table', { id }, h('caption', { class: 'sr' }, caption), th(cols), h('tbody', {}, rows)));
+  const state = (cls, text) => h('span', { class: 'badge ' + cls }, text);
   const render = async () => {
     const f = await api('/api/console/fleet', { signal });
-    const th = (cols) => h('thead', {}, h('tr', {}, cols.map((c) => h('th', { scope: 'col' }, c))));
-    const workers = h('table', { id: 'workers' }, h('caption', { class: 'sr' }, 'Workers'),
-      th(['Worker', 'State', 'Pool', 'Slots busy / free', 'Warm', 'Languages', 'Sandboxes started', 'Last heartbeat']),
-      h('tbody', {}, f.workers.map((w) => h('tr', { class: w.stale ? 'stale' : '', 'data-id': w.id },
+    const brokers = table('brokers', 'Brokers', ['Broker', 'Role', 'Leads', 'Replica of (lag)'], f.brokers.map((b) => h('tr', { 'data-id': b.name },
+      h('td', { class: 'mono' }, b.name), h('td', {}, b.behind ? state('st-worker_lost', 'behind') : state('st-success', b.leads.length ? 'leader' : 'replica')),
+      h('td', {}, b.leads.join(', ')), h('td', {}, b.follows.join(', ')))));
+    const streams = table('streams', 'Streams', ['Stream', 'Messages', 'Size', 'Leader', 'Replicas'], f.streams.map((s) => h('tr', {},
+      h('td', { class: 'mono' }, s.name), h('td', {}, s.error ? '' : s.messages), h('td', {}, s.error ? s.error : kb(s.bytes)), h('td', { class: 'mono' }, s.leader || ''),
+      h('td', {}, (s.replicas || []).map((r) => r.name + (r.offline ? ' offline' : r.current ? '' : ' catching up') + ' (lag ' + r.lag + ')').join(', ')))));
+    const workers = table('workers', 'Workers',
+      ['Worker', 'State', 'Runtime', 'Slots busy / free', 'Warm pool', 'Sessions', 'Host load', 'Languages', 'Sandboxes started', 'Last heartbeat'],
+      f.workers.map((w) => h('tr', { class: w.stale ? 'stale' : '', 'data-id': w.id },
         h('td', { class: 'mono' }, w.id),
-        h('td', {}, h('span', { class: 'badge ' + (w.stale ? 'st-worker_lost' : w.healthy ? 'st-success' : 'st-error') }, w.stale ? 'stale' : w.healthy ? 'healthy' : 'unhealthy'), w.reason ? ' ' + w.reason : ''),
-        h('td', {}, w.pool), h('td', {}, w.running + ' / ' + Math.max(0, w.slots - w.running)), h('td', {}, w.warm),
-        h('td', {}, (w.languages || []).join(', ')), h('td', {}, w.sandboxes_started + (w.sandbox_start_failures ? ' (' + w.sandbox_start_failures + ' failed)' : '')),
-        h('td', {}, fmtTime(w.last_seen))))));
-    const fes = h('table', { id: 'frontends' }, h('caption', { class: 'sr' }, 'Front-ends'),
-      th(['Front-end', 'Proxied servers', 'Proxy calls per minute']),
-      h('tbody', {}, f.frontends.map((fe) => h('tr', {}, h('td', { class: 'mono' }, fe.id), h('td', {}, fe.servers.join(', ') || 'none'),
-        h('td', {}, fe.calls_per_minute.toFixed(1))))));
+        h('td', {}, w.stale ? state('st-worker_lost', 'stale') : w.healthy ? state('st-success', 'healthy') : state('st-error', 'unhealthy'), w.reason ? ' ' + w.reason : ''),
+        h('td', {}, w.runtime || ''), h('td', {}, w.running + ' / ' + Math.max(0, w.slots - w.running)), h('td', {}, w.warm), h('td', {}, w.sessions),
+        h('td', {}, w.load1 ? w.load1.toFixed(2) : ''), h('td', {}, (w.languages || []).join(', ')),
+        h('td', {}, w.sandboxes_started + (w.sandbox_start_failures ? ' (' + w.sandbox_start_failures + ' failed)' : '')),
+        h('td', { class: 'seen' }, fmtTime(w.last_seen)))));
+    const fes = table('frontends', 'Front-ends', ['Front-end', 'Broker', 'Proxied servers', 'Proxy calls per minute'], f.frontends.map((fe) => h('tr', {},
+      h('td', { class: 'mono' }, fe.id), h('td', { class: 'mono' }, fe.broker || ''),
+      h('td', {}, fe.servers.length ? fe.servers.map((s) => h('span', { class: 'tag' }, s.name + (s.running ? ' (running)' : ' (idle)'))) : 'none'),
+      h('td', {}, fe.calls_per_minute.toFixed(1)))));
     body.replaceChildren(...[
       f.error ? notice(f.error, 'error') : null,
-      h('h2', {}, 'Workers'), f.workers.length ? scroller('Workers table', workers) : h('p', {}, 'No worker has answered.'),
-      h('h2', {}, 'Front-ends'), scroller('Front-ends table', fes),
+      h('h2', {}, 'Brokers' + (f.cluster ? ' (cluster ' + f.cluster + ')' : '')), brokers,
+      h('h2', {}, 'Streams'), streams,
+      h('h2', {}, 'Workers'), f.workers.length ? workers : h('p', {}, 'No worker has answered.'),
+      h('h2', {}, 'Front-ends'), fes,
       h('p', { class: 'muted' }, 'A worker that has not answered for 15 s is stale. This front-end shows itself; each front-end serves its own console.')].filter(Boolean));
   };
   await render();
   every(5000, render, signal);
 }
+
+const kb = (n) => (n >= 1 << 20 ? (n / (1 << 20)).toFixed(1) + ' MiB' : (n / 1024).toFixed(1) + ' KiB');
 
 // ---- Memory ----
 
