@@ -17,18 +17,23 @@ import (
 // in-process OTLP receiver). Run it with
 //
 //	go test -run '^$' -bench RunTraced -benchtime 100x ./internal/tracing
+//
+// "recorded" is the embedded front-end's default without an OTLP endpoint:
+// one provider for the three parts, no exporter, every span kept by the
+// in-process recorder the console reads.
 func BenchmarkRunTraced(b *testing.B) {
-	for _, on := range []bool{false, true} {
-		name := "off"
-		if on {
-			name = "on"
-		}
+	for _, name := range []string{"off", "recorded", "on"} {
 		b.Run(name, func(b *testing.B) {
-			var r *receiver
-			if on {
-				r = newReceiver(b)
+			var f *fleet
+			switch name {
+			case "off":
+				f = startFleet(b, nil)
+			case "recorded":
+				p := recordingProvider(b, tracing.NewRecorder(0, 0))
+				f = startFleetOn(b, p, p, p)
+			default:
+				f = startFleet(b, newReceiver(b))
 			}
-			f := startFleet(b, r)
 			ctx := context.Background()
 			run := func() {
 				rec, err := f.fe.Run(ctx, &jobs.Job{Code: "print(1)"}, nil)

@@ -3,6 +3,7 @@ package tracing_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -76,5 +77,28 @@ func TestRecorderIsBounded(t *testing.T) {
 	time.Sleep(5 * time.Millisecond)
 	if got := old.Trace(s.SpanContext().TraceID().String()); len(got) != 0 || old.Len() != 0 {
 		t.Errorf("a span older than the age bound is kept: %+v", got)
+	}
+}
+
+// BenchmarkRecorderFull reports the heap a full recorder holds (20,000
+// spans of a job's usual attributes) as B/span.
+func BenchmarkRecorderFull(b *testing.B) {
+	for range b.N {
+		rec := tracing.NewRecorder(0, 0)
+		tr := tracing.Tracer(recordingProvider(b, rec).TracerProvider())
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		for i := range tracing.DefaultRecorderSpans {
+			ctx := tracing.FromHeader(context.Background(), nats.Header{jobs.TraceHeader: {jobs.TraceParent(fmt.Sprint("job-", i/16))}})
+			_, s := tr.Start(ctx, tracing.SpanProxyCall, trace.WithAttributes(tracing.AttrJobID.String(fmt.Sprint("ns-job-", i/16)),
+				tracing.AttrAttempt.Int(1), tracing.AttrWorker.String("worker-1"), tracing.AttrMethod.String("call_tool"),
+				tracing.AttrServer.String("github"), tracing.AttrTool.String("search_issues"), tracing.AttrOutcome.String("ok")))
+			s.End()
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(rec.Len()), "B/span")
+		runtime.KeepAlive(rec)
 	}
 }
