@@ -35,6 +35,14 @@ func TestConsole(t *testing.T) {
 		if st, _ := f.call(t, "not-a-token-at-all", "GET", "/api/console/whoami", nil); st != http.StatusUnauthorized {
 			t.Errorf("a wrong token: %d", st)
 		}
+		res, err := http.Get(f.url + "/ui/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = res.Body.Close() // only the headers matter
+		if csp := res.Header.Get("Content-Security-Policy"); res.StatusCode != 200 || csp != console.CSP || !strings.Contains(csp, "script-src 'self'") {
+			t.Errorf("GET /ui/: %d, CSP %q", res.StatusCode, csp)
+		}
 		p.open("#/jobs")
 		p.until("the sign-in form", `document.getElementById('token') !== null && document.getElementById('jobs') === null`)
 		_ = p.takeErrors() // the refused whoami is logged as a failed load
@@ -48,6 +56,16 @@ func TestConsole(t *testing.T) {
 		// The row appears and turns success without a reload.
 		p.until("the new job's row", `document.querySelector('tr[data-id="`+echoJob+`"]') !== null`)
 		p.until("the job's success", `document.querySelector('tr[data-id="`+echoJob+`"] .status').textContent === 'success'`)
+		// Filters: by label, and by status through the form.
+		f.wait(t, tokA, f.submit(t, tokA, map[string]any{"code": "print('unlabelled')"}))
+		p.hash("#/jobs?label=suite%3Dconsole")
+		p.until("the label filter", `document.querySelectorAll('#jobs-body tr').length === 1 && document.querySelector('tr[data-id="`+echoJob+`"]') !== null`)
+		p.hash("#/jobs")
+		p.until("both jobs", `document.querySelectorAll('#jobs-body tr').length === 2`)
+		p.do(chromedp.SetValue(chromedp.ID("f-status"), "error"), chromedp.Click(chromedp.CSS("form.filters button")))
+		p.until("the status filter", `location.hash === '#/jobs?status=error' && document.getElementById('count').textContent === '0 jobs shown'`)
+		p.hash("#/jobs")
+		p.until("the jobs", `document.querySelector('tr[data-id="`+echoJob+`"] a') !== null`)
 		p.noErrors()
 	})
 
@@ -118,6 +136,18 @@ func TestConsole(t *testing.T) {
 		rec := f.wait(t, tokA, f.submit(t, tokA, map[string]any{"code": "print(load_memory('greeting'))"}))
 		if rec.Result == nil || rec.Result.Stdout != "edited in the console\n" {
 			t.Fatalf("the job read %+v", rec.Result)
+		}
+		// Delete (two presses), then the key is gone.
+		p.hash("#/jobs")
+		p.until("the jobs page", `document.getElementById('jobs-body') !== null`)
+		p.hash("#/memory")
+		p.until("the memory page", `document.querySelector('button[data-key="greeting"]') !== null`)
+		p.do(chromedp.Click(chromedp.CSS(`button[data-key="greeting"]`)))
+		p.until("the editor", `document.getElementById('m-delete') !== null`)
+		p.do(chromedp.Click(chromedp.ID("m-delete")), chromedp.Click(chromedp.ID("m-delete")))
+		p.until("the deletion", `document.getElementById('editor').textContent.includes('Deleted greeting') && document.querySelector('button[data-key="greeting"]') === null`)
+		if st, body := f.call(t, tokA, "GET", "/api/console/memory/entry?key=greeting", nil); st != http.StatusNotFound {
+			t.Errorf("deleted key: %d %s", st, body)
 		}
 		_ = p.takeErrors() // the refused save is logged as a failed load (409)
 	})
