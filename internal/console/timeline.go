@@ -141,11 +141,15 @@ func submittedDetail(rec *jobs.Record) string {
 }
 
 // ownSpans returns the spans of trace that belong to the job of wire id:
-// those naming it, and their descendants.
+// those naming it (front-end proxy spans only once admitted), and their
+// descendants.
 func ownSpans(trace []tracing.RecordedSpan, wireID string) []tracing.RecordedSpan {
 	own := map[string]bool{}
 	for _, s := range trace {
-		if s.Attrs[string(tracing.AttrJobID)] == wireID {
+		// A front-end's span of a proxy call names the job the request
+		// claimed; it speaks for the job only once the call's capability
+		// was checked.
+		if s.Attrs[string(tracing.AttrJobID)] == wireID && (s.Name != tracing.SpanProxyHandle || s.Attrs[string(tracing.AttrAdmitted)] == "true") {
 			own[s.SpanID] = true
 		}
 	}

@@ -37,6 +37,10 @@ func TestBuildTimeline(t *testing.T) {
 		{SpanID: "c", ParentID: "r", Name: tracing.SpanProxyCall, Start: at(50), End: at(60), Attrs: with(job, "mcpexec.proxy.server", "ts", "mcpexec.proxy.tool", "echo", "mcpexec.proxy.outcome", "ok")},
 		// The front-end's span of the same call: shown once.
 		{SpanID: "h", ParentID: "c", Name: tracing.SpanProxyHandle, Start: at(51), End: at(59), Attrs: map[string]string{"mcpexec.proxy.server": "ts", "mcpexec.proxy.tool": "echo"}},
+		// A forged call naming the job, refused for its capability: never shown.
+		{SpanID: "f", Name: tracing.SpanProxyHandle, Start: at(70), End: at(71), Error: true, Attrs: map[string]string{"mcpexec.job.id": "ns-j1", "mcpexec.proxy.server": "forged"}},
+		// An admitted front-end span of a call whose worker span is elsewhere: shown.
+		{SpanID: "g", Name: tracing.SpanProxyHandle, Start: at(72), End: at(73), Attrs: map[string]string{"mcpexec.job.id": "ns-j1", "mcpexec.proxy.admitted": "true", "mcpexec.proxy.method": "memory_get"}},
 		// Another job in the same trace (a caller chose the parent): never shown.
 		{SpanID: "x", Name: tracing.SpanProxyCall, Start: at(55), End: at(56), Attrs: map[string]string{"mcpexec.job.id": "other-j9", "mcpexec.proxy.server": "secret", "mcpexec.proxy.tool": "leak"}},
 		{SpanID: "y", ParentID: "x", Name: tracing.SpanProxyHandle, Start: at(55), End: at(56), Attrs: map[string]string{"mcpexec.proxy.server": "secret"}},
@@ -47,7 +51,7 @@ func TestBuildTimeline(t *testing.T) {
 		kinds = append(kinds, e.Kind)
 		text = append(text, e.Title+" "+e.Detail)
 	}
-	if got, want := strings.Join(kinds, ","), "submitted,queued,taken,sandbox,started,ran,call,finished"; got != want {
+	if got, want := strings.Join(kinds, ","), "submitted,queued,taken,sandbox,started,ran,call,call,finished"; got != want {
 		t.Errorf("kinds %s, want %s", got, want)
 	}
 	all := strings.Join(text, "\n")
@@ -56,7 +60,7 @@ func TestBuildTimeline(t *testing.T) {
 			t.Errorf("timeline lacks %q:\n%s", want, all)
 		}
 	}
-	if strings.Contains(all, "secret") || len(tl.Spans) != 5 {
+	if strings.Contains(all, "secret") || strings.Contains(all, "forged") || !strings.Contains(all, "call memory_get") || len(tl.Spans) != 6 {
 		t.Errorf("another job's spans leak in (%d spans):\n%s", len(tl.Spans), all)
 	}
 	if tl.Note != "" {

@@ -51,6 +51,7 @@ const (
 	AttrTool         = attribute.Key("mcpexec.proxy.tool")
 	AttrOutcome      = attribute.Key("mcpexec.proxy.outcome") // ok, error
 	AttrDurationMS   = attribute.Key("mcpexec.proxy.duration_ms")
+	AttrAdmitted     = attribute.Key("mcpexec.proxy.admitted") // the call carried its job's capability
 	AttrQueueOutcome = attribute.Key("mcpexec.queue.outcome")
 )
 
