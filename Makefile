@@ -6,9 +6,9 @@ TAGS := remote exclude_graphdriver_btrfs exclude_graphdriver_devicemapper contai
 export CGO_ENABLED ?= 0
 IMAGE ?= localhost/mcpexec-sandbox:latest
 HTTP ?= 127.0.0.1:8080
-# Debian packages the system and its tests need (the -dev ones let plain `go build ./...`
-# without the tags compile the Podman bindings' C parts too).
-APT_PACKAGES := podman runc uidmap debootstrap python3 ca-certificates gcc libc6-dev libgpgme-dev libbtrfs-dev docker.io
+# Debian packages the system and its tests need (chromium drives the console's tests; the
+# -dev ones let plain `go build ./...` without the tags compile the Podman bindings' C parts).
+APT_PACKAGES := podman runc uidmap debootstrap python3 ca-certificates gcc libc6-dev libgpgme-dev libbtrfs-dev docker.io chromium
 # The Docker engine of mcpexec's own that the Docker runtime's tests use
 # (deploy/docker/start-dockerd.sh starts it beside any other engine).
 DOCKER_SOCK ?= /run/mcpexec-docker.sock

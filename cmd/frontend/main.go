@@ -44,7 +44,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return err
 	}
 	logReplacedSettings(log)
-	tp, stopTraces, err := tracingenv.Start(ctx, "mcpexec-frontend", log)
+	tp, spans, stopTraces, err := tracingenv.StartRecording(ctx, "mcpexec-frontend", log)
 	if err != nil {
 		return err
 	}
@@ -130,7 +130,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return fmt.Errorf("listen on %s: %w (is another process using the port? choose another with --http)", c.httpAddr, err)
 	}
 	log.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp", "frontend", c.id, "mode", mode, "languages", langs)
-	return mcpserver.ServeHTTP(ctx, ln, httpHandler(c, srv, tasks, lazy, m, log), lazy.Drain, c.fleet.grace, log)
+	h, stopConsole := httpHandler(ctx, c, srv, tasks, lazy, m, spans, pool, log)
+	defer stopConsole()
+	return mcpserver.ServeHTTP(ctx, ln, h, lazy.Drain, c.fleet.grace, log)
 }
 
 // embeddedWorkerID is stable across restarts, so a restarted front-end's worker

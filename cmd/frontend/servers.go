@@ -41,6 +41,7 @@ type serverFlags struct {
 	defaultPolicy *frontend.Policy
 	policies      map[string]frontend.Policy
 	metricsTokens []string
+	adminTokens   []string // act in any namespace (the console's admin view)
 }
 
 // fileList is a repeatable flag; one value may hold several paths separated by
@@ -100,7 +101,7 @@ func (sf *serverFlags) validate() error {
 		if err != nil {
 			return cli.Usagef("--auth-tokens-file: %v", err)
 		}
-		sf.tokens, sf.metricsTokens = f.Tokens, f.MetricsTokens
+		sf.tokens, sf.metricsTokens, sf.adminTokens = f.Tokens, f.MetricsTokens, f.AdminTokens
 		if len(f.DefaultPolicy) > 0 {
 			p, err := decodePolicy(f.DefaultPolicy)
 			if err != nil {

@@ -14,12 +14,14 @@ import (
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/state"
 	"github.com/mcpexec/mcpexec/internal/tooldocs"
+	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
 // ToolSource is the MCP client pool as the proxy uses it; *mcpclients.Pool is one.
@@ -84,6 +86,9 @@ func (h *proxyHandler) Handle(ctx context.Context, req proxy.Request) (json.RawM
 		// Say nothing about whether the job exists.
 		return nil, errors.New("proxy call refused: it does not carry its job's capability")
 	}
+	// From here on the call's span speaks for its job (the console's
+	// timelines show only such spans).
+	trace.SpanFromContext(ctx).SetAttributes(tracing.AttrAdmitted.Bool(true))
 	rj, release, err := h.access.acquire(ctx, req.Job, req.Attempt)
 	if err != nil {
 		return nil, err

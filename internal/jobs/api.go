@@ -20,6 +20,9 @@ type Filter struct {
 	Cursor     string            `json:"cursor,omitempty"` // list ids after this one
 	Limit      int               `json:"limit,omitempty"`  // DefaultListLimit when 0
 	DeadLetter bool              `json:"dead_letter,omitempty"`
+	// Newest lists in descending id order (newest first for generated ids);
+	// Cursor then lists the ids before it.
+	Newest bool `json:"newest,omitempty"`
 }
 
 // Validate checks the filter's fields.

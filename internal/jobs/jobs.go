@@ -326,4 +326,8 @@ type WorkerStatus struct {
 	Warm          int       `json:"warm"`
 	Started       uint64    `json:"sandboxes_started"`
 	StartFailures uint64    `json:"sandbox_start_failures"`
+	Runtime       string    `json:"runtime,omitempty"` // its sandbox runtime: podman, docker, process
+	Sessions      int       `json:"sessions"`          // sessions it holds
+	Load1         float64   `json:"load1,omitempty"`   // the host's load average over a minute (Linux)
+	At            time.Time `json:"at,omitempty"`      // when it answered
 }

@@ -4,7 +4,7 @@
 // JSON; errors are {"error": {"code": ..., "message": ...}}.
 //
 //	POST /api/jobs                 one job object or an array of them → records
-//	GET  /api/jobs?status=&prefix=&label=k=v&limit=&cursor=  → {"jobs": [...], "next": ...}
+//	GET  /api/jobs?status=&prefix=&label=k=v&limit=&cursor=&order=  → {"jobs": [...], "next": ...}
 //	GET  /api/jobs/{id}            → record
 //	POST /api/jobs/{id}/cancel     → record (cancelled)
 //	GET  /api/jobs/{id}/wait?timeout=30s → record, terminal unless the timeout passed
@@ -364,6 +364,14 @@ func (a *api) listWith(w http.ResponseWriter, r *http.Request, fn func(context.C
 		Status: jobs.Status(q.Get("status")),
 		Prefix: q.Get("prefix"),
 		Cursor: q.Get("cursor"),
+	}
+	switch o := q.Get("order"); o {
+	case "", "oldest":
+	case "newest":
+		f.Newest = true
+	default:
+		writeError(w, http.StatusBadRequest, "bad_order", fmt.Sprintf("order %.20q must be oldest (the default: ascending ids) or newest", o), nil)
+		return
 	}
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)

@@ -27,6 +27,11 @@ type HTTPOptions struct {
 	// Tokens maps bearer tokens to namespaces. Empty means no auth, which is allowed
 	// only on loopback listeners (the caller enforces that).
 	Tokens map[string]string
+	// AdminTokens may act in every namespace: the namespace of a request is
+	// its NamespaceHeader (DefaultNamespace without one). Configured only
+	// explicitly (admin_tokens in the tokens file); none means nobody sees
+	// another namespace.
+	AdminTokens []string
 	// AllowedOrigins are extra Origin hosts accepted besides loopback ones.
 	AllowedOrigins []string
 	// AllowedHosts are extra Host header values accepted on connections to a
@@ -46,6 +51,17 @@ type HTTPOptions struct {
 }
 
 type ctxKey struct{}
+
+type adminKey struct{}
+
+// NamespaceHeader names the namespace an admin token's request acts in.
+const NamespaceHeader = "X-Mcpexec-Namespace"
+
+// IsAdmin reports whether the caller authenticated with an admin token.
+func IsAdmin(ctx context.Context) bool {
+	ok, _ := ctx.Value(adminKey{}).(bool)
+	return ok
+}
 
 // NamespaceFromContext returns the namespace of the authenticated caller, or "".
 func NamespaceFromContext(ctx context.Context) string {
@@ -110,9 +126,21 @@ func guard(next http.Handler, opts HTTPOptions) http.Handler {
 			httpError(w, http.StatusForbidden, "forbidden_origin", "Origin "+o+" is not allowed: browsers may reach this server only from localhost pages (or add the origin to --allowed-origins)")
 			return
 		}
-		if len(opts.Tokens) > 0 {
+		if len(opts.Tokens) > 0 || len(opts.AdminTokens) > 0 {
 			tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			ns, found := lookupToken(opts.Tokens, strings.TrimSpace(tok))
+			tok = strings.TrimSpace(tok)
+			ns, found := lookupToken(opts.Tokens, tok)
+			if ok && !found && isAdminToken(opts.AdminTokens, tok) {
+				ns, found = DefaultNamespace, true
+				if h := r.Header.Get(NamespaceHeader); h != "" {
+					if !namespacePattern.MatchString(h) {
+						httpError(w, http.StatusBadRequest, "bad_namespace", NamespaceHeader+" must be 1-128 letters, digits, '.', '_' or '-'")
+						return
+					}
+					ns = h
+				}
+				r = r.WithContext(context.WithValue(r.Context(), adminKey{}, true))
+			}
 			if !ok || !found {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="mcpexec"`)
 				httpError(w, http.StatusUnauthorized, "unauthorized", "a valid bearer token is required: send Authorization: Bearer <token>")
@@ -168,6 +196,19 @@ func lookupToken(tokens map[string]string, tok string) (string, bool) {
 	return "", false
 }
 
+func isAdminToken(admins []string, tok string) bool {
+	if tok == "" {
+		return false
+	}
+	found := false
+	for _, a := range admins {
+		if subtle.ConstantTimeCompare([]byte(a), []byte(tok)) == 1 {
+			found = true
+		}
+	}
+	return found
+}
+
 func originAllowed(origin string, extra []string) bool {
 	u, err := url.Parse(origin)
 	if err != nil || u.Host == "" {
@@ -207,6 +248,9 @@ type TokensFile struct {
 	Namespaces    map[string]json.RawMessage `json:"namespaces,omitempty"`
 	// MetricsTokens may read /metrics (besides loopback callers).
 	MetricsTokens []string `json:"metrics_tokens,omitempty"`
+	// AdminTokens act in any namespace (the console's admin view); see
+	// HTTPOptions.AdminTokens.
+	AdminTokens []string `json:"admin_tokens,omitempty"`
 }
 
 // LoadTokens reads a tokens file mapping bearer tokens to memory namespaces:
@@ -238,7 +282,7 @@ func LoadTokensFile(path string) (*TokensFile, error) {
 			dec := json.NewDecoder(bytes.NewReader(t))
 			dec.DisallowUnknownFields()
 			if err := dec.Decode(out); err != nil {
-				return nil, fmt.Errorf("tokens file %s: want {\"tokens\": {...}, \"default_policy\": {...}, \"namespaces\": {...}, \"metrics_tokens\": [...]}: %w", path, err)
+				return nil, fmt.Errorf("tokens file %s: want {\"tokens\": {...}, \"default_policy\": {...}, \"namespaces\": {...}, \"metrics_tokens\": [...], \"admin_tokens\": [...]}: %w", path, err)
 			}
 		} else if err := json.Unmarshal(t, &out.Tokens); err != nil {
 			return nil, fmt.Errorf("tokens file %s: not a JSON object of token to namespace: %w", path, err)
@@ -267,6 +311,14 @@ func LoadTokensFile(path string) (*TokensFile, error) {
 	for _, tok := range out.MetricsTokens {
 		if len(tok) < 8 {
 			return nil, fmt.Errorf("tokens file %s: a metrics token is shorter than 8 characters", path)
+		}
+	}
+	for _, tok := range out.AdminTokens {
+		if len(tok) < 16 {
+			return nil, fmt.Errorf("tokens file %s: an admin token is shorter than 16 characters: use long random tokens (e.g. openssl rand -hex 24)", path)
+		}
+		if _, ok := out.Tokens[tok]; ok {
+			return nil, fmt.Errorf("tokens file %s: an admin token is also a namespace's token: give admins tokens of their own", path)
 		}
 	}
 	if len(out.Tokens) == 0 {

@@ -125,3 +125,59 @@ func TestToolDescriptionStaysSmall(t *testing.T) {
 		t.Fatalf("description is %d bytes (~%d tokens)", n, n/4)
 	}
 }
+
+func TestAdminTokens(t *testing.T) {
+	s := server.NewMCPServer("t", "0")
+	type seen struct {
+		ns    string
+		admin bool
+	}
+	got := make(chan seen, 1)
+	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- seen{NamespaceFromContext(r.Context()), IsAdmin(r.Context())}
+	})
+	hs := httptest.NewServer(Handler(s, HTTPOptions{Tokens: map[string]string{"tenant-token-1": "alice"}, AdminTokens: []string{"admin-token-0123456789"}, API: api}))
+	defer hs.Close()
+	for _, tc := range []struct {
+		name, token, header string
+		status              int
+		want                seen
+	}{
+		{"TenantIgnoresHeader", "tenant-token-1", "bob", http.StatusOK, seen{"alice", false}},
+		{"AdminDefault", "admin-token-0123456789", "", http.StatusOK, seen{DefaultNamespace, true}},
+		{"AdminNamesNamespace", "admin-token-0123456789", "bob", http.StatusOK, seen{"bob", true}},
+		{"AdminBadNamespace", "admin-token-0123456789", "bob/../x", http.StatusBadRequest, seen{}},
+		{"NotAdmin", "admin-token-0123456789x", "bob", http.StatusUnauthorized, seen{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequestWithContext(context.Background(), "GET", hs.URL+"/api/x", nil)
+			req.Header.Set("Authorization", "Bearer "+tc.token)
+			if tc.header != "" {
+				req.Header.Set(NamespaceHeader, tc.header)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = resp.Body.Close() // nothing to read
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d", resp.StatusCode, tc.status)
+			}
+			if tc.status == http.StatusOK {
+				if s := <-got; s != tc.want {
+					t.Errorf("saw %+v, want %+v", s, tc.want)
+				}
+			}
+		})
+	}
+	dir := t.TempDir()
+	for _, bad := range []string{`{"tokens": {"tenant-token-1": "a"}, "admin_tokens": ["short"]}`, `{"tokens": {"tenant-token-1234567": "a"}, "admin_tokens": ["tenant-token-1234567"]}`} {
+		p := filepath.Join(dir, "tokens.json")
+		if err := os.WriteFile(p, []byte(bad), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := LoadTokensFile(p); err == nil {
+			t.Errorf("%s: loaded", bad)
+		}
+	}
+}

@@ -105,7 +105,8 @@ func For(role string, s jobs.Subjects) (Permissions, error) {
 			"$SRV.PING", "$SRV.PING.>", "$SRV.INFO.>",
 			"$JS.API.DIRECT.GET." + events + ".>",
 			"$JS.API.STREAM.INFO." + events,
-			"$JS.API.STREAM.INFO." + jobsStream, // queue depth, doctor
+			"$JS.API.STREAM.INFO." + jobsStream,       // queue depth, doctor
+			"$JS.API.STREAM.INFO." + s.MemoryStream(), // the console's fleet page
 			"$JS.API.STREAM.MSG.GET." + events,
 			// Listing a namespace's sessions reads the sessions bucket.
 			"$JS.API.CONSUMER.CREATE.KV_" + sessions + ".>",

@@ -128,6 +128,22 @@ func HoldsSession(ctx context.Context, nc *nats.Conn, s jobs.Subjects, worker, k
 // SessionHeld is a worker's answer when it holds the session asked about.
 const SessionHeld = "held"
 
+// EndSessionRequest, followed by a session's key, asks the worker that holds
+// the session to end it; it answers SessionEnded (or "gone").
+const EndSessionRequest = "end:"
+
+// SessionEnded is a worker's answer when it ended the session as asked.
+const SessionEnded = "ended"
+
+// EndSession asks worker to end the session with key and reports whether it
+// did (false: it did not hold it, or did not answer).
+func EndSession(ctx context.Context, nc *nats.Conn, s jobs.Subjects, worker, key string) bool {
+	ctx, cancel := context.WithTimeout(ctx, sessionAskTimeout)
+	defer cancel()
+	msg, err := nc.RequestWithContext(ctx, s.WorkerSessions(worker), []byte(EndSessionRequest+key))
+	return err == nil && string(msg.Data) == SessionEnded
+}
+
 // route is Route for SubmitMany. done reports that the job must not be
 // enqueued: its session is gone and its terminal record was written (err says
 // when writing it failed), or it could not be routed (err).

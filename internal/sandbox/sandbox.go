@@ -70,6 +70,10 @@ type Job struct {
 	// code's). An error from it aborts the run: Run returns it wrapped in
 	// ErrNotStarted, and the sandbox has not seen the code.
 	BeforeExec func() error
+	// OnSandbox, when set, is told the short id of the container the job
+	// runs in, before BeforeExec (runtimes with containers; the worker puts
+	// it on the job's spans).
+	OnSandbox func(id string)
 }
 
 // ErrNotStarted wraps the error of a BeforeExec hook that aborted a run.

@@ -17,18 +17,23 @@ import (
 // in-process OTLP receiver). Run it with
 //
 //	go test -run '^$' -bench RunTraced -benchtime 100x ./internal/tracing
+//
+// "recorded" is the embedded front-end's default without an OTLP endpoint:
+// one provider for the three parts, no exporter, every span kept by the
+// in-process recorder the console reads.
 func BenchmarkRunTraced(b *testing.B) {
-	for _, on := range []bool{false, true} {
-		name := "off"
-		if on {
-			name = "on"
-		}
+	for _, name := range []string{"off", "recorded", "on"} {
 		b.Run(name, func(b *testing.B) {
-			var r *receiver
-			if on {
-				r = newReceiver(b)
+			var f *fleet
+			switch name {
+			case "off":
+				f = startFleet(b, nil)
+			case "recorded":
+				p := recordingProvider(b, tracing.NewRecorder(0, 0))
+				f = startFleetOn(b, p, p, p)
+			default:
+				f = startFleet(b, newReceiver(b))
 			}
-			f := startFleet(b, r)
 			ctx := context.Background()
 			run := func() {
 				rec, err := f.fe.Run(ctx, &jobs.Job{Code: "print(1)"}, nil)
@@ -49,19 +54,21 @@ func BenchmarkRunTraced(b *testing.B) {
 
 // BenchmarkSpan is what one span costs a process: start it from a parent
 // taken off a NATS header, put its traceparent on the next header, end it.
+// "recorded" is the front-end's default without an OTLP endpoint: no
+// export, the span kept by the in-process recorder (full, so every span
+// also evicts the oldest).
 func BenchmarkSpan(b *testing.B) {
-	for _, on := range []bool{false, true} {
-		name := "off"
-		if on {
-			name = "on"
-		}
+	for _, name := range []string{"off", "recorded", "on"} {
 		b.Run(name, func(b *testing.B) {
 			p, err := tracing.New(context.Background(), tracing.Config{})
 			if err != nil {
 				b.Fatal(err)
 			}
-			if on {
+			switch name {
+			case "on":
 				p = newReceiver(b).provider(b, "bench")
+			case "recorded":
+				p = recordingProvider(b, tracing.NewRecorder(1000, 0))
 			}
 			tr := tracing.Tracer(p.TracerProvider())
 			in := nats.Header{jobs.TraceHeader: {jobs.TraceParent("bench")}}

@@ -40,6 +40,7 @@ const (
 	AttrVia          = attribute.Key("mcpexec.submit.via") // run_python, run_javascript, api, task
 	AttrDelivery     = attribute.Key("mcpexec.delivery")
 	AttrWorker       = attribute.Key("mcpexec.worker.id")
+	AttrSandbox      = attribute.Key("mcpexec.sandbox.id") // the container's short id
 	AttrFrontend     = attribute.Key("mcpexec.frontend.id")
 	AttrNode         = attribute.Key("mcpexec.state.node")
 	AttrEventKind    = attribute.Key("mcpexec.event.kind")
@@ -50,6 +51,7 @@ const (
 	AttrTool         = attribute.Key("mcpexec.proxy.tool")
 	AttrOutcome      = attribute.Key("mcpexec.proxy.outcome") // ok, error
 	AttrDurationMS   = attribute.Key("mcpexec.proxy.duration_ms")
+	AttrAdmitted     = attribute.Key("mcpexec.proxy.admitted") // the call carried its job's capability
 	AttrQueueOutcome = attribute.Key("mcpexec.queue.outcome")
 )
 

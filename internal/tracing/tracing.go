@@ -33,6 +33,10 @@ type Config struct {
 	EndpointURL string
 	// Logger receives the exporter's errors (nil: discarded).
 	Logger *slog.Logger
+	// Recorder, when set, also keeps the process's finished spans in memory
+	// (the console's job timelines), exported or not: with Enabled false the
+	// provider records without exporting.
+	Recorder *Recorder
 }
 
 // Provider is a process's tracer provider and what flushes it.
@@ -74,12 +78,17 @@ func (p *Provider) Shutdown(ctx context.Context) error {
 // _TIMEOUT, _COMPRESSION, _CERTIFICATE, OTEL_TRACES_SAMPLER and _ARG,
 // OTEL_BSP_*). A protocol other than http/protobuf is an error, not a
 // silent fallback.
-func FromEnv(ctx context.Context, service string, getenv func(string) string, logger *slog.Logger) (*Provider, error) {
+// rec, when not nil, records the spans whether or not they are exported
+// (unless OTEL_SDK_DISABLED=true).
+func FromEnv(ctx context.Context, service string, getenv func(string) string, logger *slog.Logger, rec *Recorder) (*Provider, error) {
 	enabled, err := EnabledByEnv(getenv)
 	if err != nil {
 		return nil, err
 	}
-	return New(ctx, Config{Service: service, Enabled: enabled, Logger: logger})
+	if strings.EqualFold(strings.TrimSpace(getenv("OTEL_SDK_DISABLED")), "true") {
+		rec = nil // the SDK is off altogether: no recording either
+	}
+	return New(ctx, Config{Service: service, Enabled: enabled, Logger: logger, Recorder: rec})
 }
 
 // EnabledByEnv reports whether the environment asks for exported traces (see
@@ -111,16 +120,23 @@ func EnabledByEnv(getenv func(string) string) (bool, error) {
 
 // New makes a provider as cfg says.
 func New(ctx context.Context, cfg Config) (*Provider, error) {
-	if !cfg.Enabled {
+	if !cfg.Enabled && cfg.Recorder == nil {
 		return &Provider{tp: noop.NewTracerProvider()}, nil
 	}
-	var opts []otlptracehttp.Option
-	if cfg.EndpointURL != "" {
-		opts = append(opts, otlptracehttp.WithEndpointURL(cfg.EndpointURL))
+	var popts []sdktrace.TracerProviderOption
+	if cfg.Enabled {
+		var opts []otlptracehttp.Option
+		if cfg.EndpointURL != "" {
+			opts = append(opts, otlptracehttp.WithEndpointURL(cfg.EndpointURL))
+		}
+		exp, err := otlptracehttp.New(ctx, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("OTLP trace exporter: %w", err)
+		}
+		popts = append(popts, sdktrace.WithBatcher(exp))
 	}
-	exp, err := otlptracehttp.New(ctx, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("OTLP trace exporter: %w", err)
+	if cfg.Recorder != nil {
+		popts = append(popts, sdktrace.WithSpanProcessor(cfg.Recorder))
 	}
 	// Later detectors win: the environment's service.name over ours.
 	res, err := resource.New(ctx,
@@ -135,11 +151,10 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 		log := cfg.Logger
 		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("traces", "err", err) }))
 	}
-	sdk := sdktrace.NewTracerProvider(
-		sdktrace.WithBatcher(exp),
+	sdk := sdktrace.NewTracerProvider(append(popts,
 		sdktrace.WithResource(res),
 		sdktrace.WithIDGenerator(newIDGenerator()),
-	)
+	)...)
 	return &Provider{tp: sdk, sdk: sdk}, nil
 }
 

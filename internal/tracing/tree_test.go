@@ -37,10 +37,19 @@ type fleet struct {
 
 func startFleet(t testing.TB, r *receiver) *fleet {
 	t.Helper()
-	f := &fleet{}
 	var bp, wp, fp *tracing.Provider
 	if r != nil {
 		bp, wp, fp = r.provider(t, "mcpexec-broker"), r.provider(t, "mcpexec-worker"), r.provider(t, "mcpexec-frontend")
+	}
+	return startFleetOn(t, bp, wp, fp)
+}
+
+// startFleetOn starts the fleet on the broker's, worker's and front-end's
+// providers (nil: no spans).
+func startFleetOn(t testing.TB, bp, wp, fp *tracing.Provider) *fleet {
+	t.Helper()
+	f := &fleet{}
+	if bp != nil {
 		f.providers = []*tracing.Provider{bp, wp, fp}
 	}
 	tp := func(p *tracing.Provider) trace.TracerProvider {

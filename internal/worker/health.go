@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -154,11 +157,41 @@ func (w *Worker) probe(ctx context.Context) error {
 func (w *Worker) answerStatus(m *nats.Msg) {
 	sick, reason, since := w.health.state()
 	st := jobs.WorkerStatus{ID: w.cfg.ID, Pool: w.cfg.Pool, Languages: w.langs, Healthy: !sick, Reason: reason, Since: since.UTC(),
-		Slots: w.cfg.Slots, Running: int(w.inFlight.Load())}
+		Slots: w.cfg.Slots, Running: int(w.inFlight.Load()), Runtime: runtimeName(w.rt), Load1: load1(), At: time.Now().UTC()}
+	if w.sess != nil {
+		w.sess.mu.Lock()
+		st.Sessions = len(w.sess.held)
+		w.sess.mu.Unlock()
+	}
 	if sr, ok := w.rt.(sandbox.StatsReporter); ok {
 		s := sr.Stats()
 		st.Warm, st.Started, st.StartFailures = s.Warm, s.Started, s.StartFailures
 	}
 	data, _ := json.Marshal(st) // plain fields always encode
 	_ = m.Respond(data)         // the asker may be gone
+}
+
+// runtimeName names a sandbox runtime by its package: podman, docker,
+// process.
+func runtimeName(rt sandbox.Runtime) string {
+	name := strings.TrimPrefix(fmt.Sprintf("%T", rt), "*")
+	return strings.TrimSuffix(name, ".Runtime")
+}
+
+// load1 is the host's load average over the last minute (0 where
+// /proc/loadavg cannot be read).
+func load1() float64 {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(data))
+	if len(f) == 0 {
+		return 0
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return 0
+	}
+	return v
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -102,14 +103,23 @@ func (w *Worker) startSessions(loopCtx, jobsCtx context.Context, cons jetstream.
 	go w.sess.janitor()
 }
 
-// answer replies to a front-end asking whether this worker holds a session.
+// answer replies to a front-end asking whether this worker holds a session
+// (the session's key), or asking it to end one (queue.EndSessionRequest and
+// the key): a job of it that is running finishes first; the session's next
+// job is told it ended.
 func (st *sessionTable) answer(m *nats.Msg) {
+	key, end := strings.CutPrefix(string(m.Data), queue.EndSessionRequest)
 	st.mu.Lock()
-	_, ok := st.held[string(m.Data)]
+	_, ok := st.held[key]
 	st.mu.Unlock()
 	reply := "gone"
 	if ok {
 		reply = queue.SessionHeld
+		if end {
+			st.w.log.Info("ending session on request", "session", key)
+			st.forget(context.Background(), key, true)
+			reply = queue.SessionEnded
+		}
 	}
 	_ = m.Respond([]byte(reply)) // the asker may be gone
 }

@@ -65,10 +65,25 @@ func (a *attemptSpans) acquiring() {
 	a.mu.Unlock()
 }
 
+// sandbox names the attempt's container on its spans (the acquire span and
+// the run span to come).
+func (a *attemptSpans) sandbox(id string) {
+	kv := tracing.AttrSandbox.String(tracing.Clean(id, 64))
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.base = append(a.base[:len(a.base):len(a.base)], kv)
+	if a.acquire != nil {
+		a.acquire.SetAttributes(kv)
+	}
+}
+
 // running ends the acquire span and starts the run span, the parent of the
 // sandbox's proxy calls.
 func (a *attemptSpans) running() {
-	_, s := a.w.tracer.Start(a.ctx, tracing.SpanRun, trace.WithAttributes(a.base...))
+	a.mu.Lock()
+	base := a.base
+	a.mu.Unlock()
+	_, s := a.w.tracer.Start(a.ctx, tracing.SpanRun, trace.WithAttributes(base...))
 	a.mu.Lock()
 	if a.acquire != nil {
 		a.acquire.End()

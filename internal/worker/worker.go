@@ -297,6 +297,7 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 		Memory: int64(d.job.MemoryMB) << 20, CPUs: d.job.CPUs, Tenant: jobs.NamespaceOf(d.job.Namespace)}
 	if _, ok := w.rt.(sandbox.StartReporter); ok {
 		sj.BeforeExec = recordStart // the attempt begins when the code is sent
+		sj.OnSandbox = spans.sandbox
 		spans.acquiring()
 	} else if err := recordStart(); err != nil {
 		o.kind, o.err = transient, err

@@ -44,6 +44,9 @@ func (p *Pool) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (san
 // drive runs job on b within the job's time limit. The caller decides whether
 // b may serve again (b.rc.Reusable) or must be discarded.
 func (p *Pool) drive(ctx context.Context, b *Box, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
+	if job.OnSandbox != nil {
+		job.OnSandbox(sandbox.ShortID(b.id))
+	}
 	res, err := b.rc.Exec(ctx, job, host)
 	if errors.Is(err, sandbox.ErrRunnerLost) {
 		res = p.eng.Lost(b, res)

@@ -79,6 +79,17 @@ func TestRetentionAndListing(t *testing.T) {
 	if len(all) != 10 || all[0] != "new00" || all[9] != "new09" {
 		t.Fatalf("paged list = %v", all)
 	}
+	// Newest first, paged, through each index: the same ids in reverse.
+	for _, f := range []state.JobFilter{{Prefix: "new"}, {Prefix: "new", Status: jobs.StatusWorkerLost}, {Prefix: "new", Labels: map[string]string{"batch": "b1"}}} {
+		f.Newest, f.Limit = true, 3
+		desc := statetest.ListAll(t, s, f)
+		if len(desc) != 10 || desc[0] != "new09" || desc[9] != "new00" {
+			t.Fatalf("newest first %+v = %v", f, desc)
+		}
+	}
+	if desc := statetest.ListAll(t, s, state.JobFilter{Newest: true, Limit: 7}); len(desc) != 21 || desc[0] != "queued1" || desc[20] != "new00" {
+		t.Fatalf("newest first, no prefix = %v", desc)
+	}
 	dls, _, err := s.List(state.JobFilter{DeadLetter: true, Limit: 100})
 	if err != nil || len(dls) != 10 {
 		t.Fatalf("dead letters: %d %v", len(dls), err)

@@ -69,7 +69,21 @@ func (s *Store) List(f state.JobFilter) ([]*jobs.Record, string, error) {
 		c := idx.Cursor()
 		prefix := append(slices.Clip(head), f.Prefix...)
 		var k []byte
+		step := c.Next
 		switch {
+		case f.Newest:
+			step = c.Prev
+			at := successor(prefix) // past the last key of the prefix
+			if f.Cursor != "" {
+				at = append(slices.Clip(head), f.Cursor...)
+			}
+			if at == nil {
+				k, _ = c.Last()
+			} else if k, _ = c.Seek(at); k == nil {
+				k, _ = c.Last()
+			} else {
+				k, _ = c.Prev() // the last key before at
+			}
 		case f.Cursor != "":
 			at := append(slices.Clip(head), f.Cursor...)
 			k, _ = c.Seek(at)
@@ -79,7 +93,7 @@ func (s *Store) List(f state.JobFilter) ([]*jobs.Record, string, error) {
 		default:
 			k, _ = c.Seek(prefix)
 		}
-		for scanned := 0; k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		for scanned := 0; k != nil && bytes.HasPrefix(k, prefix); k, _ = step() {
 			id := k[len(head):]
 			if scanned++; scanned > maxScan {
 				next = string(id)
@@ -105,6 +119,19 @@ func (s *Store) List(f state.JobFilter) ([]*jobs.Record, string, error) {
 		return nil
 	})
 	return out, next, err
+}
+
+// successor returns the smallest key greater than every key starting with
+// prefix, or nil when there is none (an empty prefix, or all 0xff).
+func successor(prefix []byte) []byte {
+	s := slices.Clone(prefix)
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] < 0xff {
+			s[i]++
+			return s[:i+1]
+		}
+	}
+	return nil
 }
 
 // Prune deletes finished records as r says and returns how many it deleted.

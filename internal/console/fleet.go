@@ -1,0 +1,134 @@
+package console
+
+import (
+	"fmt"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/jobs"
+)
+
+// workerSeen is the last answer of a worker and when it came.
+type workerSeen struct {
+	status jobs.WorkerStatus
+	at     time.Time
+}
+
+// WorkerView is a worker as the fleet page shows it: its last answer, when
+// that came, and whether it is stale (no answer for StaleAfter).
+type WorkerView struct {
+	jobs.WorkerStatus
+	LastSeen time.Time `json:"last_seen"`
+	Stale    bool      `json:"stale"`
+}
+
+// FrontendView is this front-end.
+type FrontendView struct {
+	ID             string       `json:"id"`
+	Servers        []ServerView `json:"servers"`
+	CallsPerMinute float64      `json:"calls_per_minute"`
+	Broker         string       `json:"broker,omitempty"` // the broker it is connected to
+}
+
+// ServerView is a proxied MCP server and whether its process runs (servers
+// start on their first call).
+type ServerView struct {
+	Name    string `json:"name"`
+	Running bool   `json:"running"`
+}
+
+// BrokerView is a broker node as the streams' replicas show it.
+type BrokerView struct {
+	Name    string   `json:"name"`
+	Leads   []string `json:"leads"`   // streams it leads
+	Follows []string `json:"follows"` // streams it follows, with the lag
+	Behind  bool     `json:"behind"`  // a replica of it is not current or offline
+}
+
+// Fleet is the answer of GET /api/console/fleet.
+type Fleet struct {
+	At        time.Time               `json:"at"`
+	Cluster   string                  `json:"cluster,omitempty"`
+	Brokers   []BrokerView            `json:"brokers"`
+	Streams   []frontend.StreamStatus `json:"streams"`
+	Workers   []WorkerView            `json:"workers"`
+	Frontends []FrontendView          `json:"frontends"`
+	Error     string                  `json:"error,omitempty"` // why the workers could not be asked
+}
+
+// maxSeenWorkers bounds the workers remembered as stale.
+const maxSeenWorkers = 1024
+
+func (a *api) fleet(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	f := Fleet{At: now, Workers: []WorkerView{}}
+	ws, err := a.cfg.Backend.Workers(r.Context())
+	if err != nil {
+		f.Error = err.Error()
+	}
+	a.mu.Lock()
+	for _, s := range ws {
+		a.seen[s.ID] = workerSeen{status: s, at: now}
+	}
+	for id, s := range a.seen {
+		if now.Sub(s.at) > time.Hour || len(a.seen) > maxSeenWorkers {
+			delete(a.seen, id) // gone for good
+			continue
+		}
+		f.Workers = append(f.Workers, WorkerView{WorkerStatus: s.status, LastSeen: s.at, Stale: now.Sub(s.at) > a.cfg.StaleAfter})
+	}
+	a.mu.Unlock()
+	sort.Slice(f.Workers, func(i, j int) bool { return f.Workers[i].ID < f.Workers[j].ID })
+	fv := FrontendView{ID: a.cfg.FrontendID, Servers: []ServerView{}}
+	for _, name := range a.cfg.Servers() {
+		fv.Servers = append(fv.Servers, ServerView{Name: name, Running: a.cfg.Running != nil && a.cfg.Running(name)})
+	}
+	server, cluster := a.cfg.Backend.Broker()
+	fv.Broker, f.Cluster = server, cluster
+	f.Streams = a.cfg.Backend.Streams(r.Context())
+	f.Brokers = brokers(server, f.Streams)
+	if a.cfg.History != nil {
+		fv.CallsPerMinute = a.cfg.History.CallsPerMinute()
+	}
+	f.Frontends = []FrontendView{fv}
+	writeJSON(w, http.StatusOK, f)
+}
+
+// brokers gathers the broker nodes from the streams' leaders and replicas
+// (one node, server, when the streams are not clustered).
+func brokers(server string, streams []frontend.StreamStatus) []BrokerView {
+	byName := map[string]*BrokerView{}
+	node := func(name string) *BrokerView {
+		if byName[name] == nil {
+			byName[name] = &BrokerView{Name: name, Leads: []string{}, Follows: []string{}}
+		}
+		return byName[name]
+	}
+	for _, st := range streams {
+		if st.Leader == "" {
+			continue
+		}
+		node(st.Leader).Leads = append(node(st.Leader).Leads, st.Name)
+		for _, r := range st.Replicas {
+			b := node(r.Name)
+			b.Follows = append(b.Follows, fmt.Sprintf("%s (lag %d)", st.Name, r.Lag))
+			b.Behind = b.Behind || !r.Current || r.Offline
+		}
+	}
+	if len(byName) == 0 && server != "" {
+		b := node(server)
+		for _, st := range streams {
+			if st.Error == "" {
+				b.Leads = append(b.Leads, st.Name)
+			}
+		}
+	}
+	out := make([]BrokerView, 0, len(byName))
+	for _, b := range byName {
+		out = append(out, *b)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
