@@ -13,7 +13,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
-	"github.com/mcpexec/mcpexec/internal/mcpclients"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/tracing"
@@ -23,9 +22,10 @@ import (
 // jobs API, the console (/ui/ and /api/console/), /healthz and /metrics,
 // behind the configured tokens and origins. stop ends the console's metric
 // sampling.
-func httpHandler(ctx context.Context, c *config, srv *server.MCPServer, tasks *mcpserver.Tasks, lazy *app.Lazy, m *metrics.Metrics, spans *tracing.Recorder, pool *mcpclients.Pool, log *slog.Logger) (h http.Handler, stop func()) {
+func httpHandler(ctx context.Context, c *config, srv *server.MCPServer, tasks *mcpserver.Tasks, lazy *app.Lazy, m *metrics.Metrics, spans *tracing.Recorder, late *lateTools, log *slog.Logger) (h http.Handler, stop func()) {
 	history := console.NewHistory(m.Registry, 0)
 	history.Start(ctx)
+	late.history.Store(history)
 	opts := mcpserver.HTTPOptions{Health: lazy.Health, Tokens: map[string]string{}, Tasks: tasks, AdminTokens: c.servers.adminTokens,
 		Extra: map[string]http.Handler{"GET /metrics": mcpserver.MetricsGuard(m.Handler(), c.servers.metricsTokens)}}
 	console.Mount(opts.Extra)
@@ -39,7 +39,7 @@ func httpHandler(ctx context.Context, c *config, srv *server.MCPServer, tasks *m
 	slices.Sort(namespaces)
 	opts.API = lazy.Handler(func(fe *frontend.Frontend) http.Handler {
 		return console.Routes(console.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext, IsAdmin: mcpserver.IsAdmin,
-			Namespaces: slices.Compact(namespaces), Spans: spans, History: history, FrontendID: c.id, Servers: pool.Names, Running: pool.Running, Logger: log},
+			Namespaces: slices.Compact(namespaces), Spans: spans, History: history, FrontendID: c.id, Logger: log},
 			jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext, Logger: log}))
 	})
 	for tok, ns := range c.servers.tokens {

@@ -52,6 +52,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	dopts := c.servers.discoveryOptions()
 	var late lateTools
 	pool, since := c.servers.pool(dopts, late.failed, log)
+	late.pool = pool
 	if err := pool.Start(ctx); err != nil {
 		return err
 	}
@@ -77,7 +78,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		BrokerAddr: c.brokerListen,
 		Frontend: frontend.Config{ID: c.id, Limits: c.limits, Logger: log, Tools: pool,
 			CallTimeout: c.servers.callTimeout, MaxCallsPerJob: c.servers.maxCalls, Policy: def, Policies: policies,
-			Metrics: m, OnCatalogChange: late.catalogChanged, Tracing: tp},
+			Metrics: m, OnCatalogChange: late.catalogChanged, Tracing: tp, DescribeStatus: late.describe},
 		Worker: wcfg,
 		NewRuntime: func(ctx context.Context) (sandbox.Runtime, error) {
 			return c.sandbox.Open(ctx, wcfg.ID, log)
@@ -130,7 +131,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return fmt.Errorf("listen on %s: %w (is another process using the port? choose another with --http)", c.httpAddr, err)
 	}
 	log.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp", "frontend", c.id, "mode", mode, "languages", langs)
-	h, stopConsole := httpHandler(ctx, c, srv, tasks, lazy, m, spans, pool, log)
+	h, stopConsole := httpHandler(ctx, c, srv, tasks, lazy, m, spans, &late, log)
 	defer stopConsole()
 	return mcpserver.ServeHTTP(ctx, ln, h, lazy.Drain, c.fleet.grace, log)
 }

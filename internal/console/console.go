@@ -33,6 +33,10 @@ const CSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 's
 type Backend interface {
 	Get(ctx context.Context, ns, id string) (*jobs.Record, error)
 	Workers(ctx context.Context) ([]jobs.WorkerStatus, error)
+	// Frontends asks the fleet's front-ends for their status; Status is
+	// this front-end's own.
+	Frontends(ctx context.Context) ([]jobs.FrontendStatus, error)
+	Status() jobs.FrontendStatus
 	MemoryList(ctx context.Context, ns, prefix string) ([]state.Memory, error)
 	MemoryGet(ctx context.Context, ns, key string) (*state.Memory, error)
 	MemoryPut(ctx context.Context, ns, key string, value, metadata json.RawMessage, ifVersion *uint64) (*state.Memory, error)
@@ -59,11 +63,8 @@ type Config struct {
 	Spans *tracing.Recorder
 	// History is the metric history of the charts (nil: none).
 	History *History
-	// FrontendID names this front-end; Servers lists the MCP servers it
-	// proxies and Running says whether one's process runs (nil: unknown).
+	// FrontendID names this front-end (the fleet page marks it).
 	FrontendID string
-	Servers    func() []string
-	Running    func(server string) bool
 	// StaleAfter marks a worker stale when it has not answered for this long
 	// (default 15 s).
 	StaleAfter time.Duration
@@ -130,13 +131,10 @@ func API(cfg Config) http.Handler {
 	if cfg.IsAdmin == nil {
 		cfg.IsAdmin = func(context.Context) bool { return false }
 	}
-	if cfg.Servers == nil {
-		cfg.Servers = func() []string { return nil }
-	}
 	if cfg.StaleAfter <= 0 {
 		cfg.StaleAfter = 15 * time.Second
 	}
-	a := &api{cfg: cfg, seen: map[string]workerSeen{}}
+	a := &api{cfg: cfg, seen: map[string]workerSeen{}, seenFrontends: map[string]frontendSeen{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /api/console/whoami", a.whoami)
 	mux.HandleFunc("GET /api/console/jobs/{id}/timeline", a.timeline)
@@ -158,8 +156,9 @@ func API(cfg Config) http.Handler {
 type api struct {
 	cfg Config
 
-	mu   sync.Mutex // guards seen
-	seen map[string]workerSeen
+	mu            sync.Mutex // guards seen and seenFrontends
+	seen          map[string]workerSeen
+	seenFrontends map[string]frontendSeen
 }
 
 // Whoami is the caller as the console shows it.

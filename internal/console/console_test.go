@@ -10,6 +10,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/mcpexec/mcpexec/internal/console"
+	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 	"github.com/mcpexec/mcpexec/internal/worker"
@@ -192,8 +193,14 @@ func TestConsole(t *testing.T) {
 			return `(document.querySelector('#workers tr[data-id="` + id + `"]') || {textContent: ''}).textContent`
 		}
 		p.until("the workers", row(f.workerID)+`.includes('healthy') && `+row("short-lived-worker")+`.includes('healthy')`)
-		if got := eval[string](p, `document.getElementById('frontends').textContent`); !strings.Contains(got, "console-fe") || !strings.Contains(got, "ts (") {
-			t.Errorf("front-ends: %s", got)
+		// Every front-end of the fleet answers, this one marked.
+		fe2 := testutil.FrontendWith(t, f.b, frontend.Config{ID: "other-fe"})
+		feRow := func(id string) string {
+			return `(document.querySelector('#frontends tr[data-id="` + id + `"]') || {textContent: ''}).textContent`
+		}
+		p.until("both front-ends", feRow("other-fe")+`.includes('answering') && `+feRow("console-fe")+`.includes('this one')`)
+		if got := eval[string](p, feRow("console-fe")); !strings.Contains(got, "ts (") {
+			t.Errorf("this front-end's row: %s", got)
 		}
 		if got := eval[string](p, `document.getElementById('streams').textContent`); !strings.Contains(got, "MCPEXEC_JOBS") || !strings.Contains(got, "MCPEXEC_MEMORY") {
 			t.Errorf("streams: %s", got)
@@ -201,12 +208,14 @@ func TestConsole(t *testing.T) {
 		if n := eval[int](p, `document.querySelectorAll('#brokers tbody tr').length`); n != 1 {
 			t.Errorf("%d brokers", n)
 		}
-		// A worker that stops answering turns stale (after 1 s here).
+		// A worker or front-end that stops answering turns stale (after 1 s here).
 		other.Stop()
+		fe2.Stop()
 		time.Sleep(1100 * time.Millisecond)
 		p.hash("#/jobs")
 		p.hash("#/fleet")
 		p.until("the stale worker", row("short-lived-worker")+`.includes('stale') && `+row(f.workerID)+`.includes('healthy')`)
+		p.until("the stale front-end", feRow("other-fe")+`.includes('stale') && `+feRow("console-fe")+`.includes('answering')`)
 		p.hash("#/charts")
 		p.until("three charts with samples", `document.querySelectorAll('figure.chartbox svg').length === 3`)
 		p.noErrors()

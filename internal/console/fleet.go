@@ -24,19 +24,14 @@ type WorkerView struct {
 	Stale    bool      `json:"stale"`
 }
 
-// FrontendView is this front-end.
+// FrontendView is a front-end as the fleet page shows it: its last answer,
+// when that came, whether it is stale, and whether it is the one serving
+// this console.
 type FrontendView struct {
-	ID             string       `json:"id"`
-	Servers        []ServerView `json:"servers"`
-	CallsPerMinute float64      `json:"calls_per_minute"`
-	Broker         string       `json:"broker,omitempty"` // the broker it is connected to
-}
-
-// ServerView is a proxied MCP server and whether its process runs (servers
-// start on their first call).
-type ServerView struct {
-	Name    string `json:"name"`
-	Running bool   `json:"running"`
+	jobs.FrontendStatus
+	LastSeen time.Time `json:"last_seen"`
+	Stale    bool      `json:"stale"`
+	This     bool      `json:"this"`
 }
 
 // BrokerView is a broker node as the streams' replicas show it.
@@ -81,19 +76,46 @@ func (a *api) fleet(w http.ResponseWriter, r *http.Request) {
 	}
 	a.mu.Unlock()
 	sort.Slice(f.Workers, func(i, j int) bool { return f.Workers[i].ID < f.Workers[j].ID })
-	fv := FrontendView{ID: a.cfg.FrontendID, Servers: []ServerView{}}
-	for _, name := range a.cfg.Servers() {
-		fv.Servers = append(fv.Servers, ServerView{Name: name, Running: a.cfg.Running != nil && a.cfg.Running(name)})
-	}
+	f.Frontends = a.frontends(r, now)
 	server, cluster := a.cfg.Backend.Broker()
-	fv.Broker, f.Cluster = server, cluster
+	f.Cluster = cluster
 	f.Streams = a.cfg.Backend.Streams(r.Context())
 	f.Brokers = brokers(server, f.Streams)
-	if a.cfg.History != nil {
-		fv.CallsPerMinute = a.cfg.History.CallsPerMinute()
-	}
-	f.Frontends = []FrontendView{fv}
 	writeJSON(w, http.StatusOK, f)
+}
+
+// frontends asks every front-end of the fleet for its status and adds
+// those that answered before (stale, for an hour); this one always shows,
+// from its own status when its answer did not come.
+func (a *api) frontends(r *http.Request, now time.Time) []FrontendView {
+	fs, _ := a.cfg.Backend.Frontends(r.Context()) // none answering: this one, from its own status, below
+	self := false
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, s := range fs {
+		a.seenFrontends[s.ID] = frontendSeen{status: s, at: now}
+		self = self || s.ID == a.cfg.FrontendID
+	}
+	if !self {
+		st := a.cfg.Backend.Status()
+		a.seenFrontends[st.ID] = frontendSeen{status: st, at: now}
+	}
+	out := []FrontendView{}
+	for id, s := range a.seenFrontends {
+		if now.Sub(s.at) > time.Hour || len(a.seenFrontends) > maxSeenWorkers {
+			delete(a.seenFrontends, id) // gone for good
+			continue
+		}
+		out = append(out, FrontendView{FrontendStatus: s.status, LastSeen: s.at, Stale: now.Sub(s.at) > a.cfg.StaleAfter, This: id == a.cfg.FrontendID})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// frontendSeen is the last answer of a front-end and when it came.
+type frontendSeen struct {
+	status jobs.FrontendStatus
+	at     time.Time
 }
 
 // brokers gathers the broker nodes from the streams' leaders and replicas

@@ -66,18 +66,23 @@ func startFleet(t testing.TB, rt sandbox.Runtime, servers bool) *fleet {
 	wc := worker.DefaultConfig("console-worker")
 	wc.FetchWait, wc.Grace, wc.Tracing, wc.Slots = 200*time.Millisecond, 100*time.Millisecond, tp, 4
 	testutil.Worker(t, b, rt, wc)
-	fc := frontend.Config{ID: "console-fe", Tracing: tp, Metrics: m}
-	names, running := func() []string { return nil }, func(string) bool { return false }
-	if servers {
-		pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
-		fc.Tools, names, running = pool, pool.Names, pool.Running
-	}
-	fe := testutil.FrontendWith(t, b, fc)
 	history := console.NewHistory(m.Registry, 250*time.Millisecond)
 	history.Start(context.Background())
 	t.Cleanup(history.Stop)
+	fc := frontend.Config{ID: "console-fe", Tracing: tp, Metrics: m}
+	if servers {
+		pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
+		fc.Tools = pool
+		fc.DescribeStatus = func(st *jobs.FrontendStatus) {
+			for _, name := range pool.Names() {
+				st.Servers = append(st.Servers, jobs.ServerState{Name: name, Running: pool.Running(name)})
+			}
+			st.CallsPerMinute = history.CallsPerMinute()
+		}
+	}
+	fe := testutil.FrontendWith(t, b, fc)
 	api := console.Routes(console.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext, IsAdmin: mcpserver.IsAdmin,
-		Namespaces: []string{"a", "b"}, Spans: rec, History: history, FrontendID: "console-fe", Servers: names, Running: running, StaleAfter: time.Second},
+		Namespaces: []string{"a", "b"}, Spans: rec, History: history, FrontendID: "console-fe", StaleAfter: time.Second},
 		jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext}))
 	srv := mcpserver.New(fe, mcpserver.Options{Namespace: mcpserver.NamespaceFromContext})
 	extra := map[string]http.Handler{}

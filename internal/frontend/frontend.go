@@ -51,6 +51,9 @@ type Config struct {
 	Policies map[string]Policy
 	// Metrics, when set, records submissions and proxy call latency.
 	Metrics *metrics.Metrics
+	// DescribeStatus, when set, completes the status this front-end answers
+	// on Subjects.FrontendStatus (its servers, its calls per minute).
+	DescribeStatus func(*jobs.FrontendStatus)
 	// OnCatalogChange, when set, is told of a namespace that enabled or
 	// disabled a catalog server (its servers enum changed).
 	OnCatalogChange func(ns string)
@@ -73,6 +76,7 @@ type Frontend struct {
 	inRun     atomic.Int64 // Run calls in flight
 	memory    MemoryStore  // memory helpers' backend
 	adm       *admission   // namespace caps and shutdown
+	statusSub *nats.Subscription
 }
 
 // New returns a Frontend on nc.
@@ -134,6 +138,11 @@ func (f *Frontend) Start(ctx context.Context) error {
 	if err := f.responder.Start(f.proxySubjects()...); err != nil {
 		return err
 	}
+	sub, err := f.nc.Subscribe(f.cfg.Subjects.FrontendStatus(), f.answerStatus)
+	if err != nil {
+		return fmt.Errorf("answer status requests: %w", err)
+	}
+	f.statusSub = sub
 	// The server has the subscriptions once Start returns.
 	if err := f.nc.FlushTimeout(10 * time.Second); err != nil {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
@@ -169,9 +178,39 @@ func (f *Frontend) ServersChanged() error {
 // finish). It is idempotent.
 func (f *Frontend) Stop() {
 	f.once.Do(func() {
+		if f.statusSub != nil {
+			_ = f.statusSub.Unsubscribe() // the connection may be closing: it ends the subscription too
+		}
 		f.responder.Stop(proxyGrace)
 		f.adm.close()
 	})
+}
+
+// Status is what this front-end answers on Subjects.FrontendStatus.
+func (f *Frontend) Status() jobs.FrontendStatus {
+	st := jobs.FrontendStatus{ID: f.cfg.ID, Broker: f.nc.ConnectedServerName(), Servers: []jobs.ServerState{}, Running: f.Running(), At: time.Now().UTC()}
+	if f.cfg.DescribeStatus != nil {
+		f.cfg.DescribeStatus(&st)
+	}
+	return st
+}
+
+// answerStatus answers a status request (anything in it is ignored).
+func (f *Frontend) answerStatus(m *nats.Msg) {
+	b, err := json.Marshal(f.Status())
+	if err != nil {
+		return
+	}
+	_ = m.Respond(b) // an asker that went away wants no answer
+}
+
+// Frontends asks every front-end of the fleet (this one too) for its status.
+func (f *Frontend) Frontends(ctx context.Context) ([]jobs.FrontendStatus, error) {
+	fs, err := queue.FrontendStatuses(ctx, f.nc, f.cfg.Subjects, workersWait)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return fs, nil
 }
 
 // Limits returns the submission limits of namespaces without their own.

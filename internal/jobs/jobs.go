@@ -331,3 +331,20 @@ type WorkerStatus struct {
 	Load1         float64   `json:"load1,omitempty"`   // the host's load average over a minute (Linux)
 	At            time.Time `json:"at,omitempty"`      // when it answered
 }
+
+// ServerState is a proxied MCP server and whether its process (or remote
+// session) is open: servers start on their first call.
+type ServerState struct {
+	Name    string `json:"name"`
+	Running bool   `json:"running"`
+}
+
+// FrontendStatus is what a front-end answers on Subjects.FrontendStatus.
+type FrontendStatus struct {
+	ID             string        `json:"id"`
+	Broker         string        `json:"broker,omitempty"` // the broker it is connected to
+	Servers        []ServerState `json:"servers"`
+	CallsPerMinute float64       `json:"calls_per_minute"` // proxy calls it answered, over the last minute
+	Running        int           `json:"running"`          // run_python calls in flight on it
+	At             time.Time     `json:"at"`               // when it answered
+}

@@ -154,6 +154,10 @@ const ProxyKeyName = "proxy-key"
 // group: an asker collects all answers).
 func (s Subjects) WorkerStatus() string { return s.p() + ".workers.status" }
 
+// FrontendStatus is the subject every front-end answers with its status (no
+// queue group: an asker, a console, collects all answers).
+func (s Subjects) FrontendStatus() string { return s.p() + ".frontends.status" }
+
 // MemoryStream is the stream of memory writes (the last write of each key is
 // kept): every state replica folds it.
 func (s Subjects) MemoryStream() string { return strings.ToUpper(s.p()) + "_MEMORY" }

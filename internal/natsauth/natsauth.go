@@ -101,7 +101,7 @@ func For(role string, s jobs.Subjects) (Permissions, error) {
 			s.Event("*", jobs.EventFinished), // rejections, sessions that are gone
 			s.Cancel("*"),
 			p + ".state.>",
-			s.WorkerSessions("*"), s.WorkerStatus(),
+			s.WorkerSessions("*"), s.WorkerStatus(), s.FrontendStatus(),
 			"$SRV.PING", "$SRV.PING.>", "$SRV.INFO.>",
 			"$JS.API.DIRECT.GET." + events + ".>",
 			"$JS.API.STREAM.INFO." + events,
@@ -116,7 +116,7 @@ func For(role string, s jobs.Subjects) (Permissions, error) {
 		pub = append(pub, kv(sessions)...)
 		pub = append(pub, kv(secrets)...)
 		return Permissions{Publish: pub, Subscribe: []string{
-			"_INBOX.>", s.AllProxy(), s.AllEvents(), p + ".output.>",
+			"_INBOX.>", s.AllProxy(), s.AllEvents(), p + ".output.>", s.FrontendStatus(),
 		}}, nil
 	}
 	return Permissions{}, fmt.Errorf("unknown role %q: want one of %s", role, strings.Join(Roles, ", "))

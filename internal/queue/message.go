@@ -98,25 +98,41 @@ func ProxyKey(ctx context.Context, js jetstream.JetStream, s jobs.Subjects) ([]b
 // WorkerStatuses asks every worker for its status and returns the answers
 // that come within wait (or before ctx ends).
 func WorkerStatuses(ctx context.Context, nc *nats.Conn, s jobs.Subjects, wait time.Duration) ([]jobs.WorkerStatus, error) {
+	return gather(ctx, nc, s.WorkerStatus(), wait, func(st jobs.WorkerStatus) bool { return st.ID != "" })
+}
+
+// FrontendStatuses asks every front-end for its status and returns the
+// answers that come within wait (or before ctx ends).
+func FrontendStatuses(ctx context.Context, nc *nats.Conn, s jobs.Subjects, wait time.Duration) ([]jobs.FrontendStatus, error) {
+	return gather(ctx, nc, s.FrontendStatus(), wait, func(st jobs.FrontendStatus) bool { return st.ID != "" })
+}
+
+// maxAnswers bounds the answers gather keeps (and buffers).
+const maxAnswers = 1024
+
+// gather publishes a request on subject and collects, until wait has passed
+// or ctx ends, the answers that decode as T and pass ok (at most maxAnswers;
+// more are dropped).
+func gather[T any](ctx context.Context, nc *nats.Conn, subject string, wait time.Duration, ok func(T) bool) ([]T, error) {
 	inbox := nats.NewInbox()
 	answers := make(chan *nats.Msg, 256)
 	sub, err := nc.ChanSubscribe(inbox, answers)
 	if err != nil {
-		return nil, fmt.Errorf("ask workers for their status: %w", err)
+		return nil, fmt.Errorf("ask %s: %w", subject, err)
 	}
 	defer func() { _ = sub.Unsubscribe() }() // the connection may be closing
-	if err := nc.PublishRequest(s.WorkerStatus(), inbox, nil); err != nil {
-		return nil, fmt.Errorf("ask workers for their status: %w", err)
+	if err := nc.PublishRequest(subject, inbox, nil); err != nil {
+		return nil, fmt.Errorf("ask %s: %w", subject, err)
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()
-	var out []jobs.WorkerStatus
+	var out []T
 	for {
 		select {
 		case m := <-answers:
-			var st jobs.WorkerStatus
-			if json.Unmarshal(m.Data, &st) == nil && st.ID != "" {
-				out = append(out, st)
+			var v T
+			if json.Unmarshal(m.Data, &v) == nil && ok(v) && len(out) < maxAnswers {
+				out = append(out, v)
 			}
 		case <-t.C:
 			return out, nil

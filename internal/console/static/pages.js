@@ -32,17 +32,21 @@ export async function fleetPage(show, signal) {
         h('td', {}, w.load1 ? w.load1.toFixed(2) : ''), h('td', {}, (w.languages || []).join(', ')),
         h('td', {}, w.sandboxes_started + (w.sandbox_start_failures ? ' (' + w.sandbox_start_failures + ' failed)' : '')),
         h('td', { class: 'seen' }, fmtTime(w.last_seen)))));
-    const fes = table('frontends', 'Front-ends', ['Front-end', 'Broker', 'Proxied servers', 'Proxy calls per minute'], f.frontends.map((fe) => h('tr', {},
-      h('td', { class: 'mono' }, fe.id), h('td', { class: 'mono' }, fe.broker || ''),
-      h('td', {}, fe.servers.length ? fe.servers.map((s) => h('span', { class: 'tag' }, s.name + (s.running ? ' (running)' : ' (idle)'))) : 'none'),
-      h('td', {}, fe.calls_per_minute.toFixed(1)))));
+    const fes = table('frontends', 'Front-ends', ['Front-end', 'State', 'Broker', 'Proxied servers', 'Proxy calls per minute', 'Running calls', 'Last answer'],
+      f.frontends.map((fe) => h('tr', { class: fe.stale ? 'stale' : '', 'data-id': fe.id },
+        h('td', { class: 'mono' }, fe.id + (fe.this ? ' (this one)' : '')),
+        h('td', {}, fe.stale ? state('st-worker_lost', 'stale') : state('st-success', 'answering')),
+        h('td', { class: 'mono' }, fe.broker || ''),
+        h('td', {}, fe.servers.length ? fe.servers.map((s) => h('span', { class: 'tag' }, s.name + (s.running ? ' (running)' : ' (idle)'))) : 'none'),
+        h('td', {}, fe.calls_per_minute.toFixed(1)), h('td', {}, fe.running),
+        h('td', { class: 'seen' }, fmtTime(fe.last_seen)))));
     body.replaceChildren(...[
       f.error ? notice(f.error, 'error') : null,
       h('h2', {}, 'Brokers' + (f.cluster ? ' (cluster ' + f.cluster + ')' : '')), brokers,
       h('h2', {}, 'Streams'), streams,
       h('h2', {}, 'Workers'), f.workers.length ? workers : h('p', {}, 'No worker has answered.'),
       h('h2', {}, 'Front-ends'), fes,
-      h('p', { class: 'muted' }, 'A worker that has not answered for 15 s is stale. This front-end shows itself; each front-end serves its own console.')].filter(Boolean));
+      h('p', { class: 'muted' }, 'A worker or front-end that has not answered for 15 s is stale.')].filter(Boolean));
   };
   await render();
   every(5000, render, signal);
