@@ -333,7 +333,9 @@ func (h *handler) checkServers(ctx context.Context, ns string, names []string) e
 	if h.opts.Servers != nil {
 		known = h.opts.Servers()
 	}
-	if len(names) > 0 {
+	// The namespace's enabled catalog servers are one state read: made only
+	// for a name the configured servers do not have.
+	if slices.ContainsFunc(names, func(n string) bool { return !slices.Contains(known, n) }) {
 		known = append(slices.Clone(known), h.enabled(ctx, ns)...)
 	}
 	for _, n := range names {
