@@ -3,6 +3,7 @@ package mcpserver
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -99,7 +100,7 @@ func (h *handler) findServers(ctx context.Context, req mcp.CallToolRequest) (*mc
 		Query string `json:"query"`
 		Limit int    `json:"limit"`
 	}
-	if err := decodeArgs(req, &a, "query: string, limit: integer"); err != nil {
+	if err := decodeArgs(req.GetRawArguments(), &a, "query: string, limit: integer"); err != nil {
 		return mcp.NewToolResultError(err.Error()), nil
 	}
 	found, err := h.opts.Catalog.FindServers(ctx, h.namespace(ctx), a.Query, a.Limit)
@@ -113,7 +114,7 @@ func (h *handler) switchServer(ctx context.Context, req mcp.CallToolRequest) (*m
 	var a struct {
 		Name string `json:"name"`
 	}
-	if err := decodeArgs(req, &a, "name: string"); err != nil {
+	if err := decodeArgs(req.GetRawArguments(), &a, "name: string"); err != nil {
 		return mcp.NewToolResultError(err.Error()), nil
 	}
 	if a.Name == "" {
@@ -134,15 +135,12 @@ func (h *handler) switchServer(ctx context.Context, req mcp.CallToolRequest) (*m
 	return jsonResult(e)
 }
 
-// decodeArgs decodes a tool call's arguments into v; want says what they
-// should be.
-func decodeArgs(req mcp.CallToolRequest, v any, want string) error {
-	b, err := json.Marshal(req.GetRawArguments())
+// decodeArgs decodes a tool call's arguments (as mcp-go hands them over)
+// into v; want says what they should be.
+func decodeArgs(raw any, v any, want string) error {
+	b, err := json.Marshal(raw)
 	if err != nil {
-		return fmt.Errorf("arguments are not a JSON object (want %s)", want)
-	}
-	if string(b) == "null" {
-		return nil
+		return errors.New("arguments are not a JSON object")
 	}
 	if err := json.Unmarshal(b, v); err != nil {
 		return fmt.Errorf("arguments do not match the schema: %w (want %s)", err, want)

@@ -297,13 +297,9 @@ type args struct {
 // parseArgs decodes and checks the arguments of tool (run_python or
 // run_javascript), saying exactly what was wrong.
 func parseArgs(tool string, raw any) (*jobs.Job, error) {
-	b, err := json.Marshal(raw)
-	if err != nil {
-		return nil, errors.New("arguments are not a JSON object")
-	}
 	var a args
-	if err := json.Unmarshal(b, &a); err != nil {
-		return nil, fmt.Errorf("arguments do not match the schema: %w (want code: string, servers: [string], timeout: integer, session: string)", err)
+	if err := decodeArgs(raw, &a, "code: string, servers: [string], timeout: integer, session: string"); err != nil {
+		return nil, err
 	}
 	if a.Code == nil {
 		return nil, &jobs.InvalidError{Field: "code", Message: "code is required: pass the source to run"}
