@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/mcpexec/mcpexec/cmd/internal/tracingenv"
 	"github.com/mcpexec/mcpexec/internal/broker"
@@ -81,23 +83,51 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		defer stopOps()
 	}
-	<-ctx.Done()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-hup:
+			if err := b.Reload(); err != nil {
+				log.Error("reload refused: still serving the configuration it had", "err", err)
+			} else {
+				log.Info("reloaded the NATS configuration", "file", bcfg.Security.ConfigFile)
+			}
+			continue
+		case <-ctx.Done():
+		}
+		break
+	}
 	log.Info("broker stopping")
 	return nil
 }
 
-// authCmd is `broker auth init [--force] DIR`.
+const authUsage = `usage:
+  broker auth init [--force] DIR   write DIR/nats.conf (one NKey user per identity, each with only
+                                   its role's subjects and its own inbox) and the seed files
+                                   DIR/broker.nk, DIR/frontend.nk, DIR/worker.nk and DIR/admin.nk
+  broker auth add ROLE NAME DIR    mint another identity of ROLE (worker or frontend, one per host)
+                                   as DIR/ROLE-NAME.nk and rewrite DIR/nats.conf
+  broker auth remove ROLE [NAME] DIR
+                                   revoke an identity: delete its seed and rewrite DIR/nats.conf
+Brokers take a rewritten nats.conf when they reload (kill -HUP) or restart.`
+
+// authCmd is `broker auth init|add|remove`.
 func authCmd(args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && (args[0] == "add" || args[0] == "remove") {
+		return authIdentityCmd(args, stdout, stderr)
+	}
 	fs := flag.NewFlagSet("broker auth init", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	force := fs.Bool("force", false, "replace existing credentials")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: broker auth init [--force] DIR\n\nWrites DIR/nats.conf (one NKey user per role with only its subjects) and the seed files\nDIR/broker.nk, DIR/frontend.nk, DIR/worker.nk and DIR/admin.nk.")
+		fmt.Fprintln(stderr, authUsage)
 		fs.PrintDefaults()
 	}
 	if len(args) == 0 || args[0] != "init" {
 		fs.Usage()
-		return cli.Usagef("broker auth: want `broker auth init DIR`")
+		return cli.Usagef("broker auth: want `broker auth init DIR`, `broker auth add ROLE NAME DIR` or `broker auth remove ROLE [NAME] DIR`")
 	}
 	if err := fs.Parse(args[1:]); err != nil {
 		return &cli.UsageError{Err: err}
@@ -116,5 +146,36 @@ func authCmd(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "  worker   --nats nats://BROKER:4222 --nats-nkey %s\n", natsauth.SeedFile(dir, natsauth.RoleWorker))
 	fmt.Fprintf(stdout, "  frontend --nats nats://BROKER:4222 --nats-nkey %s\n", natsauth.SeedFile(dir, natsauth.RoleFrontend))
 	fmt.Fprintf(stdout, "Copy each seed file only to the hosts of its role.\n")
+	return nil
+}
+
+// authIdentityCmd is `broker auth add ROLE NAME DIR` and `broker auth remove ROLE [NAME] DIR`.
+func authIdentityCmd(args []string, stdout, stderr io.Writer) error {
+	verb, rest := args[0], args[1:]
+	var id natsauth.Identity
+	var dir string
+	switch {
+	case verb == "add" && len(rest) == 3:
+		id, dir = natsauth.Identity{Role: rest[0], Name: rest[1]}, rest[2]
+	case verb == "remove" && len(rest) == 2:
+		id, dir = natsauth.Identity{Role: rest[0]}, rest[1]
+	case verb == "remove" && len(rest) == 3:
+		id, dir = natsauth.Identity{Role: rest[0], Name: rest[1]}, rest[2]
+	default:
+		fmt.Fprintln(stderr, authUsage)
+		return cli.Usagef("broker auth %s: wrong number of arguments (%d)", verb, len(rest))
+	}
+	if verb == "remove" {
+		if err := natsauth.Remove(dir, id, jobs.Subjects{}); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "revoked %s; reload the brokers (kill -HUP) to refuse it\n", id)
+		return nil
+	}
+	f, err := natsauth.Add(dir, id, jobs.Subjects{})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s; reload the brokers (kill -HUP) to accept it, then use --nats-nkey %s on that host\n", f, f)
 	return nil
 }

@@ -29,6 +29,14 @@ func TestCommandLine(t *testing.T) {
 		{"auth init without a dir", []string{"auth", "init"}, cli.ExitUsage, "exactly one directory"},
 		{"auth init", []string{"auth", "init", filepath.Join(dir, "creds")}, cli.ExitOK, ""},
 		{"auth init again", []string{"auth", "init", filepath.Join(dir, "creds")}, cli.ExitFailure, "--force"},
+		{"auth add", []string{"auth", "add", "worker", "host2", filepath.Join(dir, "creds")}, cli.ExitOK, ""},
+		{"auth add again", []string{"auth", "add", "worker", "host2", filepath.Join(dir, "creds")}, cli.ExitFailure, "remove it first"},
+		{"auth add unknown role", []string{"auth", "add", "janitor", "x", filepath.Join(dir, "creds")}, cli.ExitFailure, "unknown role"},
+		{"auth add bad name", []string{"auth", "add", "worker", "A/B", filepath.Join(dir, "creds")}, cli.ExitFailure, "identity name"},
+		{"auth add without init", []string{"auth", "add", "worker", "x", filepath.Join(dir, "none")}, cli.ExitFailure, "broker auth init"},
+		{"auth add short", []string{"auth", "add", "worker"}, cli.ExitUsage, "wrong number of arguments"},
+		{"auth remove", []string{"auth", "remove", "worker", "host2", filepath.Join(dir, "creds")}, cli.ExitOK, ""},
+		{"auth remove gone", []string{"auth", "remove", "worker", "host2", filepath.Join(dir, "creds")}, cli.ExitFailure, "revoke worker-host2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer

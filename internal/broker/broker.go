@@ -79,31 +79,10 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
 	}
-	opts := &server.Options{
-		ServerName:             "mcpexec",
-		JetStream:              true,
-		StoreDir:               filepath.Join(cfg.DataDir, "jetstream"),
-		MaxPayload:             MaxPayload,
-		NoSigs:                 true,
-		DisableJetStreamBanner: true,
-	}
 	if err := checkExposure(cfg); err != nil {
 		return nil, err
 	}
-	if cfg.Listen == "" {
-		opts.DontListen = true
-	} else {
-		host, portStr, err := net.SplitHostPort(cfg.Listen)
-		if err != nil {
-			return nil, fmt.Errorf("listen address %q: %w (want HOST:PORT)", cfg.Listen, err)
-		}
-		port, err := strconv.Atoi(portStr)
-		if err != nil {
-			return nil, fmt.Errorf("listen port %q: %w", portStr, err)
-		}
-		opts.Host, opts.Port = host, port
-	}
-	opts, err := fleetOptions(opts, cfg)
+	opts, err := serverOptions(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -122,6 +101,58 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 		return nil, err
 	}
 	return b, nil
+}
+
+// serverOptions are the nats-server options cfg describes.
+func serverOptions(cfg Config) (*server.Options, error) {
+	opts := &server.Options{
+		ServerName:             "mcpexec",
+		JetStream:              true,
+		StoreDir:               filepath.Join(cfg.DataDir, "jetstream"),
+		MaxPayload:             MaxPayload,
+		NoSigs:                 true,
+		DisableJetStreamBanner: true,
+	}
+	if cfg.Listen == "" {
+		opts.DontListen = true
+	} else {
+		host, portStr, err := net.SplitHostPort(cfg.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("listen address %q: %w (want HOST:PORT)", cfg.Listen, err)
+		}
+		port, err := strconv.Atoi(portStr)
+		if err != nil {
+			return nil, fmt.Errorf("listen port %q: %w", portStr, err)
+		}
+		opts.Host, opts.Port = host, port
+	}
+	return fleetOptions(opts, cfg)
+}
+
+// Reload re-reads the NATS configuration file (--nats-config) and applies it
+// to the running server: identities `broker auth add` minted are accepted and
+// those `broker auth remove` revoked are refused (their connections closed),
+// without a restart.
+func (b *Broker) Reload() error {
+	opts, err := serverOptions(b.cfg)
+	if err != nil {
+		return err
+	}
+	if b.cfg.Listen != "" {
+		// A port of 0 or -1 was chosen at start: keep the one in use.
+		if a, ok := b.ns.Addr().(*net.TCPAddr); ok {
+			opts.Port = a.Port
+		}
+	}
+	if b.cfg.Cluster.Enabled() {
+		if a := b.ns.ClusterAddr(); a != nil {
+			opts.Cluster.Port = a.Port
+		}
+	}
+	if err := b.ns.ReloadOptions(opts); err != nil {
+		return fmt.Errorf("reload the NATS configuration: %w", err)
+	}
+	return nil
 }
 
 func (b *Broker) init(ctx context.Context) error {

@@ -247,7 +247,7 @@ func checkNATS(ctx context.Context, cfg Config) []Check {
 
 // ping counts the instances of a NATS micro service that answer within a second.
 func ping(ctx context.Context, nc *nats.Conn, service, name, fix string) Check {
-	inbox := nats.NewInbox()
+	inbox := nc.NewInbox()
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
 		return Check{Name: name, Status: Fail, Detail: err.Error(), Fix: fix}

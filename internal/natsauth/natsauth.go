@@ -22,8 +22,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -46,14 +49,18 @@ const ConfigName = "nats.conf"
 // SeedFile is the NKey seed file of role in dir.
 func SeedFile(dir, role string) string { return filepath.Join(dir, role+".nk") }
 
-// Permissions are one role's subjects.
+// Permissions are one identity's subjects.
 type Permissions struct {
 	Publish   []string `json:"publish"`
 	Subscribe []string `json:"subscribe"`
+	// Responses: the identity may answer the requests it receives (once each),
+	// without a publish right on anyone's inbox.
+	Responses bool `json:"responses,omitempty"`
 }
 
-// For returns role's permissions under the wire names of s.
-func For(role string, s jobs.Subjects) (Permissions, error) {
+// For returns the permissions of an identity of role whose public NKey is pub,
+// under the wire names of s.
+func For(role, pubKey string, s jobs.Subjects) (Permissions, error) {
 	p := s.Prefix
 	if p == "" {
 		p = jobs.DefaultPrefix
@@ -73,7 +80,6 @@ func For(role string, s jobs.Subjects) (Permissions, error) {
 		return Permissions{Publish: []string{">"}, Subscribe: []string{">"}}, nil
 	case RoleWorker:
 		pub := []string{
-			"_INBOX.>", // answers: session look-ups, service pings
 			"$JS.API.CONSUMER.MSG.NEXT." + jobsStream + ".>",
 			"$JS.ACK." + jobsStream + ".>",
 			"$JS.API.CONSUMER.CREATE." + jobsStream + ".>",
@@ -89,12 +95,11 @@ func For(role string, s jobs.Subjects) (Permissions, error) {
 			s.WorkerJobs("*"), // a session's job forwarded to the worker holding it
 		}
 		pub = append(pub, kv(sessions)...)
-		return Permissions{Publish: pub, Subscribe: []string{
-			"_INBOX.>", s.Cancel("*"), s.WorkerSessions("*"), "$SRV.>", s.WorkerStatus(),
+		return Permissions{Publish: pub, Responses: true, Subscribe: []string{
+			InboxPrefix(pubKey) + ".>", s.Cancel("*"), s.WorkerSessions("*"), "$SRV.>", s.WorkerStatus(),
 		}}, nil
 	case RoleFrontend:
 		pub := []string{
-			"_INBOX.>", // answers to proxy calls
 			s.AllJobs(), s.AllWorkerJobs(),
 			s.Event("*", jobs.EventSubmitted),
 			s.Event("*", jobs.EventCancelled),
@@ -115,11 +120,73 @@ func For(role string, s jobs.Subjects) (Permissions, error) {
 		}
 		pub = append(pub, kv(sessions)...)
 		pub = append(pub, kv(secrets)...)
-		return Permissions{Publish: pub, Subscribe: []string{
-			"_INBOX.>", s.AllProxy(), s.AllEvents(), p + ".output.>", s.FrontendStatus(),
+		return Permissions{Publish: pub, Responses: true, Subscribe: []string{
+			InboxPrefix(pubKey) + ".>", s.AllProxy(), s.AllEvents(), p + ".output.>", s.FrontendStatus(),
 		}}, nil
 	}
 	return Permissions{}, fmt.Errorf("unknown role %q: want one of %s", role, strings.Join(Roles, ", "))
+}
+
+// Identity is one NKey user of the fleet: a role, and a name when one role has
+// several (one per worker host or front-end, see Add). Its seed file is
+// <role>.nk or <role>-<name>.nk in the credentials directory.
+type Identity struct {
+	Role string
+	Name string
+}
+
+// File is the identity's seed file name.
+func (id Identity) File() string {
+	if id.Name == "" {
+		return id.Role + ".nk"
+	}
+	return id.Role + "-" + id.Name + ".nk"
+}
+
+func (id Identity) String() string { return strings.TrimSuffix(id.File(), ".nk") }
+
+var identityName = regexp.MustCompile(`^[a-z0-9][a-z0-9_]{0,62}$`)
+
+// parseIdentity returns the identity a seed file name stands for.
+func parseIdentity(file string) (Identity, bool) {
+	base, ok := strings.CutSuffix(file, ".nk")
+	if !ok {
+		return Identity{}, false
+	}
+	role, name, _ := strings.Cut(base, "-")
+	if !slices.Contains(Roles, role) || (name != "" && !identityName.MatchString(name)) {
+		return Identity{}, false
+	}
+	return Identity{Role: role, Name: name}, true
+}
+
+// InboxPrefix is the inbox prefix of the identity whose public NKey is pub.
+// Each identity may subscribe below its own prefix only, so no identity hears
+// the answers (job deliveries, state replies, secrets) meant for another.
+func InboxPrefix(pub string) string { return "_INBOX." + pub }
+
+// ClientOptions are the options of a connection authenticated with the seed
+// file: the NKey, and the identity's own inbox prefix, which its permissions
+// require (a client on the default _INBOX.> would be refused its answers).
+func ClientOptions(seedFile string) ([]nats.Option, error) {
+	data, err := os.ReadFile(seedFile)
+	if err != nil {
+		return nil, err
+	}
+	kp, err := nkeys.FromSeed(bytes.TrimSpace(data))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w (want a seed file starting with SU)", seedFile, err)
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		return nil, err
+	}
+	kp.Wipe()
+	o, err := nats.NkeyOptionFromSeed(seedFile)
+	if err != nil {
+		return nil, err
+	}
+	return []nats.Option{o, nats.CustomInboxPrefix(InboxPrefix(pub))}, nil
 }
 
 // Init writes dir/nats.conf and one seed file per role, dir/<role>.nk (0600).
@@ -138,44 +205,144 @@ func Init(dir string, s jobs.Subjects, force bool) ([]string, error) {
 				return nil, fmt.Errorf("%s exists: keep it, or pass --force to replace every credential in %s", f, dir)
 			}
 		}
+	} else if err := removeIdentities(dir); err != nil {
+		return nil, err
+	}
+	for _, r := range Roles {
+		if err := writeSeed(filepath.Join(dir, Identity{Role: r}.File())); err != nil {
+			return nil, fmt.Errorf("%s: %w", r, err)
+		}
+	}
+	if err := WriteConfig(dir, s); err != nil {
+		return nil, err
+	}
+	return files, nil
+}
+
+// Add mints a new identity of role named name in dir (a worker host's or a
+// front-end's own credential) and rewrites dir/nats.conf; the brokers take it
+// on a reload (SIGHUP) or restart. It returns the new seed file.
+func Add(dir string, id Identity, s jobs.Subjects) (string, error) {
+	if !slices.Contains(Roles, id.Role) {
+		return "", fmt.Errorf("unknown role %q: want one of %s", id.Role, strings.Join(Roles, ", "))
+	}
+	if !identityName.MatchString(id.Name) {
+		return "", fmt.Errorf("identity name %q: want 1-63 lower-case letters, digits or '_', starting with a letter or digit", id.Name)
+	}
+	if _, err := os.Stat(filepath.Join(dir, ConfigName)); err != nil {
+		return "", fmt.Errorf("%s: run `broker auth init %s` first", filepath.Join(dir, ConfigName), dir)
+	}
+	f := filepath.Join(dir, id.File())
+	if _, err := os.Stat(f); err == nil {
+		return "", fmt.Errorf("%s exists: remove it first (`broker auth remove`) to replace it", f)
+	}
+	if err := writeSeed(f); err != nil {
+		return "", err
+	}
+	return f, WriteConfig(dir, s)
+}
+
+// Remove revokes an identity: its seed file is deleted and dir/nats.conf
+// rewritten without it; the brokers refuse it once they reload.
+func Remove(dir string, id Identity, s jobs.Subjects) error {
+	f := filepath.Join(dir, id.File())
+	if _, ok := parseIdentity(id.File()); !ok {
+		return fmt.Errorf("no identity %q: want ROLE [NAME]", id)
+	}
+	if err := os.Remove(f); err != nil {
+		return fmt.Errorf("revoke %s: %w", id, err)
+	}
+	return WriteConfig(dir, s)
+}
+
+func removeIdentities(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if _, ok := parseIdentity(e.Name()); ok {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func writeSeed(file string) error {
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return fmt.Errorf("create key: %w", err)
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(file, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("write seed: %w", err)
+	}
+	_, err = f.Write(append(seed, '\n'))
+	return errors.Join(err, f.Sync(), f.Close())
+}
+
+// responseTTL bounds how long a responder may answer a request it received
+// (a proxied tool call may take as long as its job).
+const responseTTL = "2h"
+
+// WriteConfig writes dir/nats.conf from the identities whose seed files are in
+// dir: one NKey user each, with its role's permissions and its own inbox.
+func WriteConfig(dir string, s jobs.Subjects) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
 	}
 	type user struct {
 		NKey        string `json:"nkey"`
 		Permissions struct {
-			Publish   map[string][]string `json:"publish"`
-			Subscribe map[string][]string `json:"subscribe"`
+			Publish        map[string][]string `json:"publish"`
+			Subscribe      map[string][]string `json:"subscribe"`
+			AllowResponses map[string]any      `json:"allow_responses,omitempty"`
 		} `json:"permissions"`
 	}
 	var users []user
 	var conf strings.Builder
-	conf.WriteString("# mcpexec NATS authorization, written by `broker auth init`: one NKey user per\n")
-	conf.WriteString("# role (broker, frontend, worker, admin), each with only the subjects it needs.\n")
-	conf.WriteString("# Serve it with `broker --nats-config " + files[0] + "`.\n")
-	for _, r := range Roles {
-		kp, err := nkeys.CreateUser()
-		if err != nil {
-			return nil, fmt.Errorf("create %s key: %w", r, err)
+	file := filepath.Join(dir, ConfigName)
+	conf.WriteString("# mcpexec NATS authorization, written by `broker auth`: one NKey user per\n")
+	conf.WriteString("# identity (broker, frontend, worker, admin and those `broker auth add` minted),\n")
+	conf.WriteString("# each with only its role's subjects and its own inbox. Do not edit: `broker\n")
+	conf.WriteString("# auth add|remove` rewrites it. Serve it with `broker --nats-config " + file + "`.\n")
+	for _, e := range ents {
+		id, ok := parseIdentity(e.Name())
+		if !ok {
+			continue
 		}
-		seed, err := kp.Seed()
+		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
 		if err != nil {
-			return nil, err
+			return err
+		}
+		kp, err := nkeys.FromSeed(bytes.TrimSpace(data))
+		if err != nil {
+			return fmt.Errorf("%s: %w", e.Name(), err)
 		}
 		pub, err := kp.PublicKey()
+		kp.Wipe()
 		if err != nil {
-			return nil, err
+			return err
 		}
-		if err := os.WriteFile(SeedFile(dir, r), append(seed, '\n'), 0o600); err != nil {
-			return nil, fmt.Errorf("write %s seed: %w", r, err)
-		}
-		perms, err := For(r, s)
+		perms, err := For(id.Role, pub, s)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		u := user{NKey: pub}
 		u.Permissions.Publish = map[string][]string{"allow": perms.Publish}
 		u.Permissions.Subscribe = map[string][]string{"allow": perms.Subscribe}
+		if perms.Responses {
+			u.Permissions.AllowResponses = map[string]any{"max": 1, "expires": responseTTL}
+		}
 		users = append(users, u)
-		fmt.Fprintf(&conf, "# %s: %s\n", r, pub)
+		fmt.Fprintf(&conf, "# %s: %s\n", id, pub)
 	}
 	// nats-server's parser takes JSON, but not \u escapes: keep '>' as is.
 	var body bytes.Buffer
@@ -183,14 +350,15 @@ func Init(dir string, s jobs.Subjects, force bool) ([]string, error) {
 	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")
 	if err := enc.Encode(map[string]any{"users": users}); err != nil {
-		return nil, err
+		return err
 	}
 	conf.WriteString("authorization ")
 	conf.Write(body.Bytes())
-	if err := os.WriteFile(files[0], []byte(conf.String()), 0o600); err != nil {
-		return nil, fmt.Errorf("write %s: %w", files[0], err)
+	tmp := file + ".tmp"
+	if err := os.WriteFile(tmp, []byte(conf.String()), 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", file, err)
 	}
-	return files, nil
+	return os.Rename(tmp, file)
 }
 
 // BrokerSeed returns the broker's seed file next to a configuration Init

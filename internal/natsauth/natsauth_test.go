@@ -1,7 +1,10 @@
 package natsauth_test
 
 import (
+	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -9,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/frontend"
@@ -25,9 +29,23 @@ import (
 // function that connects as a role, recording the server's refusals.
 func fleet(t *testing.T) (*broker.Broker, func(role string) (*nats.Conn, *refusals)) {
 	t.Helper()
+	_, b, connect := fleetIn(t)
+	return b, connect
+}
+
+// fleetIn is fleet with more identities (`broker auth add`) than the four of
+// Init, returning the credentials directory too. connect takes an identity's
+// name, such as "worker-spy".
+func fleetIn(t *testing.T, extra ...natsauth.Identity) (string, *broker.Broker, func(identity string) (*nats.Conn, *refusals)) {
+	t.Helper()
 	dir := t.TempDir()
 	if _, err := natsauth.Init(dir, jobs.Subjects{}, false); err != nil {
 		t.Fatal(err)
+	}
+	for _, id := range extra {
+		if _, err := natsauth.Add(dir, id, jobs.Subjects{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := natsauth.Init(dir, jobs.Subjects{}, false); err == nil || !strings.Contains(err.Error(), "--force") {
 		t.Fatalf("a second init over existing credentials: %v", err)
@@ -47,14 +65,14 @@ func fleet(t *testing.T) (*broker.Broker, func(role string) (*nats.Conn, *refusa
 			t.Error(err)
 		}
 	})
-	return b, func(role string) (*nats.Conn, *refusals) {
+	return dir, b, func(role string) (*nats.Conn, *refusals) {
 		t.Helper()
 		r := &refusals{}
-		o, err := nats.NkeyOptionFromSeed(natsauth.SeedFile(dir, role))
+		o, err := natsauth.ClientOptions(natsauth.SeedFile(dir, role))
 		if err != nil {
 			t.Fatal(err)
 		}
-		nc, err := nats.Connect(b.ClientURL(), o, nats.Name(role), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { r.add(err) }))
+		nc, err := nats.Connect(b.ClientURL(), append(o, nats.Name(role), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { r.add(err) }))...)
 		if err != nil {
 			t.Fatalf("connect as %s: %v", role, err)
 		}
@@ -187,4 +205,143 @@ func TestFleetWorksUnderItsRoles(t *testing.T) {
 	if len(wr.errs) > 0 || len(fr.errs) > 0 {
 		t.Fatalf("refusals on the way: worker %v, front-end %v", wr.errs, fr.errs)
 	}
+}
+
+// TestSpyHearsOnlyItsOwnAnswers attacks from a worker host's credential: a
+// spy holding only its own worker identity subscribes to every subject its
+// role may while another worker runs a tenant's job (a proxied call, a memory
+// write, the front-end reading the proxy key, state replies). The fleet's
+// inboxes are refused to it, it cannot answer into another identity's inbox,
+// and nothing of the job (code, memory value, tool answer, proxy key or
+// capability) reaches it.
+func TestSpyHearsOnlyItsOwnAnswers(t *testing.T) {
+	t.Parallel()
+	dir, _, connect := fleetIn(t, natsauth.Identity{Role: natsauth.RoleWorker, Name: "spy"})
+	spy, sr := connect("worker-spy")
+	var mu sync.Mutex
+	var heard [][]byte
+	record := func(m *nats.Msg) {
+		mu.Lock()
+		heard = append(heard, append([]byte(m.Subject+" "+m.Reply+" "), m.Data...))
+		mu.Unlock()
+	}
+	if _, err := spy.Subscribe("_INBOX.>", record); err == nil {
+		sr.wait(t, `Permissions Violation for Subscription to "_INBOX.>"`)
+	}
+	pub := publicKey(t, natsauth.SeedFile(dir, "worker-spy"))
+	perms, err := natsauth.For(natsauth.RoleWorker, pub, jobs.Subjects{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, subj := range perms.Subscribe {
+		if _, err := spy.Subscribe(subj, record); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := spy.Subscribe("_INBOX."+publicKey(t, natsauth.SeedFile(dir, natsauth.RoleFrontend))+".>", record); err == nil {
+		sr.wait(t, `Permissions Violation for Subscription to "_INBOX.U`)
+	}
+
+	rt := testutil.ProcessRuntime(t)
+	wnc, wr := connect(natsauth.RoleWorker)
+	testutil.WorkerOn(t, wnc, rt, worker.DefaultConfig("w1"))
+	fnc, fr := connect(natsauth.RoleFrontend)
+	pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
+	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Tools: pool, Policy: frontend.DefaultPolicy()})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := fe.Health(ctx); err != nil {
+		t.Fatalf("health: %v", err)
+	}
+	code := "update_memory('api_key', lambda v: 'SECRET-' + '4242')\nr = await mcp_ts.echo(text='TOOL-' + '5151')\nprint(r)"
+	rec, err := fe.Run(ctx, &jobs.Job{Code: code, Servers: []string{"ts"}, Namespace: "victim"}, nil)
+	if err != nil || rec.Status != jobs.StatusSuccess || rec.Result.Stdout != "TOOL-5151\n" {
+		t.Fatalf("job: %v %+v (worker refusals %v, front-end refusals %v)", err, rec, wr.errs, fr.errs)
+	}
+	bnc, _ := connect(natsauth.RoleBroker)
+	bjs, _ := jetstream.New(bnc)
+	key, err := queue.ProxyKey(ctx, bjs, jobs.Subjects{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An answer into the front-end's inbox is refused too.
+	_ = spy.Publish("_INBOX."+publicKey(t, natsauth.SeedFile(dir, natsauth.RoleFrontend))+".x", []byte("forged"))
+	sr.wait(t, `Permissions Violation for Publish to "_INBOX.U`)
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	for _, m := range heard {
+		for _, secret := range [][]byte{[]byte("SECRET-4242"), []byte("TOOL-5151"), []byte("update_memory"), key, []byte(jobs.Capability(key, rec.Job.ID))} {
+			if bytes.Contains(m, secret) {
+				t.Fatalf("the spy heard %q", m)
+			}
+		}
+	}
+	t.Logf("the spy heard %d messages, none of the job's", len(heard))
+}
+
+// TestRevokedIdentityIsRefused: `broker auth add` mints a worker identity the
+// broker takes on reload; `broker auth remove` revokes it, and after a reload
+// its open connection is closed and a new one refused.
+func TestRevokedIdentityIsRefused(t *testing.T) {
+	t.Parallel()
+	dir, b, connect := fleetIn(t)
+	id := natsauth.Identity{Role: natsauth.RoleWorker, Name: "host2"}
+	seed, err := natsauth.Add(dir, id, jobs.Subjects{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := natsauth.Add(dir, id, jobs.Subjects{}); err == nil {
+		t.Fatal("an identity was minted twice")
+	}
+	if _, err := natsauth.Add(dir, natsauth.Identity{Role: natsauth.RoleWorker, Name: "../x"}, jobs.Subjects{}); err == nil {
+		t.Fatal("a name with a path was taken")
+	}
+	if err := b.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	nc, _ := connect(strings.TrimSuffix(filepath.Base(seed), ".nk"))
+	if err := natsauth.Remove(dir, id, jobs.Subjects{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for nc.IsConnected() && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if nc.IsConnected() {
+		t.Fatal("a revoked identity stayed connected after the reload")
+	}
+	o, err := nats.NkeyOptionFromSeed(natsauth.SeedFile(dir, natsauth.RoleWorker))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The other identities stay.
+	still, err := nats.Connect(b.ClientURL(), o)
+	if err != nil {
+		t.Fatalf("the worker identity after the reload: %v", err)
+	}
+	still.Close()
+}
+
+func publicKey(t *testing.T, seedFile string) string {
+	t.Helper()
+	data, err := os.ReadFile(seedFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := nkeys.FromSeed(bytes.TrimSpace(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pub
 }

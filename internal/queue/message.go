@@ -114,7 +114,7 @@ const maxAnswers = 1024
 // or ctx ends, the answers that decode as T and pass ok (at most maxAnswers;
 // more are dropped).
 func gather[T any](ctx context.Context, nc *nats.Conn, subject string, wait time.Duration, ok func(T) bool) ([]T, error) {
-	inbox := nats.NewInbox()
+	inbox := nc.NewInbox()
 	answers := make(chan *nats.Msg, 256)
 	sub, err := nc.ChanSubscribe(inbox, answers)
 	if err != nil {

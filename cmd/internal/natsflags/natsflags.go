@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/mcpexec/mcpexec/internal/cli"
+	"github.com/mcpexec/mcpexec/internal/natsauth"
 )
 
 // Reconnect behaviour of every client connection. It is explicit rather than
@@ -101,11 +102,11 @@ func (f *Flags) Auth() ([]nats.Option, error) {
 	case f.User != "":
 		opts = append(opts, nats.UserInfo(f.User, f.Password))
 	case f.NKeyFile != "":
-		o, err := nats.NkeyOptionFromSeed(f.NKeyFile)
+		o, err := natsauth.ClientOptions(f.NKeyFile)
 		if err != nil {
-			return nil, cli.Usagef("--nats-nkey %s: %v (want a seed file starting with SU)", f.NKeyFile, err)
+			return nil, cli.Usagef("--nats-nkey %s: %v", f.NKeyFile, err)
 		}
-		opts = append(opts, o)
+		opts = append(opts, o...)
 	case f.CredFile != "":
 		opts = append(opts, nats.UserCredentials(f.CredFile))
 	}
