@@ -92,7 +92,7 @@ func authCmd(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	force := fs.Bool("force", false, "replace existing credentials")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: broker auth init [--force] DIR\n\nWrites DIR/nats.conf (one NKey user per role with only its subjects) and the seed files\nDIR/broker.nk, DIR/frontend.nk, DIR/worker.nk and DIR/admin.nk.")
+		fmt.Fprintln(stderr, "usage: broker auth init [--force] DIR\n\nWrites DIR/nats.conf (one NKey user per role with only its subjects), the seed files\nDIR/broker.nk, DIR/frontend.nk, DIR/worker.nk and DIR/admin.nk, and DIR/route.secret,\nthe password of the routes between broker nodes.")
 		fs.PrintDefaults()
 	}
 	if len(args) == 0 || args[0] != "init" {
@@ -115,6 +115,7 @@ func authCmd(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "  broker   --nats-config %s --listen 0.0.0.0:4222\n", filepath.Join(dir, natsauth.ConfigName))
 	fmt.Fprintf(stdout, "  worker   --nats nats://BROKER:4222 --nats-nkey %s\n", natsauth.SeedFile(dir, natsauth.RoleWorker))
 	fmt.Fprintf(stdout, "  frontend --nats nats://BROKER:4222 --nats-nkey %s\n", natsauth.SeedFile(dir, natsauth.RoleFrontend))
-	fmt.Fprintf(stdout, "Copy each seed file only to the hosts of its role.\n")
+	fmt.Fprintf(stdout, "Copy %s, %s and %s to every broker node (a cluster's routes authenticate with %[3]s),\nand each other seed file only to the hosts of its role.\n",
+		natsauth.ConfigName, filepath.Base(natsauth.SeedFile(dir, natsauth.RoleBroker)), natsauth.RouteSecretName)
 	return nil
 }

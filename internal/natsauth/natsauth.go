@@ -17,6 +17,8 @@ package natsauth
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -42,6 +44,14 @@ var Roles = []string{RoleBroker, RoleFrontend, RoleWorker, RoleAdmin}
 
 // ConfigName is the configuration file Init writes.
 const ConfigName = "nats.conf"
+
+// RouteSecretName is the file, beside ConfigName, that holds the password the
+// broker nodes' routes authenticate with (as RouteUser).
+const RouteSecretName = "route.secret"
+
+// RouteUser is the user the broker nodes' routes authenticate as with the
+// route secret.
+const RouteUser = "mcpexec-route"
 
 // SeedFile is the NKey seed file of role in dir.
 func SeedFile(dir, role string) string { return filepath.Join(dir, role+".nk") }
@@ -122,8 +132,13 @@ func For(role string, s jobs.Subjects) (Permissions, error) {
 	return Permissions{}, fmt.Errorf("unknown role %q: want one of %s", role, strings.Join(Roles, ", "))
 }
 
-// Init writes dir/nats.conf and one seed file per role, dir/<role>.nk (0600).
-// It refuses to overwrite existing files unless force is set.
+// Init writes dir/nats.conf, one seed file per role, dir/<role>.nk, and the
+// route secret dir/route.secret (all 0600). It refuses to overwrite existing
+// files unless force is set.
+//
+// The configuration authenticates clients only; nats-server takes route
+// credentials from the cluster options, which the broker sets from
+// route.secret, so every broker node needs the same directory.
 func Init(dir string, s jobs.Subjects, force bool) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create %s: %w", dir, err)
@@ -132,6 +147,8 @@ func Init(dir string, s jobs.Subjects, force bool) ([]string, error) {
 	for _, r := range Roles {
 		files = append(files, SeedFile(dir, r))
 	}
+	secretFile := filepath.Join(dir, RouteSecretName)
+	files = append(files, secretFile)
 	if !force {
 		for _, f := range files {
 			if _, err := os.Stat(f); err == nil {
@@ -151,6 +168,8 @@ func Init(dir string, s jobs.Subjects, force bool) ([]string, error) {
 	conf.WriteString("# mcpexec NATS authorization, written by `broker auth init`: one NKey user per\n")
 	conf.WriteString("# role (broker, frontend, worker, admin), each with only the subjects it needs.\n")
 	conf.WriteString("# Serve it with `broker --nats-config " + files[0] + "`.\n")
+	conf.WriteString("# Routes between broker nodes authenticate as " + RouteUser + " with the password in\n")
+	conf.WriteString("# " + RouteSecretName + " beside this file: every broker node needs this file,\n# broker.nk and " + RouteSecretName + ".\n")
 	for _, r := range Roles {
 		kp, err := nkeys.CreateUser()
 		if err != nil {
@@ -187,6 +206,13 @@ func Init(dir string, s jobs.Subjects, force bool) ([]string, error) {
 	}
 	conf.WriteString("authorization ")
 	conf.Write(body.Bytes())
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return nil, fmt.Errorf("route secret: %w", err)
+	}
+	if err := os.WriteFile(secretFile, []byte(base64.RawURLEncoding.EncodeToString(secret)+"\n"), 0o600); err != nil {
+		return nil, fmt.Errorf("write %s: %w", secretFile, err)
+	}
 	if err := os.WriteFile(files[0], []byte(conf.String()), 0o600); err != nil {
 		return nil, fmt.Errorf("write %s: %w", files[0], err)
 	}
@@ -201,6 +227,30 @@ func BrokerSeed(configFile string) (string, bool) {
 		return "", false
 	}
 	return f, true
+}
+
+// RouteSecretFile is the route secret file beside configFile.
+func RouteSecretFile(configFile string) string {
+	return filepath.Join(filepath.Dir(configFile), RouteSecretName)
+}
+
+// RouteSecret returns the route password in the route.secret file next to a
+// configuration Init wrote; ok is false when there is no such file. A file
+// that cannot be read or holds no secret is an error, not an absent secret.
+func RouteSecret(configFile string) (secret string, ok bool, err error) {
+	f := RouteSecretFile(configFile)
+	b, err := os.ReadFile(f)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("route secret: %w", err)
+	}
+	secret = strings.TrimSpace(string(b))
+	if secret == "" || strings.ContainsAny(secret, "\r\n") {
+		return "", false, fmt.Errorf("route secret %s: want one non-empty line (`broker auth init` writes one)", f)
+	}
+	return secret, true, nil
 }
 
 // ErrInsecureListen is the error of a broker asked to listen beyond loopback
