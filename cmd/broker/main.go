@@ -106,7 +106,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 const authUsage = `usage:
   broker auth init [--force] DIR   write DIR/nats.conf (one NKey user per identity, each with only
                                    its role's subjects and its own inbox) and the seed files
-                                   DIR/broker.nk, DIR/frontend.nk, DIR/worker.nk and DIR/admin.nk
+                                   DIR/broker.nk, DIR/frontend.nk, DIR/worker.nk and DIR/admin.nk,
+                                   and DIR/route.secret, the password of the routes between brokers
   broker auth add ROLE NAME DIR    mint another identity of ROLE (worker or frontend, one per host)
                                    as DIR/ROLE-NAME.nk and rewrite DIR/nats.conf
   broker auth remove ROLE [NAME] DIR
@@ -145,7 +146,8 @@ func authCmd(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "  broker   --nats-config %s --listen 0.0.0.0:4222\n", filepath.Join(dir, natsauth.ConfigName))
 	fmt.Fprintf(stdout, "  worker   --nats nats://BROKER:4222 --nats-nkey %s\n", natsauth.SeedFile(dir, natsauth.RoleWorker))
 	fmt.Fprintf(stdout, "  frontend --nats nats://BROKER:4222 --nats-nkey %s\n", natsauth.SeedFile(dir, natsauth.RoleFrontend))
-	fmt.Fprintf(stdout, "Copy each seed file only to the hosts of its role.\n")
+	fmt.Fprintf(stdout, "Copy %s, %s and %s to every broker node (a cluster's routes authenticate with %[3]s),\nand each other seed file only to the hosts of its role.\n",
+		natsauth.ConfigName, filepath.Base(natsauth.SeedFile(dir, natsauth.RoleBroker)), natsauth.RouteSecretName)
 	return nil
 }
 

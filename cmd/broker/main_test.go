@@ -52,6 +52,9 @@ func TestCommandLine(t *testing.T) {
 			t.Fatalf("%s seed: %v %v", role, st, err)
 		}
 	}
+	if st, err := os.Stat(filepath.Join(dir, "creds", natsauth.RouteSecretName)); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("route secret: %v %v", st, err)
+	}
 	// The broker serves the written configuration, beyond loopback too.
 	sctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpexec/mcpexec/internal/metrics"
+	"github.com/mcpexec/mcpexec/internal/natsauth"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/state"
 )
@@ -79,11 +80,11 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
 	}
-	if err := checkExposure(cfg); err != nil {
-		return nil, err
-	}
 	opts, err := serverOptions(cfg)
 	if err != nil {
+		return nil, err
+	}
+	if err := checkExposure(cfg, opts); err != nil {
 		return nil, err
 	}
 	ns, err := server.NewServer(opts)
@@ -245,20 +246,34 @@ func (b *Broker) Close() error {
 }
 
 // checkExposure refuses a listener beyond loopback (clients or cluster
-// routes) without authentication or TLS: anyone who reached it would hold
-// every permission of the fleet.
-func checkExposure(cfg Config) error {
+// routes) that anyone reaching it could use: a client listener without a
+// configuration, a user or TLS; a route listener whose routes, in opts, the
+// server options to start with, neither authenticate nor verify a certificate
+// (a stranger's nats-server joining as a route reads every message).
+func checkExposure(cfg Config, opts *server.Options) error {
 	sec := cfg.Security
-	if sec.ConfigFile != "" || sec.User != "" || sec.TLSCert != "" {
+	if cfg.Listen != "" && !cli.IsLoopback(cfg.Listen) && sec.ConfigFile == "" && sec.User == "" && sec.TLSCert == "" {
+		return fmt.Errorf("--listen %s listens beyond loopback without authentication: anyone reaching it could read every tenant's memory and run jobs. "+
+			"Run `broker auth init DIR` and add --nats-config DIR/nats.conf (workers and front-ends then use --nats-nkey DIR/worker.nk and DIR/frontend.nk), "+
+			"or set --auth-user/--auth-password, or --tls-cert/--tls-key/--tls-ca; or listen on 127.0.0.1", cfg.Listen)
+	}
+	flag, addr := "--cluster-listen", cfg.Cluster.Listen
+	if !cfg.Cluster.Enabled() {
+		if opts.Cluster.Port == 0 {
+			return nil
+		}
+		// A cluster block of --nats-config.
+		flag, addr = "the cluster listener of --nats-config", net.JoinHostPort(opts.Cluster.Host, strconv.Itoa(opts.Cluster.Port))
+	}
+	if cli.IsLoopback(addr) || routesSecured(opts) {
 		return nil
 	}
-	for _, l := range []struct{ flag, addr string }{{"--listen", cfg.Listen}, {"--cluster-listen", cfg.Cluster.Listen}} {
-		if l.addr == "" || cli.IsLoopback(l.addr) {
-			continue
-		}
-		return fmt.Errorf("%s %s listens beyond loopback without authentication: anyone reaching it could read every tenant's memory and run jobs. "+
-			"Run `broker auth init DIR` and add --nats-config DIR/nats.conf (workers and front-ends then use --nats-nkey DIR/worker.nk and DIR/frontend.nk), "+
-			"or set --auth-user/--auth-password, or --tls-cert/--tls-key/--tls-ca; or listen on 127.0.0.1", l.flag, l.addr)
+	fix := "Run `broker auth init DIR` and pass --nats-config DIR/nats.conf on every node, with the same DIR (nats.conf, broker.nk, " + natsauth.RouteSecretName + ") copied to each"
+	if sec.ConfigFile != "" {
+		f := natsauth.RouteSecretFile(sec.ConfigFile)
+		fix = fmt.Sprintf("%s is missing: copy it from the other nodes' config directory, or re-run `broker auth init --force %s` (this replaces every credential) and copy the directory to every node",
+			f, filepath.Dir(sec.ConfigFile))
 	}
-	return nil
+	return fmt.Errorf("%s %s accepts routes beyond loopback that are not authenticated: any nats-server reaching it could join the cluster and read every message. "+
+		"%s; or set --auth-user/--auth-password, or --tls-cert/--tls-key/--tls-ca (routes must present a certificate the CA signed); or listen on 127.0.0.1", flag, addr, fix)
 }

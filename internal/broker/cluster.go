@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mcpexec/mcpexec/internal/natsauth"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/state"
 )
@@ -82,13 +84,23 @@ func (c ClusterConfig) DefaultReplicas() int { return min(c.Size(), 3) }
 type Security struct {
 	// ConfigFile is a nats-server configuration file (authorization, accounts,
 	// NKey users, TLS, ...) applied first; the settings below and the broker's
-	// own (listen address, JetStream store, cluster) override it.
+	// own (listen address, JetStream store, cluster) override it. A
+	// route.secret beside it (`broker auth init`) authenticates the routes.
 	ConfigFile string
 	User       string // single user with every permission (with Password)
 	Password   string
 	TLSCert    string // server certificate: clients must use TLS
 	TLSKey     string
 	TLSCA      string // when set, clients (and routes) must present a certificate it signed
+}
+
+// routesSecured reports whether opts let only known servers in as routes: they
+// authenticate with a user and password, or present a certificate the route
+// TLS verifies.
+func routesSecured(opts *server.Options) bool {
+	c := opts.Cluster
+	return c.Username != "" || opts.CustomRouterAuthentication != nil ||
+		(c.TLSConfig != nil && c.TLSConfig.ClientAuth == tls.RequireAndVerifyClientCert)
 }
 
 // Validate reports the first inconsistent setting, naming its flag.
@@ -167,9 +179,22 @@ func fleetOptions(base *server.Options, cfg Config) (*server.Options, error) {
 		h, _ := os.Hostname()
 		opts.ServerName = fmt.Sprintf("%s-%d", h, port)
 	}
-	if sec.User != "" {
-		// Routes authenticate with the client credentials, so no stranger joins.
+	// Routes authenticate, so no stranger's server joins as a route and reads
+	// every message: with the --auth-user credentials, else with a cluster
+	// authorization of --nats-config, else with the route secret `broker auth
+	// init` wrote beside it (its authorization block is for clients only).
+	switch {
+	case sec.User != "":
 		opts.Cluster.Username, opts.Cluster.Password = sec.User, sec.Password
+	case opts.Cluster.Username != "":
+	case sec.ConfigFile != "":
+		secret, ok, err := natsauth.RouteSecret(sec.ConfigFile)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			opts.Cluster.Username, opts.Cluster.Password = natsauth.RouteUser, secret
+		}
 	}
 	if tlsCfg != nil {
 		rt := *tlsCfg
@@ -191,8 +216,8 @@ func fleetOptions(base *server.Options, cfg Config) (*server.Options, error) {
 		if normalHostPort(u.Host) == normalHostPort(c.Listen) {
 			continue // this node
 		}
-		if sec.User != "" && u.User == nil {
-			u.User = url.UserPassword(sec.User, sec.Password)
+		if opts.Cluster.Username != "" && u.User == nil {
+			u.User = url.UserPassword(opts.Cluster.Username, opts.Cluster.Password)
 		}
 		opts.Routes = append(opts.Routes, u)
 	}

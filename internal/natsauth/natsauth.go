@@ -17,6 +17,8 @@ package natsauth
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -45,6 +47,14 @@ var Roles = []string{RoleBroker, RoleFrontend, RoleWorker, RoleAdmin}
 
 // ConfigName is the configuration file Init writes.
 const ConfigName = "nats.conf"
+
+// RouteSecretName is the file, beside ConfigName, that holds the password the
+// broker nodes' routes authenticate with (as RouteUser).
+const RouteSecretName = "route.secret"
+
+// RouteUser is the user the broker nodes' routes authenticate as with the
+// route secret.
+const RouteUser = "mcpexec-route"
 
 // SeedFile is the NKey seed file of role in dir.
 func SeedFile(dir, role string) string { return filepath.Join(dir, role+".nk") }
@@ -189,8 +199,13 @@ func ClientOptions(seedFile string) ([]nats.Option, error) {
 	return []nats.Option{o, nats.CustomInboxPrefix(InboxPrefix(pub))}, nil
 }
 
-// Init writes dir/nats.conf and one seed file per role, dir/<role>.nk (0600).
-// It refuses to overwrite existing files unless force is set.
+// Init writes dir/nats.conf, one seed file per role, dir/<role>.nk, and the
+// route secret dir/route.secret (all 0600). It refuses to overwrite existing
+// files unless force is set.
+//
+// The configuration authenticates clients only; nats-server takes route
+// credentials from the cluster options, which the broker sets from
+// route.secret, so every broker node needs the same directory.
 func Init(dir string, s jobs.Subjects, force bool) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create %s: %w", dir, err)
@@ -199,6 +214,8 @@ func Init(dir string, s jobs.Subjects, force bool) ([]string, error) {
 	for _, r := range Roles {
 		files = append(files, SeedFile(dir, r))
 	}
+	secretFile := filepath.Join(dir, RouteSecretName)
+	files = append(files, secretFile)
 	if !force {
 		for _, f := range files {
 			if _, err := os.Stat(f); err == nil {
@@ -212,6 +229,13 @@ func Init(dir string, s jobs.Subjects, force bool) ([]string, error) {
 		if err := writeSeed(filepath.Join(dir, Identity{Role: r}.File())); err != nil {
 			return nil, fmt.Errorf("%s: %w", r, err)
 		}
+	}
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return nil, fmt.Errorf("route secret: %w", err)
+	}
+	if err := os.WriteFile(secretFile, []byte(base64.RawURLEncoding.EncodeToString(secret)+"\n"), 0o600); err != nil {
+		return nil, fmt.Errorf("write %s: %w", secretFile, err)
 	}
 	if err := WriteConfig(dir, s); err != nil {
 		return nil, err
@@ -313,6 +337,8 @@ func WriteConfig(dir string, s jobs.Subjects) error {
 	conf.WriteString("# identity (broker, frontend, worker, admin and those `broker auth add` minted),\n")
 	conf.WriteString("# each with only its role's subjects and its own inbox. Do not edit: `broker\n")
 	conf.WriteString("# auth add|remove` rewrites it. Serve it with `broker --nats-config " + file + "`.\n")
+	conf.WriteString("# Routes between broker nodes authenticate as " + RouteUser + " with the password in\n")
+	conf.WriteString("# " + RouteSecretName + " beside this file: every broker node needs this file,\n# broker.nk and " + RouteSecretName + ".\n")
 	for _, e := range ents {
 		id, ok := parseIdentity(e.Name())
 		if !ok {
@@ -369,6 +395,30 @@ func BrokerSeed(configFile string) (string, bool) {
 		return "", false
 	}
 	return f, true
+}
+
+// RouteSecretFile is the route secret file beside configFile.
+func RouteSecretFile(configFile string) string {
+	return filepath.Join(filepath.Dir(configFile), RouteSecretName)
+}
+
+// RouteSecret returns the route password in the route.secret file next to a
+// configuration Init wrote; ok is false when there is no such file. A file
+// that cannot be read or holds no secret is an error, not an absent secret.
+func RouteSecret(configFile string) (secret string, ok bool, err error) {
+	f := RouteSecretFile(configFile)
+	b, err := os.ReadFile(f)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("route secret: %w", err)
+	}
+	secret = strings.TrimSpace(string(b))
+	if secret == "" || strings.ContainsAny(secret, "\r\n") {
+		return "", false, fmt.Errorf("route secret %s: want one non-empty line (`broker auth init` writes one)", f)
+	}
+	return secret, true, nil
 }
 
 // ErrInsecureListen is the error of a broker asked to listen beyond loopback

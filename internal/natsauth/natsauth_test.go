@@ -3,6 +3,7 @@ package natsauth_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"os"
 	"path/filepath"
 	"strings"
@@ -344,4 +345,72 @@ func publicKey(t *testing.T, seedFile string) string {
 		t.Fatal(err)
 	}
 	return pub
+}
+
+// TestInitRouteSecret: Init writes a private, random route secret that
+// RouteSecret reads beside the configuration, and a second Init without
+// --force refuses to replace it alone too.
+func TestInitRouteSecret(t *testing.T) {
+	t.Parallel()
+	dir, other := t.TempDir(), t.TempDir()
+	for _, d := range []string{dir, other} {
+		if _, err := natsauth.Init(d, jobs.Subjects{}, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conf := filepath.Join(dir, natsauth.ConfigName)
+	st, err := os.Stat(natsauth.RouteSecretFile(conf))
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("route secret file: %v %v", st, err)
+	}
+	secret, ok, err := natsauth.RouteSecret(conf)
+	if err != nil || !ok {
+		t.Fatalf("RouteSecret: %v %v", ok, err)
+	}
+	if raw, err := base64.RawURLEncoding.DecodeString(secret); err != nil || len(raw) != 32 {
+		t.Fatalf("secret %q: %d bytes, %v; want 32 random bytes in base64url", secret, len(raw), err)
+	}
+	if s2, _, _ := natsauth.RouteSecret(filepath.Join(other, natsauth.ConfigName)); s2 == secret {
+		t.Fatal("two inits wrote the same route secret")
+	}
+	if strings.Contains(mustRead(t, conf), secret) {
+		t.Fatal("nats.conf holds the route secret")
+	}
+
+	// Only the route secret left: Init still refuses without --force.
+	for _, f := range []string{conf, natsauth.SeedFile(dir, natsauth.RoleBroker), natsauth.SeedFile(dir, natsauth.RoleFrontend),
+		natsauth.SeedFile(dir, natsauth.RoleWorker), natsauth.SeedFile(dir, natsauth.RoleAdmin)} {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := natsauth.Init(dir, jobs.Subjects{}, false); err == nil || !strings.Contains(err.Error(), natsauth.RouteSecretName) {
+		t.Fatalf("init over a route secret: %v", err)
+	}
+	if _, err := natsauth.Init(dir, jobs.Subjects{}, true); err != nil {
+		t.Fatal(err)
+	}
+	if s2, _, _ := natsauth.RouteSecret(conf); s2 == secret {
+		t.Fatal("--force kept the route secret")
+	}
+
+	// No file: no secret; an empty one: an error.
+	if _, ok, err := natsauth.RouteSecret(filepath.Join(t.TempDir(), natsauth.ConfigName)); ok || err != nil {
+		t.Fatalf("no route secret file: %v %v", ok, err)
+	}
+	if err := os.WriteFile(natsauth.RouteSecretFile(conf), []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := natsauth.RouteSecret(conf); err == nil {
+		t.Fatal("an empty route secret was accepted")
+	}
+}
+
+func mustRead(t *testing.T, f string) string {
+	t.Helper()
+	b, err := os.ReadFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
