@@ -102,7 +102,9 @@ func For(role, pubKey string, s jobs.Subjects) (Permissions, error) {
 			"$JS.API.DIRECT.GET." + events + "." + s.Event("*", jobs.EventFinished), // a redelivered job already done
 			s.Output("*"),
 			s.AllProxy(),
-			s.WorkerJobs("*"), // a session's job forwarded to the worker holding it
+			s.WorkerJobs("*"), // a session's job forwarded to the worker holding it (as signed)
+			// The job-signing public key, and no other secret.
+			"$JS.API.DIRECT.GET.KV_" + secrets + ".$KV." + secrets + "." + jobs.SigningKeyName,
 		}
 		pub = append(pub, kv(sessions)...)
 		return Permissions{Publish: pub, Responses: true, Subscribe: []string{

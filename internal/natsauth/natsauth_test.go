@@ -3,9 +3,11 @@ package natsauth_test
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"encoding/base64"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -413,4 +415,82 @@ func mustRead(t *testing.T, f string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestForgedJobNeverRuns attacks from a worker host's credential: a spy
+// holding its own worker identity publishes job messages onto another
+// worker's routed-job subject (the one subject of jobs its role may publish
+// on, to forward a session's job), claiming another tenant's namespace and
+// session: unsigned, and signed with a key of its own. The worker drops
+// both without running them; a genuine job with the same code, submitted by
+// a front-end, runs (so the test can see a run).
+func TestForgedJobNeverRuns(t *testing.T) {
+	t.Parallel()
+	_, _, connect := fleetIn(t, natsauth.Identity{Role: natsauth.RoleWorker, Name: "spy"})
+	rt := testutil.ProcessRuntime(t)
+	wnc, _ := connect(natsauth.RoleWorker)
+	testutil.WorkerOn(t, wnc, rt, worker.DefaultConfig("w1"))
+	fnc, _ := connect(natsauth.RoleFrontend)
+	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := fe.Health(ctx); err != nil {
+		t.Fatalf("health: %v", err)
+	}
+	// The process runtime runs code as another user: the marker's folder is
+	// open to it.
+	mdir, err := os.MkdirTemp("", "forged")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(mdir) })
+	if err := os.Chmod(mdir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	marker := filepath.Join(mdir, "ran")
+	code := "open(" + strconv.Quote(marker) + ", 'a').write('x')\nprint(secret)"
+	// The victim's live session on w1, as the attack wants it.
+	if rec, err := fe.Run(ctx, &jobs.Job{Code: "secret = 'db-password'", Namespace: "victim", Session: "s1"}, nil); err != nil || rec.Status != jobs.StatusSuccess {
+		t.Fatalf("warm-up job: %v %+v", err, rec)
+	}
+
+	spy, _ := connect("worker-spy")
+	sjs, err := jetstream.New(spy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, otherKey, _ := ed25519.GenerateKey(nil)
+	for i, sign := range []func(*nats.Msg){
+		func(*nats.Msg) {},
+		func(m *nats.Msg) { m.Header.Set(jobs.SignatureHeader, jobs.SignJob(otherKey, m.Data)) },
+		func(m *nats.Msg) { m.Header.Set(jobs.SignatureHeader, "not base64 at all") },
+	} {
+		job := jobs.Job{ID: jobs.NewID(), Code: code, Namespace: "victim", Session: "s1", Timeout: 10, MaxAttempts: 1}
+		data, err := queue.EncodeMessage(&job, "forged-capability")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := nats.NewMsg(jobs.Subjects{}.WorkerJobs("w1"))
+		m.Data = data
+		sign(m)
+		if _, err := sjs.PublishMsg(ctx, m); err != nil {
+			t.Fatalf("forged job %d: the stream refused it (%v), so the test proves nothing", i, err)
+		}
+	}
+	// The routed-job consumer hands them to w1 at once; give it time to run
+	// them if it would.
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(marker); err == nil {
+			t.Fatal("a forged job ran")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	rec, err := fe.Run(ctx, &jobs.Job{Code: code, Namespace: "victim", Session: "s1"}, nil)
+	if err != nil || rec.Status != jobs.StatusSuccess {
+		t.Fatalf("genuine job: %v %+v %+v", err, rec, rec.Result)
+	}
+	if b, err := os.ReadFile(marker); err != nil || string(b) != "x" {
+		t.Fatalf("marker after the genuine job: %q %v (a forged one ran too, or none did)", b, err)
+	}
 }

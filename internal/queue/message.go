@@ -76,7 +76,7 @@ func ProxyKey(ctx context.Context, js jetstream.JetStream, s jobs.Subjects) ([]b
 			if len(e.Value()) != jobs.CapabilityKeySize {
 				return nil, fmt.Errorf("proxy key in %s has %d bytes, want %d: delete it to have a new one made", s.SecretsBucket(), len(e.Value()), jobs.CapabilityKeySize)
 			}
-			return e.Value(), nil
+			return e.Value(), publishSigningKey(ctx, kv, e.Value())
 		}
 		if !errors.Is(err, jetstream.ErrKeyNotFound) {
 			return nil, fmt.Errorf("read proxy key: %w", err)
@@ -86,7 +86,7 @@ func ProxyKey(ctx context.Context, js jetstream.JetStream, s jobs.Subjects) ([]b
 			return nil, err
 		}
 		if _, err := kv.Create(ctx, jobs.ProxyKeyName, key); err == nil {
-			return key, nil
+			return key, publishSigningKey(ctx, kv, key)
 		} else if !errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, fmt.Errorf("create proxy key: %w", err)
 		}

@@ -5,6 +5,7 @@ package queue
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -218,6 +219,7 @@ type Client struct {
 
 	keyMu sync.Mutex // guards key
 	key   []byte     // the fleet's proxy key, read on first submission
+	sign  ed25519.PrivateKey
 }
 
 // UseKey gives the client the fleet's proxy key up front, so that the
@@ -226,21 +228,22 @@ type Client struct {
 func (c *Client) UseKey(key []byte) {
 	c.keyMu.Lock()
 	defer c.keyMu.Unlock()
-	c.key = key
+	c.key, c.sign = key, jobs.SigningKey(key)
 }
 
-// proxyKey returns the fleet's proxy key, reading it on first use.
-func (c *Client) proxyKey(ctx context.Context) ([]byte, error) {
+// proxyKey returns the fleet's proxy key and the job-signing key derived
+// from it, reading the proxy key on first use.
+func (c *Client) proxyKey(ctx context.Context) ([]byte, ed25519.PrivateKey, error) {
 	c.keyMu.Lock()
 	defer c.keyMu.Unlock()
 	if c.key == nil {
 		k, err := ProxyKey(ctx, c.js, c.sub)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		c.key = k
+		c.key, c.sign = k, jobs.SigningKey(k)
 	}
-	return c.key, nil
+	return c.key, c.sign, nil
 }
 
 // DefaultPatience is how long a submission is retried while the cluster fails

@@ -107,7 +107,7 @@ func (c *Client) claimAll(ctx context.Context, js []*jobs.Job, errs []error, kin
 // claimChunk claims each job's event of kind (submitted or released) and
 // enqueues the jobs it claimed, except submitted jobs that wait for parents.
 func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, kind jobs.EventKind) {
-	key, err := c.proxyKey(ctx)
+	key, sign, err := c.proxyKey(ctx)
 	if err != nil {
 		for i := range errs {
 			errs[i] = err
@@ -166,6 +166,7 @@ func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, k
 			m := nats.NewMsg(subject)
 			m.Data = data
 			m.Header.Set(jobs.TraceHeader, job.Trace())
+			SignMessage(m, sign)
 			enq[i], err = c.js.PublishMsgAsync(m, jetstream.WithMsgID(c.sub.JobMsgID(job.ID)))
 		}
 		if err != nil && errs[i] == nil {

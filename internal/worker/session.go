@@ -194,11 +194,16 @@ func (w *Worker) admit(ctx context.Context, d *delivery) (outcomeKind, error, bo
 
 // forward hands a pool-delivered job of a session to the worker holding it.
 func (w *Worker) forward(ctx context.Context, d *delivery, worker string) error {
-	data, err := queue.EncodeMessage(&d.job, d.capability)
-	if err == nil {
-		_, err = w.client.JetStream().Publish(ctx, w.client.Subjects().WorkerJobs(worker), data,
-			jetstream.WithMsgID(w.client.Subjects().SessionJobMsgID(d.job.ID)))
+	// The message goes on as the front-end signed it: the holder verifies it
+	// as any delivery.
+	m := nats.NewMsg(w.client.Subjects().WorkerJobs(worker))
+	m.Data = d.msg.Data()
+	for _, h := range []string{jobs.SignatureHeader, jobs.TraceHeader} {
+		if v := d.msg.Headers().Get(h); v != "" {
+			m.Header.Set(h, v)
+		}
 	}
+	_, err := w.client.JetStream().PublishMsg(ctx, m, jetstream.WithMsgID(w.client.Subjects().SessionJobMsgID(d.job.ID)))
 	if err != nil {
 		return fmt.Errorf("forward session job to %s: %w", worker, err)
 	}

@@ -69,6 +69,7 @@ type Worker struct {
 	cfg    Config
 	nc     *nats.Conn
 	client *queue.Client
+	verify *queue.Verifier // job messages' signatures
 	rt     sandbox.Runtime
 	log    *slog.Logger
 	tracer trace.Tracer
@@ -98,7 +99,7 @@ func New(nc *nats.Conn, rt sandbox.Runtime, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Worker{cfg: cfg, nc: nc, client: client, rt: rt, log: cfg.Logger.With("worker", cfg.ID), tracer: tracing.Tracer(cfg.Tracing),
+	return &Worker{cfg: cfg, nc: nc, client: client, verify: queue.NewVerifier(nc, cfg.Queue.Subjects), rt: rt, log: cfg.Logger.With("worker", cfg.ID), tracer: tracing.Tracer(cfg.Tracing),
 		health: newHealth(cfg.FailureThreshold), langs: sandbox.Languages(rt)}, nil
 }
 
@@ -218,6 +219,19 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	if err != nil {
 		w.log.Error("dropping undecodable job message", "seq", meta.Sequence.Stream, "err", err)
 		w.settle(ctx, &delivery{msg: msg, log: w.log}, outcome{kind: undecodable, err: err})
+		return
+	}
+	if err := w.verify.Verify(ctx, msg.Data(), msg.Headers().Get(jobs.SignatureHeader)); err != nil {
+		d := &delivery{msg: msg, log: w.log}
+		if errors.Is(err, queue.ErrForgedJob) {
+			// Not published by a front-end: never run, never recorded (its
+			// id, namespace and session are the forger's word).
+			w.log.Error("dropping a forged job message", "seq", meta.Sequence.Stream, "subject", msg.Subject(), "claimed_job", m.ID, "err", err)
+			w.settle(ctx, d, outcome{kind: undecodable, err: err})
+			return
+		}
+		w.log.Warn("cannot check a job message's signature yet: retrying it", "job", m.ID, "err", err)
+		w.settle(ctx, d, outcome{kind: transient, err: err, delivery: o.delivery, maxDeliver: o.maxDeliver})
 		return
 	}
 	d := &delivery{msg: msg, job: m.Job, capability: m.Capability}
