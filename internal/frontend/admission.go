@@ -138,7 +138,7 @@ func (a *admission) reconcileLoop(ctx context.Context) {
 	periodic.Run(ctx, reconcileEvery, func() { a.reconcile(ctx) })
 }
 
-// reconcile reads the records of the jobs the admission counts and settles
+// reconcile reads the statuses of the jobs the admission counts and settles
 // those that started or ended unseen (their events lost).
 func (a *admission) reconcile(ctx context.Context) {
 	a.mu.Lock()
@@ -150,16 +150,18 @@ func (a *admission) reconcile(ctx context.Context) {
 	if len(ids) == 0 {
 		return
 	}
-	recs, err := a.f.state.Jobs(ctx, ids)
+	// Statuses, not records: a tenant's queued jobs may carry megabytes of
+	// code each, and this runs every few seconds.
+	sts, err := a.f.state.Statuses(ctx, ids)
 	if err != nil {
 		return
 	}
-	for _, r := range recs {
+	for id, st := range sts {
 		switch {
-		case r.Status.Terminal():
-			a.observe(r.Job.ID, jobs.EventFinished)
-		case r.Status == jobs.StatusRunning:
-			a.observe(r.Job.ID, jobs.EventStarted)
+		case st.Terminal():
+			a.observe(id, jobs.EventFinished)
+		case st == jobs.StatusRunning:
+			a.observe(id, jobs.EventStarted)
 		}
 	}
 }

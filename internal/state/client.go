@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -174,15 +175,37 @@ func (c *Client) Job(ctx context.Context, id string) (*jobs.Record, error) {
 	return &rec, nil
 }
 
-// Jobs returns the records of those ids that exist.
+// Jobs returns the records of those ids that exist, asking again for those
+// an answer had no room for (MaxReplyBytes).
 func (c *Client) Jobs(ctx context.Context, ids []string) ([]*jobs.Record, error) {
 	var out []*jobs.Record
 	for lo := 0; lo < len(ids); lo += MaxGetMany {
-		var r JobsReply
-		if err := c.call(ctx, OpJobGetMany, JobGetManyRequest{IDs: ids[lo:min(lo+MaxGetMany, len(ids))]}, &r); err != nil {
+		batch := ids[lo:min(lo+MaxGetMany, len(ids))]
+		for len(batch) > 0 {
+			var r JobsReply
+			if err := c.call(ctx, OpJobGetMany, JobGetManyRequest{IDs: batch}, &r); err != nil {
+				return nil, err
+			}
+			out = append(out, r.Jobs...)
+			if len(r.Rest) >= len(batch) {
+				return nil, fmt.Errorf("%s: the state service answered no progress (%d ids left)", OpJobGetMany, len(r.Rest))
+			}
+			batch = r.Rest
+		}
+	}
+	return out, nil
+}
+
+// Statuses returns the statuses of those ids that exist: what Jobs says of
+// them without their records.
+func (c *Client) Statuses(ctx context.Context, ids []string) (map[string]jobs.Status, error) {
+	out := make(map[string]jobs.Status, len(ids))
+	for lo := 0; lo < len(ids); lo += MaxGetMany {
+		var r JobStatusesReply
+		if err := c.call(ctx, OpJobStatuses, JobStatusesRequest{IDs: ids[lo:min(lo+MaxGetMany, len(ids))]}, &r); err != nil {
 			return nil, err
 		}
-		out = append(out, r.Jobs...)
+		maps.Copy(out, r.Statuses)
 	}
 	return out, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -35,6 +36,51 @@ const MaxGetMany = 10_000
 type JobsReply struct {
 	Jobs []*jobs.Record `json:"jobs"`
 	Next string         `json:"next,omitempty"` // cursor of the next page
+	// Rest are the ids of a job.getmany that did not fit in this answer
+	// (MaxReplyBytes): ask for them again.
+	Rest []string `json:"rest,omitempty"`
+}
+
+// MaxReplyBytes bounds the records of one answer: a page or a getmany ends
+// early (with Next or Rest) rather than build an answer near the broker's
+// maximum payload, whatever the records' code weighs. One record always fits.
+const MaxReplyBytes = 2 << 20
+
+// jobsReply is JobsReply with its records already encoded.
+type jobsReply struct {
+	Jobs []json.RawMessage `json:"jobs"`
+	Next string            `json:"next,omitempty"`
+	Rest []string          `json:"rest,omitempty"`
+}
+
+// fit encodes recs until MaxReplyBytes, returning the encoded ones and how
+// many fitted (at least one when there is any).
+func fit(recs []*jobs.Record) ([]json.RawMessage, int, error) {
+	out := make([]json.RawMessage, 0, len(recs))
+	size := 0
+	for _, r := range recs {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return nil, 0, fmt.Errorf("encode record %s: %w", r.Job.ID, err)
+		}
+		if size += len(b) + 1; size > MaxReplyBytes && len(out) > 0 {
+			break
+		}
+		out = append(out, b)
+	}
+	return out, len(out), nil
+}
+
+// JobStatusesRequest is the body of a job.statuses request.
+type JobStatusesRequest struct {
+	IDs []string `json:"ids"`
+}
+
+// JobStatusesReply maps the ids of a job.statuses request that exist to
+// their statuses: what a front-end reconciles its admission counts with,
+// without the records' code and results.
+type JobStatusesReply struct {
+	Statuses map[string]jobs.Status `json:"statuses"`
 }
 
 // MemoryKeyRequest is the body of memory.get, memory.delete and memory.list (where
@@ -149,7 +195,37 @@ func (s *Service) handleJobGetMany(req micro.Request) {
 		return
 	}
 	recs, err := s.store.Jobs(r.IDs)
-	s.respond(req, JobsReply{Jobs: nonNil(recs)}, err)
+	if err != nil {
+		s.respond(req, nil, err)
+		return
+	}
+	enc, n, err := fit(recs)
+	reply := jobsReply{Jobs: enc}
+	if err == nil && n < len(recs) {
+		// recs follow the order of r.IDs: the rest starts after the last fitted.
+		last := recs[n-1].Job.ID
+		if i := slices.Index(r.IDs, last); i >= 0 {
+			reply.Rest = r.IDs[i+1:]
+		}
+	}
+	s.respond(req, reply, err)
+}
+
+func (s *Service) handleJobStatuses(req micro.Request) {
+	var r JobStatusesRequest
+	if !decodeReq(req, &r, OpJobStatuses, `{"ids": ["<job id>", ...]}`) {
+		return
+	}
+	if len(r.IDs) > MaxGetMany {
+		s.respond(req, nil, invalidf("job.statuses takes at most %d ids, got %d", MaxGetMany, len(r.IDs)))
+		return
+	}
+	recs, err := s.store.Jobs(r.IDs)
+	out := JobStatusesReply{Statuses: make(map[string]jobs.Status, len(recs))}
+	for _, rec := range recs {
+		out.Statuses[rec.Job.ID] = rec.Status
+	}
+	s.respond(req, out, err)
 }
 
 func (s *Service) handleJobList(req micro.Request) {
@@ -175,14 +251,15 @@ func (s *Service) list(req micro.Request, f JobFilter) {
 		return
 	}
 	recs, next, err := s.store.List(f)
-	s.respond(req, JobsReply{Jobs: nonNil(recs), Next: next}, err)
-}
-
-func nonNil(recs []*jobs.Record) []*jobs.Record {
-	if recs == nil {
-		return []*jobs.Record{}
+	if err != nil {
+		s.respond(req, nil, err)
+		return
 	}
-	return recs
+	enc, n, err := fit(recs)
+	if n < len(recs) {
+		next = recs[n-1].Job.ID // the store's cursor: the last id answered
+	}
+	s.respond(req, jobsReply{Jobs: enc, Next: next}, err)
 }
 
 func (s *Service) handleMemoryGet(req micro.Request) {

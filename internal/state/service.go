@@ -39,6 +39,7 @@ const AnyNode = "any"
 const (
 	OpJobGet         = "job.get"
 	OpJobGetMany     = "job.getmany"
+	OpJobStatuses    = "job.statuses"
 	OpJobList        = "job.list"
 	OpDeadLetterList = "deadletter.list"
 	OpMemoryGet      = "memory.get"
@@ -86,6 +87,7 @@ type Service struct {
 	admSubs []*nats.Subscription
 	wg      sync.WaitGroup // followers, retention loop, advisory loop, write handlers
 	writes  chan struct{}  // bounds concurrent write handlers
+	reads   chan struct{}  // bounds concurrent read handlers
 }
 
 // NewService returns a Service; Start begins its work.
@@ -98,7 +100,7 @@ func NewService(nc *nats.Conn, store Store, sub jobs.Subjects, logger *slog.Logg
 		logger = slog.New(slog.DiscardHandler)
 	}
 	return &Service{nc: nc, js: js, store: store, sub: sub, logger: logger,
-		Retention: DefaultRetention, writes: make(chan struct{}, 64)}, nil
+		Retention: DefaultRetention, writes: make(chan struct{}, 64), reads: make(chan struct{}, MaxReads)}, nil
 }
 
 // Start follows the streams from where the store left off, waits until it has
@@ -157,14 +159,17 @@ func (s *Service) Start(ctx context.Context) error {
 		op string
 		h  micro.HandlerFunc
 	}{
-		{OpJobGet, s.consistent(s.handleJobGet)},
-		{OpJobGetMany, s.consistent(s.handleJobGetMany)},
-		{OpJobList, s.consistent(s.handleJobList)},
-		{OpDeadLetterList, s.consistent(s.handleDeadLetterList)},
-		{OpMemoryGet, s.consistent(s.handleMemoryGet)},
-		{OpMemoryPut, s.concurrently(s.tracedWrite("put", s.consistent(s.handleMemoryPut)))},
-		{OpMemoryList, s.consistent(s.handleMemoryList)},
-		{OpMemoryDelete, s.concurrently(s.tracedWrite("delete", s.consistent(s.handleMemoryDelete)))},
+		// Reads run side by side too (at most cap(s.reads)): one tenant's
+		// large list does not hold up another's job.get.
+		{OpJobGet, s.concurrently(s.reads, s.consistent(s.handleJobGet))},
+		{OpJobGetMany, s.concurrently(s.reads, s.consistent(s.handleJobGetMany))},
+		{OpJobStatuses, s.concurrently(s.reads, s.consistent(s.handleJobStatuses))},
+		{OpJobList, s.concurrently(s.reads, s.consistent(s.handleJobList))},
+		{OpDeadLetterList, s.concurrently(s.reads, s.consistent(s.handleDeadLetterList))},
+		{OpMemoryGet, s.concurrently(s.reads, s.consistent(s.handleMemoryGet))},
+		{OpMemoryPut, s.concurrently(s.writes, s.tracedWrite("put", s.consistent(s.handleMemoryPut)))},
+		{OpMemoryList, s.concurrently(s.reads, s.consistent(s.handleMemoryList))},
+		{OpMemoryDelete, s.concurrently(s.writes, s.tracedWrite("delete", s.consistent(s.handleMemoryDelete)))},
 	}
 	for _, e := range endpoints {
 		name := endpointName(e.op)
@@ -351,15 +356,19 @@ func (s *Service) sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// concurrently runs h in its own goroutine (at most cap(s.writes) at once), so
-// concurrent writes share bbolt commits (boltstore uses bolt.Batch).
-func (s *Service) concurrently(h micro.HandlerFunc) micro.HandlerFunc {
+// MaxReads bounds the read requests a replica answers at once.
+const MaxReads = 8
+
+// concurrently runs h in its own goroutine, at most cap(slots) at once: so
+// that concurrent writes share bbolt commits (boltstore uses bolt.Batch), and
+// a slow read (a large page) does not queue every other read behind it.
+func (s *Service) concurrently(slots chan struct{}, h micro.HandlerFunc) micro.HandlerFunc {
 	return func(req micro.Request) {
-		s.writes <- struct{}{}
+		slots <- struct{}{}
 		s.mu.Lock()
 		if s.stopped {
 			s.mu.Unlock()
-			<-s.writes
+			<-slots
 			_ = req.Error(CodeUnavailable, "this state replica is stopping: retry", nil) // the asker may be gone
 			return
 		}
@@ -371,7 +380,7 @@ func (s *Service) concurrently(h micro.HandlerFunc) micro.HandlerFunc {
 		d := &detached{nc: s.nc, subject: req.Subject(), reply: req.Reply(), data: req.Data(), headers: req.Headers()}
 		go func() {
 			defer s.wg.Done()
-			defer func() { <-s.writes }()
+			defer func() { <-slots }()
 			h(d)
 		}()
 	}

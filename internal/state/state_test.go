@@ -220,3 +220,80 @@ func TestRetriedPutLandsOnce(t *testing.T) {
 		t.Fatalf("create over an existing key: %v, want a conflict", err)
 	}
 }
+
+// TestLargeRecordsAnswerInParts attacks the state service the way a greedy
+// tenant did: queued jobs whose code weighs 256 KiB each, more of them than
+// one answer can carry under the broker's maximum payload (24 MiB). The
+// admission reconcile asks for their statuses only; a getmany of all of them
+// and a list page of all of them come back in bounded parts (Rest, Next),
+// with every record, instead of failing on every retry.
+func TestLargeRecordsAnswerInParts(t *testing.T) {
+	t.Parallel()
+	b := testutil.Broker(t, "", queue.DefaultConfig())
+	nc := testutil.Connect(t, b, "greedy")
+	qc, err := queue.NewClient(nc, jobs.Subjects{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := state.NewClient(nc, jobs.Subjects{})
+	c.EventsFloor = qc.EventsSeq // reads see the submissions
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	code := "# " + strings.Repeat("x", 256<<10)
+	const n = 40 // 10 MiB of code: five answers of records
+	var js []*jobs.Job
+	ids := make([]string, 0, n)
+	for range n {
+		j := &jobs.Job{ID: jobs.NewID(), Code: code, Pool: "nobody-serves-this", Timeout: 10, MaxAttempts: 1, SubmittedAt: time.Now().UTC()}
+		js = append(js, j)
+		ids = append(ids, j.ID)
+	}
+	for i, err := range qc.SubmitMany(ctx, js) {
+		if err != nil {
+			t.Fatalf("submit %d: %v", i, err)
+		}
+	}
+	recs, err := c.Jobs(ctx, ids)
+	if err != nil || len(recs) != n {
+		t.Fatalf("getmany of %d large records: %d records, %v", n, len(recs), err)
+	}
+	for i, r := range recs {
+		if r.Job.ID != ids[i] || len(r.Job.Code) != len(code) {
+			t.Fatalf("record %d: %s with %d bytes of code", i, r.Job.ID, len(r.Job.Code))
+		}
+	}
+	sts, err := c.Statuses(ctx, ids)
+	if err != nil || len(sts) != n {
+		t.Fatalf("statuses: %d, %v", len(sts), err)
+	}
+	for id, st := range sts {
+		if st != jobs.StatusQueued {
+			t.Fatalf("%s is %s, want queued", id, st)
+		}
+	}
+	seen, pages := map[string]bool{}, 0
+	f := state.JobFilter{Limit: 1000}
+	for {
+		page, next, err := c.List(ctx, f)
+		if err != nil {
+			t.Fatalf("list page %d: %v", pages, err)
+		}
+		pages++
+		size := 0
+		for _, r := range page {
+			seen[r.Job.ID] = true
+			size += len(r.Job.Code)
+		}
+		if size > state.MaxReplyBytes+len(code) {
+			t.Fatalf("a page of %d bytes of code, over the %d bound", size, state.MaxReplyBytes)
+		}
+		if next == "" {
+			break
+		}
+		f.Cursor = next
+	}
+	if len(seen) != n || pages < 2 {
+		t.Fatalf("listed %d of %d records in %d pages", len(seen), n, pages)
+	}
+	t.Logf("%d records of %d KiB: %d list pages", n, len(code)>>10, pages)
+}
