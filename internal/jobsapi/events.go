@@ -16,6 +16,7 @@ import (
 // Bounds of GET /api/events.
 const (
 	MaxEventStreams  = 256              // open at once on one front-end
+	MaxNSStreams     = 16               // of those, open at once for one namespace
 	eventKeepalive   = 15 * time.Second // a comment line when nothing happens
 	eventWriteWithin = 10 * time.Second // a client that does not read is dropped
 )
@@ -44,14 +45,18 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 		}
 		after, resume = n, true
 	}
-	select {
-	case a.streams <- struct{}{}:
-		defer func() { <-a.streams }()
-	default:
+	ns := a.cfg.Namespace(r.Context())
+	release, ok := a.streams.Take(ns)
+	if !ok {
 		w.Header().Set("Retry-After", "5")
+		if mine, _ := a.streams.InUse(ns); mine >= MaxNSStreams {
+			writeError(w, http.StatusTooManyRequests, "too_many_streams", fmt.Sprintf("namespace %q already has %d event streams open on this front-end: close one (one stream with filters can follow many jobs)", ns, mine), nil)
+			return
+		}
 		writeError(w, http.StatusServiceUnavailable, "too_many_streams", fmt.Sprintf("this front-end already serves %d event streams: retry later, or use another front-end", MaxEventStreams), nil)
 		return
 	}
+	defer release()
 	ctx, cancel := context.WithCancel(r.Context())
 	evs := make(chan jobs.EventView, 64)
 	errc := make(chan error, 1)
@@ -60,7 +65,7 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 	defer func() { cancel(); <-followed }()
 	go func() {
 		defer close(followed)
-		errc <- a.be.Follow(ctx, a.cfg.Namespace(r.Context()), after, resume, func(ev jobs.EventView) error {
+		errc <- a.be.Follow(ctx, ns, after, resume, func(ev jobs.EventView) error {
 			if !match(ev) {
 				return nil
 			}

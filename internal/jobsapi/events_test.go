@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
@@ -153,5 +154,44 @@ func TestEventsResume(t *testing.T) {
 		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body.Error.Message, c.contains) {
 			t.Errorf("%s %s: %d %+v", c.query, c.lastID, resp.StatusCode, body)
 		}
+	}
+}
+
+// TestGreedyTenantCannotTakeEveryStream: namespace a opens event streams
+// until it is refused (429, its own cap, well below the front-end's), and
+// namespace b still opens one; once a closes one, a may open one again.
+func TestGreedyTenantCannotTakeEveryStream(t *testing.T) {
+	t.Parallel()
+	e := setup(t, false)
+	var mine []*sse
+	for range jobsapi.MaxNSStreams {
+		mine = append(mine, openEvents(t, e, "tok-a", "", ""))
+	}
+	code, body := e.call(t, "tok-a", http.MethodGet, "/api/events", nil)
+	if code != http.StatusTooManyRequests || !strings.Contains(string(body), "too_many_streams") || !strings.Contains(string(body), "close one") {
+		t.Fatalf("stream %d of namespace a: %d %s", jobsapi.MaxNSStreams+1, code, body)
+	}
+	openEvents(t, e, "tok-b", "", "") // fails the test unless it opens
+	mine[0].close()
+	// The slot comes back when the handler has returned.
+	for i := 0; ; i++ {
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.url+"/api/events", nil)
+		req.Header.Set("Authorization", "Bearer tok-a")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		ok := resp.StatusCode == http.StatusOK
+		_ = resp.Body.Close()
+		cancel()
+		if ok {
+			break
+		}
+		if i == 100 {
+			t.Fatalf("namespace a never got its closed stream's slot back: %d", resp.StatusCode)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

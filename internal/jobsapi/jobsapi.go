@@ -29,6 +29,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/errs"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/slots"
 )
 
 // Backend is what the API needs of a front-end, in job types only;
@@ -78,7 +79,7 @@ func New(cfg Config) http.Handler {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	a := &api{cfg: cfg, be: cfg.Backend, streams: make(chan struct{}, MaxEventStreams)}
+	a := &api{cfg: cfg, be: cfg.Backend, streams: &slots.Keyed{Max: MaxNSStreams, Total: MaxEventStreams}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /api/jobs", a.submit)
 	mux.HandleFunc("GET /api/jobs", a.list)
@@ -103,7 +104,7 @@ func New(cfg Config) http.Handler {
 type api struct {
 	cfg     Config
 	be      Backend
-	streams chan struct{} // open event streams
+	streams *slots.Keyed // open event streams, per namespace
 }
 
 // JobRequest is one job as submitted to POST /api/jobs.
