@@ -3,6 +3,7 @@ package mcpserver
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/slots"
 	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
@@ -48,9 +50,43 @@ type HTTPOptions struct {
 	Extra map[string]http.Handler
 	// Tasks, when set, answers the task methods in front of s (NewTasks).
 	Tasks *Tasks
+	// SessionKey signs MCP session ids to the namespace that opened them
+	// (empty: a random key, so sessions are this process's own). Front-ends
+	// of one fleet that share it accept each other's sessions.
+	SessionKey []byte
+	// MaxRequestsPerToken bounds the requests one token has in flight at
+	// once (waits, synchronous runs, event streams); 0: DefaultMaxRequestsPerToken.
+	MaxRequestsPerToken int
+
+	inFlight *slots.Keyed // set by Handler
 }
 
+// DefaultMaxRequestsPerToken is the requests one token may have in flight on
+// one front-end: long ones (a synchronous run, /wait, tasks/result, an event
+// stream) hold a connection and a goroutine each.
+const DefaultMaxRequestsPerToken = 64
+
 type ctxKey struct{}
+
+// tokenKey is the in-flight count key of a token (its hash: the map holds no
+// secret).
+func tokenKey(tok string) string {
+	sum := sha256.Sum256([]byte(tok))
+	return string(sum[:16])
+}
+
+// ownSessionsOnly refuses a request carrying an MCP session id that its
+// namespace did not open, whatever its method (a GET would otherwise listen
+// to another tenant's notifications, a DELETE end its session).
+func ownSessionsOnly(ids *sessionIDs, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if sid := r.Header.Get(server.HeaderKeySessionID); sid != "" && !ids.sessionOwned(r.Context(), sid) {
+			httpError(w, http.StatusNotFound, "unknown_session", "no such MCP session for this token: start a new one with initialize")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
 
 type adminKey struct{}
 
@@ -74,8 +110,10 @@ func Handler(s *server.MCPServer, opts HTTPOptions) http.Handler {
 	if opts.MaxBody <= 0 {
 		opts.MaxBody = 4 << 20
 	}
+	ids := newSessionIDs(opts.SessionKey)
 	streamable := server.NewStreamableHTTPServer(s,
 		server.WithEndpointPath("/mcp"),
+		server.WithSessionIdManagerResolver(ids),
 		// guard checks Host itself, with AllowedHosts, for /mcp and /api alike.
 		server.WithDisableLocalhostProtection(true),
 		server.WithHTTPContextFunc(func(ctx context.Context, r *http.Request) context.Context {
@@ -92,6 +130,11 @@ func Handler(s *server.MCPServer, opts HTTPOptions) http.Handler {
 	if opts.Tasks != nil {
 		mcpHandler = opts.Tasks.HTTP(streamable)
 	}
+	mcpHandler = ownSessionsOnly(ids, mcpHandler)
+	if opts.MaxRequestsPerToken <= 0 {
+		opts.MaxRequestsPerToken = DefaultMaxRequestsPerToken
+	}
+	opts.inFlight = &slots.Keyed{Max: opts.MaxRequestsPerToken}
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", guard(mcpHandler, opts))
 	if opts.API != nil {
@@ -147,6 +190,15 @@ func guard(next http.Handler, opts HTTPOptions) http.Handler {
 				return
 			}
 			r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, ns))
+			if opts.inFlight != nil {
+				release, ok := opts.inFlight.Take(tokenKey(tok))
+				if !ok {
+					w.Header().Set("Retry-After", "1")
+					httpError(w, http.StatusTooManyRequests, "too_many_requests", fmt.Sprintf("this token already has %d requests in flight on this front-end: wait for some to finish (use tasks or /api/jobs for many jobs at once)", opts.MaxRequestsPerToken))
+					return
+				}
+				defer release()
+			}
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, opts.MaxBody)
 		// A caller's W3C traceparent becomes the parent of the jobs it

@@ -2,12 +2,14 @@ package mcpserver
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mark3labs/mcp-go/server"
 )
@@ -179,5 +181,123 @@ func TestAdminTokens(t *testing.T) {
 		if _, err := LoadTokensFile(p); err == nil {
 			t.Errorf("%s: loaded", bad)
 		}
+	}
+}
+
+// mcpPost posts one JSON-RPC message to /mcp as token (with session, when
+// set) and returns the status, the session id answered and the body.
+func mcpPost(t *testing.T, url, token, session, body string) (int, string, string) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url+"/mcp", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("MCP-Protocol-Version", "2025-11-25")
+	if session != "" {
+		req.Header.Set(server.HeaderKeySessionID, session)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }() // read below
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header.Get(server.HeaderKeySessionID), string(b)
+}
+
+const initialize = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`
+
+// TestSessionsBelongToTheirNamespace attacks with another tenant's MCP
+// session id: bob holds alice's session id (from a log, say) and uses it to
+// call, listen and end it; each is refused as an unknown session, as is a
+// well-formed id nobody issued, while alice's own requests go through.
+func TestSessionsBelongToTheirNamespace(t *testing.T) {
+	s := server.NewMCPServer("t", "0")
+	hs := httptest.NewServer(Handler(s, HTTPOptions{Tokens: map[string]string{"alice-token-1": "alice", "bob-token-12": "bob"}}))
+	defer hs.Close()
+	code, sid, body := mcpPost(t, hs.URL, "alice-token-1", "", initialize)
+	if code != http.StatusOK || !strings.HasPrefix(sid, sessionPrefix) {
+		t.Fatalf("initialize: %d %q %s", code, sid, body)
+	}
+	ping := `{"jsonrpc":"2.0","id":2,"method":"ping"}`
+	if code, _, body := mcpPost(t, hs.URL, "alice-token-1", sid, ping); code != http.StatusOK {
+		t.Fatalf("alice's own session: %d %s", code, body)
+	}
+	forged := sessionPrefix + "0b3c6a1e-2f4d-4c8e-9a7b-1d2e3f4a5b6c.AAAAAAAAAAAAAAAAAAAAAAAA"
+	for _, sess := range []string{sid, forged, strings.TrimSuffix(sid, sid[strings.LastIndexByte(sid, '.'):])} {
+		if code, _, body := mcpPost(t, hs.URL, "bob-token-12", sess, ping); code != http.StatusNotFound || !strings.Contains(body, "unknown_session") {
+			t.Fatalf("bob with session %q: %d %s", sess, code, body)
+		}
+		for _, method := range []string{http.MethodGet, http.MethodDelete} {
+			req, _ := http.NewRequest(method, hs.URL+"/mcp", nil)
+			req.Header.Set("Authorization", "Bearer bob-token-12")
+			req.Header.Set("Accept", "text/event-stream")
+			req.Header.Set(server.HeaderKeySessionID, sess)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = resp.Body.Close() // the status is what matters
+			if resp.StatusCode != http.StatusNotFound {
+				t.Fatalf("bob %s with session %q: %d", method, sess, resp.StatusCode)
+			}
+		}
+	}
+	if code, _, body := mcpPost(t, hs.URL, "alice-token-1", forged, ping); code != http.StatusNotFound {
+		t.Fatalf("alice with a forged session: %d %s", code, body)
+	}
+}
+
+// TestRequestsPerTokenAreBounded: a token with its requests in flight (long
+// ones: open event streams here) is refused one more with 429, and another
+// token is not; a finished request gives its slot back.
+func TestRequestsPerTokenAreBounded(t *testing.T) {
+	s := server.NewMCPServer("t", "0")
+	hold := make(chan struct{})
+	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/api/hold" {
+			<-hold
+		}
+		w.WriteHeader(http.StatusTeapot)
+	})
+	hs := httptest.NewServer(Handler(s, HTTPOptions{Tokens: map[string]string{"alice-token-1": "alice", "bob-token-12": "bob"}, API: api, MaxRequestsPerToken: 2}))
+	defer hs.Close()
+	get := func(token, path string) int {
+		req, _ := http.NewRequest("GET", hs.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return 0
+		}
+		_ = resp.Body.Close() // the status is what matters
+		return resp.StatusCode
+	}
+	done := make(chan int, 2)
+	for range 2 {
+		go func() { done <- get("alice-token-1", "/api/hold") }()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		code := get("alice-token-1", "/api/x")
+		if code == http.StatusTooManyRequests {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a third request of a token with two in flight: %d", code)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if code := get("bob-token-12", "/api/x"); code != http.StatusTeapot {
+		t.Fatalf("another token: %d", code)
+	}
+	close(hold)
+	for range 2 {
+		if code := <-done; code != http.StatusTeapot {
+			t.Fatalf("held request: %d", code)
+		}
+	}
+	if code := get("alice-token-1", "/api/x"); code != http.StatusTeapot {
+		t.Fatalf("after the held ones ended: %d", code)
 	}
 }

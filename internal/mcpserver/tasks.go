@@ -19,6 +19,7 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/slots"
 	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
@@ -48,7 +49,7 @@ type Tasks struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup // status watchers and stdio answers
-	watchers chan struct{}  // bounds status watchers
+	watchers *slots.Keyed   // bounds status watchers, per namespace
 }
 
 // Task bounds.
@@ -57,7 +58,9 @@ const (
 	// default retention of finished jobs.
 	DefaultTaskTTL      = 7 * 24 * time.Hour
 	taskPollInterval    = 250 * time.Millisecond
-	maxStatusWatchers   = 256 // tasks whose status change a front-end notifies at once
+	maxStatusWatchers   = 256       // tasks whose status change a front-end notifies at once
+	maxNSWatchers       = 32        // of those, one namespace's
+	maxWatch            = time.Hour // a watcher gives up then: the client polls tasks/get
 	maxTaskListPage     = 100
 	maxStdioMessageSize = 16 << 20
 )
@@ -76,7 +79,7 @@ func NewTasks(srv *server.MCPServer, r Runner, opts Options, ttl time.Duration) 
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Tasks{b: b, h: &handler{r: r, opts: opts}, srv: srv, ttl: ttl, poll: taskPollInterval,
-		ctx: ctx, cancel: cancel, watchers: make(chan struct{}, maxStatusWatchers)}
+		ctx: ctx, cancel: cancel, watchers: &slots.Keyed{Max: maxNSWatchers, Total: maxStatusWatchers}}
 }
 
 // Close stops status watchers and waits for every goroutine t started.
@@ -207,16 +210,17 @@ func (t *Tasks) create(ctx context.Context, ns, session string, params json.RawM
 // watch sends the task's terminal status to session when the job ends, if
 // the front-end is not already watching too many.
 func (t *Tasks) watch(ns, session, id string) {
-	select {
-	case t.watchers <- struct{}{}:
-	default:
+	release, ok := t.watchers.Take(ns)
+	if !ok {
 		return // notifications are optional: the client polls tasks/get
 	}
 	t.wg.Add(1)
 	go func() {
 		defer t.wg.Done()
-		defer func() { <-t.watchers }()
-		rec, err := t.b.Wait(t.ctx, ns, id)
+		defer release()
+		ctx, cancel := context.WithTimeout(t.ctx, maxWatch)
+		defer cancel()
+		rec, err := t.b.Wait(ctx, ns, id)
 		if err != nil || rec == nil || !rec.Status.Terminal() {
 			return
 		}
@@ -449,16 +453,25 @@ func (t *Tasks) Stdio(in io.Reader, out io.Writer) (io.Reader, io.Writer) {
 // stdioSessionID is the id mcp-go gives the one stdio session.
 const stdioSessionID = "stdio"
 
-// readLine returns the next line of br with its newline; a line over max
-// bytes is returned cut at max (mcp-go then answers it as a parse error).
+// readLine returns the next line of br with its newline. A line over max
+// bytes is read to its end and dropped whole: what is returned for it is a
+// line that never parses as a message (mcp-go answers a parse error), never a
+// part of it, nor its start joined to its end.
 func readLine(br *bufio.Reader, max int) ([]byte, error) {
 	var line []byte
+	over := false
 	for {
 		chunk, err := br.ReadSlice('\n')
-		if len(line)+len(chunk) <= max {
+		if !over && len(line)+len(chunk) > max {
+			over, line = true, nil
+		}
+		if !over {
 			line = append(line, chunk...)
 		}
 		if !errors.Is(err, bufio.ErrBufferFull) {
+			if over {
+				line = fmt.Appendf(nil, "<a message over %d bytes was dropped>\n", max)
+			}
 			return line, err
 		}
 	}
