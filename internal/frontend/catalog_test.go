@@ -149,6 +149,34 @@ try { await callTool("files", "echo", { text: "x" }); } catch (err) { console.lo
 	}
 }
 
+// TestDiscoveryFollowsPolicy: discovered_servers and capability_summary
+// name only the servers the namespace may use, as find_servers does: not a
+// configured server its policy leaves out, not a catalog server it has not
+// enabled (the review found both named), and a catalog server once enabled.
+func TestDiscoveryFollowsPolicy(t *testing.T) {
+	t.Parallel()
+	cfg := frontend.Config{Policies: map[string]frontend.Policy{"default": {Servers: []string{"ts", "weather"}}}}
+	s := setup(t, t.TempDir(), cfg, testutil.TestServerDef(t, "ts", nil),
+		testutil.TestServerDef(t, "excluded-srv", nil),
+		catalogDef(t, "weather", "Weather forecasts and severe weather alerts"),
+		catalogDef(t, "catalog-excluded", "A catalog server the policy leaves out"))
+	c := testutil.MCPClientWith(t, s.fe, mcpserver.Options{Servers: s.pool.Names, Definitions: s.pool.Servers, Catalog: s.fe}, mcpserver.HTTPOptions{})
+	code := `
+print(discovered_servers(), [d["name"] for d in discovered_servers(detailed=True)])
+summary = capability_summary()
+print([n for n in ("excluded-srv", "catalog-excluded", "weather") if n in summary])
+`
+	got := mustRun(t, c, code+`print([h["name"] for h in find_servers()])
+enable_server("weather")`, "ts")
+	if want := "['ts'] ['ts']\n[]\n['weather']"; got != want {
+		t.Fatalf("before enabling:\n%s\nwant:\n%s", got, want)
+	}
+	// Enabled, the catalog server is the namespace's: both name it.
+	if got, want := mustRun(t, c, code, "ts"), "['ts', 'weather'] ['ts', 'weather']\n['weather']"; got != want {
+		t.Fatalf("after enabling:\n%s\nwant:\n%s", got, want)
+	}
+}
+
 // TestCatalogHostile: what sandbox code may send the catalog is checked:
 // names, unknown and configured servers, oversized queries, the reserved
 // memory entry, the cap on enabled servers.

@@ -322,20 +322,32 @@ type serverInfo struct {
 	Source      string `json:"source,omitempty"`
 }
 
-// discovered answers discovered_servers: the servers configured on this
-// front-end and the catalog servers the job's namespace enabled.
+// namespaceServers are the servers the job's namespace may use, in the pool's
+// order: the configured servers its policy allows, and the catalog servers it
+// has enabled (EnabledServers applies the policy too), as find_servers and
+// the proxy's own checks go by. When the enabled set cannot be read, it
+// returns the configured ones with the error.
+func (h *proxyHandler) namespaceServers(ctx context.Context, rj *runningJob) ([]discovery.Server, error) {
+	if h.tools() == nil {
+		return nil, nil
+	}
+	enabled, err := h.f.EnabledServers(ctx, rj.namespace())
+	p := h.f.policyFor(rj.namespace())
+	var out []discovery.Server
+	for _, s := range h.tools().Servers() {
+		if s.Catalog && slices.Contains(enabled, s.Name) || !s.Catalog && p.allowsServer(s.Name) {
+			out = append(out, s)
+		}
+	}
+	return out, err
+}
+
+// discovered answers discovered_servers: the servers the job's namespace may
+// use (namespaceServers).
 func (h *proxyHandler) discovered(ctx context.Context, rj *runningJob, detailed bool) (any, error) {
-	var all []discovery.Server
-	if h.tools() != nil {
-		enabled, err := h.f.EnabledServers(ctx, rj.namespace())
-		if err != nil {
-			return nil, err
-		}
-		for _, s := range h.tools().Servers() {
-			if !s.Catalog || slices.Contains(enabled, s.Name) {
-				all = append(all, s)
-			}
-		}
+	all, err := h.namespaceServers(ctx, rj)
+	if err != nil {
+		return nil, err
 	}
 	if !detailed {
 		names := make([]string, 0, len(all))
@@ -522,11 +534,12 @@ func (h *proxyHandler) summary(ctx context.Context, rj *runningJob) string {
 		}
 	}
 	var others []string
-	if h.tools() != nil {
-		for _, s := range h.tools().Servers() {
-			if !rj.servers[s.Name] {
-				others = append(others, s.Name)
-			}
+	// The namespace's other servers; without its enabled catalog servers
+	// when they cannot be read now (an overview says less, not more).
+	all, _ := h.namespaceServers(ctx, rj)
+	for _, s := range all {
+		if !rj.servers[s.Name] {
+			others = append(others, s.Name)
 		}
 	}
 	if len(others) > 0 {

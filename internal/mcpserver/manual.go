@@ -42,7 +42,8 @@ A tool error raises ` + "`MCPError`" + ` (a RuntimeError) with the server's mess
 
 ## Discovering tools (plain functions; awaiting them works too)
 - ` + "`list_servers()`" + `: the servers this run may call.
-- ` + "`discovered_servers(detailed=False)`" + `: every server the front-end knows; detailed gives
+- ` + "`discovered_servers(detailed=False)`" + `: every server your namespace may use (the catalog's
+  once enabled); detailed gives
   name, alias, description, transport, and "available" (given to this run).
 - ` + "`query_tool_docs(server, tool=None, detail=\"summary\"|\"full\")`" + `: summary, Python-like
   signature and description of each tool (or one); "full" adds the input schema.

@@ -68,9 +68,12 @@ def _spawn_zygote(host_sock, zygote_main):
     return _Zygote(pid, parent_end)
 
 
-# Writable places of a container that a job may leave things in; a sandbox
-# that serves another job is wiped of them first.
-WRITABLE = ("/tmp", "/workspace", "/dev/shm")
+# Every place of a container that a job's user can write, and so may leave
+# things in for the next job: a sandbox that serves another job has each
+# emptied first. /dev/mqueue holds POSIX message queues (the container's own
+# IPC namespace); removing its entries is mq_unlink. The reuse test
+# (podman.TestReuseWithinNamespace) fails on a writable place not listed here.
+WRITABLE = ("/tmp", "/workspace", "/dev/shm", "/dev/mqueue")
 
 
 class _Supervisor:
@@ -356,8 +359,8 @@ class _Supervisor:
     def sweep(self):
         """After a fresh job: kill what it left running and wipe what it wrote.
         Returns whether the sandbox may serve another job of the same caller;
-        any sign of damage (a leftover process, something that cannot be
-        wiped, System V IPC objects, a stopped zygote, memory still held)
+        any sign of damage (a leftover process, something in WRITABLE that
+        cannot be removed, System V IPC objects, a stopped zygote, memory still held)
         retires it."""
         if not self.reset_ok:
             return False

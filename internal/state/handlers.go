@@ -275,10 +275,11 @@ func (s *Service) handleMemoryGet(req micro.Request) {
 }
 
 // handleMemoryPut writes through the memory stream: it checks the write and
-// the namespace's quota against this replica, publishes it (compare-and-set is
-// JetStream's expected last subject sequence), waits until this replica has
-// applied it, and answers the stored entry, whose version is the write's
-// stream sequence.
+// the namespace's quota against this replica (reserving the bytes it adds
+// until the write is folded, so that concurrent writes cannot pass the quota
+// together), publishes it (compare-and-set is JetStream's expected last
+// subject sequence), waits until this replica has applied it, and answers the
+// stored entry, whose version is the write's stream sequence.
 func (s *Service) handleMemoryPut(req micro.Request) {
 	var r MemoryPutRequest
 	if !decodeReq(req, &r, OpMemoryPut, `{"memory": {...}, "if_version": N}`) {
@@ -329,11 +330,14 @@ func (s *Service) handleMemoryPut(req micro.Request) {
 			expect = r.IfVersion
 		}
 	}
-	if err := s.store.QuotaCheck(op, r.MaxBytes); err != nil {
+	res, err := s.quota.reserve(m.Namespace, func(reserved int64) (int64, error) {
+		return s.store.QuotaCheck(op, r.MaxBytes, reserved)
+	})
+	if err != nil {
 		s.respond(req, nil, fmt.Errorf("%w: %w", ErrInvalid, err))
 		return
 	}
-	seq, err := s.writeMemory(op, expect)
+	seq, err := s.writeMemory(op, expect, res)
 	if isWrongLastSeq(err) && r.WriteID != "" {
 		// Refused: unless this is a retry of a write that landed after
 		// what this replica has applied. Catch up with the stream, look again.
@@ -368,10 +372,13 @@ func (s *Service) catchUpMemory() error {
 }
 
 // writeMemory publishes op (with the expected last sequence of its key's
-// subject, when set) and waits until this replica has applied it.
-func (s *Service) writeMemory(op MemoryOp, expect *uint64) (uint64, error) {
+// subject, when set) and waits until this replica has applied it. res, the
+// quota op reserved (nil: none), ends when op is folded, or now when op is
+// not published.
+func (s *Service) writeMemory(op MemoryOp, expect *uint64, res *reservation) (uint64, error) {
 	data, err := json.Marshal(op)
 	if err != nil {
+		s.quota.release(res)
 		return 0, err
 	}
 	msg := nats.NewMsg(s.sub.Memory(op.Namespace, op.Key))
@@ -387,6 +394,11 @@ func (s *Service) writeMemory(op MemoryOp, expect *uint64) (uint64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), writeWait)
 	defer cancel()
 	ack, err := s.js.PublishMsg(ctx, msg)
+	if err != nil {
+		s.quota.release(res)
+	} else {
+		s.quota.published(res, ack.Sequence)
+	}
 	if isWrongLastSeq(err) {
 		return 0, err
 	}
@@ -443,7 +455,7 @@ func (s *Service) handleMemoryDelete(req micro.Request) {
 	}
 	if err == nil {
 		now := time.Now().UTC()
-		_, err = s.writeMemory(MemoryOp{Op: MemoryDeleteOp, Namespace: r.Namespace, Key: r.Key, At: now, CreatedAt: now}, nil)
+		_, err = s.writeMemory(MemoryOp{Op: MemoryDeleteOp, Namespace: r.Namespace, Key: r.Key, At: now, CreatedAt: now}, nil, nil)
 	}
 	s.respond(req, MemoryDeleteReply{Deleted: err == nil}, err)
 }

@@ -46,8 +46,10 @@ type Store interface {
 	// WriteSeq returns the sequence a write id was applied at, if it was.
 	WriteSeq(id string) (uint64, bool, error)
 	// QuotaCheck reports ErrQuota when op would take its namespace over
-	// maxBytes.
-	QuotaCheck(op MemoryOp, maxBytes int64) error
+	// maxBytes, counting reserved bytes (writes checked, not yet folded) as
+	// held, and returns the bytes op adds to its namespace (at most 0 for a
+	// write that does not grow it).
+	QuotaCheck(op MemoryOp, maxBytes, reserved int64) (grow int64, err error)
 
 	// Backup writes a consistent copy of the store to path and returns its size.
 	Backup(path string) (int64, error)

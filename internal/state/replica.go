@@ -278,6 +278,7 @@ func (s *Service) applyMemory(msgs []jetstream.Msg, last uint64) error {
 	if err := s.store.ApplyMemory(ops, last); err != nil {
 		return err
 	}
+	s.quota.fold(last) // the store counts these writes now
 	s.applied.advance(0, last)
 	return nil
 }

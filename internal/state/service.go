@@ -75,8 +75,9 @@ type Service struct {
 	Tracing trace.TracerProvider
 	tracer  trace.Tracer // from Tracing, by Start; nil: no spans
 
-	key     []byte     // the fleet's proxy key, which proves workers' events; set by Start
-	applied *applied   // set by Start
+	key     []byte   // the fleet's proxy key, which proves workers' events; set by Start
+	applied *applied // set by Start
+	quota   *reservations
 	sched   *scheduler // releases waiting jobs; set by Start
 
 	mu      sync.Mutex // guards cancel, svc, advSub, admSubs, stopped, and wg.Add of write handlers
@@ -100,7 +101,7 @@ func NewService(nc *nats.Conn, store Store, sub jobs.Subjects, logger *slog.Logg
 		logger = slog.New(slog.DiscardHandler)
 	}
 	return &Service{nc: nc, js: js, store: store, sub: sub, logger: logger,
-		Retention: DefaultRetention, writes: make(chan struct{}, 64), reads: make(chan struct{}, MaxReads)}, nil
+		Retention: DefaultRetention, writes: make(chan struct{}, 64), reads: make(chan struct{}, MaxReads), quota: newReservations()}, nil
 }
 
 // Start follows the streams from where the store left off, waits until it has

@@ -393,9 +393,12 @@ print(mem[0], cpu[0])`
 
 // TestReuseWithinNamespace: a container serves the next job of the same
 // namespace, each job in a fresh process, with nothing of the last job
-// visible (files in every writable place, environment, Python globals,
-// modules, builtins); a job that leaves a process behind retires its
-// container; another namespace never gets it.
+// visible (files in every writable place, a POSIX message queue,
+// environment, Python globals, modules, builtins); a job that leaves a
+// process behind retires its container; another namespace never gets it.
+// The writable places are the supervisor's list (WRITABLE), and the next
+// job checks that the list names every place in the container its user can
+// write: a new writable mount fails here until the sweep empties it.
 func TestReuseWithinNamespace(t *testing.T) {
 	rt := newRuntime(t, Config{Pool: 1})
 	run := func(tenant, code string) string {
@@ -407,9 +410,19 @@ func TestReuseWithinNamespace(t *testing.T) {
 		return strings.TrimSpace(res.Stdout)
 	}
 	const who = "import os, socket\nprint(socket.gethostname(), os.getpid())\n"
-	const dirty = who + `import os, sys, builtins, json
+	// The list the sweep empties, as the supervisor (imported by the
+	// runner before it forked this job's process) holds it.
+	const writable = "WRITABLE = sys.modules['mcpexec_supervisor'].WRITABLE\n"
+	const dirty = who + `import os, sys, builtins, json, ctypes
+` + writable + `for top in WRITABLE:
+    os.close(os.open(top + "/left", os.O_CREAT | os.O_WRONLY, 0o600))
 for p in ("/tmp/x", "/workspace/y", "/dev/shm/z"):
     open(p, "w").write("left")
+# A POSIX message queue with a message in it, for the next job to read.
+rt = ctypes.CDLL("librt.so.1", use_errno=True)
+q = rt.mq_open(b"/left", os.O_CREAT | os.O_WRONLY, 0o600, None)
+if q < 0 or rt.mq_send(q, b"secret", 6, 0) != 0:
+    raise OSError(ctypes.get_errno(), "mq_open/mq_send")
 os.makedirs("/tmp/d/e", exist_ok=True)
 open("/tmp/d/e/f", "w").write("left")
 os.chmod("/tmp/d/e", 0)
@@ -424,8 +437,25 @@ builtins.LEFT = 1
 json.LEFT = 1
 sys.modules["left"] = json
 LEFT = 1`
-	const check = who + `import os, sys, builtins, json
-seen = [p for p in ("/tmp/x", "/workspace/y", "/dev/shm/z", "/tmp/d", "/tmp/fill") if os.path.exists(p)]
+	const check = who + `import os, sys, builtins, json, ctypes, stat
+` + writable + `seen = [p for p in ("/tmp/x", "/workspace/y", "/dev/shm/z", "/tmp/d", "/tmp/fill") if os.path.exists(p)]
+seen += [top + "/" + n for top in WRITABLE for n in os.listdir(top)]
+rt = ctypes.CDLL("librt.so.1", use_errno=True)
+if rt.mq_open(b"/left", os.O_RDONLY, 0, None) >= 0:
+    seen.append("mq /left")
+# Every place this user can write (outside /proc, which is per process) is
+# in the list.
+for root, dirs, files in os.walk("/"):
+    if root == "/":
+        dirs[:] = [d for d in dirs if d not in ("proc",)]
+    for n in dirs + files:
+        p = os.path.join(root, n)
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        if (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)) and os.access(p, os.W_OK) and p not in WRITABLE:
+            seen.append("unlisted " + p)
 seen += [n for n in ("LEFT",) if n in os.environ]
 seen += [n for n, o in (("builtins", builtins), ("json", json)) if hasattr(o, "LEFT")]
 seen += [m for m in ("left",) if m in sys.modules]

@@ -75,18 +75,20 @@ func (s *Store) MemoryList(ns, prefix string) ([]state.Memory, error) {
 func memEntry(op state.MemoryOp) ([]byte, error) { return json.Marshal(op.Entry(op.Seq)) }
 
 // QuotaCheck reports state.ErrQuota when putting op (its Seq unknown yet) would make
-// its namespace's memory larger than maxBytes (0: no quota). Writes that
-// shrink it always pass.
-func (s *Store) QuotaCheck(op state.MemoryOp, maxBytes int64) error {
+// its namespace's memory, with reserved bytes of writes not yet folded,
+// larger than maxBytes (0: no quota), and returns the bytes the put adds.
+// Writes that shrink it always pass.
+func (s *Store) QuotaCheck(op state.MemoryOp, maxBytes, reserved int64) (int64, error) {
 	if maxBytes <= 0 {
-		return nil
+		return 0, nil
 	}
 	op.Seq = 1<<63 - 1 // the widest version: the check never undercounts
 	data, err := memEntry(op)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	return s.db.View(func(tx *bolt.Tx) error {
+	var grow int64
+	err = s.db.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketMemory).Bucket(nsBucketName(op.Namespace))
 		var used, old int64
 		if b != nil {
@@ -96,13 +98,15 @@ func (s *Store) QuotaCheck(op state.MemoryOp, maxBytes int64) error {
 			}
 			old = entrySize(op.Key, b.Get([]byte(op.Key)))
 		}
-		grown := used - old + entrySize(op.Key, data)
-		if grown > maxBytes && grown > used {
+		held := used + max(reserved, 0)
+		grow = entrySize(op.Key, data) - old
+		if grown := held + grow; grown > maxBytes && grow > 0 {
 			return fmt.Errorf("%w: namespace %q would hold %d bytes of memory, over its quota of %d: delete keys you no longer need, or store less",
 				state.ErrQuota, op.Namespace, grown, maxBytes)
 		}
 		return nil
 	})
+	return grow, err
 }
 
 // LastWrite returns the stream sequence of the last write (put or delete) of

@@ -219,12 +219,20 @@ func testMemory(t *testing.T, s state.Store) {
 	if seq, err := s.LastWrite("a", "k"); err != nil || seq != 14 {
 		t.Fatalf("last write of a deleted key %d %v", seq, err)
 	}
-	if err := s.QuotaCheck(put("b", "small", `""`, "", 0), 1<<20); err != nil {
-		t.Fatalf("a small write: %v", err)
+	if grow, err := s.QuotaCheck(put("b", "small", `""`, "", 0), 1<<20, 0); err != nil || grow <= 0 {
+		t.Fatalf("a small write: %d %v", grow, err)
 	}
 	big := put("b", "big", `"`+string(slices.Repeat([]byte("x"), 2000))+`"`, "", 0)
-	if err := s.QuotaCheck(big, 1000); !errors.Is(err, state.ErrQuota) {
+	if _, err := s.QuotaCheck(big, 1000, 0); !errors.Is(err, state.ErrQuota) {
 		t.Fatalf("a write over quota: %v", err)
+	}
+	// Bytes reserved by writes not yet folded count as held.
+	grow, err := s.QuotaCheck(big, 4000, 0)
+	if err != nil || grow < 2000 {
+		t.Fatalf("a write within quota: %d %v", grow, err)
+	}
+	if _, err := s.QuotaCheck(big, 4000, 4000-grow+1); !errors.Is(err, state.ErrQuota) {
+		t.Fatalf("a write over quota with what is reserved: %v", err)
 	}
 }
 
