@@ -355,26 +355,21 @@ func (c *Client) PublishEvent(ctx context.Context, ev jobs.Event) error {
 	return nil
 }
 
-// Cancelled reports whether a cancelled event of job id is in the events stream.
-// A worker asks before running a job, so a job cancelled while queued never runs.
-func (c *Client) Cancelled(ctx context.Context, id string) (bool, error) {
-	msg, err := c.lastEvent(ctx, id, jobs.EventCancelled)
-	return msg != nil, err
-}
-
 // History is what a worker needs to know of a job before running it.
 type History struct {
-	Cancelled bool // a cancellation is recorded
-	Finished  bool // an outcome is recorded
+	Cancelled bool `json:"cancelled"` // a cancellation is recorded
+	Finished  bool `json:"finished"`  // an outcome is recorded
 	// LastAttempt is the attempt of the job's last recorded start (0: none).
 	// Only attempts that reached the code are counted: a delivery whose
 	// sandbox never came up consumes none.
-	LastAttempt int
+	LastAttempt int `json:"last_attempt"`
 }
 
-// History looks up job id's cancellation, last start and outcome (three
-// direct gets, at once).
-func (c *Client) History(ctx context.Context, id string) (History, error) {
+// LookupHistory looks up job id's cancellation, last start and outcome in
+// the events stream (three direct gets on nc, at once). Workers may not read
+// the events stream: the state service does it for them, for the jobs whose
+// capability they hold (state.Client.JobHistory).
+func LookupHistory(ctx context.Context, nc *nats.Conn, s jobs.Subjects, id string) (History, error) {
 	var h History
 	var started, finished *nats.Msg
 	var startErr, finErr error
@@ -382,13 +377,13 @@ func (c *Client) History(ctx context.Context, id string) (History, error) {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		started, startErr = c.lastEvent(ctx, id, jobs.EventStarted)
+		started, startErr = lastEvent(ctx, nc, s, id, jobs.EventStarted)
 	}()
 	go func() {
 		defer wg.Done()
-		finished, finErr = c.lastEvent(ctx, id, jobs.EventFinished)
+		finished, finErr = lastEvent(ctx, nc, s, id, jobs.EventFinished)
 	}()
-	cancelled, err := c.lastEvent(ctx, id, jobs.EventCancelled)
+	cancelled, err := lastEvent(ctx, nc, s, id, jobs.EventCancelled)
 	wg.Wait()
 	if err = errors.Join(err, startErr, finErr); err != nil {
 		return h, err
@@ -405,8 +400,8 @@ func (c *Client) History(ctx context.Context, id string) (History, error) {
 }
 
 // lastEvent returns job id's last event of kind, or nil when there is none.
-func (c *Client) lastEvent(ctx context.Context, id string, kind jobs.EventKind) (*nats.Msg, error) {
-	msg, err := c.js.Conn().RequestWithContext(ctx, c.sub.DirectGet(c.sub.EventsStream(), c.sub.Event(id, kind)), nil)
+func lastEvent(ctx context.Context, nc *nats.Conn, s jobs.Subjects, id string, kind jobs.EventKind) (*nats.Msg, error) {
+	msg, err := nc.RequestWithContext(ctx, s.DirectGet(s.EventsStream(), s.Event(id, kind)), nil)
 	if err != nil {
 		return nil, fmt.Errorf("look up %s event of %s: %w", kind, id, err)
 	}

@@ -45,6 +45,10 @@ const (
 	OpMemoryPut      = "memory.put"
 	OpMemoryList     = "memory.list"
 	OpMemoryDelete   = "memory.delete"
+	// OpJobHistory answers a worker, for a job whose capability it holds,
+	// what it must know before running the job (queue.History): workers may
+	// not read the events stream themselves.
+	OpJobHistory = "job.history"
 )
 
 // DefaultRetention keeps finished jobs for 7 days, and at most a million.
@@ -86,6 +90,7 @@ type Service struct {
 	admSubs []*nats.Subscription
 	wg      sync.WaitGroup // followers, retention loop, advisory loop, write handlers
 	writes  chan struct{}  // bounds concurrent write handlers
+	lookups chan struct{}  // bounds concurrent job.history handlers
 }
 
 // NewService returns a Service; Start begins its work.
@@ -98,7 +103,7 @@ func NewService(nc *nats.Conn, store Store, sub jobs.Subjects, logger *slog.Logg
 		logger = slog.New(slog.DiscardHandler)
 	}
 	return &Service{nc: nc, js: js, store: store, sub: sub, logger: logger,
-		Retention: DefaultRetention, writes: make(chan struct{}, 64)}, nil
+		Retention: DefaultRetention, writes: make(chan struct{}, 64), lookups: make(chan struct{}, 64)}, nil
 }
 
 // Start follows the streams from where the store left off, waits until it has
@@ -162,9 +167,11 @@ func (s *Service) Start(ctx context.Context) error {
 		{OpJobList, s.consistent(s.handleJobList)},
 		{OpDeadLetterList, s.consistent(s.handleDeadLetterList)},
 		{OpMemoryGet, s.consistent(s.handleMemoryGet)},
-		{OpMemoryPut, s.concurrently(s.tracedWrite("put", s.consistent(s.handleMemoryPut)))},
+		{OpMemoryPut, s.concurrently(s.writes, s.tracedWrite("put", s.consistent(s.handleMemoryPut)))},
 		{OpMemoryList, s.consistent(s.handleMemoryList)},
-		{OpMemoryDelete, s.concurrently(s.tracedWrite("delete", s.consistent(s.handleMemoryDelete)))},
+		{OpMemoryDelete, s.concurrently(s.writes, s.tracedWrite("delete", s.consistent(s.handleMemoryDelete)))},
+		// Every delivery of a job asks: its direct gets overlap.
+		{OpJobHistory, s.concurrently(s.lookups, s.handleJobHistory)},
 	}
 	for _, e := range endpoints {
 		name := endpointName(e.op)
@@ -351,15 +358,16 @@ func (s *Service) sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// concurrently runs h in its own goroutine (at most cap(s.writes) at once), so
-// concurrent writes share bbolt commits (boltstore uses bolt.Batch).
-func (s *Service) concurrently(h micro.HandlerFunc) micro.HandlerFunc {
+// concurrently runs h in its own goroutine (at most cap(sem) at once), so
+// concurrent writes share bbolt commits (boltstore uses bolt.Batch) and
+// look-ups that wait on the broker overlap.
+func (s *Service) concurrently(sem chan struct{}, h micro.HandlerFunc) micro.HandlerFunc {
 	return func(req micro.Request) {
-		s.writes <- struct{}{}
+		sem <- struct{}{}
 		s.mu.Lock()
 		if s.stopped {
 			s.mu.Unlock()
-			<-s.writes
+			<-sem
 			_ = req.Error(CodeUnavailable, "this state replica is stopping: retry", nil) // the asker may be gone
 			return
 		}
@@ -371,7 +379,7 @@ func (s *Service) concurrently(h micro.HandlerFunc) micro.HandlerFunc {
 		d := &detached{nc: s.nc, subject: req.Subject(), reply: req.Reply(), data: req.Data(), headers: req.Headers()}
 		go func() {
 			defer s.wg.Done()
-			defer func() { <-s.writes }()
+			defer func() { <-sem }()
 			h(d)
 		}()
 	}
