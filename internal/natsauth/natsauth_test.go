@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -413,4 +415,123 @@ func mustRead(t *testing.T, f string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestWorkerLearnsOnlyItsJobsHistory attacks from a worker host's credential:
+// a spy worker identity tries to read another tenant's job outcome. The
+// direct gets of the events stream are refused to it (by the job's id, and
+// with a literal '*', which would return the latest event of any job), and
+// the state service's job.history answers nothing of the job without that
+// job's capability. The real worker still learns what it needs of the jobs it
+// holds: a job cancelled while queued is not run.
+func TestWorkerLearnsOnlyItsJobsHistory(t *testing.T) {
+	t.Parallel()
+	_, _, connect := fleetIn(t, natsauth.Identity{Role: natsauth.RoleWorker, Name: "spy"})
+	s := jobs.Subjects{}
+	wnc, wr := connect(natsauth.RoleWorker)
+	testutil.WorkerOn(t, wnc, testutil.NewFakeRuntime(4), worker.DefaultConfig("w1"))
+	fnc, fr := connect(natsauth.RoleFrontend)
+	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rec, err := fe.Run(ctx, &jobs.Job{Code: "SECRET-4242", Namespace: "victim"}, nil)
+	if err != nil || rec.Status != jobs.StatusSuccess {
+		t.Fatalf("job: %v %+v (worker refusals %v, front-end refusals %v)", err, rec, wr.errs, fr.errs)
+	}
+	id := jobs.ScopedID("victim", rec.Job.ID)
+
+	spy, sr := connect("worker-spy")
+	for _, q := range []struct{ subj, body string }{
+		{s.DirectGet(s.EventsStream(), s.Event(id, jobs.EventFinished)), ""},
+		{s.DirectGet(s.EventsStream(), s.Event("*", jobs.EventFinished)), ""},
+		{s.DirectGet(s.EventsStream(), s.Event("*", jobs.EventStarted)), ""},
+		{s.DirectGet(s.EventsStream(), s.Event("*", jobs.EventCancelled)), ""},
+		{"$JS.API.DIRECT.GET." + s.EventsStream(), `{"last_by_subj":"` + s.Event(id, jobs.EventFinished) + `"}`},
+		{"$JS.API.STREAM.MSG.GET." + s.EventsStream(), `{"last_by_subj":"` + s.Event(id, jobs.EventFinished) + `"}`},
+		{s.State(state.OpJobGet), `{"id":"` + id + `"}`},
+	} {
+		if m, err := spy.Request(q.subj, []byte(q.body), 300*time.Millisecond); err == nil {
+			t.Fatalf("the spy read %s: %q %v", q.subj, m.Data, m.Header)
+		}
+		sr.wait(t, `Permissions Violation for Publish to "`+q.subj+`"`)
+	}
+
+	bnc, _ := connect(natsauth.RoleBroker)
+	bjs, _ := jetstream.New(bnc)
+	key, err := queue.ProxyKey(ctx, bjs, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := bytes.Repeat([]byte{7}, jobs.CapabilityKeySize)
+	st := state.NewClient(spy, s)
+	for name, capability := range map[string]string{
+		"none":                  "",
+		"under another key":     jobs.Capability(other, id),
+		"of another job":        jobs.Capability(key, id+"x"), // one the spy may hold
+		"the event proof":       jobs.EventProof(jobs.Capability(key, id), jobs.EventFinished, 1),
+		"the capability of '*'": jobs.Capability(key, "*"),
+	} {
+		h, err := st.JobHistory(ctx, id, capability)
+		if !errors.Is(err, state.ErrInvalid) || h != (queue.History{}) {
+			t.Fatalf("job.history with a capability %s: %+v %v", name, h, err)
+		}
+		if name == "none" {
+			t.Logf("job.history without the capability: %v", err)
+		}
+		data, _ := json.Marshal(state.JobHistoryRequest{ID: id, Capability: capability})
+		m, err := spy.Request(s.State(state.OpJobHistory), data, 5*time.Second)
+		if err != nil || len(m.Data) != 0 || m.Header.Get("Nats-Service-Error-Code") != state.CodeBadRequest {
+			t.Fatalf("raw job.history with a capability %s: %v %q %v", name, err, m.Data, m.Header)
+		}
+	}
+	// The capability of '*' is refused for the id alone.
+	if h, err := st.JobHistory(ctx, "*", jobs.Capability(key, "*")); !errors.Is(err, state.ErrInvalid) {
+		t.Fatalf("job.history of '*': %+v %v", h, err)
+	}
+	// With the job's own capability (what the worker that holds it has), it
+	// answers.
+	if h, err := st.JobHistory(ctx, id, jobs.Capability(key, id)); err != nil || !h.Finished || h.Cancelled || h.LastAttempt != 1 {
+		t.Fatalf("job.history with the job's capability: %+v %v", h, err)
+	}
+
+	// A job cancelled while queued, then delivered: its worker asks
+	// job.history, sees the cancellation, and never runs it.
+	out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "q", Code: "never", Pool: "later"}}, "victim")
+	if out[0].Err != nil {
+		t.Fatal(out[0].Err)
+	}
+	if err := fe.Cancel(ctx, "victim", "q", "test"); err != nil {
+		t.Fatal(err)
+	}
+	w2nc, w2r := connect(natsauth.RoleWorker)
+	rt2 := testutil.NewFakeRuntime(1)
+	cfg := worker.DefaultConfig("w2")
+	cfg.Pool = "later"
+	testutil.WorkerOn(t, w2nc, rt2, cfg)
+	cons, err := bjs.Consumer(ctx, s.JobsStream(), s.Consumer("later"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		ci, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ci.NumPending == 0 && ci.NumAckPending == 0 && ci.AckFloor.Stream > 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the cancelled job was never settled: %+v", ci)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if rt2.Runs() != 0 {
+		t.Fatal("a job cancelled while queued ran")
+	}
+	if rec, err := fe.Get(ctx, "victim", "q"); err != nil || rec.Status != jobs.StatusCancelled {
+		t.Fatalf("cancelled job: %+v %v", rec, err)
+	}
+	if len(wr.errs) > 0 || len(w2r.errs) > 0 || len(fr.errs) > 0 {
+		t.Fatalf("refusals on the way: workers %v %v, front-end %v", wr.errs, w2r.errs, fr.errs)
+	}
 }
