@@ -126,6 +126,13 @@ func For(role, pubKey string, s jobs.Subjects) (Permissions, error) {
 			"$JS.API.STREAM.INFO." + jobsStream,       // queue depth, doctor
 			"$JS.API.STREAM.INFO." + s.MemoryStream(), // the console's fleet page
 			"$JS.API.STREAM.MSG.GET." + events,
+			// Following the events stream (/api/events, the console's live
+			// list): an ordered consumer is an ephemeral pull consumer with
+			// no acks, created again (and the old one deleted) when it
+			// misses a message or a heartbeat.
+			"$JS.API.CONSUMER.CREATE." + events + ".>",
+			"$JS.API.CONSUMER.MSG.NEXT." + events + ".>",
+			"$JS.API.CONSUMER.DELETE." + events + ".>",
 			// Listing a namespace's sessions reads the sessions bucket.
 			"$JS.API.CONSUMER.CREATE.KV_" + sessions + ".>",
 			"$JS.API.CONSUMER.DELETE.KV_" + sessions + ".>",

@@ -6,8 +6,10 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -533,5 +535,46 @@ func TestWorkerLearnsOnlyItsJobsHistory(t *testing.T) {
 	}
 	if len(wr.errs) > 0 || len(w2r.errs) > 0 || len(fr.errs) > 0 {
 		t.Fatalf("refusals on the way: workers %v %v, front-end %v", wr.errs, w2r.errs, fr.errs)
+	}
+}
+
+// TestFrontendFollowsEvents: under its role, a front-end follows the events
+// stream (/api/events, the console's live list) and sees a job end.
+func TestFrontendFollowsEvents(t *testing.T) {
+	t.Parallel()
+	_, connect := fleet(t)
+	wnc, wr := connect(natsauth.RoleWorker)
+	testutil.WorkerOn(t, wnc, testutil.NewFakeRuntime(4), worker.DefaultConfig("w1"))
+	fnc, fr := connect(natsauth.RoleFrontend)
+	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rec, err := fe.Run(ctx, &jobs.Job{ID: "j1", Code: "hi", Namespace: "a"}, nil)
+	if err != nil || rec.Status != jobs.StatusSuccess {
+		t.Fatalf("job: %v %+v", err, rec)
+	}
+	var seen []jobs.EventKind
+	done := errors.New("done")
+	err = fe.Follow(ctx, "a", 0, true, func(ev frontend.JobEvent) error {
+		if ev.Job != "j1" {
+			return nil
+		}
+		seen = append(seen, ev.Kind)
+		if ev.Kind == jobs.EventFinished {
+			if ev.Status != jobs.StatusSuccess {
+				return fmt.Errorf("finished event %+v", ev)
+			}
+			return done
+		}
+		return nil
+	})
+	if !errors.Is(err, done) {
+		t.Fatalf("follow: %v (saw %v; front-end refusals %v)", err, seen, fr.errs)
+	}
+	if want := []jobs.EventKind{jobs.EventSubmitted, jobs.EventStarted, jobs.EventFinished}; !slices.Equal(seen, want) {
+		t.Fatalf("events of j1: %v, want %v", seen, want)
+	}
+	if len(wr.errs) > 0 || len(fr.errs) > 0 {
+		t.Fatalf("refusals on the way: worker %v, front-end %v", wr.errs, fr.errs)
 	}
 }
