@@ -578,3 +578,148 @@ func TestFrontendFollowsEvents(t *testing.T) {
 		t.Fatalf("refusals on the way: worker %v, front-end %v", wr.errs, fr.errs)
 	}
 }
+
+// TestForgedEventsReachNoTenant attacks from a worker host's credential,
+// which may publish any job's started and finished subjects: it forges the
+// success of tenant a's job, queued in a pool no worker serves, without the
+// job's capability (no proof, a proof under another key, another job's
+// genuine event on this job's subject, a cancellation on the finished
+// subject). The tenant's event stream (Follow: /api/events, the console's
+// live list) shows none of it, the namespace's admission slot stays taken,
+// and the record is not ended. The genuine finish of the worker holding the
+// job is still followed, and frees the slot.
+func TestForgedEventsReachNoTenant(t *testing.T) {
+	t.Parallel()
+	_, connect := fleet(t)
+	s := jobs.Subjects{}
+	fnc, fr := connect(natsauth.RoleFrontend)
+	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy(),
+		Policies: map[string]frontend.Policy{"a": {MaxActive: 1}}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "q1", Code: "x", Pool: "nowhere"}}, "a"); out[0].Err != nil {
+		t.Fatal(out[0].Err)
+	}
+	id := jobs.ScopedID("a", "q1")
+
+	followed := make(chan frontend.JobEvent, 16)
+	fctx, fcancel := context.WithCancel(ctx)
+	defer fcancel()
+	go func() {
+		_ = fe.Follow(fctx, "a", 0, true, func(ev frontend.JobEvent) error {
+			followed <- ev
+			return nil
+		})
+	}()
+	next := func() frontend.JobEvent {
+		t.Helper()
+		select {
+		case ev := <-followed:
+			return ev
+		case <-ctx.Done():
+			t.Fatalf("no event followed (front-end refusals %v)", fr.errs)
+		}
+		return frontend.JobEvent{}
+	}
+	if ev := next(); ev.Job != "q1" || ev.Kind != jobs.EventSubmitted {
+		t.Fatalf("first event: %+v", ev)
+	}
+
+	bnc, _ := connect(natsauth.RoleBroker)
+	bjs, _ := jetstream.New(bnc)
+	key, err := queue.ProxyKey(ctx, bjs, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wnc, wr := connect(natsauth.RoleWorker)
+	wjs, _ := jetstream.New(wnc)
+	publish := func(subject string, ev jobs.Event) {
+		t.Helper()
+		ev.At = time.Now().UTC()
+		data, _ := json.Marshal(ev)
+		if _, err := wjs.Publish(ctx, subject, data); err != nil {
+			t.Fatalf("publish %s: %v", subject, err)
+		}
+	}
+	success := &jobs.Result{Status: jobs.StatusSuccess, Stdout: "forged", Attempt: 1}
+	other := bytes.Repeat([]byte{7}, jobs.CapabilityKeySize)
+	finished := s.Event(id, jobs.EventFinished)
+	mine := jobs.ScopedID("a", "mine") // a job the forger holds
+	for _, ev := range []jobs.Event{
+		{Job: id, Kind: jobs.EventFinished, Attempt: 1, Worker: "forger", Result: success},
+		{Job: id, Kind: jobs.EventFinished, Attempt: 1, Worker: "forger", Result: success,
+			Proof: jobs.EventProof(jobs.Capability(other, id), jobs.EventFinished, 1)},
+		{Job: mine, Kind: jobs.EventFinished, Attempt: 1, Worker: "forger", Result: success,
+			Proof: jobs.EventProof(jobs.Capability(key, mine), jobs.EventFinished, 1)},
+		{Job: id, Kind: jobs.EventCancelled, Reason: "forged"},
+	} {
+		publish(finished, ev)
+	}
+	// The worker holding the job starts it: the tenant sees that, and
+	// nothing before it.
+	publish(s.Event(id, jobs.EventStarted), jobs.Event{Job: id, Kind: jobs.EventStarted, Attempt: 1, Worker: "w1",
+		Proof: jobs.EventProof(jobs.Capability(key, id), jobs.EventStarted, 1)})
+	if ev := next(); ev.Job != "q1" || ev.Kind != jobs.EventStarted {
+		t.Fatalf("the tenant followed a forged event: %+v", ev)
+	}
+	time.Sleep(200 * time.Millisecond) // the admission's subscription had them too
+	if out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "q2", Code: "x", Pool: "nowhere"}}, "a"); !errors.Is(out[0].Err, frontend.ErrOverCap) {
+		t.Fatalf("a forged finish freed the namespace's slot: %+v", out[0])
+	}
+	if rec, err := fe.Get(ctx, "a", "q1"); err != nil || rec.Status.Terminal() {
+		t.Fatalf("record after the forgeries: %+v %v", rec, err)
+	}
+
+	// The genuine finish is followed, and frees the slot.
+	publish(finished, jobs.Event{Job: id, Kind: jobs.EventFinished, Attempt: 1, Worker: "w1",
+		Result: &jobs.Result{Status: jobs.StatusSuccess, Stdout: "real", Attempt: 1},
+		Proof:  jobs.EventProof(jobs.Capability(key, id), jobs.EventFinished, 1)})
+	if ev := next(); ev.Job != "q1" || ev.Kind != jobs.EventFinished || ev.Status != jobs.StatusSuccess {
+		t.Fatalf("the genuine finish: %+v", ev)
+	}
+	for i := 0; ; i++ {
+		out := fe.SubmitMany(ctx, []*jobs.Job{{ID: fmt.Sprintf("r%d", i), Code: "x", Pool: "nowhere"}}, "a")
+		if out[0].Err == nil {
+			break
+		}
+		if !errors.Is(out[0].Err, frontend.ErrOverCap) || ctx.Err() != nil {
+			t.Fatalf("after the genuine finish: %v", out[0].Err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if rec, err := fe.Get(ctx, "a", "q1"); err != nil || rec.Status != jobs.StatusSuccess || rec.Result.Stdout != "real" {
+		t.Fatalf("record after the genuine finish: %+v %v", rec, err)
+	}
+
+	// A caller waiting in Run (run_python) gets the genuine outcome, not the
+	// forged one that came first.
+	type ran struct {
+		rec *jobs.Record
+		err error
+	}
+	done := make(chan ran, 1)
+	go func() {
+		rec, err := fe.Run(ctx, &jobs.Job{ID: "r", Code: "x", Pool: "nowhere", Namespace: "b"}, nil)
+		done <- ran{rec, err}
+	}()
+	for {
+		if _, err := fe.Get(ctx, "b", "r"); err == nil {
+			break
+		} else if ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	rid := jobs.ScopedID("b", "r")
+	publish(s.Event(rid, jobs.EventFinished), jobs.Event{Job: rid, Kind: jobs.EventFinished, Attempt: 1, Worker: "forger", Result: success})
+	time.Sleep(200 * time.Millisecond)
+	publish(s.Event(rid, jobs.EventFinished), jobs.Event{Job: rid, Kind: jobs.EventFinished, Attempt: 1, Worker: "w1",
+		Result: &jobs.Result{Status: jobs.StatusSuccess, Stdout: "real", Attempt: 1},
+		Proof:  jobs.EventProof(jobs.Capability(key, rid), jobs.EventFinished, 1)})
+	if r := <-done; r.err != nil || r.rec.Result == nil || r.rec.Result.Stdout != "real" {
+		t.Fatalf("Run answered %+v %v", r.rec, r.err)
+	}
+	if len(wr.errs) > 0 || len(fr.errs) > 0 {
+		t.Fatalf("refusals on the way: worker %v, front-end %v", wr.errs, fr.errs)
+	}
+}

@@ -414,13 +414,14 @@ func lastEvent(ctx context.Context, nc *nats.Conn, s jobs.Subjects, id string, k
 	return nil, fmt.Errorf("look up %s event of %s: %s %s", kind, id, msg.Header.Get("Status"), msg.Header.Get("Description"))
 }
 
-// WatchEvents subscribes to job's events and delivers them on the returned channel
-// until stop is called. Subscribe before submitting so no event is missed.
-func (c *Client) WatchEvents(job string) (events <-chan jobs.Event, stop func(), err error) {
+// WatchEvents subscribes to job's events and delivers on the returned channel
+// those keep (nil: all) takes, given the subject each came on, until stop is
+// called. Subscribe before submitting so no event is missed.
+func (c *Client) WatchEvents(job string, keep func(subject string, ev jobs.Event) bool) (events <-chan jobs.Event, stop func(), err error) {
 	ch := make(chan jobs.Event, 64)
 	sub, err := c.nc.Subscribe(c.sub.JobEvents(job), func(m *nats.Msg) {
 		var ev jobs.Event
-		if json.Unmarshal(m.Data, &ev) != nil {
+		if json.Unmarshal(m.Data, &ev) != nil || (keep != nil && !keep(m.Subject, ev)) {
 			return
 		}
 		select {
