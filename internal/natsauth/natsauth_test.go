@@ -723,3 +723,41 @@ func TestForgedEventsReachNoTenant(t *testing.T) {
 		t.Fatalf("refusals on the way: worker %v, front-end %v", wr.errs, fr.errs)
 	}
 }
+
+// TestForgedHistoryStopsNoJob: a worker host forges, for another tenant's
+// queued job, an outcome (which would make the job's worker skip it as
+// already done) and a start of attempt 99 (which would make it end the job as
+// worker_lost). job.history counts neither without the job's proof, and the
+// job runs as if nothing had been forged.
+func TestForgedHistoryStopsNoJob(t *testing.T) {
+	t.Parallel()
+	_, connect := fleet(t)
+	s := jobs.Subjects{}
+	fnc, fr := connect(natsauth.RoleFrontend)
+	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "v", Code: "real", Pool: "later"}}, "victim"); out[0].Err != nil {
+		t.Fatal(out[0].Err)
+	}
+	id := jobs.ScopedID("victim", "v")
+	forger, _ := connect(natsauth.RoleWorker)
+	fjs, _ := jetstream.New(forger)
+	for _, ev := range []jobs.Event{
+		{Job: id, Kind: jobs.EventStarted, Attempt: 99, Worker: "forger"},
+		{Job: id, Kind: jobs.EventFinished, Attempt: 99, Worker: "forger", Result: &jobs.Result{Status: jobs.StatusSuccess, Stdout: "forged"}},
+	} {
+		data, _ := json.Marshal(ev)
+		if _, err := fjs.Publish(ctx, s.Event(id, ev.Kind), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wnc, wr := connect(natsauth.RoleWorker)
+	cfg := worker.DefaultConfig("w1")
+	cfg.Pool = "later"
+	testutil.WorkerOn(t, wnc, testutil.NewFakeRuntime(1), cfg)
+	rec, err := fe.Wait(ctx, "victim", "v")
+	if err != nil || rec.Status != jobs.StatusSuccess || rec.Result.Stdout != "real" || rec.Attempt != 1 {
+		t.Fatalf("the victim's job after forged history: %+v %v (refusals %v %v)", rec, err, wr.errs, fr.errs)
+	}
+}

@@ -368,8 +368,11 @@ type History struct {
 // LookupHistory looks up job id's cancellation, last start and outcome in
 // the events stream (three direct gets on nc, at once). Workers may not read
 // the events stream: the state service does it for them, for the jobs whose
-// capability they hold (state.Client.JobHistory).
-func LookupHistory(ctx context.Context, nc *nats.Conn, s jobs.Subjects, id string) (History, error) {
+// capability they hold (state.Client.JobHistory). A start or an outcome
+// counts only with its proof under key: a worker host may publish those
+// subjects for any job, and a forged outcome would keep the job from running,
+// a forged start of a high attempt would end it as worker_lost.
+func LookupHistory(ctx context.Context, nc *nats.Conn, s jobs.Subjects, key []byte, id string) (History, error) {
 	var h History
 	var started, finished *nats.Msg
 	var startErr, finErr error
@@ -389,14 +392,23 @@ func LookupHistory(ctx context.Context, nc *nats.Conn, s jobs.Subjects, id strin
 		return h, err
 	}
 	h.Cancelled = cancelled != nil
-	h.Finished = finished != nil
-	if started != nil {
-		var ev jobs.Event
-		if json.Unmarshal(started.Data, &ev) == nil {
-			h.LastAttempt = ev.Attempt
-		}
+	if ev, ok := provenEvent(key, finished, id, jobs.EventFinished); ok {
+		h.Finished = ev.Result != nil
+	}
+	if ev, ok := provenEvent(key, started, id, jobs.EventStarted); ok {
+		h.LastAttempt = ev.Attempt
 	}
 	return h, nil
+}
+
+// provenEvent decodes m, job id's last event of kind, when it is one and
+// carries its proof under key.
+func provenEvent(key []byte, m *nats.Msg, id string, kind jobs.EventKind) (jobs.Event, bool) {
+	var ev jobs.Event
+	if m == nil || json.Unmarshal(m.Data, &ev) != nil || ev.Job != id || ev.Kind != kind || !jobs.CheckEvent(key, ev) {
+		return jobs.Event{}, false
+	}
+	return ev, true
 }
 
 // lastEvent returns job id's last event of kind, or nil when there is none.

@@ -164,7 +164,7 @@ func (s *Service) handleJobHistory(req micro.Request) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), historyWait)
 	defer cancel()
-	h, err := queue.LookupHistory(ctx, s.nc, s.sub, r.ID)
+	h, err := queue.LookupHistory(ctx, s.nc, s.sub, s.key, r.ID)
 	if err != nil {
 		err = fmt.Errorf("%w: history of job %s: %w", ErrUnavailable, r.ID, err)
 	}
