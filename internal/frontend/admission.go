@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -85,10 +86,17 @@ func (a *admission) start() error {
 		return nil
 	}
 	sub, err := a.f.nc.Subscribe(a.f.cfg.Subjects.AllEvents(), func(m *nats.Msg) {
-		// The subject names the job and the kind: no need to decode the body.
-		if job, kind, ok := a.f.cfg.Subjects.ParseEvent(m.Subject); ok {
-			a.observe(job, kind)
+		job, kind, ok := a.f.cfg.Subjects.ParseEvent(m.Subject)
+		if !ok || !a.counts(job, kind) {
+			return
 		}
+		// Only a genuine event frees a slot: a worker may publish any job's
+		// finished subject, but proves only the jobs it holds.
+		var ev jobs.Event
+		if json.Unmarshal(m.Data, &ev) != nil || !a.f.trusted(m.Subject, ev) {
+			return
+		}
+		a.observe(job, kind)
 	})
 	if err != nil {
 		return fmt.Errorf("follow job events for namespace caps: %w", err)
@@ -117,6 +125,19 @@ func (a *admission) close() {
 		stop()
 	}
 	a.loop.Wait()
+}
+
+// counts reports whether an event of kind of job id would change what the
+// admission counts (so is worth decoding and checking).
+func (a *admission) counts(id string, kind jobs.EventKind) bool {
+	switch kind {
+	case jobs.EventStarted, jobs.EventFinished, jobs.EventCancelled:
+	default:
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.jobs[id] != nil
 }
 
 func (a *admission) observe(id string, kind jobs.EventKind) {

@@ -15,6 +15,21 @@ import (
 // JobEvent is a job's lifecycle event as its namespace sees it.
 type JobEvent = jobs.EventView
 
+// trusted reports whether ev, which came on subject, may be shown to its
+// tenant or acted upon: it is the event its subject names, and if of a kind
+// workers publish (started, finished; released, which the state service
+// publishes, too) it carries its job's proof. A worker host may publish those
+// subjects for any job; only the one that holds a job has its capability.
+// Submissions and cancellations come from front-ends alone (the roles'
+// permissions), and a front-end's own finished events (rejections, sessions
+// that are gone) carry their proof like a worker's.
+func (f *Frontend) trusted(subject string, ev jobs.Event) bool {
+	if subject != f.cfg.Subjects.Event(ev.Job, ev.Kind) {
+		return false
+	}
+	return !jobs.NeedsProof(ev.Kind) || jobs.CheckEvent(f.handler.key, ev)
+}
+
 // maxLabelCache bounds the labels Follow remembers per follower.
 const maxLabelCache = 10_000
 
@@ -50,7 +65,7 @@ func (f *Frontend) Follow(ctx context.Context, ns string, after uint64, resume b
 		}
 		var ev jobs.Event
 		md, merr := m.Metadata()
-		if merr != nil || json.Unmarshal(m.Data(), &ev) != nil {
+		if merr != nil || json.Unmarshal(m.Data(), &ev) != nil || !f.trusted(m.Subject(), ev) {
 			continue
 		}
 		id, ok := jobs.UnscopedID(ns, ev.Job)

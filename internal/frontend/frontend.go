@@ -132,6 +132,7 @@ func (f *Frontend) Start(ctx context.Context) error {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	f.handler.key = key
+	f.client.UseKey(key) // the outcomes it records itself carry their proof
 	if err := f.adm.start(); err != nil {
 		return err
 	}
@@ -255,7 +256,7 @@ func (f *Frontend) run(ctx context.Context, job *jobs.Job, progress func(jobs.Ev
 	defer f.adm.leaveRun(job.ID)
 	f.inRun.Add(1)
 	defer f.inRun.Add(-1)
-	events, stop, err := f.client.WatchEvents(job.ID)
+	events, stop, err := f.client.WatchEvents(job.ID, f.trusted)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}

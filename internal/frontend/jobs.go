@@ -277,7 +277,7 @@ func (f *Frontend) Wait(ctx context.Context, ns, id string) (*jobs.Record, error
 
 // wait is Wait for a wire id.
 func (f *Frontend) wait(ctx context.Context, id string) (*jobs.Record, error) {
-	events, stop, err := f.client.WatchEvents(id)
+	events, stop, err := f.client.WatchEvents(id, f.trusted)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}

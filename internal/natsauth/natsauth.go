@@ -9,7 +9,8 @@
 //     proxy calls, read the fleet's secrets; no stream administration.
 //   - worker: pull jobs and acknowledge them, record the start and outcome of
 //     jobs (which the state service applies only with the job's capability),
-//     look up cancellations, publish output, make proxy calls, keep the
+//     ask the state service the history (cancellation, outcome, last attempt)
+//     of the jobs they hold, publish output, make proxy calls, keep the
 //     sessions bucket; no memory, no job records, no events, no secrets, no
 //     stream administration.
 //   - admin: everything, for operators' tools.
@@ -32,6 +33,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/state"
 )
 
 // Roles of the fleet.
@@ -97,9 +99,10 @@ func For(role, pubKey string, s jobs.Subjects) (Permissions, error) {
 			"$JS.API.CONSUMER.INFO." + jobsStream + ".>",
 			s.Event("*", jobs.EventStarted),
 			s.Event("*", jobs.EventFinished),
-			"$JS.API.DIRECT.GET." + events + "." + s.Event("*", jobs.EventCancelled),
-			"$JS.API.DIRECT.GET." + events + "." + s.Event("*", jobs.EventStarted),  // a job's last attempt
-			"$JS.API.DIRECT.GET." + events + "." + s.Event("*", jobs.EventFinished), // a redelivered job already done
+			// Whether a delivered job was cancelled or already done, and its
+			// last attempt: the state service answers for the job whose
+			// capability the worker holds (a direct get would read any job's).
+			s.State(state.OpJobHistory),
 			s.Output("*"),
 			s.AllProxy(),
 			s.WorkerJobs("*"), // a session's job forwarded to the worker holding it (as signed)
@@ -125,6 +128,13 @@ func For(role, pubKey string, s jobs.Subjects) (Permissions, error) {
 			"$JS.API.STREAM.INFO." + jobsStream,       // queue depth, doctor
 			"$JS.API.STREAM.INFO." + s.MemoryStream(), // the console's fleet page
 			"$JS.API.STREAM.MSG.GET." + events,
+			// Following the events stream (/api/events, the console's live
+			// list): an ordered consumer is an ephemeral pull consumer with
+			// no acks, created again (and the old one deleted) when it
+			// misses a message or a heartbeat.
+			"$JS.API.CONSUMER.CREATE." + events + ".>",
+			"$JS.API.CONSUMER.MSG.NEXT." + events + ".>",
+			"$JS.API.CONSUMER.DELETE." + events + ".>",
 			// Listing a namespace's sessions reads the sessions bucket.
 			"$JS.API.CONSUMER.CREATE.KV_" + sessions + ".>",
 			"$JS.API.CONSUMER.DELETE.KV_" + sessions + ".>",

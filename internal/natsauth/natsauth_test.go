@@ -5,8 +5,12 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -277,7 +281,7 @@ func TestSpyHearsOnlyItsOwnAnswers(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	for _, m := range heard {
-		for _, secret := range [][]byte{[]byte("SECRET-4242"), []byte("TOOL-5151"), []byte("update_memory"), key, []byte(jobs.Capability(key, rec.Job.ID))} {
+		for _, secret := range [][]byte{[]byte("SECRET-4242"), []byte("TOOL-5151"), []byte("update_memory"), key, []byte(jobs.Capability(key, jobs.ScopedID("victim", rec.Job.ID)))} {
 			if bytes.Contains(m, secret) {
 				t.Fatalf("the spy heard %q", m)
 			}
@@ -492,5 +496,348 @@ func TestForgedJobNeverRuns(t *testing.T) {
 	}
 	if b, err := os.ReadFile(marker); err != nil || string(b) != "x" {
 		t.Fatalf("marker after the genuine job: %q %v (a forged one ran too, or none did)", b, err)
+	}
+}
+
+// TestWorkerLearnsOnlyItsJobsHistory attacks from a worker host's credential:
+// a spy worker identity tries to read another tenant's job outcome. The
+// direct gets of the events stream are refused to it (by the job's id, and
+// with a literal '*', which would return the latest event of any job), and
+// the state service's job.history answers nothing of the job without that
+// job's capability. The real worker still learns what it needs of the jobs it
+// holds: a job cancelled while queued is not run.
+func TestWorkerLearnsOnlyItsJobsHistory(t *testing.T) {
+	t.Parallel()
+	_, _, connect := fleetIn(t, natsauth.Identity{Role: natsauth.RoleWorker, Name: "spy"})
+	s := jobs.Subjects{}
+	wnc, wr := connect(natsauth.RoleWorker)
+	testutil.WorkerOn(t, wnc, testutil.NewFakeRuntime(4), worker.DefaultConfig("w1"))
+	fnc, fr := connect(natsauth.RoleFrontend)
+	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rec, err := fe.Run(ctx, &jobs.Job{Code: "SECRET-4242", Namespace: "victim"}, nil)
+	if err != nil || rec.Status != jobs.StatusSuccess {
+		t.Fatalf("job: %v %+v (worker refusals %v, front-end refusals %v)", err, rec, wr.errs, fr.errs)
+	}
+	id := jobs.ScopedID("victim", rec.Job.ID)
+
+	spy, sr := connect("worker-spy")
+	for _, q := range []struct{ subj, body string }{
+		{s.DirectGet(s.EventsStream(), s.Event(id, jobs.EventFinished)), ""},
+		{s.DirectGet(s.EventsStream(), s.Event("*", jobs.EventFinished)), ""},
+		{s.DirectGet(s.EventsStream(), s.Event("*", jobs.EventStarted)), ""},
+		{s.DirectGet(s.EventsStream(), s.Event("*", jobs.EventCancelled)), ""},
+		{"$JS.API.DIRECT.GET." + s.EventsStream(), `{"last_by_subj":"` + s.Event(id, jobs.EventFinished) + `"}`},
+		{"$JS.API.STREAM.MSG.GET." + s.EventsStream(), `{"last_by_subj":"` + s.Event(id, jobs.EventFinished) + `"}`},
+		{s.State(state.OpJobGet), `{"id":"` + id + `"}`},
+	} {
+		if m, err := spy.Request(q.subj, []byte(q.body), 300*time.Millisecond); err == nil {
+			t.Fatalf("the spy read %s: %q %v", q.subj, m.Data, m.Header)
+		}
+		sr.wait(t, `Permissions Violation for Publish to "`+q.subj+`"`)
+	}
+
+	bnc, _ := connect(natsauth.RoleBroker)
+	bjs, _ := jetstream.New(bnc)
+	key, err := queue.ProxyKey(ctx, bjs, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := bytes.Repeat([]byte{7}, jobs.CapabilityKeySize)
+	st := state.NewClient(spy, s)
+	for name, capability := range map[string]string{
+		"none":                  "",
+		"under another key":     jobs.Capability(other, id),
+		"of another job":        jobs.Capability(key, id+"x"), // one the spy may hold
+		"the event proof":       jobs.EventProof(jobs.Capability(key, id), jobs.EventFinished, 1),
+		"the capability of '*'": jobs.Capability(key, "*"),
+	} {
+		h, err := st.JobHistory(ctx, id, capability)
+		if !errors.Is(err, state.ErrInvalid) || h != (queue.History{}) {
+			t.Fatalf("job.history with a capability %s: %+v %v", name, h, err)
+		}
+		if name == "none" {
+			t.Logf("job.history without the capability: %v", err)
+		}
+		data, _ := json.Marshal(state.JobHistoryRequest{ID: id, Capability: capability})
+		m, err := spy.Request(s.State(state.OpJobHistory), data, 5*time.Second)
+		if err != nil || len(m.Data) != 0 || m.Header.Get("Nats-Service-Error-Code") != state.CodeBadRequest {
+			t.Fatalf("raw job.history with a capability %s: %v %q %v", name, err, m.Data, m.Header)
+		}
+	}
+	// The capability of '*' is refused for the id alone.
+	if h, err := st.JobHistory(ctx, "*", jobs.Capability(key, "*")); !errors.Is(err, state.ErrInvalid) {
+		t.Fatalf("job.history of '*': %+v %v", h, err)
+	}
+	// With the job's own capability (what the worker that holds it has), it
+	// answers.
+	if h, err := st.JobHistory(ctx, id, jobs.Capability(key, id)); err != nil || !h.Finished || h.Cancelled || h.LastAttempt != 1 {
+		t.Fatalf("job.history with the job's capability: %+v %v", h, err)
+	}
+
+	// A job cancelled while queued, then delivered: its worker asks
+	// job.history, sees the cancellation, and never runs it.
+	out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "q", Code: "never", Pool: "later"}}, "victim")
+	if out[0].Err != nil {
+		t.Fatal(out[0].Err)
+	}
+	if err := fe.Cancel(ctx, "victim", "q", "test"); err != nil {
+		t.Fatal(err)
+	}
+	w2nc, w2r := connect(natsauth.RoleWorker)
+	rt2 := testutil.NewFakeRuntime(1)
+	cfg := worker.DefaultConfig("w2")
+	cfg.Pool = "later"
+	testutil.WorkerOn(t, w2nc, rt2, cfg)
+	cons, err := bjs.Consumer(ctx, s.JobsStream(), s.Consumer("later"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		ci, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ci.NumPending == 0 && ci.NumAckPending == 0 && ci.AckFloor.Stream > 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the cancelled job was never settled: %+v", ci)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if rt2.Runs() != 0 {
+		t.Fatal("a job cancelled while queued ran")
+	}
+	if rec, err := fe.Get(ctx, "victim", "q"); err != nil || rec.Status != jobs.StatusCancelled {
+		t.Fatalf("cancelled job: %+v %v", rec, err)
+	}
+	if len(wr.errs) > 0 || len(w2r.errs) > 0 || len(fr.errs) > 0 {
+		t.Fatalf("refusals on the way: workers %v %v, front-end %v", wr.errs, w2r.errs, fr.errs)
+	}
+}
+
+// TestFrontendFollowsEvents: under its role, a front-end follows the events
+// stream (/api/events, the console's live list) and sees a job end.
+func TestFrontendFollowsEvents(t *testing.T) {
+	t.Parallel()
+	_, connect := fleet(t)
+	wnc, wr := connect(natsauth.RoleWorker)
+	testutil.WorkerOn(t, wnc, testutil.NewFakeRuntime(4), worker.DefaultConfig("w1"))
+	fnc, fr := connect(natsauth.RoleFrontend)
+	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rec, err := fe.Run(ctx, &jobs.Job{ID: "j1", Code: "hi", Namespace: "a"}, nil)
+	if err != nil || rec.Status != jobs.StatusSuccess {
+		t.Fatalf("job: %v %+v", err, rec)
+	}
+	var seen []jobs.EventKind
+	done := errors.New("done")
+	err = fe.Follow(ctx, "a", 0, true, func(ev frontend.JobEvent) error {
+		if ev.Job != "j1" {
+			return nil
+		}
+		seen = append(seen, ev.Kind)
+		if ev.Kind == jobs.EventFinished {
+			if ev.Status != jobs.StatusSuccess {
+				return fmt.Errorf("finished event %+v", ev)
+			}
+			return done
+		}
+		return nil
+	})
+	if !errors.Is(err, done) {
+		t.Fatalf("follow: %v (saw %v; front-end refusals %v)", err, seen, fr.errs)
+	}
+	if want := []jobs.EventKind{jobs.EventSubmitted, jobs.EventStarted, jobs.EventFinished}; !slices.Equal(seen, want) {
+		t.Fatalf("events of j1: %v, want %v", seen, want)
+	}
+	if len(wr.errs) > 0 || len(fr.errs) > 0 {
+		t.Fatalf("refusals on the way: worker %v, front-end %v", wr.errs, fr.errs)
+	}
+}
+
+// TestForgedEventsReachNoTenant attacks from a worker host's credential,
+// which may publish any job's started and finished subjects: it forges the
+// success of tenant a's job, queued in a pool no worker serves, without the
+// job's capability (no proof, a proof under another key, another job's
+// genuine event on this job's subject, a cancellation on the finished
+// subject). The tenant's event stream (Follow: /api/events, the console's
+// live list) shows none of it, the namespace's admission slot stays taken,
+// and the record is not ended. The genuine finish of the worker holding the
+// job is still followed, and frees the slot.
+func TestForgedEventsReachNoTenant(t *testing.T) {
+	t.Parallel()
+	_, connect := fleet(t)
+	s := jobs.Subjects{}
+	fnc, fr := connect(natsauth.RoleFrontend)
+	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy(),
+		Policies: map[string]frontend.Policy{"a": {MaxActive: 1}}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "q1", Code: "x", Pool: "nowhere"}}, "a"); out[0].Err != nil {
+		t.Fatal(out[0].Err)
+	}
+	id := jobs.ScopedID("a", "q1")
+
+	followed := make(chan frontend.JobEvent, 16)
+	fctx, fcancel := context.WithCancel(ctx)
+	defer fcancel()
+	go func() {
+		_ = fe.Follow(fctx, "a", 0, true, func(ev frontend.JobEvent) error {
+			followed <- ev
+			return nil
+		})
+	}()
+	next := func() frontend.JobEvent {
+		t.Helper()
+		select {
+		case ev := <-followed:
+			return ev
+		case <-ctx.Done():
+			t.Fatalf("no event followed (front-end refusals %v)", fr.errs)
+		}
+		return frontend.JobEvent{}
+	}
+	if ev := next(); ev.Job != "q1" || ev.Kind != jobs.EventSubmitted {
+		t.Fatalf("first event: %+v", ev)
+	}
+
+	bnc, _ := connect(natsauth.RoleBroker)
+	bjs, _ := jetstream.New(bnc)
+	key, err := queue.ProxyKey(ctx, bjs, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wnc, wr := connect(natsauth.RoleWorker)
+	wjs, _ := jetstream.New(wnc)
+	publish := func(subject string, ev jobs.Event) {
+		t.Helper()
+		ev.At = time.Now().UTC()
+		data, _ := json.Marshal(ev)
+		if _, err := wjs.Publish(ctx, subject, data); err != nil {
+			t.Fatalf("publish %s: %v", subject, err)
+		}
+	}
+	success := &jobs.Result{Status: jobs.StatusSuccess, Stdout: "forged", Attempt: 1}
+	other := bytes.Repeat([]byte{7}, jobs.CapabilityKeySize)
+	finished := s.Event(id, jobs.EventFinished)
+	mine := jobs.ScopedID("a", "mine") // a job the forger holds
+	for _, ev := range []jobs.Event{
+		{Job: id, Kind: jobs.EventFinished, Attempt: 1, Worker: "forger", Result: success},
+		{Job: id, Kind: jobs.EventFinished, Attempt: 1, Worker: "forger", Result: success,
+			Proof: jobs.EventProof(jobs.Capability(other, id), jobs.EventFinished, 1)},
+		{Job: mine, Kind: jobs.EventFinished, Attempt: 1, Worker: "forger", Result: success,
+			Proof: jobs.EventProof(jobs.Capability(key, mine), jobs.EventFinished, 1)},
+		{Job: id, Kind: jobs.EventCancelled, Reason: "forged"},
+	} {
+		publish(finished, ev)
+	}
+	// The worker holding the job starts it: the tenant sees that, and
+	// nothing before it.
+	publish(s.Event(id, jobs.EventStarted), jobs.Event{Job: id, Kind: jobs.EventStarted, Attempt: 1, Worker: "w1",
+		Proof: jobs.EventProof(jobs.Capability(key, id), jobs.EventStarted, 1)})
+	if ev := next(); ev.Job != "q1" || ev.Kind != jobs.EventStarted {
+		t.Fatalf("the tenant followed a forged event: %+v", ev)
+	}
+	time.Sleep(200 * time.Millisecond) // the admission's subscription had them too
+	if out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "q2", Code: "x", Pool: "nowhere"}}, "a"); !errors.Is(out[0].Err, frontend.ErrOverCap) {
+		t.Fatalf("a forged finish freed the namespace's slot: %+v", out[0])
+	}
+	if rec, err := fe.Get(ctx, "a", "q1"); err != nil || rec.Status.Terminal() {
+		t.Fatalf("record after the forgeries: %+v %v", rec, err)
+	}
+
+	// The genuine finish is followed, and frees the slot.
+	publish(finished, jobs.Event{Job: id, Kind: jobs.EventFinished, Attempt: 1, Worker: "w1",
+		Result: &jobs.Result{Status: jobs.StatusSuccess, Stdout: "real", Attempt: 1},
+		Proof:  jobs.EventProof(jobs.Capability(key, id), jobs.EventFinished, 1)})
+	if ev := next(); ev.Job != "q1" || ev.Kind != jobs.EventFinished || ev.Status != jobs.StatusSuccess {
+		t.Fatalf("the genuine finish: %+v", ev)
+	}
+	for i := 0; ; i++ {
+		out := fe.SubmitMany(ctx, []*jobs.Job{{ID: fmt.Sprintf("r%d", i), Code: "x", Pool: "nowhere"}}, "a")
+		if out[0].Err == nil {
+			break
+		}
+		if !errors.Is(out[0].Err, frontend.ErrOverCap) || ctx.Err() != nil {
+			t.Fatalf("after the genuine finish: %v", out[0].Err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if rec, err := fe.Get(ctx, "a", "q1"); err != nil || rec.Status != jobs.StatusSuccess || rec.Result.Stdout != "real" {
+		t.Fatalf("record after the genuine finish: %+v %v", rec, err)
+	}
+
+	// A caller waiting in Run (run_python) gets the genuine outcome, not the
+	// forged one that came first.
+	type ran struct {
+		rec *jobs.Record
+		err error
+	}
+	done := make(chan ran, 1)
+	go func() {
+		rec, err := fe.Run(ctx, &jobs.Job{ID: "r", Code: "x", Pool: "nowhere", Namespace: "b"}, nil)
+		done <- ran{rec, err}
+	}()
+	for {
+		if _, err := fe.Get(ctx, "b", "r"); err == nil {
+			break
+		} else if ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	rid := jobs.ScopedID("b", "r")
+	publish(s.Event(rid, jobs.EventFinished), jobs.Event{Job: rid, Kind: jobs.EventFinished, Attempt: 1, Worker: "forger", Result: success})
+	time.Sleep(200 * time.Millisecond)
+	publish(s.Event(rid, jobs.EventFinished), jobs.Event{Job: rid, Kind: jobs.EventFinished, Attempt: 1, Worker: "w1",
+		Result: &jobs.Result{Status: jobs.StatusSuccess, Stdout: "real", Attempt: 1},
+		Proof:  jobs.EventProof(jobs.Capability(key, rid), jobs.EventFinished, 1)})
+	if r := <-done; r.err != nil || r.rec.Result == nil || r.rec.Result.Stdout != "real" {
+		t.Fatalf("Run answered %+v %v", r.rec, r.err)
+	}
+	if len(wr.errs) > 0 || len(fr.errs) > 0 {
+		t.Fatalf("refusals on the way: worker %v, front-end %v", wr.errs, fr.errs)
+	}
+}
+
+// TestForgedHistoryStopsNoJob: a worker host forges, for another tenant's
+// queued job, an outcome (which would make the job's worker skip it as
+// already done) and a start of attempt 99 (which would make it end the job as
+// worker_lost). job.history counts neither without the job's proof, and the
+// job runs as if nothing had been forged.
+func TestForgedHistoryStopsNoJob(t *testing.T) {
+	t.Parallel()
+	_, connect := fleet(t)
+	s := jobs.Subjects{}
+	fnc, fr := connect(natsauth.RoleFrontend)
+	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "v", Code: "real", Pool: "later"}}, "victim"); out[0].Err != nil {
+		t.Fatal(out[0].Err)
+	}
+	id := jobs.ScopedID("victim", "v")
+	forger, _ := connect(natsauth.RoleWorker)
+	fjs, _ := jetstream.New(forger)
+	for _, ev := range []jobs.Event{
+		{Job: id, Kind: jobs.EventStarted, Attempt: 99, Worker: "forger"},
+		{Job: id, Kind: jobs.EventFinished, Attempt: 99, Worker: "forger", Result: &jobs.Result{Status: jobs.StatusSuccess, Stdout: "forged"}},
+	} {
+		data, _ := json.Marshal(ev)
+		if _, err := fjs.Publish(ctx, s.Event(id, ev.Kind), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wnc, wr := connect(natsauth.RoleWorker)
+	cfg := worker.DefaultConfig("w1")
+	cfg.Pool = "later"
+	testutil.WorkerOn(t, wnc, testutil.NewFakeRuntime(1), cfg)
+	rec, err := fe.Wait(ctx, "victim", "v")
+	if err != nil || rec.Status != jobs.StatusSuccess || rec.Result.Stdout != "real" || rec.Attempt != 1 {
+		t.Fatalf("the victim's job after forged history: %+v %v (refusals %v %v)", rec, err, wr.errs, fr.errs)
 	}
 }

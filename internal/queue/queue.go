@@ -358,26 +358,24 @@ func (c *Client) PublishEvent(ctx context.Context, ev jobs.Event) error {
 	return nil
 }
 
-// Cancelled reports whether a cancelled event of job id is in the events stream.
-// A worker asks before running a job, so a job cancelled while queued never runs.
-func (c *Client) Cancelled(ctx context.Context, id string) (bool, error) {
-	msg, err := c.lastEvent(ctx, id, jobs.EventCancelled)
-	return msg != nil, err
-}
-
 // History is what a worker needs to know of a job before running it.
 type History struct {
-	Cancelled bool // a cancellation is recorded
-	Finished  bool // an outcome is recorded
+	Cancelled bool `json:"cancelled"` // a cancellation is recorded
+	Finished  bool `json:"finished"`  // an outcome is recorded
 	// LastAttempt is the attempt of the job's last recorded start (0: none).
 	// Only attempts that reached the code are counted: a delivery whose
 	// sandbox never came up consumes none.
-	LastAttempt int
+	LastAttempt int `json:"last_attempt"`
 }
 
-// History looks up job id's cancellation, last start and outcome (three
-// direct gets, at once).
-func (c *Client) History(ctx context.Context, id string) (History, error) {
+// LookupHistory looks up job id's cancellation, last start and outcome in
+// the events stream (three direct gets on nc, at once). Workers may not read
+// the events stream: the state service does it for them, for the jobs whose
+// capability they hold (state.Client.JobHistory). A start or an outcome
+// counts only with its proof under key: a worker host may publish those
+// subjects for any job, and a forged outcome would keep the job from running,
+// a forged start of a high attempt would end it as worker_lost.
+func LookupHistory(ctx context.Context, nc *nats.Conn, s jobs.Subjects, key []byte, id string) (History, error) {
 	var h History
 	var started, finished *nats.Msg
 	var startErr, finErr error
@@ -385,31 +383,40 @@ func (c *Client) History(ctx context.Context, id string) (History, error) {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		started, startErr = c.lastEvent(ctx, id, jobs.EventStarted)
+		started, startErr = lastEvent(ctx, nc, s, id, jobs.EventStarted)
 	}()
 	go func() {
 		defer wg.Done()
-		finished, finErr = c.lastEvent(ctx, id, jobs.EventFinished)
+		finished, finErr = lastEvent(ctx, nc, s, id, jobs.EventFinished)
 	}()
-	cancelled, err := c.lastEvent(ctx, id, jobs.EventCancelled)
+	cancelled, err := lastEvent(ctx, nc, s, id, jobs.EventCancelled)
 	wg.Wait()
 	if err = errors.Join(err, startErr, finErr); err != nil {
 		return h, err
 	}
 	h.Cancelled = cancelled != nil
-	h.Finished = finished != nil
-	if started != nil {
-		var ev jobs.Event
-		if json.Unmarshal(started.Data, &ev) == nil {
-			h.LastAttempt = ev.Attempt
-		}
+	if ev, ok := provenEvent(key, finished, id, jobs.EventFinished); ok {
+		h.Finished = ev.Result != nil
+	}
+	if ev, ok := provenEvent(key, started, id, jobs.EventStarted); ok {
+		h.LastAttempt = ev.Attempt
 	}
 	return h, nil
 }
 
+// provenEvent decodes m, job id's last event of kind, when it is one and
+// carries its proof under key.
+func provenEvent(key []byte, m *nats.Msg, id string, kind jobs.EventKind) (jobs.Event, bool) {
+	var ev jobs.Event
+	if m == nil || json.Unmarshal(m.Data, &ev) != nil || ev.Job != id || ev.Kind != kind || !jobs.CheckEvent(key, ev) {
+		return jobs.Event{}, false
+	}
+	return ev, true
+}
+
 // lastEvent returns job id's last event of kind, or nil when there is none.
-func (c *Client) lastEvent(ctx context.Context, id string, kind jobs.EventKind) (*nats.Msg, error) {
-	msg, err := c.js.Conn().RequestWithContext(ctx, c.sub.DirectGet(c.sub.EventsStream(), c.sub.Event(id, kind)), nil)
+func lastEvent(ctx context.Context, nc *nats.Conn, s jobs.Subjects, id string, kind jobs.EventKind) (*nats.Msg, error) {
+	msg, err := nc.RequestWithContext(ctx, s.DirectGet(s.EventsStream(), s.Event(id, kind)), nil)
 	if err != nil {
 		return nil, fmt.Errorf("look up %s event of %s: %w", kind, id, err)
 	}
@@ -422,13 +429,14 @@ func (c *Client) lastEvent(ctx context.Context, id string, kind jobs.EventKind) 
 	return nil, fmt.Errorf("look up %s event of %s: %s %s", kind, id, msg.Header.Get("Status"), msg.Header.Get("Description"))
 }
 
-// WatchEvents subscribes to job's events and delivers them on the returned channel
-// until stop is called. Subscribe before submitting so no event is missed.
-func (c *Client) WatchEvents(job string) (events <-chan jobs.Event, stop func(), err error) {
+// WatchEvents subscribes to job's events and delivers on the returned channel
+// those keep (nil: all) takes, given the subject each came on, until stop is
+// called. Subscribe before submitting so no event is missed.
+func (c *Client) WatchEvents(job string, keep func(subject string, ev jobs.Event) bool) (events <-chan jobs.Event, stop func(), err error) {
 	ch := make(chan jobs.Event, 64)
 	sub, err := c.nc.Subscribe(c.sub.JobEvents(job), func(m *nats.Msg) {
 		var ev jobs.Event
-		if json.Unmarshal(m.Data, &ev) != nil {
+		if json.Unmarshal(m.Data, &ev) != nil || (keep != nil && !keep(m.Subject, ev)) {
 			return
 		}
 		select {

@@ -175,6 +175,15 @@ func (c *Client) Job(ctx context.Context, id string) (*jobs.Record, error) {
 	return &rec, nil
 }
 
+// JobHistory returns what a worker must know of job id before running it,
+// asked with the job's capability (from its job message); ErrInvalid when the
+// capability does not prove the job.
+func (c *Client) JobHistory(ctx context.Context, id, capability string) (queue.History, error) {
+	var h queue.History
+	err := c.call(ctx, OpJobHistory, JobHistoryRequest{ID: id, Capability: capability}, &h)
+	return h, err
+}
+
 // Jobs returns the records of those ids that exist, asking again for those
 // an answer had no room for (MaxReplyBytes).
 func (c *Client) Jobs(ctx context.Context, ids []string) ([]*jobs.Record, error) {

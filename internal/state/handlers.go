@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/queue"
 )
 
 // JobGetRequest is the body of a job.get request.
@@ -27,6 +28,13 @@ type JobGetRequest struct {
 // JobGetManyRequest is the body of a job.getmany request.
 type JobGetManyRequest struct {
 	IDs []string `json:"ids"`
+}
+
+// JobHistoryRequest is the body of a job.history request: a job and its
+// capability, from the job message that delivered it.
+type JobHistoryRequest struct {
+	ID         string `json:"id"`
+	Capability string `json:"capability"`
 }
 
 // MaxGetMany bounds the ids of one job.getmany request.
@@ -183,6 +191,30 @@ func (s *Service) handleJobGet(req micro.Request) {
 		err = fmt.Errorf("%w: no job with id %q", ErrNotFound, r.ID)
 	}
 	s.respond(req, rec, err)
+}
+
+// historyWait bounds the direct gets of one job.history request.
+const historyWait = 5 * time.Second
+
+// handleJobHistory answers a worker what it must know of a job before running
+// it, only for a job whose capability it holds: the direct gets a worker may
+// not make itself (they would read any job's outcome).
+func (s *Service) handleJobHistory(req micro.Request) {
+	var r JobHistoryRequest
+	if !decodeReq(req, &r, OpJobHistory, `{"id": "<job id>", "capability": "<from the job message>"}`) {
+		return
+	}
+	if !jobs.ValidID(r.ID) || !jobs.CheckCapability(s.key, r.ID, r.Capability) {
+		s.respond(req, nil, invalidf("job.history of job %.160q needs that job's capability, from the job message that delivered it: the one given does not prove it", r.ID))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), historyWait)
+	defer cancel()
+	h, err := queue.LookupHistory(ctx, s.nc, s.sub, s.key, r.ID)
+	if err != nil {
+		err = fmt.Errorf("%w: history of job %s: %w", ErrUnavailable, r.ID, err)
+	}
+	s.respond(req, h, err)
 }
 
 func (s *Service) handleJobGetMany(req micro.Request) {

@@ -2,6 +2,8 @@ package state_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -10,6 +12,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/state"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
@@ -124,9 +127,24 @@ func TestEventsNeedTheirJobsProof(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// On the subjects a worker may publish, kinds that need no proof: a
+	// cancellation of the victim, a submission of a job nobody submitted.
+	planted := jobs.ScopedID("", "planted")
+	for subject, ev := range map[string]jobs.Event{
+		jobs.Subjects{}.Event(wire, jobs.EventFinished):   {Job: wire, Kind: jobs.EventCancelled, Reason: "forged"},
+		jobs.Subjects{}.Event(planted, jobs.EventStarted): {Job: planted, Kind: jobs.EventSubmitted, Spec: &jobs.Job{ID: planted, Code: "x"}},
+	} {
+		data, _ := json.Marshal(ev)
+		if _, err := forger.JetStream().Publish(ctx, subject, data); err != nil {
+			t.Fatal(err)
+		}
+	}
 	close(release)
 	got := testutil.WaitRecord(t, b, "victim", jobs.StatusSuccess)
 	if got.Result.Stdout != "real" || got.Worker != "w1" {
 		t.Fatalf("a forged outcome was recorded: %+v", got.Result)
+	}
+	if rec, err := fe.Get(ctx, "", "planted"); !errors.Is(err, state.ErrNotFound) {
+		t.Fatalf("a forged submission was recorded: %+v %v", rec, err)
 	}
 }

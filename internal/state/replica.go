@@ -238,6 +238,13 @@ func (s *Service) applyEvents(msgs []jetstream.Msg, last uint64) error {
 			s.logger.Warn("skipping malformed event", "subject", m.Subject(), "err", err)
 			continue
 		}
+		if m.Subject() != s.sub.Event(ev.Job, ev.Kind) {
+			// A worker may publish any job's started and finished subjects:
+			// what it says there must be that event, not a cancellation or
+			// a submission, which need no proof.
+			s.logger.Warn("skipping an event on another event's subject", "subject", m.Subject(), "job", ev.Job, "kind", ev.Kind)
+			continue
+		}
 		if !s.proven(ev) {
 			s.logger.Warn("skipping an event without its job's proof (a worker speaking for a job it does not hold?)",
 				"job", ev.Job, "kind", ev.Kind, "worker", ev.Worker)

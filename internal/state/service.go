@@ -46,6 +46,10 @@ const (
 	OpMemoryPut      = "memory.put"
 	OpMemoryList     = "memory.list"
 	OpMemoryDelete   = "memory.delete"
+	// OpJobHistory answers a worker, for a job whose capability it holds,
+	// what it must know before running the job (queue.History): workers may
+	// not read the events stream themselves.
+	OpJobHistory = "job.history"
 )
 
 // DefaultRetention keeps finished jobs for 7 days, and at most a million.
@@ -89,6 +93,7 @@ type Service struct {
 	wg      sync.WaitGroup // followers, retention loop, advisory loop, write handlers
 	writes  chan struct{}  // bounds concurrent write handlers
 	reads   chan struct{}  // bounds concurrent read handlers
+	lookups chan struct{}  // bounds concurrent job.history handlers
 }
 
 // NewService returns a Service; Start begins its work.
@@ -101,7 +106,7 @@ func NewService(nc *nats.Conn, store Store, sub jobs.Subjects, logger *slog.Logg
 		logger = slog.New(slog.DiscardHandler)
 	}
 	return &Service{nc: nc, js: js, store: store, sub: sub, logger: logger,
-		Retention: DefaultRetention, writes: make(chan struct{}, 64), reads: make(chan struct{}, MaxReads), quota: newReservations()}, nil
+		Retention: DefaultRetention, writes: make(chan struct{}, 64), reads: make(chan struct{}, MaxReads), lookups: make(chan struct{}, 64), quota: newReservations()}, nil
 }
 
 // Start follows the streams from where the store left off, waits until it has
@@ -171,6 +176,8 @@ func (s *Service) Start(ctx context.Context) error {
 		{OpMemoryPut, s.concurrently(s.writes, s.tracedWrite("put", s.consistent(s.handleMemoryPut)))},
 		{OpMemoryList, s.concurrently(s.reads, s.consistent(s.handleMemoryList))},
 		{OpMemoryDelete, s.concurrently(s.writes, s.tracedWrite("delete", s.consistent(s.handleMemoryDelete)))},
+		// Every delivery of a job asks: its direct gets overlap.
+		{OpJobHistory, s.concurrently(s.lookups, s.handleJobHistory)},
 	}
 	for _, e := range endpoints {
 		name := endpointName(e.op)
@@ -361,8 +368,9 @@ func (s *Service) sleep(ctx context.Context, d time.Duration) {
 const MaxReads = 8
 
 // concurrently runs h in its own goroutine, at most cap(slots) at once: so
-// that concurrent writes share bbolt commits (boltstore uses bolt.Batch), and
-// a slow read (a large page) does not queue every other read behind it.
+// that concurrent writes share bbolt commits (boltstore uses bolt.Batch), a
+// slow read (a large page) does not queue every other read behind it, and
+// look-ups that wait on the broker overlap.
 func (s *Service) concurrently(slots chan struct{}, h micro.HandlerFunc) micro.HandlerFunc {
 	return func(req micro.Request) {
 		slots <- struct{}{}

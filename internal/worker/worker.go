@@ -21,6 +21,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/state"
 	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
@@ -70,6 +71,7 @@ type Worker struct {
 	nc     *nats.Conn
 	client *queue.Client
 	verify *queue.Verifier // job messages' signatures
+	state  *state.Client   // a job's history, for the jobs this worker holds
 	rt     sandbox.Runtime
 	log    *slog.Logger
 	tracer trace.Tracer
@@ -99,7 +101,8 @@ func New(nc *nats.Conn, rt sandbox.Runtime, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Worker{cfg: cfg, nc: nc, client: client, verify: queue.NewVerifier(nc, cfg.Queue.Subjects), rt: rt, log: cfg.Logger.With("worker", cfg.ID), tracer: tracing.Tracer(cfg.Tracing),
+	return &Worker{cfg: cfg, nc: nc, client: client, verify: queue.NewVerifier(nc, cfg.Queue.Subjects), state: state.NewClient(nc, cfg.Queue.Subjects),
+		rt: rt, log: cfg.Logger.With("worker", cfg.ID), tracer: tracing.Tracer(cfg.Tracing),
 		health: newHealth(cfg.FailureThreshold), langs: sandbox.Languages(rt)}, nil
 }
 
@@ -259,8 +262,16 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 			d.log.Debug("stop listening for cancellation", "err", err)
 		}
 	}()
-	h, err := w.client.History(ctx, d.job.ID)
-	if err != nil {
+	// The state service reads the job's events for us, with its capability.
+	h, err := w.state.JobHistory(ctx, d.job.ID, d.capability)
+	switch {
+	case errors.Is(err, state.ErrInvalid):
+		// Its capability does not prove the job: nothing this worker
+		// recorded of it would be applied, so it is not run.
+		d.log.Error("job message without its job's capability: dropping it", "err", err)
+		o.kind, o.err = undecodable, err
+		return o
+	case err != nil:
 		o.kind, o.err = transient, err
 		return o
 	}
