@@ -51,6 +51,29 @@ type Fleet struct {
 	Workers   []WorkerView            `json:"workers"`
 	Frontends []FrontendView          `json:"frontends"`
 	Error     string                  `json:"error,omitempty"` // why the workers could not be asked
+	// CountsHidden: the caller is a tenant, not an admin, and sees no count
+	// that moves with other namespaces' work (stream sizes, busy slots,
+	// sessions, warm containers, load, proxy calls): zero here.
+	CountsHidden bool `json:"counts_hidden,omitempty"`
+}
+
+// hideCounts zeroes what a tenant may not see of the fleet: every count
+// that another namespace's jobs move.
+func (f *Fleet) hideCounts() {
+	f.CountsHidden = true
+	for i := range f.Streams {
+		f.Streams[i].Messages, f.Streams[i].Bytes = 0, 0
+		for j := range f.Streams[i].Replicas {
+			f.Streams[i].Replicas[j].Lag = 0
+		}
+	}
+	for i := range f.Workers {
+		w := &f.Workers[i]
+		w.Running, w.Warm, w.Sessions, w.Load1, w.Started, w.StartFailures = 0, 0, 0, 0, 0, 0
+	}
+	for i := range f.Frontends {
+		f.Frontends[i].CallsPerMinute, f.Frontends[i].Running = 0, 0
+	}
 }
 
 // maxSeenWorkers bounds the workers remembered as stale.
@@ -81,6 +104,9 @@ func (a *api) fleet(w http.ResponseWriter, r *http.Request) {
 	f.Cluster = cluster
 	f.Streams = a.cfg.Backend.Streams(r.Context())
 	f.Brokers = brokers(server, f.Streams)
+	if !a.cfg.IsAdmin(r.Context()) {
+		f.hideCounts()
+	}
 	writeJSON(w, http.StatusOK, f)
 }
 

@@ -17,20 +17,22 @@ export async function fleetPage(show, signal) {
   const state = (cls, text) => h('span', { class: 'badge ' + cls }, text);
   const render = async () => {
     const f = await api('/api/console/fleet', { signal });
+    // Counts that move with every tenant's work are an admin's to see.
+    const n = (v) => (f.counts_hidden ? '—' : v);
     const brokers = table('brokers', 'Brokers', ['Broker', 'Role', 'Leads', 'Replica of (lag)'], f.brokers.map((b) => h('tr', { 'data-id': b.name },
       h('td', { class: 'mono' }, b.name), h('td', {}, b.behind ? state('st-worker_lost', 'behind') : state('st-success', b.leads.length ? 'leader' : 'replica')),
       h('td', {}, b.leads.join(', ')), h('td', {}, b.follows.join(', ')))));
     const streams = table('streams', 'Streams', ['Stream', 'Messages', 'Size', 'Leader', 'Replicas'], f.streams.map((s) => h('tr', {},
-      h('td', { class: 'mono' }, s.name), h('td', {}, s.error ? '' : s.messages), h('td', {}, s.error ? s.error : kb(s.bytes)), h('td', { class: 'mono' }, s.leader || ''),
+      h('td', { class: 'mono' }, s.name), h('td', {}, s.error ? '' : n(s.messages)), h('td', {}, s.error ? s.error : n(kb(s.bytes))), h('td', { class: 'mono' }, s.leader || ''),
       h('td', {}, (s.replicas || []).map((r) => r.name + (r.offline ? ' offline' : r.current ? '' : ' catching up') + ' (lag ' + r.lag + ')').join(', ')))));
     const workers = table('workers', 'Workers',
       ['Worker', 'State', 'Runtime', 'Slots busy / free', 'Warm pool', 'Sessions', 'Host load', 'Languages', 'Sandboxes started', 'Last heartbeat'],
       f.workers.map((w) => h('tr', { class: w.stale ? 'stale' : '', 'data-id': w.id },
         h('td', { class: 'mono' }, w.id),
         h('td', {}, w.stale ? state('st-worker_lost', 'stale') : w.healthy ? state('st-success', 'healthy') : state('st-error', 'unhealthy'), w.reason ? ' ' + w.reason : ''),
-        h('td', {}, w.runtime || ''), h('td', {}, w.running + ' / ' + Math.max(0, w.slots - w.running)), h('td', {}, w.warm), h('td', {}, w.sessions),
-        h('td', {}, w.load1 ? w.load1.toFixed(2) : ''), h('td', {}, (w.languages || []).join(', ')),
-        h('td', {}, w.sandboxes_started + (w.sandbox_start_failures ? ' (' + w.sandbox_start_failures + ' failed)' : '')),
+        h('td', {}, w.runtime || ''), h('td', {}, f.counts_hidden ? '— / ' + w.slots : w.running + ' / ' + Math.max(0, w.slots - w.running)), h('td', {}, n(w.warm)), h('td', {}, n(w.sessions)),
+        h('td', {}, w.load1 ? w.load1.toFixed(2) : n('')), h('td', {}, (w.languages || []).join(', ')),
+        h('td', {}, n(w.sandboxes_started + (w.sandbox_start_failures ? ' (' + w.sandbox_start_failures + ' failed)' : ''))),
         h('td', { class: 'seen' }, fmtTime(w.last_seen)))));
     const fes = table('frontends', 'Front-ends', ['Front-end', 'State', 'Broker', 'Proxied servers', 'Proxy calls per minute', 'Running calls', 'Last answer'],
       f.frontends.map((fe) => h('tr', { class: fe.stale ? 'stale' : '', 'data-id': fe.id },
@@ -38,7 +40,7 @@ export async function fleetPage(show, signal) {
         h('td', {}, fe.stale ? state('st-worker_lost', 'stale') : state('st-success', 'answering')),
         h('td', { class: 'mono' }, fe.broker || ''),
         h('td', {}, fe.servers.length ? fe.servers.map((s) => h('span', { class: 'tag' }, s.name + (s.running ? ' (running)' : ' (idle)'))) : 'none'),
-        h('td', {}, fe.calls_per_minute.toFixed(1)), h('td', {}, fe.running),
+        h('td', {}, n(fe.calls_per_minute.toFixed(1))), h('td', {}, n(fe.running)),
         h('td', { class: 'seen' }, fmtTime(fe.last_seen)))));
     body.replaceChildren(...[
       f.error ? notice(f.error, 'error') : null,
@@ -46,7 +48,8 @@ export async function fleetPage(show, signal) {
       h('h2', {}, 'Streams'), streams,
       h('h2', {}, 'Workers'), f.workers.length ? workers : h('p', {}, 'No worker has answered.'),
       h('h2', {}, 'Front-ends'), fes,
-      h('p', { class: 'muted' }, 'A worker or front-end that has not answered for 15 s is stale.')].filter(Boolean));
+      h('p', { class: 'muted' }, 'A worker or front-end that has not answered for 15 s is stale.'),
+      f.counts_hidden ? h('p', { class: 'muted' }, 'Counts that move with every namespace\'s work (—) are shown to admin tokens only.') : null].filter(Boolean));
   };
   await render();
   every(5000, render, signal);
