@@ -22,6 +22,7 @@ func registerFleetFlags(fs *flag.FlagSet) *fleetFlags {
 	fs.DurationVar(&f.grace, "grace", 30*time.Second, "on SIGTERM, how long in-flight calls may wait for their jobs before they are answered with the job id to fetch later (and, embedded, how long the worker's jobs may finish)")
 	fs.IntVar(&f.policy.MaxQueued, "ns-max-queued", d.MaxQueued, "refuse a namespace's submissions while it has this many jobs waiting for a worker (0: no cap; counted per front-end)")
 	fs.IntVar(&f.policy.MaxActive, "ns-max-active", d.MaxActive, "refuse a namespace's submissions while it has this many jobs queued or running (0: no cap; counted per front-end)")
+	fs.Int64Var(&f.policy.MaxQueuedBytes, "ns-max-queued-bytes", d.MaxQueuedBytes, "refuse a namespace's submissions while its waiting jobs' code passes this many bytes (0: no cap; counted per front-end)")
 	fs.IntVar(&f.policy.MaxSessions, "ns-max-sessions", d.MaxSessions, "sessions a namespace may hold at once (0: no cap)")
 	fs.Int64Var(&f.policy.MemoryBytes, "ns-memory-bytes", d.MemoryBytes, "bytes of memory (keys, values, metadata) a namespace may store (0: no cap)")
 	return f
@@ -31,8 +32,8 @@ func (f *fleetFlags) validate() error {
 	switch {
 	case f.grace < 0:
 		return cli.Usagef("--grace must not be negative, got %s", f.grace)
-	case f.policy.MaxQueued < 0, f.policy.MaxActive < 0, f.policy.MaxSessions < 0, f.policy.MemoryBytes < 0:
-		return cli.Usagef("--ns-max-queued, --ns-max-active, --ns-max-sessions and --ns-memory-bytes must be 0 (no cap) or more")
+	case f.policy.MaxQueued < 0, f.policy.MaxActive < 0, f.policy.MaxQueuedBytes < 0, f.policy.MaxSessions < 0, f.policy.MemoryBytes < 0:
+		return cli.Usagef("--ns-max-queued, --ns-max-active, --ns-max-queued-bytes, --ns-max-sessions and --ns-memory-bytes must be 0 (no cap) or more")
 	}
 	return f.nats.Validate()
 }

@@ -61,6 +61,7 @@ type admission struct {
 type tracked struct {
 	namespace string
 	running   bool
+	bytes     int64 // of its code and files: what it holds of the queue
 }
 
 func newAdmission(f *Frontend) *admission {
@@ -203,7 +204,10 @@ func (a *admission) admit(js []*jobs.Job) (refused []error) {
 	if !a.enabled() {
 		return refused
 	}
-	type count struct{ queued, active int }
+	type count struct {
+		queued, active int
+		queuedBytes    int64
+	}
 	counts := map[string]*count{}
 	for _, t := range a.jobs {
 		c := counts[t.namespace]
@@ -214,6 +218,7 @@ func (a *admission) admit(js []*jobs.Job) (refused []error) {
 		c.active++
 		if !t.running {
 			c.queued++
+			c.queuedBytes += t.bytes
 		}
 	}
 	for i, j := range js {
@@ -225,7 +230,10 @@ func (a *admission) admit(js []*jobs.Job) (refused []error) {
 			c = &count{}
 			counts[j.Namespace] = c
 		}
+		size := jobBytes(j)
 		switch p := a.f.policyFor(j.Namespace); {
+		case p.MaxQueuedBytes > 0 && c.queuedBytes+size > p.MaxQueuedBytes:
+			refused[i] = fmt.Errorf("%w: namespace %q has %d bytes of code waiting for a worker (cap %d): wait for some jobs to finish, then submit again", ErrOverCap, j.Namespace, c.queuedBytes, p.MaxQueuedBytes)
 		case p.MaxQueued > 0 && c.queued >= p.MaxQueued:
 			refused[i] = fmt.Errorf("%w: namespace %q has %d jobs waiting for a worker (cap %d): wait for some to finish, then submit again", ErrOverCap, j.Namespace, c.queued, p.MaxQueued)
 		case p.MaxActive > 0 && c.active >= p.MaxActive:
@@ -233,11 +241,16 @@ func (a *admission) admit(js []*jobs.Job) (refused []error) {
 		default:
 			c.queued++
 			c.active++
-			a.jobs[j.ID] = &tracked{namespace: j.Namespace}
+			c.queuedBytes += size
+			a.jobs[j.ID] = &tracked{namespace: j.Namespace, bytes: size}
 		}
 	}
 	return refused
 }
+
+// jobBytes is what job weighs in the queue: its code (and, in the events
+// stream, its submission carries the same).
+func jobBytes(j *jobs.Job) int64 { return int64(len(j.Code)) }
 
 // forget stops tracking id (its submission failed, or it is done).
 func (a *admission) forget(id string) {

@@ -127,3 +127,24 @@ func TestDrainAnswersInFlightCalls(t *testing.T) {
 		t.Fatalf("Run while draining: want ErrShuttingDown, got %v", err)
 	}
 }
+
+// TestNamespaceQueuedBytesCap: a tenant whose queued jobs carry large code
+// is refused once their bytes pass its cap (well before its job count cap),
+// so it cannot fill the fleet's queue and events stream with few jobs;
+// another namespace still submits.
+func TestNamespaceQueuedBytesCap(t *testing.T) {
+	t.Parallel()
+	_, fe, _ := setupAdmission(t, frontend.Policy{MaxQueued: 100, MaxQueuedBytes: 500 << 10}, false) // no worker: jobs stay queued
+	ctx := context.Background()
+	big := "#" + strings.Repeat("x", 200<<10)
+	out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "a1", Code: big}, {ID: "a2", Code: big}, {ID: "a3", Code: big}, {ID: "a4", Code: "x"}}, "alice")
+	if out[0].Err != nil || out[1].Err != nil || out[3].Err != nil {
+		t.Fatalf("under the cap: %v, %v, %v", out[0].Err, out[1].Err, out[3].Err)
+	}
+	if !errors.Is(out[2].Err, frontend.ErrOverCap) || !strings.Contains(out[2].Err.Error(), "bytes of code waiting") {
+		t.Fatalf("over the bytes cap: want ErrOverCap saying so, got %v", out[2].Err)
+	}
+	if out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "b1", Code: big}}, "bob"); out[0].Err != nil {
+		t.Fatalf("another namespace: %v", out[0].Err)
+	}
+}

@@ -27,6 +27,10 @@ type Policy struct {
 	// or running, on each front-end.
 	MaxQueued int `json:"max_queued,omitempty"`
 	MaxActive int `json:"max_active,omitempty"`
+	// MaxQueuedBytes caps the bytes of code of its jobs waiting for a
+	// worker, on each front-end: the queue and the events stream are the
+	// fleet's, and large code fills them faster than many jobs do.
+	MaxQueuedBytes int64 `json:"max_queued_bytes,omitempty"`
 	// MaxSessions caps its sessions (each holds a sandbox on a worker).
 	MaxSessions int `json:"max_sessions,omitempty"`
 	// MemoryBytes caps the bytes of its memory (keys, values and metadata).
@@ -37,7 +41,7 @@ type Policy struct {
 // on by default, with room for batch work but not for one tenant to take the
 // fleet.
 func DefaultPolicy() Policy {
-	return Policy{MaxQueued: 10_000, MaxActive: 10_000, MaxSessions: 16, MemoryBytes: 64 << 20}
+	return Policy{MaxQueued: 10_000, MaxActive: 10_000, MaxQueuedBytes: 256 << 20, MaxSessions: 16, MemoryBytes: 64 << 20}
 }
 
 // Inherit returns p with the fields it leaves zero taken from def: a named
@@ -51,18 +55,19 @@ func (p Policy) Inherit(def Policy) Policy {
 	p.MaxCPUs = cmp.Or(p.MaxCPUs, def.MaxCPUs)
 	p.MaxQueued = cmp.Or(p.MaxQueued, def.MaxQueued)
 	p.MaxActive = cmp.Or(p.MaxActive, def.MaxActive)
+	p.MaxQueuedBytes = cmp.Or(p.MaxQueuedBytes, def.MaxQueuedBytes)
 	p.MaxSessions = cmp.Or(p.MaxSessions, def.MaxSessions)
 	p.MemoryBytes = cmp.Or(p.MemoryBytes, def.MemoryBytes)
 	return p
 }
 
 // Enabled reports whether a job cap is set.
-func (p Policy) Enabled() bool { return p.MaxQueued > 0 || p.MaxActive > 0 }
+func (p Policy) Enabled() bool { return p.MaxQueued > 0 || p.MaxActive > 0 || p.MaxQueuedBytes > 0 }
 
 // Validate reports the first field out of range.
 func (p Policy) Validate() error {
 	switch {
-	case p.MaxTimeout < 0, p.MaxQueued < 0, p.MaxActive < 0, p.MaxSessions < 0, p.MemoryBytes < 0, p.MaxMemoryMB < 0, p.MaxCPUs < 0:
+	case p.MaxTimeout < 0, p.MaxQueued < 0, p.MaxActive < 0, p.MaxQueuedBytes < 0, p.MaxSessions < 0, p.MemoryBytes < 0, p.MaxMemoryMB < 0, p.MaxCPUs < 0:
 		return fmt.Errorf("policy caps must not be negative: %+v", p)
 	case p.MaxTimeout > 24*3600:
 		return fmt.Errorf("policy max_timeout %d is over a day", p.MaxTimeout)
