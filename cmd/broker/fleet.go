@@ -22,6 +22,7 @@ type fleetFlags struct {
 	replicas      int
 	state         bool
 	rebuild       bool
+	sync          broker.SyncPolicy
 	sec           broker.Security
 	client        *natsflags.Flags // the broker's own connections, under --nats-config
 }
@@ -35,6 +36,7 @@ func registerFleetFlags(fs *flag.FlagSet) *fleetFlags {
 	fs.IntVar(&f.replicas, "replicas", 0, "stream replicas (0: 3 in a cluster of 3 or more nodes, else one per node)")
 	fs.BoolVar(&f.state, "state", true, "run a state replica on this node (every node of a cluster runs one by default)")
 	fs.BoolVar(&f.rebuild, "rebuild-state", false, "delete this node's state file at start and rebuild it from the streams")
+	fs.Var(&f.sync, "sync", broker.SyncUsage)
 	fs.StringVar(&f.sec.ConfigFile, "nats-config", "", "nats-server configuration file for authorization/accounts (flags override it)")
 	fs.StringVar(&f.sec.User, "auth-user", "", "require this NATS user on clients and routes (with --auth-password)")
 	fs.StringVar(&f.sec.Password, "auth-password", "", "password of --auth-user (prefer MCPEXEC_AUTH_PASSWORD)")
@@ -70,7 +72,7 @@ func (f *fleetFlags) apply(cfg *broker.Config, log *slog.Logger) error {
 	default:
 		cfg.Queue.Replicas = f.replicas
 	}
-	cfg.Security, cfg.NoState, cfg.RebuildState = f.sec, !f.state, f.rebuild
+	cfg.Security, cfg.NoState, cfg.RebuildState, cfg.Sync = f.sec, !f.state, f.rebuild, f.sync
 	if f.client.Secured() {
 		opts, err := f.client.Auth()
 		if err != nil {

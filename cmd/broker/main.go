@@ -70,7 +70,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer func() { _ = b.Close() }() // Close always returns nil
 	log.Info("broker ready", "nats", b.ClientURL(), "data", *data, "cluster", bcfg.Cluster.Name,
-		"replicas", bcfg.Queue.Replicas, "state_service", b.StateService())
+		"replicas", bcfg.Queue.Replicas, "state_service", b.StateService(), "sync", b.Sync().String())
 	if *httpAddr != "" {
 		_, stopOps, err := cli.ServeOps(*httpAddr, func() error {
 			if !b.Server().JetStreamEnabled() {

@@ -3,12 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/natsauth"
 )
@@ -24,6 +28,8 @@ func TestCommandLine(t *testing.T) {
 		want string
 	}{
 		{"beyond loopback without auth", []string{"--data", filepath.Join(dir, "d1"), "--listen", "0.0.0.0:0"}, cli.ExitFailure, "broker auth init DIR"},
+		{"sync sometimes", []string{"--data", filepath.Join(dir, "d4"), "--sync", "sometimes"}, cli.ExitUsage, "want always or interval:D"},
+		{"sync interval zero", []string{"--data", filepath.Join(dir, "d5"), "--sync", "interval:0s"}, cli.ExitUsage, "positive duration"},
 		{"unexpected argument", []string{"--data", filepath.Join(dir, "d2"), "serve"}, cli.ExitUsage, `unexpected argument "serve"`},
 		{"auth without init", []string{"auth"}, cli.ExitUsage, "broker auth init DIR"},
 		{"auth init without a dir", []string{"auth", "init"}, cli.ExitUsage, "exactly one directory"},
@@ -58,9 +64,10 @@ func TestCommandLine(t *testing.T) {
 	// The broker serves the written configuration, beyond loopback too.
 	sctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
+	var logs bytes.Buffer // read after run returns
 	go func() {
 		done <- run(sctx, []string{"--data", filepath.Join(dir, "d3"), "--listen", "0.0.0.0:0",
-			"--nats-config", filepath.Join(dir, "creds", natsauth.ConfigName)}, &bytes.Buffer{})
+			"--nats-config", filepath.Join(dir, "creds", natsauth.ConfigName)}, &logs)
 	}()
 	select {
 	case err := <-done:
@@ -70,5 +77,42 @@ func TestCommandLine(t *testing.T) {
 	stop()
 	if err := <-done; err != nil {
 		t.Fatalf("serving the written config: %v", err)
+	}
+	// The start log names the sync policy.
+	if !strings.Contains(logs.String(), `"msg":"broker ready"`) || !strings.Contains(logs.String(), `"sync":"always"`) {
+		t.Fatalf("the start log does not name the sync policy:\n%s", logs.String())
+	}
+}
+
+// TestSyncFlag: --sync, or MCPEXEC_SYNC, sets the broker's sync policy;
+// always when neither is given.
+func TestSyncFlag(t *testing.T) {
+	parse := func(args ...string) (broker.Config, error) {
+		fs := flag.NewFlagSet("broker", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		fl := registerFleetFlags(fs)
+		if err := cli.Parse(fs, args, nil); err != nil {
+			return broker.Config{}, err
+		}
+		var cfg broker.Config
+		err := fl.apply(&cfg, slog.New(slog.DiscardHandler))
+		return cfg, err
+	}
+	if cfg, err := parse(); err != nil || !cfg.Sync.Always() {
+		t.Fatalf("default: %v %v, want always", cfg.Sync, err)
+	}
+	if cfg, err := parse("--sync", "interval:30s"); err != nil || cfg.Sync.Interval != 30*time.Second {
+		t.Fatalf("--sync interval:30s: %v %v", cfg.Sync, err)
+	}
+	t.Setenv("MCPEXEC_SYNC", "interval:1m")
+	if cfg, err := parse(); err != nil || cfg.Sync.Interval != time.Minute {
+		t.Fatalf("MCPEXEC_SYNC=interval:1m: %v %v", cfg.Sync, err)
+	}
+	if cfg, err := parse("--sync", "always"); err != nil || !cfg.Sync.Always() {
+		t.Fatalf("the flag did not win over the environment: %v %v", cfg.Sync, err)
+	}
+	t.Setenv("MCPEXEC_SYNC", "never")
+	if _, err := parse(); cli.ExitCode(err) != cli.ExitUsage || !strings.Contains(err.Error(), "MCPEXEC_SYNC") {
+		t.Fatalf("MCPEXEC_SYNC=never: %v", err)
 	}
 }

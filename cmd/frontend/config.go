@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/mcpexec/mcpexec/cmd/internal/sandboxflags"
+	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -25,6 +26,7 @@ type config struct {
 	data           string
 	httpAddr       string
 	brokerListen   string
+	sync           broker.SyncPolicy
 	id             string
 	workerID       string
 	authToken      string
@@ -46,6 +48,7 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.data, "data", "./data", "embedded mode's data directory")
 	fs.StringVar(&c.httpAddr, "http", "", "serve streamable HTTP MCP at /mcp and /healthz on HOST:PORT; absent: MCP on stdio")
 	fs.StringVar(&c.brokerListen, "broker-listen", "", "embedded mode: also let other workers and front-ends reach the broker at HOST:PORT")
+	fs.Var(&c.sync, "sync", "embedded mode: "+broker.SyncUsage)
 	fs.StringVar(&c.id, "id", "", "front-end id (its proxy subject); default: random")
 	host, _ := os.Hostname()
 	fs.StringVar(&c.workerID, "worker-id", embeddedWorkerID(host), "embedded worker's id (labels its containers; a restart removes the previous life's orphans)")

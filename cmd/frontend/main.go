@@ -76,6 +76,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		NATSOpts:   nopts,
 		DataDir:    c.data,
 		BrokerAddr: c.brokerListen,
+		BrokerSync: c.sync,
 		Frontend: frontend.Config{ID: c.id, Limits: c.limits, Logger: log, Tools: pool,
 			CallTimeout: c.servers.callTimeout, MaxCallsPerJob: c.servers.maxCalls, Policy: def, Policies: policies,
 			Metrics: m, OnCatalogChange: late.catalogChanged, Tracing: tp, DescribeStatus: late.describe},

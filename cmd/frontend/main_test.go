@@ -34,6 +34,8 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{[]string{"--slots", "0"}, "--slots must be at least 1"},
 		{[]string{"--memory", "lots"}, "--memory"},
 		{[]string{"--container-user", "nobody"}, "numeric uid:gid"},
+		{[]string{"--sync", "sometimes"}, "want always or interval:D"},
+		{[]string{"--sync", "interval:0s"}, "positive duration"},
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
@@ -59,6 +61,13 @@ func TestEnvironmentConfiguresFlags(t *testing.T) {
 	c, err := parse([]string{"--slots", "3"}, io.Discard)
 	if err != nil || c.slots != 3 {
 		t.Fatalf("flag did not win: %v %+v", err, c)
+	}
+	if c.sync.String() != "always" {
+		t.Fatalf("the embedded broker's sync policy is %s by default, want always", c.sync)
+	}
+	t.Setenv("MCPEXEC_SYNC", "interval:10s")
+	if c, err = parse([]string{"--slots", "3"}, io.Discard); err != nil || c.sync.Interval != 10*time.Second {
+		t.Fatalf("MCPEXEC_SYNC not applied: %v %v", err, c.sync)
 	}
 	t.Setenv("MCP_BRIDGE_MEMORY", "1g")
 	c, err = parse([]string{"--slots", "1"}, io.Discard)

@@ -25,8 +25,9 @@ type RuntimeFactory func(ctx context.Context) (sandbox.Runtime, error)
 type FrontendConfig struct {
 	NATSURL    string // "" embeds a broker and a worker
 	NATSOpts   []nats.Option
-	DataDir    string // embedded broker's data
-	BrokerAddr string // embedded broker's TCP listener; "" for in-process only
+	DataDir    string            // embedded broker's data
+	BrokerAddr string            // embedded broker's TCP listener; "" for in-process only
+	BrokerSync broker.SyncPolicy // embedded broker's sync policy (zero: always)
 	Frontend   frontend.Config
 	Worker     worker.Config // embedded worker
 	NewRuntime RuntimeFactory
@@ -59,6 +60,7 @@ func StartFrontend(ctx context.Context, cfg FrontendConfig) (_ *Stack, err error
 		s.Broker, err = broker.Start(ctx, broker.Config{
 			DataDir: filepath.Join(cfg.DataDir, "broker"),
 			Listen:  cfg.BrokerAddr,
+			Sync:    cfg.BrokerSync,
 			Queue:   cfg.Worker.Queue,
 			Logger:  cfg.Logger.With("component", "broker"),
 			Metrics: cfg.Metrics,

@@ -73,7 +73,11 @@ func (l *Lazy) run(ctx context.Context) {
 			close(l.ready)
 			l.mu.Unlock()
 			if log != nil {
-				log.Info("mcpexec is ready to run code", "start_ms", time.Since(start).Milliseconds())
+				attrs := []any{"start_ms", time.Since(start).Milliseconds()}
+				if s.Broker != nil {
+					attrs = append(attrs, "sync", s.Broker.Sync().String())
+				}
+				log.Info("mcpexec is ready to run code", attrs...)
 			}
 			for _, h := range hooks {
 				h(s)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/app"
+	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
@@ -19,14 +20,16 @@ import (
 
 // TestLazyStartRetries: an embedded stack whose runtime fails to open is
 // answered "not ready" with the cause and the advice at once (not after a
-// wait), retried in the background, and runs jobs once a start succeeds.
+// wait), retried in the background, and runs jobs once a start succeeds. Its
+// embedded broker runs with the sync policy asked for.
 func TestLazyStartRetries(t *testing.T) {
 	var attempts atomic.Int32
 	cfg := app.FrontendConfig{
-		DataDir:  t.TempDir(),
-		Frontend: frontend.Config{ID: "lazy-fe", Limits: jobs.DefaultLimits()},
-		Worker:   worker.DefaultConfig("lazy-w"),
-		Logger:   testutil.Logger(t),
+		DataDir:    t.TempDir(),
+		Frontend:   frontend.Config{ID: "lazy-fe", Limits: jobs.DefaultLimits()},
+		Worker:     worker.DefaultConfig("lazy-w"),
+		Logger:     testutil.Logger(t),
+		BrokerSync: broker.SyncPolicy{Interval: time.Minute},
 		NewRuntime: func(context.Context) (sandbox.Runtime, error) {
 			if attempts.Add(1) == 1 {
 				return nil, errors.New("podman is not installed")
@@ -60,6 +63,13 @@ func TestLazyStartRetries(t *testing.T) {
 	}
 	if n := attempts.Load(); n != 2 {
 		t.Fatalf("%d starts, want 2", n)
+	}
+	s, err := l.Stack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if jsc := s.Broker.Server().JetStreamConfig(); jsc.SyncAlways || jsc.SyncInterval != time.Minute {
+		t.Fatalf("embedded broker: sync_always %v, sync_interval %s; want interval:1m", jsc.SyncAlways, jsc.SyncInterval)
 	}
 }
 

@@ -43,7 +43,10 @@ type Config struct {
 	// ("": "mcpexec", or host-and-route-port in a cluster).
 	ServerName string
 	Cluster    ClusterConfig // zero: a single node
-	Security   Security      // zero: no authentication, no TLS
+	// Sync is when JetStream fsyncs its writes (zero: before it acknowledges
+	// each one).
+	Sync     SyncPolicy
+	Security Security // zero: no authentication, no TLS
 	// NoState runs no state replica on this node (by default every node runs
 	// one, folding the replicated streams into its own file).
 	NoState bool
@@ -97,6 +100,10 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 		return nil, fmt.Errorf("NATS server did not start listening on %s within 10s (port in use?)", cfg.Listen)
 	}
 	b := &Broker{cfg: cfg, ns: ns}
+	if !cfg.Sync.Always() {
+		cfg.Logger.Warn("JetStream acknowledges writes before they reach the disk: a power cut loses up to the sync interval of acknowledged jobs and memory writes",
+			"sync", cfg.Sync.String(), "fix", "run with --sync always (the default)")
+	}
 	if err := b.init(ctx); err != nil {
 		_ = b.Close() // Close always returns nil
 		return nil, err
@@ -127,7 +134,12 @@ func serverOptions(cfg Config) (*server.Options, error) {
 		}
 		opts.Host, opts.Port = host, port
 	}
-	return fleetOptions(opts, cfg)
+	opts, err := fleetOptions(opts, cfg)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Sync.apply(opts)
+	return opts, nil
 }
 
 // Reload re-reads the NATS configuration file (--nats-config) and applies it
@@ -217,6 +229,9 @@ func (b *Broker) ClientURL() string {
 func (b *Broker) Connect(name string) (*nats.Conn, error) {
 	return nats.Connect("", b.clientOptions(name)...)
 }
+
+// Sync is the broker's sync policy.
+func (b *Broker) Sync() SyncPolicy { return b.cfg.Sync }
 
 // Server returns the embedded NATS server.
 func (b *Broker) Server() *server.Server { return b.ns }

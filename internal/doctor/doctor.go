@@ -3,20 +3,24 @@
 // that a sandbox really starts with the configured limits (reading them back
 // from inside the container, so a limit that is configured but not enforced
 // shows), the sandbox image, NATS, JetStream, the streams and, for a front-end,
-// that workers and the state service answer.
+// that workers and the state service answer, and whether the brokers fsync
+// before they acknowledge (their sync policy).
 package doctor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
@@ -63,6 +67,10 @@ type Config struct {
 	// RuntimeReason, when set, says which runtime was chosen and why
 	// (--runtime); it is reported first.
 	RuntimeReason string
+	// EmbeddedSync, when set and NATSURL is not, is the sync policy the
+	// embedded broker would run with (--sync): it is reported instead of the
+	// one the fleet's state replicas announce.
+	EmbeddedSync string
 }
 
 // ErrFailed is returned by Report when a check failed.
@@ -90,6 +98,9 @@ func Run(ctx context.Context, cfg Config) []Check {
 		out = append(out, checkNATS(ctx, cfg)...)
 	} else {
 		out = append(out, Check{Name: "nats", Status: Skip, Detail: cfg.SkipNATSReason})
+		if cfg.EmbeddedSync != "" {
+			out = append(out, syncCheck(map[string][]string{cfg.EmbeddedSync: {"the embedded broker"}}, "restart the front-end with --sync always (the default; unset MCPEXEC_SYNC)"))
+		}
 	}
 	return out
 }
@@ -241,8 +252,75 @@ func checkNATS(ctx context.Context, cfg Config) []Check {
 		out = append(out, ping(ctx, nc, s.WorkerService(), "workers", "start at least one worker: `worker --nats "+cfg.NATSURL+"`"))
 		out = append(out, workerHealth(ctx, nc, s)...)
 		out = append(out, ping(ctx, nc, s.StateService(), "state service", "start the broker: it hosts the state service (jobs, results, memory)"))
+		out = append(out, fleetSync(ctx, nc, s.StateService()))
 	}
 	return out
+}
+
+// syncMetadata is the key of the broker's sync policy in the state service's
+// metadata (broker.SyncMetadata).
+const syncMetadata = "sync"
+
+// fleetSync reports the sync policy of the brokers whose state replicas
+// answer $SRV.INFO.<service> within a second.
+func fleetSync(ctx context.Context, nc *nats.Conn, service string) Check {
+	const fix = "restart the brokers named with --sync always (the default; unset MCPEXEC_SYNC)"
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return Check{Name: "sync", Status: Warn, Detail: err.Error()}
+	}
+	defer func() { _ = sub.Unsubscribe() }() // fails only when the connection is closed, which drops the subscription too
+	if err := nc.PublishRequest("$SRV.INFO."+service, inbox, nil); err != nil {
+		return Check{Name: "sync", Status: Warn, Detail: err.Error()}
+	}
+	nodes := map[string][]string{} // policy: nodes
+	deadline := time.Now().Add(time.Second)
+	for {
+		wait := time.Until(deadline)
+		if wait <= 0 || ctx.Err() != nil {
+			break
+		}
+		m, err := sub.NextMsg(wait)
+		if err != nil {
+			break
+		}
+		var info micro.Info
+		if err := json.Unmarshal(m.Data, &info); err != nil {
+			continue
+		}
+		policy, ok := info.Metadata[syncMetadata]
+		if !ok {
+			// Brokers before the sync policy ran with nats-server's default.
+			policy = "interval:2m0s (a broker older than --sync)"
+		}
+		node := info.Metadata["node"]
+		if node == "" {
+			node = info.ID
+		}
+		nodes[policy] = append(nodes[policy], node)
+	}
+	if len(nodes) == 0 {
+		return Check{Name: "sync", Status: Skip, Detail: "no state replica answered $SRV.INFO." + service + " with its broker's policy"}
+	}
+	return syncCheck(nodes, fix)
+}
+
+// syncCheck is OK when every broker fsyncs before it acknowledges, else a
+// warning naming the brokers that do not.
+func syncCheck(nodes map[string][]string, fix string) Check {
+	var parts []string
+	warn := false
+	for _, policy := range slices.Sorted(maps.Keys(nodes)) {
+		names := slices.Sorted(slices.Values(nodes[policy]))
+		parts = append(parts, policy+" ("+strings.Join(names, ", ")+")")
+		warn = warn || policy != "always"
+	}
+	detail := strings.Join(parts, "; ")
+	if !warn {
+		return Check{Name: "sync", Status: OK, Detail: detail + ": writes reach the disk before they are acknowledged"}
+	}
+	return Check{Name: "sync", Status: Warn, Detail: detail + ": with an interval, a power cut loses acknowledged jobs and memory writes", Fix: fix}
 }
 
 // ping counts the instances of a NATS micro service that answer within a second.

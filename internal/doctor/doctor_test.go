@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/sandbox/docker"
@@ -112,9 +113,52 @@ func TestNATSChecks(t *testing.T) {
 	if statusOf(checks, "workers") != Fail || statusOf(checks, "state service") != OK {
 		t.Fatalf("checks %+v", checks)
 	}
+	if c := checkNamed(checks, "sync"); c.Status != OK || !strings.HasPrefix(c.Detail, "always (mcpexec)") {
+		t.Fatalf("sync of a default broker: %+v", c)
+	}
 	checks = Run(ctx, Config{NATSURL: "nats://127.0.0.1:1", Queue: qcfg})
 	if statusOf(checks, "nats") != Fail {
 		t.Fatalf("unreachable NATS: %+v", checks)
+	}
+}
+
+func checkNamed(checks []Check, name string) Check {
+	for _, c := range checks {
+		if c.Name == name {
+			return c
+		}
+	}
+	return Check{}
+}
+
+// TestSyncChecks: a broker that acknowledges before it fsyncs is named in a
+// warning with the fix, in a fleet (from its state replica's $SRV.INFO) and
+// in the embedded mode (from --sync).
+func TestSyncChecks(t *testing.T) {
+	ctx := context.Background()
+	qcfg := queue.DefaultConfig()
+	b, err := broker.Start(ctx, broker.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:-1", Queue: qcfg, Logger: testutil.Logger(t),
+		ServerName: "sync-node", Sync: broker.SyncPolicy{Interval: 2 * time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	c := checkNamed(Run(ctx, Config{NATSURL: b.ClientURL(), Queue: qcfg, ExpectWorkers: true}), "sync")
+	if c.Status != Warn || !strings.Contains(c.Detail, "interval:2m0s (sync-node)") || !strings.Contains(c.Fix, "--sync always") {
+		t.Fatalf("sync of a broker with an interval: %+v", c)
+	}
+	checks := Run(ctx, Config{SkipNATSReason: "embedded", EmbeddedSync: "interval:1s"})
+	if c := checkNamed(checks, "sync"); c.Status != Warn || !strings.Contains(c.Detail, "interval:1s (the embedded broker)") || c.Fix == "" {
+		t.Fatalf("embedded sync interval: %+v", c)
+	}
+	checks = Run(ctx, Config{SkipNATSReason: "embedded", EmbeddedSync: "always"})
+	if c := checkNamed(checks, "sync"); c.Status != OK {
+		t.Fatalf("embedded sync always: %+v", c)
+	}
+	// Several brokers: each policy with its nodes.
+	c = syncCheck(map[string][]string{"always": {"n2", "n1"}, "interval:1s": {"n3"}}, "fix it")
+	if c.Status != Warn || !strings.HasPrefix(c.Detail, "always (n1, n2); interval:1s (n3)") {
+		t.Fatalf("mixed fleet: %+v", c)
 	}
 }
 

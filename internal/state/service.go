@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 
@@ -74,6 +75,9 @@ type Service struct {
 	Metrics *metrics.Metrics
 	// Node names this replica for admin requests (the broker's server name).
 	Node string
+	// Metadata, set before Start, is added to the micro service's metadata
+	// ($SRV.INFO), e.g. the broker's sync policy that doctor reports.
+	Metadata map[string]string
 	// Tracing, when set before Start, receives a span per job event applied
 	// and per memory write.
 	Tracing trace.TracerProvider
@@ -156,7 +160,7 @@ func (s *Service) Start(ctx context.Context) error {
 		Name:        s.sub.StateService(),
 		Version:     "0.3.0",
 		Description: "mcpexec job records and memory (a replica)",
-		Metadata:    map[string]string{"node": s.Node},
+		Metadata:    s.metadata(),
 	})
 	if err != nil {
 		return fmt.Errorf("add state service: %w", err)
@@ -447,6 +451,16 @@ func (s *Service) migrateMemory(ctx context.Context) error {
 	}
 	s.logger.Info("republished the memory of an earlier state file into the memory stream", "entries", len(legacy))
 	return nil
+}
+
+// metadata is the micro service's: Metadata and the node's name.
+func (s *Service) metadata() map[string]string {
+	md := maps.Clone(s.Metadata)
+	if md == nil {
+		md = map[string]string{}
+	}
+	md["node"] = s.Node
+	return md
 }
 
 // detached is a micro.Request answered from another goroutine than the

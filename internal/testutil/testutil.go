@@ -39,13 +39,18 @@ func Logger(t testing.TB) *slog.Logger {
 }
 
 // Broker starts a broker with a TCP listener on a free loopback port in dir
-// (t.TempDir() when dir is "").
-func Broker(t testing.TB, dir string, qcfg queue.Config) *broker.Broker {
+// (t.TempDir() when dir is ""); each mutate function may change its
+// configuration before it starts.
+func Broker(t testing.TB, dir string, qcfg queue.Config, mutate ...func(cfg *broker.Config)) *broker.Broker {
 	t.Helper()
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	b, err := broker.Start(context.Background(), broker.Config{DataDir: dir, Listen: "127.0.0.1:-1", Queue: qcfg, Logger: Logger(t)})
+	cfg := broker.Config{DataDir: dir, Listen: "127.0.0.1:-1", Queue: qcfg, Logger: Logger(t)}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	b, err := broker.Start(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("start broker: %v", err)
 	}

@@ -52,8 +52,9 @@ type heldSession struct {
 	fresh    bool      // no job has run in it yet
 }
 
-// openSessions creates the sessions bucket and this worker's routed-jobs
-// consumer.
+// openSessions opens the sessions bucket and creates this worker's
+// routed-jobs consumer; an error of a bucket or stream the broker has not
+// created yet is notReady.
 func (w *Worker) openSessions(ctx context.Context) (jetstream.Consumer, error) {
 	st := &sessionTable{w: w, idle: w.cfg.SessionIdle, max: w.cfg.MaxSessions,
 		stop: make(chan struct{}), done: make(chan struct{}), held: map[string]*heldSession{}}
@@ -66,14 +67,15 @@ func (w *Worker) openSessions(ctx context.Context) (jetstream.Consumer, error) {
 	st.rt, _ = w.rt.(sandbox.SessionRuntime)
 	// Opened, not created: the broker creates it (a worker may not administer
 	// streams).
-	kv, err := w.client.JetStream().KeyValue(ctx, w.cfg.Queue.Subjects.SessionsBucket())
+	bucket := w.cfg.Queue.Subjects.SessionsBucket()
+	kv, err := w.client.JetStream().KeyValue(ctx, bucket)
 	if err != nil {
-		return nil, fmt.Errorf("open sessions bucket %s (is the broker up to date?): %w", w.cfg.Queue.Subjects.SessionsBucket(), err)
+		return nil, needs("the sessions bucket "+bucket, fmt.Errorf("open sessions bucket %s (is the broker up to date?): %w", bucket, err))
 	}
 	st.kv = kv
 	cons, err := queue.WorkerJobsConsumer(ctx, w.client.JetStream(), w.cfg.Queue, w.cfg.ID)
 	if err != nil {
-		return nil, err
+		return nil, needs("the jobs stream "+w.cfg.Queue.Subjects.JobsStream(), err)
 	}
 	st.sub, err = w.nc.Subscribe(w.client.Subjects().WorkerSessions(w.cfg.ID), st.answer)
 	if err != nil {

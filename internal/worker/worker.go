@@ -107,17 +107,25 @@ func New(nc *nats.Conn, rt sandbox.Runtime, cfg Config) (*Worker, error) {
 }
 
 // Start creates the pool's consumers, one per language the runtime runs, and
-// begins pulling jobs.
+// begins pulling jobs. While the broker has not created the streams and
+// buckets they need yet (it is starting too), Start waits for them, saying so,
+// until ctx ends.
 func (w *Worker) Start(ctx context.Context) error {
 	var conss []jetstream.Consumer
-	for _, lang := range w.langs {
-		cons, err := queue.WorkerConsumer(ctx, w.client.JetStream(), w.cfg.Queue, w.cfg.Pool, lang)
-		if err != nil {
-			return err
+	var sessCons jetstream.Consumer
+	err := w.awaitBroker(ctx, func(ctx context.Context) error {
+		conss = conss[:0]
+		for _, lang := range w.langs {
+			cons, err := queue.WorkerConsumer(ctx, w.client.JetStream(), w.cfg.Queue, w.cfg.Pool, lang)
+			if err != nil {
+				return needs("the jobs stream "+w.cfg.Queue.Subjects.JobsStream(), err)
+			}
+			conss = append(conss, cons)
 		}
-		conss = append(conss, cons)
-	}
-	sessCons, err := w.openSessions(ctx)
+		var err error
+		sessCons, err = w.openSessions(ctx)
+		return err
+	})
 	if err != nil {
 		return err
 	}

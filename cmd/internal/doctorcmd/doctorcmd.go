@@ -13,6 +13,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/cmd/internal/natsflags"
 	"github.com/mcpexec/mcpexec/cmd/internal/sandboxflags"
+	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/doctor"
 	"github.com/mcpexec/mcpexec/internal/queue"
@@ -36,6 +37,10 @@ func Main(ctx context.Context, role string, args []string, stdout, stderr io.Wri
 	timeout := fs.Duration("doctor-timeout", 3*time.Minute, "give up on the checks after this long")
 	sb := sandboxflags.Register(fs)
 	nf := natsflags.Register(fs)
+	var syncPolicy broker.SyncPolicy
+	if role == "frontend" {
+		fs.Var(&syncPolicy, "sync", "embedded mode: "+broker.SyncUsage)
+	}
 	if err := cli.Parse(fs, args, sandboxflags.Aliases); err != nil {
 		return err
 	}
@@ -68,6 +73,7 @@ func Main(ctx context.Context, role string, args []string, stdout, stderr io.Wri
 	case *natsURL == "":
 		cfg.Sandbox, cfg.Docker, cfg.RuntimeReason = sandboxCfg, dockerCfg, choice.Reason
 		cfg.SkipNATSReason = "embedded mode (no --nats): the front-end starts its own broker"
+		cfg.EmbeddedSync = syncPolicy.String()
 	default:
 		cfg.ExpectWorkers = true
 		cfg.SkipSandboxReason = "a front-end of a fleet runs no sandboxes: run `worker doctor` on the worker hosts"

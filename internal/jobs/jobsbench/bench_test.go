@@ -31,24 +31,29 @@ var _ sandbox.Runtime = nopRuntime{}
 // no-op runtime, and counted once every state replica has recorded each one's
 // terminal status in its bbolt file (fsynced). "nodes=1" is one broker;
 // "nodes=3" a cluster of three, streams replicated three ways and every node
-// folding them into its own replica.
+// folding them into its own replica. Each runs with the brokers' default sync
+// policy, "sync=always" (JetStream fsyncs each write before it acknowledges
+// it), and next to it "sync=interval:2m" (nats-server's own default: fsync
+// every two minutes), so one run shows what durability costs.
 func BenchmarkThroughput(b *testing.B) {
 	for _, nodes := range []int{1, 3} {
-		b.Run(fmt.Sprintf("nodes=%d", nodes), func(b *testing.B) { throughput(b, nodes) })
+		for _, sync := range []broker.SyncPolicy{{}, {Interval: 2 * time.Minute}} {
+			b.Run(fmt.Sprintf("nodes=%d/sync=%s", nodes, sync), func(b *testing.B) { throughput(b, nodes, sync) })
+		}
 	}
 }
 
-func throughput(b *testing.B, nodes int) {
+func throughput(b *testing.B, nodes int, sync broker.SyncPolicy) {
 	qcfg := queue.DefaultConfig()
 	qcfg.MaxQueued = 1_000_000
 	var replicas []*broker.Broker
 	var connect func(name string) *nats.Conn
 	if nodes == 1 {
-		br := testutil.Broker(b, "", qcfg)
+		br := testutil.Broker(b, "", qcfg, func(cfg *broker.Config) { cfg.Sync = sync })
 		replicas = []*broker.Broker{br}
 		connect = func(name string) *nats.Conn { return testutil.Connect(b, br, name) }
 	} else {
-		c := testutil.StartCluster(b, nodes, qcfg)
+		c := testutil.StartCluster(b, nodes, qcfg, func(_ int, cfg *broker.Config) { cfg.Sync = sync })
 		replicas = c.Nodes
 		connect = func(name string) *nats.Conn { return c.ConnectAll(b, name) }
 	}
