@@ -841,3 +841,120 @@ func TestForgedHistoryStopsNoJob(t *testing.T) {
 		t.Fatalf("the victim's job after forged history: %+v %v (refusals %v %v)", rec, err, wr.errs, fr.errs)
 	}
 }
+
+// TestForgedOutputReachesNoTenant attacks from a worker host's credential,
+// which may publish any job's output subject: while another tenant's job
+// runs (printing as it sleeps), a spy worker identity publishes chunks on
+// that job's output subject without the job's capability (no proof, a proof
+// under another key, a proof of another job, a genuine-looking proof over
+// other data). The tenant's live output (WatchOutput, what run_python's
+// progress and the console show) holds none of it; the real output arrives.
+func TestForgedOutputReachesNoTenant(t *testing.T) {
+	t.Parallel()
+	_, _, connect := fleetIn(t, natsauth.Identity{Role: natsauth.RoleWorker, Name: "spy"})
+	s := jobs.Subjects{}
+	wnc, wr := connect(natsauth.RoleWorker)
+	testutil.WorkerOn(t, wnc, testutil.ProcessRuntime(t), worker.DefaultConfig("w1"))
+	fnc, fr := connect(natsauth.RoleFrontend)
+	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := fe.Health(ctx); err != nil {
+		t.Fatalf("health: %v", err)
+	}
+	var mu sync.Mutex
+	var shown strings.Builder
+	started := make(chan struct{}, 1)
+	stop, err := fe.WatchOutput("victim", "v", func(_, data string) {
+		mu.Lock()
+		shown.WriteString(data)
+		mu.Unlock()
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	code := "import time\nfor i in range(4):\n    print('real', i, flush=True)\n    time.sleep(0.3)"
+	if out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "v", Code: code}}, "victim"); out[0].Err != nil {
+		t.Fatal(out[0].Err)
+	}
+	select { // the job runs: its first chunk arrived
+	case <-started:
+	case <-ctx.Done():
+		t.Fatalf("no live output (refusals: worker %v, front-end %v)", wr.errs, fr.errs)
+	}
+
+	bnc, _ := connect(natsauth.RoleBroker)
+	bjs, _ := jetstream.New(bnc)
+	key, err := queue.ProxyKey(ctx, bjs, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := jobs.ScopedID("victim", "v")
+	other := bytes.Repeat([]byte{7}, jobs.CapabilityKeySize)
+	mine := jobs.ScopedID("spy", "mine") // a job the spy may hold
+	proved := func(capability, job string, c jobs.OutputChunk) jobs.OutputChunk {
+		c.Proof = jobs.OutputProof(capability, job, c)
+		return c
+	}
+	genuine := proved(jobs.Capability(key, id), id, jobs.OutputChunk{Stream: "stdout", Data: "real 9\n", Attempt: 1, Seq: 99})
+	tampered := genuine
+	tampered.Data = "FORGED-tampered\n"
+	spy, sr := connect("worker-spy")
+	for _, c := range []jobs.OutputChunk{
+		{Stream: "stdout", Data: "FORGED-bare\n", Attempt: 1, Seq: 2},
+		proved(jobs.Capability(other, id), id, jobs.OutputChunk{Stream: "stdout", Data: "FORGED-other-key\n", Attempt: 1, Seq: 2}),
+		proved(jobs.Capability(key, mine), mine, jobs.OutputChunk{Stream: "stdout", Data: "FORGED-other-job\n", Attempt: 1, Seq: 2}),
+		proved(jobs.Capability(key, mine), id, jobs.OutputChunk{Stream: "stdout", Data: "FORGED-other-cap\n", Attempt: 1, Seq: 2}),
+		tampered,
+	} {
+		data, _ := json.Marshal(c)
+		if err := spy.Publish(s.Output(id), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := fe.Wait(ctx, "victim", "v")
+	if err != nil || rec.Status != jobs.StatusSuccess {
+		t.Fatalf("the victim's job: %+v %v", rec, err)
+	}
+	// The front-end does show a chunk with the job's proof (what the worker
+	// holding it sends): the forgeries were dropped for their proofs.
+	data, _ := json.Marshal(genuine)
+	if err := spy.Publish(s.Output(id), data); err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		out := shown.String()
+		mu.Unlock()
+		if strings.Contains(out, "real 9") {
+			if strings.Contains(out, "FORGED") {
+				t.Fatalf("the tenant was shown forged output: %q", out)
+			}
+			for i := range 4 {
+				if !strings.Contains(out, fmt.Sprintf("real %d\n", i)) {
+					t.Fatalf("real output %d missing: %q", i, out)
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a chunk with the job's proof was not shown: %q", out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(wr.errs) > 0 || len(fr.errs) > 0 || len(sr.errs) > 0 {
+		t.Fatalf("refusals on the way: worker %v, front-end %v, spy %v", wr.errs, fr.errs, sr.errs)
+	}
+}
