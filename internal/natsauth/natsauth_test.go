@@ -236,7 +236,7 @@ func TestSpyHearsOnlyItsOwnAnswers(t *testing.T) {
 		sr.wait(t, `Permissions Violation for Subscription to "_INBOX.>"`)
 	}
 	pub := publicKey(t, natsauth.SeedFile(dir, "worker-spy"))
-	perms, err := natsauth.For(natsauth.RoleWorker, pub, jobs.Subjects{})
+	perms, err := natsauth.For(natsauth.Identity{Role: natsauth.RoleWorker, Name: "spy"}, pub, jobs.Subjects{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -956,5 +956,79 @@ func TestForgedOutputReachesNoTenant(t *testing.T) {
 	}
 	if len(wr.errs) > 0 || len(fr.errs) > 0 || len(sr.errs) > 0 {
 		t.Fatalf("refusals on the way: worker %v, front-end %v, spy %v", wr.errs, fr.errs, sr.errs)
+	}
+}
+
+// TestWorkerAnswersOnlyItsOwnLookups attacks from a named worker identity
+// (`broker auth add worker spy`): it tries to answer the session look-ups of
+// another worker (which would let it say that worker holds, or has lost, a
+// tenant's session). Its subscriptions to every worker's and to w1's look-ups
+// are refused and it hears none while the victim's session runs on w1; it
+// may answer its own. A worker on that identity runs only as worker id spy:
+// as another id it refuses to start, saying why.
+func TestWorkerAnswersOnlyItsOwnLookups(t *testing.T) {
+	t.Parallel()
+	_, _, connect := fleetIn(t, natsauth.Identity{Role: natsauth.RoleWorker, Name: "spy"})
+	s := jobs.Subjects{}
+	spy, sr := connect("worker-spy")
+	var mu sync.Mutex
+	var heard []string
+	record := func(m *nats.Msg) {
+		mu.Lock()
+		heard = append(heard, m.Subject+" "+string(m.Data))
+		mu.Unlock()
+	}
+	for _, subj := range []string{s.WorkerSessions("*"), s.WorkerSessions("w1"), "mcpexec.wsession.>"} {
+		if _, err := spy.Subscribe(subj, record); err == nil {
+			sr.wait(t, `Permissions Violation for Subscription to "`+subj+`"`)
+		}
+	}
+	own, err := spy.Subscribe(s.WorkerSessions("spy"), func(m *nats.Msg) { _ = m.Respond([]byte("gone")) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	wnc, wr := connect(natsauth.RoleWorker)
+	testutil.WorkerOn(t, wnc, testutil.ProcessRuntime(t), worker.DefaultConfig("w1"))
+	fnc, fr := connect(natsauth.RoleFrontend)
+	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i, code := range []string{"secret = 'db-password'", "print(secret)"} {
+		rec, err := fe.Run(ctx, &jobs.Job{Code: code, Namespace: "victim", Session: "s1"}, nil)
+		if err != nil || rec.Status != jobs.StatusSuccess || rec.Worker != "w1" {
+			t.Fatalf("session job %d: %v %+v %+v", i, err, rec, rec.Result)
+		}
+		if i == 1 && rec.Result.Stdout != "db-password\n" {
+			t.Fatalf("the session's globals are gone: %+v", rec.Result)
+		}
+	}
+	mu.Lock()
+	if len(heard) > 0 {
+		t.Fatalf("the spy heard another worker's session look-ups: %q", heard)
+	}
+	mu.Unlock()
+	_ = own.Unsubscribe()
+
+	// A worker on the spy's identity runs as worker id spy, and as no other.
+	wrong, wrongR := connect("worker-spy")
+	w, err := worker.New(wrong, testutil.NewFakeRuntime(1), worker.DefaultConfig("w1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(ctx); err == nil || !strings.Contains(err.Error(), "may not answer session look-ups") {
+		w.Stop()
+		t.Fatalf("a worker on the spy's identity started as w1: %v", err)
+	} else {
+		t.Logf("as w1: %v", err)
+	}
+	wrongR.wait(t, `Permissions Violation for Subscription to "`+s.WorkerSessions("w1")+`"`)
+	right, rightR := connect("worker-spy")
+	testutil.WorkerOn(t, right, testutil.NewFakeRuntime(1), worker.DefaultConfig("spy"))
+	if len(wr.errs) > 0 || len(fr.errs) > 0 || len(rightR.errs) > 0 {
+		t.Fatalf("refusals on the way: worker %v, front-end %v, spy's worker %v", wr.errs, fr.errs, rightR.errs)
 	}
 }

@@ -71,13 +71,24 @@ func (w *Worker) openSessions(ctx context.Context) (jetstream.Consumer, error) {
 		return nil, fmt.Errorf("open sessions bucket %s (is the broker up to date?): %w", w.cfg.Queue.Subjects.SessionsBucket(), err)
 	}
 	st.kv = kv
-	cons, err := queue.WorkerJobsConsumer(ctx, w.client.JetStream(), w.cfg.Queue, w.cfg.ID)
-	if err != nil {
-		return nil, err
-	}
-	st.sub, err = w.nc.Subscribe(w.client.Subjects().WorkerSessions(w.cfg.ID), st.answer)
+	lookups := w.client.Subjects().WorkerSessions(w.cfg.ID)
+	st.sub, err = w.nc.Subscribe(lookups, st.answer)
 	if err != nil {
 		return nil, fmt.Errorf("answer session look-ups: %w", err)
+	}
+	// A named worker identity may answer only as its own worker id: say so
+	// rather than run without answering (every session would seem gone).
+	if w.nc.FlushTimeout(5*time.Second) == nil {
+		if err := w.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+lookups+`"`) {
+			_ = st.sub.Unsubscribe() // refused by the server anyway
+			return nil, fmt.Errorf("worker %s may not answer session look-ups on %s: its NATS identity is another worker's "+
+				"(a `broker auth add worker NAME` identity runs only as --id NAME): %w", w.cfg.ID, lookups, err)
+		}
+	}
+	cons, err := queue.WorkerJobsConsumer(ctx, w.client.JetStream(), w.cfg.Queue, w.cfg.ID)
+	if err != nil {
+		_ = st.sub.Unsubscribe() // the start fails: its error is the one to report
+		return nil, err
 	}
 	w.sess = st
 	return cons, nil
