@@ -81,3 +81,34 @@ func CheckOutput(capability, job string, c OutputChunk) bool {
 	}
 	return hmac.Equal([]byte(OutputProof(capability, job, c)), []byte(c.Proof))
 }
+
+// SessionCapability returns, under the proxy key, the capability of the
+// session whose key is sessionKey (Subjects.SessionKey). The job messages of
+// the session's jobs carry it, so only a worker given one of its jobs can
+// prove it holds the session.
+func SessionCapability(key []byte, sessionKey string) string {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("mcpexec-session-capability/v1\x00"))
+	m.Write([]byte(sessionKey))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// SessionProof is the proof a sessions-bucket entry of the session whose key
+// is sessionKey carries when it names worker: an HMAC under the session's
+// capability, so that a worker host never given a job of the session cannot
+// name itself (or anyone) its holder.
+func SessionProof(sessionCapability, sessionKey, worker string) string {
+	m := hmac.New(sha256.New, []byte(sessionCapability))
+	fmt.Fprintf(m, "mcpexec-session/v1\x00%s\x00%s", sessionKey, worker)
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// CheckSessionProof reports whether proof is the proof of an entry of the
+// session whose key is sessionKey naming worker, under the session's
+// capability.
+func CheckSessionProof(sessionCapability, sessionKey, worker, proof string) bool {
+	if sessionCapability == "" || proof == "" {
+		return false
+	}
+	return hmac.Equal([]byte(SessionProof(sessionCapability, sessionKey, worker)), []byte(proof))
+}

@@ -32,3 +32,22 @@ func TestOutputProofBindsEveryField(t *testing.T) {
 		t.Fatal("a chunk checks for another job or capability")
 	}
 }
+
+// TestSessionProofBindsSessionAndWorker: an entry's proof checks only for its
+// session and worker, under that session's capability.
+func TestSessionProofBindsSessionAndWorker(t *testing.T) {
+	key := bytes.Repeat([]byte{1}, CapabilityKeySize)
+	c1 := SessionCapability(key, "a.s1")
+	p := SessionProof(c1, "a.s1", "w1")
+	if !CheckSessionProof(c1, "a.s1", "w1", p) {
+		t.Fatal("a genuine entry does not check")
+	}
+	c2 := SessionCapability(key, "a.s2")
+	if c1 == c2 || CheckSessionProof(c1, "a.s1", "w2", p) || CheckSessionProof(c1, "a.s2", "w1", p) ||
+		CheckSessionProof(c2, "a.s1", "w1", p) || CheckSessionProof("", "a.s1", "w1", p) || CheckSessionProof(c1, "a.s1", "w1", "") {
+		t.Fatal("an entry checks for another session, worker or capability")
+	}
+	if SessionCapability(bytes.Repeat([]byte{2}, CapabilityKeySize), "a.s1") == c1 {
+		t.Fatal("two proxy keys give a session the same capability")
+	}
+}

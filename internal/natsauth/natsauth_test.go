@@ -1032,3 +1032,104 @@ func TestWorkerAnswersOnlyItsOwnLookups(t *testing.T) {
 		t.Fatalf("refusals on the way: worker %v, front-end %v, spy's worker %v", wr.errs, fr.errs, rightR.errs)
 	}
 }
+
+// TestForgedSessionEntryRedirectsNothing attacks from a named worker identity
+// (`broker auth add worker spy`), which may write the sessions bucket: it
+// overwrites the entry of another tenant's live session on w1 to name itself
+// (no proof; a proof under another proxy key; a proof made with the
+// capability of a session of its own; w1's genuine proof, which names w1),
+// answers "held" to its own look-ups and consumes its own routed-job
+// subject. Each time, the victim's next job still runs on w1 in the victim's
+// session (its globals are there); the spy is asked nothing and gets no job,
+// and the tenant's session list never shows it.
+func TestForgedSessionEntryRedirectsNothing(t *testing.T) {
+	t.Parallel()
+	_, _, connect := fleetIn(t, natsauth.Identity{Role: natsauth.RoleWorker, Name: "spy"})
+	s := jobs.Subjects{}
+	wnc, wr := connect(natsauth.RoleWorker)
+	testutil.WorkerOn(t, wnc, testutil.ProcessRuntime(t), worker.DefaultConfig("w1"))
+	fnc, fr := connect(natsauth.RoleFrontend)
+	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := fe.Health(ctx); err != nil {
+		t.Fatalf("health: %v", err)
+	}
+	if rec, err := fe.Run(ctx, &jobs.Job{Code: "secret = 'db-password'", Namespace: "victim", Session: "s1"}, nil); err != nil || rec.Status != jobs.StatusSuccess || rec.Worker != "w1" {
+		t.Fatalf("warm-up job: %v %+v", err, rec)
+	}
+
+	spy, sr := connect("worker-spy")
+	var mu sync.Mutex
+	var asked []string
+	if _, err := spy.Subscribe(s.WorkerSessions("spy"), func(m *nats.Msg) {
+		mu.Lock()
+		asked = append(asked, string(m.Data))
+		mu.Unlock()
+		_ = m.Respond([]byte(queue.SessionHeld))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	sjs, _ := jetstream.New(spy)
+	stolen, err := queue.WorkerJobsConsumer(ctx, sjs, queue.DefaultConfig(), "spy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := sjs.KeyValue(ctx, s.SessionsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bnc, _ := connect(natsauth.RoleBroker)
+	bjs, _ := jetstream.New(bnc)
+	key, err := queue.ProxyKey(ctx, bjs, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	skey := queue.SessionKey("victim", "s1")
+	if e, err := kv.Get(ctx, skey); err != nil || !strings.Contains(string(e.Value()), `"w1"`) {
+		t.Fatalf("the victim's entry before the attack: %v", err)
+	}
+	other := bytes.Repeat([]byte{7}, jobs.CapabilityKeySize)
+	own := jobs.SessionCapability(key, queue.SessionKey("spy", "s1")) // a session the spy may hold
+	for name, proof := range map[string]string{
+		"none":                  "",
+		"under another key":     jobs.SessionProof(jobs.SessionCapability(other, skey), skey, "spy"),
+		"of the spy's session":  jobs.SessionProof(own, skey, "spy"),
+		"of its own key":        jobs.SessionProof(own, queue.SessionKey("spy", "s1"), "spy"),
+		"w1's, naming w1 (sic)": jobs.SessionProof(jobs.SessionCapability(key, skey), skey, "w1"),
+	} {
+		data, _ := json.Marshal(queue.SessionEntry{Worker: "spy", Session: "s1", Since: time.Now().UTC(), Proof: proof})
+		if _, err := kv.Put(ctx, skey, data); err != nil {
+			t.Fatalf("forge the entry (%s): the bucket refused it (%v), so the test proves nothing", name, err)
+		}
+		jctx, jcancel := context.WithTimeout(ctx, 20*time.Second)
+		rec, err := fe.Run(jctx, &jobs.Job{Code: "print(secret)", Namespace: "victim", Session: "s1"}, nil)
+		jcancel()
+		if err != nil || rec.Status != jobs.StatusSuccess || rec.Worker != "w1" || rec.Result.Stdout != "db-password\n" {
+			t.Fatalf("the victim's job after an entry forged with proof %s: %v %+v", name, err, rec)
+		}
+		ss, err := fe.Sessions(ctx, "victim")
+		if err != nil || len(ss) != 1 || ss[0].Worker != "w1" {
+			t.Fatalf("the victim's sessions after an entry forged with proof %s: %+v %v", name, ss, err)
+		}
+	}
+	// w1 put its entry back when the job came from the pool.
+	if e, err := kv.Get(ctx, skey); err != nil || !strings.Contains(string(e.Value()), `"w1"`) {
+		t.Fatalf("the victim's entry after the attack: %v", err)
+	}
+	mu.Lock()
+	if len(asked) > 0 {
+		t.Fatalf("the spy was asked for the victim's session: %q", asked)
+	}
+	mu.Unlock()
+	batch, err := stolen.Fetch(1, jetstream.FetchMaxWait(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		t.Fatalf("the spy received a job: %s", m.Data())
+	}
+	if len(wr.errs) > 0 || len(fr.errs) > 0 || len(sr.errs) > 0 {
+		t.Fatalf("refusals on the way: worker %v, front-end %v, spy %v", wr.errs, fr.errs, sr.errs)
+	}
+}
