@@ -109,7 +109,8 @@ const authUsage = `usage:
                                    DIR/broker.nk, DIR/frontend.nk, DIR/worker.nk and DIR/admin.nk,
                                    and DIR/route.secret, the password of the routes between brokers
   broker auth add ROLE NAME DIR    mint another identity of ROLE (worker or frontend, one per host)
-                                   as DIR/ROLE-NAME.nk and rewrite DIR/nats.conf
+                                   as DIR/ROLE-NAME.nk and rewrite DIR/nats.conf (a worker
+                                   identity runs as worker id NAME, and answers for no other)
   broker auth remove ROLE [NAME] DIR
                                    revoke an identity: delete its seed and rewrite DIR/nats.conf
 Brokers take a rewritten nats.conf when they reload (kill -HUP) or restart.`

@@ -20,6 +20,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/metrics"
+	"github.com/mcpexec/mcpexec/internal/natsauth"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
@@ -55,6 +56,15 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer stopTraces() // last: after the worker's final spans
+	// A named worker identity (`broker auth add worker NAME`) answers only
+	// as worker id NAME: take it when no --id was given.
+	if sid, ok := natsauth.IdentityOf(nf.NKeyFile); ok && natsauth.WorkerID(sid) != "" {
+		if !flagSet(fs, "id") {
+			*id = natsauth.WorkerID(sid)
+		} else if *id != natsauth.WorkerID(sid) {
+			return cli.Usagef("--id %q: the NATS identity %s answers only as worker id %q (leave --id out, or use that identity's name)", *id, sid, natsauth.WorkerID(sid))
+		}
+	}
 	if !jobs.ValidID(*id) {
 		return cli.Usagef("--id %q: use letters, digits, '-' or '_'", *id)
 	}
@@ -104,4 +114,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	<-ctx.Done()
 	log.Info("worker stopping: draining running jobs", "grace", *grace)
 	return nil
+}
+
+// flagSet reports whether flag name was given (on the command line or in the
+// environment).
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

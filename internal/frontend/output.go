@@ -12,15 +12,19 @@ import (
 
 // WatchOutput calls fn with each live output chunk workers publish for
 // namespace ns's job id (best effort: core NATS), until stop is called.
-// Subscribe before submitting the job so no chunk is missed.
+// Subscribe before submitting the job so no chunk is missed. Any worker host
+// may publish on the output subject: only chunks whose proof checks under the
+// job's capability (those of the worker given the job) reach fn. Start must
+// have returned (it reads the proxy key).
 func (f *Frontend) WatchOutput(ns, id string, fn func(stream, data string)) (stop func(), err error) {
 	id = jobs.ScopedID(jobs.NamespaceOf(ns), id)
+	if f.handler.key == nil {
+		return nil, fmt.Errorf("%w: watch output of %s before the front-end started", ErrUnavailable, id)
+	}
+	capability := jobs.Capability(f.handler.key, id)
 	sub, err := f.nc.Subscribe(f.cfg.Subjects.Output(id), func(m *nats.Msg) {
-		var chunk struct {
-			Stream string `json:"stream"`
-			Data   string `json:"data"`
-		}
-		if json.Unmarshal(m.Data, &chunk) == nil && chunk.Data != "" {
+		var chunk jobs.OutputChunk
+		if json.Unmarshal(m.Data, &chunk) == nil && chunk.Data != "" && jobs.CheckOutput(capability, id, chunk) {
 			fn(chunk.Stream, chunk.Data)
 		}
 	})

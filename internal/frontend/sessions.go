@@ -52,7 +52,8 @@ func (f *Frontend) checkSessions(ctx context.Context, js []*jobs.Job) []error {
 	return errs
 }
 
-// liveSessions returns the keys of namespace ns's sessions that are not ended.
+// liveSessions returns the keys of namespace ns's sessions that are not
+// ended (of entries with their proof).
 func (f *Frontend) liveSessions(ctx context.Context, ns string) (map[string]bool, error) {
 	kv, err := f.client.JetStream().KeyValue(ctx, f.cfg.Subjects.SessionsBucket())
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
@@ -72,7 +73,7 @@ func (f *Frontend) liveSessions(ctx context.Context, ns string) (map[string]bool
 			continue // gone meanwhile
 		}
 		var ent queue.SessionEntry
-		if json.Unmarshal(e.Value(), &ent) == nil && !ent.Ended {
+		if json.Unmarshal(e.Value(), &ent) == nil && !ent.Ended && ent.Proven(f.handler.key, key) {
 			out[key] = true
 		}
 	}
@@ -115,8 +116,10 @@ func (f *Frontend) Sessions(ctx context.Context, ns string) ([]Session, error) {
 		if err != nil {
 			continue // gone meanwhile
 		}
+		// Any worker host may write the bucket: only entries of a worker
+		// given a job of the session count.
 		var ent queue.SessionEntry
-		if json.Unmarshal(e.Value(), &ent) == nil && queue.SessionKey(ns, ent.Session) == key {
+		if json.Unmarshal(e.Value(), &ent) == nil && queue.SessionKey(ns, ent.Session) == key && ent.Proven(f.handler.key, key) {
 			out = append(out, Session{Name: ent.Session, Worker: ent.Worker, Since: ent.Since, Ended: ent.Ended})
 		}
 	}

@@ -11,8 +11,9 @@
 //     jobs (which the state service applies only with the job's capability),
 //     ask the state service the history (cancellation, outcome, last attempt)
 //     of the jobs they hold, publish output, make proxy calls, keep the
-//     sessions bucket; no memory, no job records, no events, no secrets, no
-//     stream administration.
+//     sessions bucket, answer session look-ups (a named worker identity only
+//     its own worker id's); no memory, no job records, no events, no
+//     secrets, no stream administration.
 //   - admin: everything, for operators' tools.
 package natsauth
 
@@ -70,9 +71,16 @@ type Permissions struct {
 	Responses bool `json:"responses,omitempty"`
 }
 
-// For returns the permissions of an identity of role whose public NKey is pub,
-// under the wire names of s.
-func For(role, pubKey string, s jobs.Subjects) (Permissions, error) {
+// For returns the permissions of identity id whose public NKey is pub, under
+// the wire names of s.
+//
+// A named worker identity (`broker auth add worker NAME`) is bound to the
+// worker id NAME: it answers the session look-ups of that worker only, so it
+// cannot answer for another worker (and say it holds, or has lost, that
+// worker's sessions). The unnamed worker identity answers for any worker id,
+// as before named identities existed: give each host its own identity.
+func For(id Identity, pubKey string, s jobs.Subjects) (Permissions, error) {
+	role := id.Role
 	p := s.Prefix
 	if p == "" {
 		p = jobs.DefaultPrefix
@@ -110,8 +118,12 @@ func For(role, pubKey string, s jobs.Subjects) (Permissions, error) {
 			"$JS.API.DIRECT.GET.KV_" + secrets + ".$KV." + secrets + "." + jobs.SigningKeyName,
 		}
 		pub = append(pub, kv(sessions)...)
+		lookups := s.WorkerSessions("*")
+		if id.Name != "" {
+			lookups = s.WorkerSessions(WorkerID(id))
+		}
 		return Permissions{Publish: pub, Responses: true, Subscribe: []string{
-			InboxPrefix(pubKey) + ".>", s.Cancel("*"), s.WorkerSessions("*"), "$SRV.>", s.WorkerStatus(),
+			InboxPrefix(pubKey) + ".>", s.Cancel("*"), lookups, "$SRV.>", s.WorkerStatus(),
 		}}, nil
 	case RoleFrontend:
 		pub := []string{
@@ -166,6 +178,21 @@ func (id Identity) File() string {
 }
 
 func (id Identity) String() string { return strings.TrimSuffix(id.File(), ".nk") }
+
+// WorkerID is the worker id a named worker identity is bound to: its name
+// (a worker runs as `worker --id NAME`). It is "" for the unnamed worker
+// identity, which may run as any worker id.
+func WorkerID(id Identity) string {
+	if id.Role != RoleWorker {
+		return ""
+	}
+	return id.Name
+}
+
+// IdentityOf returns the identity a seed file stands for by its name
+// (<role>.nk or <role>-<name>.nk, as Init and Add write them), and whether
+// it names one.
+func IdentityOf(seedFile string) (Identity, bool) { return parseIdentity(filepath.Base(seedFile)) }
 
 var identityName = regexp.MustCompile(`^[a-z0-9][a-z0-9_]{0,62}$`)
 
@@ -369,7 +396,7 @@ func WriteConfig(dir string, s jobs.Subjects) error {
 		if err != nil {
 			return err
 		}
-		perms, err := For(id.Role, pub, s)
+		perms, err := For(id, pub, s)
 		if err != nil {
 			return err
 		}

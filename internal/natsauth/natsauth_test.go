@@ -236,7 +236,7 @@ func TestSpyHearsOnlyItsOwnAnswers(t *testing.T) {
 		sr.wait(t, `Permissions Violation for Subscription to "_INBOX.>"`)
 	}
 	pub := publicKey(t, natsauth.SeedFile(dir, "worker-spy"))
-	perms, err := natsauth.For(natsauth.RoleWorker, pub, jobs.Subjects{})
+	perms, err := natsauth.For(natsauth.Identity{Role: natsauth.RoleWorker, Name: "spy"}, pub, jobs.Subjects{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -839,5 +839,299 @@ func TestForgedHistoryStopsNoJob(t *testing.T) {
 	rec, err := fe.Wait(ctx, "victim", "v")
 	if err != nil || rec.Status != jobs.StatusSuccess || rec.Result.Stdout != "real" || rec.Attempt != 1 {
 		t.Fatalf("the victim's job after forged history: %+v %v (refusals %v %v)", rec, err, wr.errs, fr.errs)
+	}
+}
+
+// TestForgedOutputReachesNoTenant attacks from a worker host's credential,
+// which may publish any job's output subject: while another tenant's job
+// runs (printing as it sleeps), a spy worker identity publishes chunks on
+// that job's output subject without the job's capability (no proof, a proof
+// under another key, a proof of another job, a genuine-looking proof over
+// other data). The tenant's live output (WatchOutput, what run_python's
+// progress and the console show) holds none of it; the real output arrives.
+func TestForgedOutputReachesNoTenant(t *testing.T) {
+	t.Parallel()
+	_, _, connect := fleetIn(t, natsauth.Identity{Role: natsauth.RoleWorker, Name: "spy"})
+	s := jobs.Subjects{}
+	wnc, wr := connect(natsauth.RoleWorker)
+	testutil.WorkerOn(t, wnc, testutil.ProcessRuntime(t), worker.DefaultConfig("w1"))
+	fnc, fr := connect(natsauth.RoleFrontend)
+	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := fe.Health(ctx); err != nil {
+		t.Fatalf("health: %v", err)
+	}
+	var mu sync.Mutex
+	var shown strings.Builder
+	started := make(chan struct{}, 1)
+	stop, err := fe.WatchOutput("victim", "v", func(_, data string) {
+		mu.Lock()
+		shown.WriteString(data)
+		mu.Unlock()
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	code := "import time\nfor i in range(4):\n    print('real', i, flush=True)\n    time.sleep(0.3)"
+	if out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "v", Code: code}}, "victim"); out[0].Err != nil {
+		t.Fatal(out[0].Err)
+	}
+	select { // the job runs: its first chunk arrived
+	case <-started:
+	case <-ctx.Done():
+		t.Fatalf("no live output (refusals: worker %v, front-end %v)", wr.errs, fr.errs)
+	}
+
+	bnc, _ := connect(natsauth.RoleBroker)
+	bjs, _ := jetstream.New(bnc)
+	key, err := queue.ProxyKey(ctx, bjs, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := jobs.ScopedID("victim", "v")
+	other := bytes.Repeat([]byte{7}, jobs.CapabilityKeySize)
+	mine := jobs.ScopedID("spy", "mine") // a job the spy may hold
+	proved := func(capability, job string, c jobs.OutputChunk) jobs.OutputChunk {
+		c.Proof = jobs.OutputProof(capability, job, c)
+		return c
+	}
+	genuine := proved(jobs.Capability(key, id), id, jobs.OutputChunk{Stream: "stdout", Data: "real 9\n", Attempt: 1, Seq: 99})
+	tampered := genuine
+	tampered.Data = "FORGED-tampered\n"
+	spy, sr := connect("worker-spy")
+	for _, c := range []jobs.OutputChunk{
+		{Stream: "stdout", Data: "FORGED-bare\n", Attempt: 1, Seq: 2},
+		proved(jobs.Capability(other, id), id, jobs.OutputChunk{Stream: "stdout", Data: "FORGED-other-key\n", Attempt: 1, Seq: 2}),
+		proved(jobs.Capability(key, mine), mine, jobs.OutputChunk{Stream: "stdout", Data: "FORGED-other-job\n", Attempt: 1, Seq: 2}),
+		proved(jobs.Capability(key, mine), id, jobs.OutputChunk{Stream: "stdout", Data: "FORGED-other-cap\n", Attempt: 1, Seq: 2}),
+		tampered,
+	} {
+		data, _ := json.Marshal(c)
+		if err := spy.Publish(s.Output(id), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := fe.Wait(ctx, "victim", "v")
+	if err != nil || rec.Status != jobs.StatusSuccess {
+		t.Fatalf("the victim's job: %+v %v", rec, err)
+	}
+	// The front-end does show a chunk with the job's proof (what the worker
+	// holding it sends): the forgeries were dropped for their proofs.
+	data, _ := json.Marshal(genuine)
+	if err := spy.Publish(s.Output(id), data); err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		out := shown.String()
+		mu.Unlock()
+		if strings.Contains(out, "real 9") {
+			if strings.Contains(out, "FORGED") {
+				t.Fatalf("the tenant was shown forged output: %q", out)
+			}
+			for i := range 4 {
+				if !strings.Contains(out, fmt.Sprintf("real %d\n", i)) {
+					t.Fatalf("real output %d missing: %q", i, out)
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a chunk with the job's proof was not shown: %q", out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(wr.errs) > 0 || len(fr.errs) > 0 || len(sr.errs) > 0 {
+		t.Fatalf("refusals on the way: worker %v, front-end %v, spy %v", wr.errs, fr.errs, sr.errs)
+	}
+}
+
+// TestWorkerAnswersOnlyItsOwnLookups attacks from a named worker identity
+// (`broker auth add worker spy`): it tries to answer the session look-ups of
+// another worker (which would let it say that worker holds, or has lost, a
+// tenant's session). Its subscriptions to every worker's and to w1's look-ups
+// are refused and it hears none while the victim's session runs on w1; it
+// may answer its own. A worker on that identity runs only as worker id spy:
+// as another id it refuses to start, saying why.
+func TestWorkerAnswersOnlyItsOwnLookups(t *testing.T) {
+	t.Parallel()
+	_, _, connect := fleetIn(t, natsauth.Identity{Role: natsauth.RoleWorker, Name: "spy"})
+	s := jobs.Subjects{}
+	spy, sr := connect("worker-spy")
+	var mu sync.Mutex
+	var heard []string
+	record := func(m *nats.Msg) {
+		mu.Lock()
+		heard = append(heard, m.Subject+" "+string(m.Data))
+		mu.Unlock()
+	}
+	for _, subj := range []string{s.WorkerSessions("*"), s.WorkerSessions("w1"), "mcpexec.wsession.>"} {
+		if _, err := spy.Subscribe(subj, record); err == nil {
+			sr.wait(t, `Permissions Violation for Subscription to "`+subj+`"`)
+		}
+	}
+	own, err := spy.Subscribe(s.WorkerSessions("spy"), func(m *nats.Msg) { _ = m.Respond([]byte("gone")) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	wnc, wr := connect(natsauth.RoleWorker)
+	testutil.WorkerOn(t, wnc, testutil.ProcessRuntime(t), worker.DefaultConfig("w1"))
+	fnc, fr := connect(natsauth.RoleFrontend)
+	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i, code := range []string{"secret = 'db-password'", "print(secret)"} {
+		rec, err := fe.Run(ctx, &jobs.Job{Code: code, Namespace: "victim", Session: "s1"}, nil)
+		if err != nil || rec.Status != jobs.StatusSuccess || rec.Worker != "w1" {
+			t.Fatalf("session job %d: %v %+v %+v", i, err, rec, rec.Result)
+		}
+		if i == 1 && rec.Result.Stdout != "db-password\n" {
+			t.Fatalf("the session's globals are gone: %+v", rec.Result)
+		}
+	}
+	mu.Lock()
+	if len(heard) > 0 {
+		t.Fatalf("the spy heard another worker's session look-ups: %q", heard)
+	}
+	mu.Unlock()
+	_ = own.Unsubscribe()
+
+	// A worker on the spy's identity runs as worker id spy, and as no other.
+	wrong, wrongR := connect("worker-spy")
+	w, err := worker.New(wrong, testutil.NewFakeRuntime(1), worker.DefaultConfig("w1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Refused at once, naming the look-up subject (the start's own check or
+	// its wait for the broker, whichever sees the refusal first).
+	if err := w.Start(ctx); err == nil || !strings.Contains(err.Error(), s.WorkerSessions("w1")) {
+		w.Stop()
+		t.Fatalf("a worker on the spy's identity started as w1: %v", err)
+	} else {
+		t.Logf("as w1: %v", err)
+	}
+	wrongR.wait(t, `Permissions Violation for Subscription to "`+s.WorkerSessions("w1")+`"`)
+	right, rightR := connect("worker-spy")
+	testutil.WorkerOn(t, right, testutil.NewFakeRuntime(1), worker.DefaultConfig("spy"))
+	if len(wr.errs) > 0 || len(fr.errs) > 0 || len(rightR.errs) > 0 {
+		t.Fatalf("refusals on the way: worker %v, front-end %v, spy's worker %v", wr.errs, fr.errs, rightR.errs)
+	}
+}
+
+// TestForgedSessionEntryRedirectsNothing attacks from a named worker identity
+// (`broker auth add worker spy`), which may write the sessions bucket: it
+// overwrites the entry of another tenant's live session on w1 to name itself
+// (no proof; a proof under another proxy key; a proof made with the
+// capability of a session of its own; w1's genuine proof, which names w1),
+// answers "held" to its own look-ups and consumes its own routed-job
+// subject. Each time, the victim's next job still runs on w1 in the victim's
+// session (its globals are there); the spy is asked nothing and gets no job,
+// and the tenant's session list never shows it.
+func TestForgedSessionEntryRedirectsNothing(t *testing.T) {
+	t.Parallel()
+	_, _, connect := fleetIn(t, natsauth.Identity{Role: natsauth.RoleWorker, Name: "spy"})
+	s := jobs.Subjects{}
+	wnc, wr := connect(natsauth.RoleWorker)
+	testutil.WorkerOn(t, wnc, testutil.ProcessRuntime(t), worker.DefaultConfig("w1"))
+	fnc, fr := connect(natsauth.RoleFrontend)
+	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := fe.Health(ctx); err != nil {
+		t.Fatalf("health: %v", err)
+	}
+	if rec, err := fe.Run(ctx, &jobs.Job{Code: "secret = 'db-password'", Namespace: "victim", Session: "s1"}, nil); err != nil || rec.Status != jobs.StatusSuccess || rec.Worker != "w1" {
+		t.Fatalf("warm-up job: %v %+v", err, rec)
+	}
+
+	spy, sr := connect("worker-spy")
+	var mu sync.Mutex
+	var asked []string
+	if _, err := spy.Subscribe(s.WorkerSessions("spy"), func(m *nats.Msg) {
+		mu.Lock()
+		asked = append(asked, string(m.Data))
+		mu.Unlock()
+		_ = m.Respond([]byte(queue.SessionHeld))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	sjs, _ := jetstream.New(spy)
+	stolen, err := queue.WorkerJobsConsumer(ctx, sjs, queue.DefaultConfig(), "spy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := sjs.KeyValue(ctx, s.SessionsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bnc, _ := connect(natsauth.RoleBroker)
+	bjs, _ := jetstream.New(bnc)
+	key, err := queue.ProxyKey(ctx, bjs, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	skey := queue.SessionKey("victim", "s1")
+	if e, err := kv.Get(ctx, skey); err != nil || !strings.Contains(string(e.Value()), `"w1"`) {
+		t.Fatalf("the victim's entry before the attack: %v", err)
+	}
+	other := bytes.Repeat([]byte{7}, jobs.CapabilityKeySize)
+	own := jobs.SessionCapability(key, queue.SessionKey("spy", "s1")) // a session the spy may hold
+	for name, proof := range map[string]string{
+		"none":                  "",
+		"under another key":     jobs.SessionProof(jobs.SessionCapability(other, skey), skey, "spy"),
+		"of the spy's session":  jobs.SessionProof(own, skey, "spy"),
+		"of its own key":        jobs.SessionProof(own, queue.SessionKey("spy", "s1"), "spy"),
+		"w1's, naming w1 (sic)": jobs.SessionProof(jobs.SessionCapability(key, skey), skey, "w1"),
+	} {
+		data, _ := json.Marshal(queue.SessionEntry{Worker: "spy", Session: "s1", Since: time.Now().UTC(), Proof: proof})
+		if _, err := kv.Put(ctx, skey, data); err != nil {
+			t.Fatalf("forge the entry (%s): the bucket refused it (%v), so the test proves nothing", name, err)
+		}
+		jctx, jcancel := context.WithTimeout(ctx, 20*time.Second)
+		rec, err := fe.Run(jctx, &jobs.Job{Code: "print(secret)", Namespace: "victim", Session: "s1"}, nil)
+		jcancel()
+		if err != nil || rec.Status != jobs.StatusSuccess || rec.Worker != "w1" || rec.Result.Stdout != "db-password\n" {
+			t.Fatalf("the victim's job after an entry forged with proof %s: %v %+v", name, err, rec)
+		}
+		ss, err := fe.Sessions(ctx, "victim")
+		if err != nil || len(ss) != 1 || ss[0].Worker != "w1" {
+			t.Fatalf("the victim's sessions after an entry forged with proof %s: %+v %v", name, ss, err)
+		}
+	}
+	// w1 put its entry back when the job came from the pool.
+	if e, err := kv.Get(ctx, skey); err != nil || !strings.Contains(string(e.Value()), `"w1"`) {
+		t.Fatalf("the victim's entry after the attack: %v", err)
+	}
+	mu.Lock()
+	if len(asked) > 0 {
+		t.Fatalf("the spy was asked for the victim's session: %q", asked)
+	}
+	mu.Unlock()
+	batch, err := stolen.Fetch(1, jetstream.FetchMaxWait(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		t.Fatalf("the spy received a job: %s", m.Data())
+	}
+	if len(wr.errs) > 0 || len(fr.errs) > 0 || len(sr.errs) > 0 {
+		t.Fatalf("refusals on the way: worker %v, front-end %v, spy %v", wr.errs, fr.errs, sr.errs)
 	}
 }

@@ -19,6 +19,29 @@ import (
 type Message struct {
 	jobs.Job
 	Capability string `json:"capability,omitempty"`
+	// SessionCapability is the capability of the job's session
+	// (jobs.SessionCapability) when it names one: the worker that takes the
+	// session proves with it, in the sessions bucket, that it holds it.
+	SessionCapability string `json:"session_capability,omitempty"`
+}
+
+// NewMessage returns the job message of job under the proxy key: the job,
+// its capability and its session's.
+func NewMessage(key []byte, job *jobs.Job) Message {
+	m := Message{Job: *job, Capability: jobs.Capability(key, job.ID)}
+	if job.Session != "" {
+		m.SessionCapability = jobs.SessionCapability(key, SessionKey(job.Namespace, job.Session))
+	}
+	return m
+}
+
+// Encode encodes the job message.
+func (m *Message) Encode() ([]byte, error) {
+	data, err := json.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("encode job %s: %w", m.ID, err)
+	}
+	return data, nil
 }
 
 // EncodeMessage encodes the job message of job with its capability.

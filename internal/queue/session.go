@@ -51,6 +51,21 @@ type SessionEntry struct {
 	// Ended is set when the worker ended the session (idle timeout, worker
 	// stop): the entry is a tombstone.
 	Ended bool `json:"ended,omitempty"`
+	// Proof is jobs.SessionProof of the session's key and Worker, under the
+	// session's capability (which only the messages of the session's jobs
+	// carry). Any worker host may write the bucket: an entry counts, for
+	// routing, listing, ending and the namespace's session cap, only with
+	// its proof.
+	Proof string `json:"proof,omitempty"`
+}
+
+// Proven reports whether e, the entry of the session with key, carries its
+// proof under the proxy key.
+func (e *SessionEntry) Proven(proxyKey []byte, key string) bool {
+	if len(proxyKey) == 0 {
+		return false
+	}
+	return jobs.CheckSessionProof(jobs.SessionCapability(proxyKey, key), key, e.Worker, e.Proof)
 }
 
 // SessionKey is jobs.Subjects.SessionKey (the key does not depend on the
@@ -104,8 +119,16 @@ func (c *Client) Route(ctx context.Context, job *jobs.Job) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("look up session %s: %w", job.Session, err)
 	}
+	proxyKey, _, err := c.proxyKey(ctx)
+	if err != nil {
+		return "", err
+	}
 	var ent SessionEntry
-	if json.Unmarshal(e.Value(), &ent) != nil || !jobs.ValidID(ent.Worker) {
+	if json.Unmarshal(e.Value(), &ent) != nil || !jobs.ValidID(ent.Worker) || !ent.Proven(proxyKey, key) {
+		// Undecodable, or not written by a worker given a job of the
+		// session (any worker host may write the bucket): as if there were
+		// none. The worker holding the session, if one does, takes the job
+		// from the pool and announces it again.
 		_ = kv.Delete(ctx, key, jetstream.LastRevision(e.Revision())) // a stale entry expires by itself
 		return pool, nil
 	}

@@ -161,7 +161,8 @@ func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, k
 			errs[i] = rerr
 			continue
 		}
-		data, err := EncodeMessage(job, jobs.Capability(key, job.ID))
+		msg := NewMessage(key, job)
+		data, err := msg.Encode()
 		if err == nil {
 			m := nats.NewMsg(subject)
 			m.Data = data

@@ -31,6 +31,7 @@ type natsHost struct {
 	job        *jobs.Job
 	attempt    int
 	capability string
+	outSeq     atomic.Uint64 // the last output chunk's sequence number
 	tracer     trace.Tracer
 	parent     atomic.Pointer[trace.SpanContext] // the span proxy calls are children of
 
@@ -171,7 +172,11 @@ func (h *natsHost) startCall(ctx context.Context, method, server, tool string) (
 	return h.tracer.Start(ctx, tracing.SpanProxyCall, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 }
 
+// Output publishes a live output chunk with its proof under the job's
+// capability: front-ends show only chunks whose proof checks.
 func (h *natsHost) Output(stream, data string) {
-	b, _ := json.Marshal(map[string]string{"stream": stream, "data": data}) // strings always encode
-	_ = h.nc.Publish(h.subj.Output(h.job.ID), b)                            // live output is best effort; the result has it all
+	c := jobs.OutputChunk{Stream: stream, Data: data, Attempt: h.attempt, Seq: h.outSeq.Add(1)}
+	c.Proof = jobs.OutputProof(h.capability, h.job.ID, c)
+	b, _ := json.Marshal(c)                      // strings and numbers always encode
+	_ = h.nc.Publish(h.subj.Output(h.job.ID), b) // live output is best effort; the result has it all
 }

@@ -50,6 +50,7 @@ type heldSession struct {
 	lastUsed time.Time // when its last job ended
 	busy     int       // its jobs admitted and not yet released
 	fresh    bool      // no job has run in it yet
+	proof    string    // the proof of its entry (queue.SessionEntry.Proof)
 }
 
 // openSessions opens the sessions bucket and creates this worker's
@@ -73,13 +74,24 @@ func (w *Worker) openSessions(ctx context.Context) (jetstream.Consumer, error) {
 		return nil, needs("the sessions bucket "+bucket, fmt.Errorf("open sessions bucket %s (is the broker up to date?): %w", bucket, err))
 	}
 	st.kv = kv
-	cons, err := queue.WorkerJobsConsumer(ctx, w.client.JetStream(), w.cfg.Queue, w.cfg.ID)
-	if err != nil {
-		return nil, needs("the jobs stream "+w.cfg.Queue.Subjects.JobsStream(), err)
-	}
-	st.sub, err = w.nc.Subscribe(w.client.Subjects().WorkerSessions(w.cfg.ID), st.answer)
+	lookups := w.client.Subjects().WorkerSessions(w.cfg.ID)
+	st.sub, err = w.nc.Subscribe(lookups, st.answer)
 	if err != nil {
 		return nil, fmt.Errorf("answer session look-ups: %w", err)
+	}
+	// A named worker identity may answer only as its own worker id: say so
+	// rather than run without answering (every session would seem gone).
+	if w.nc.FlushTimeout(5*time.Second) == nil {
+		if err := w.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+lookups+`"`) {
+			_ = st.sub.Unsubscribe() // refused by the server anyway
+			return nil, fmt.Errorf("worker %s may not answer session look-ups on %s: its NATS identity is another worker's "+
+				"(a `broker auth add worker NAME` identity runs only as --id NAME): %w", w.cfg.ID, lookups, err)
+		}
+	}
+	cons, err := queue.WorkerJobsConsumer(ctx, w.client.JetStream(), w.cfg.Queue, w.cfg.ID)
+	if err != nil {
+		_ = st.sub.Unsubscribe() // the start fails (or waits): its error is the one to report
+		return nil, needs("the jobs stream "+w.cfg.Queue.Subjects.JobsStream(), err)
 	}
 	w.sess = st
 	return cons, nil
@@ -138,12 +150,25 @@ func (w *Worker) admit(ctx context.Context, d *delivery) (outcomeKind, error, bo
 		return fail(fmt.Sprintf("worker %s cannot keep sessions (its sandbox runtime has none): run the job without a session", w.cfg.ID))
 	}
 	key := queue.SessionKey(job.Namespace, job.Session)
+	proof := ""
+	if d.sessionCapability != "" {
+		proof = jobs.SessionProof(d.sessionCapability, key, w.cfg.ID)
+	}
 	now := time.Now()
 	st.mu.Lock()
 	if h := st.held[key]; h != nil {
 		h.busy++
 		h.lastUsed = now
+		if h.proof == "" {
+			h.proof = proof
+		}
+		ent := queue.SessionEntry{Worker: w.cfg.ID, Session: h.name, Since: h.since.UTC(), Proof: h.proof}
 		st.mu.Unlock()
+		if d.msg.Subject() != w.client.Subjects().WorkerJobs(w.cfg.ID) {
+			// From the pool: the front-end found no entry it could trust
+			// (expired, or overwritten by another worker host): put it back.
+			st.announce(ctx, key, ent)
+		}
 		return 0, nil, true
 	}
 	st.mu.Unlock()
@@ -157,8 +182,11 @@ func (w *Worker) admit(ctx context.Context, d *delivery) (outcomeKind, error, bo
 	for range 2 {
 		e, err := st.kv.Get(ctx, key)
 		if err == nil {
+			// Any worker host may write the bucket: forward only to a worker
+			// the entry proves was given a job of the session.
 			var ent queue.SessionEntry
 			if json.Unmarshal(e.Value(), &ent) == nil && ent.Worker != w.cfg.ID && !ent.Ended &&
+				jobs.CheckSessionProof(d.sessionCapability, key, ent.Worker, ent.Proof) &&
 				queue.HoldsSession(ctx, w.nc, w.client.Subjects(), ent.Worker, key) {
 				if err := w.forward(ctx, d, ent.Worker); err != nil {
 					return transient, err, false
@@ -177,9 +205,9 @@ func (w *Worker) admit(ctx context.Context, d *delivery) (outcomeKind, error, bo
 			return fail(fmt.Sprintf("worker %s already holds its maximum of %d sessions: retry when one has ended "+
 				"(sessions end after %s idle), run the job without a session, or add workers", w.cfg.ID, st.max, st.idle))
 		}
-		st.held[key] = &heldSession{name: job.Session, since: now, lastUsed: now, busy: 1, fresh: true}
+		st.held[key] = &heldSession{name: job.Session, since: now, lastUsed: now, busy: 1, fresh: true, proof: proof}
 		st.mu.Unlock()
-		data, _ := json.Marshal(queue.SessionEntry{Worker: w.cfg.ID, Session: job.Session, Since: now.UTC()}) // plain strings and a time encode
+		data, _ := json.Marshal(queue.SessionEntry{Worker: w.cfg.ID, Session: job.Session, Since: now.UTC(), Proof: proof}) // plain strings and a time encode
 		if _, err := st.kv.Create(ctx, key, data); err == nil || !errors.Is(err, jetstream.ErrKeyExists) {
 			if err != nil {
 				w.log.Warn("announce session", "job", job.ID, "session", job.Session, "err", err)
@@ -338,18 +366,23 @@ func (st *sessionTable) janitor() {
 			st.mu.Lock()
 			entries := map[string]queue.SessionEntry{}
 			for key, h := range st.held {
-				entries[key] = queue.SessionEntry{Worker: st.w.cfg.ID, Session: h.name, Since: h.since.UTC()}
+				entries[key] = queue.SessionEntry{Worker: st.w.cfg.ID, Session: h.name, Since: h.since.UTC(), Proof: h.proof}
 			}
 			st.mu.Unlock()
 			for key, ent := range entries {
-				data, _ := json.Marshal(ent)
-				pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				if _, err := st.kv.Put(pctx, key, data); err != nil {
-					st.w.log.Warn("refresh session entry", "session", key, "err", err)
-				}
-				cancel()
+				st.announce(ctx, key, ent)
 			}
 		}
+	}
+}
+
+// announce puts ent, this worker's entry of a session it holds, in the bucket.
+func (st *sessionTable) announce(ctx context.Context, key string, ent queue.SessionEntry) {
+	data, _ := json.Marshal(ent) // plain strings and a time encode
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := st.kv.Put(ctx, key, data); err != nil {
+		st.w.log.Warn("announce session", "session", key, "err", err)
 	}
 }
 

@@ -203,8 +203,11 @@ type delivery struct {
 	msg        jetstream.Msg
 	job        jobs.Job
 	capability string
-	attempt    int
-	log        *slog.Logger
+	// sessionCapability is the capability of the job's session, if it
+	// names one: the proof of this worker's entry in the sessions bucket.
+	sessionCapability string
+	attempt           int
+	log               *slog.Logger
 	// span is the job's queue wait span (the job's submit span's child):
 	// the parent of the attempt's spans and of its events.
 	span trace.SpanContext
@@ -245,7 +248,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		w.settle(ctx, d, outcome{kind: transient, err: err, delivery: o.delivery, maxDeliver: o.maxDeliver})
 		return
 	}
-	d := &delivery{msg: msg, job: m.Job, capability: m.Capability}
+	d := &delivery{msg: msg, job: m.Job, capability: m.Capability, sessionCapability: m.SessionCapability}
 	d.span = w.queueWait(ctx, msg, &m.Job, o.delivery)
 	d.log = w.log.With("job", m.ID, "delivery", o.delivery, "trace_id", d.span.TraceID().String())
 	o.maxAttempts = max(d.job.MaxAttempts, 1)
