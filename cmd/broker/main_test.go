@@ -25,6 +25,8 @@ func TestCommandLine(t *testing.T) {
 	}{
 		{"beyond loopback without auth", []string{"--data", filepath.Join(dir, "d1"), "--listen", "0.0.0.0:0"}, cli.ExitFailure, "broker auth init DIR"},
 		{"unexpected argument", []string{"--data", filepath.Join(dir, "d2"), "serve"}, cli.ExitUsage, `unexpected argument "serve"`},
+		{"queued max age under the dedupe window", []string{"--data", filepath.Join(dir, "d2"), "--queued-max-age", "1m"}, cli.ExitUsage, "QueuedMaxAge (1m0s) must be at least DedupeWindow"},
+		{"queued max age over the events' age", []string{"--data", filepath.Join(dir, "d2"), "--queued-max-age", "200h"}, cli.ExitUsage, "must not exceed EventsMaxAge"},
 		{"auth without init", []string{"auth"}, cli.ExitUsage, "broker auth init DIR"},
 		{"auth init without a dir", []string{"auth", "init"}, cli.ExitUsage, "exactly one directory"},
 		{"auth init", []string{"auth", "init", filepath.Join(dir, "creds")}, cli.ExitOK, ""},

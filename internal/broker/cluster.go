@@ -255,6 +255,7 @@ func (b *Broker) startState(ctx context.Context) error {
 			return err
 		}
 		svc.Metrics, svc.Node, svc.Tracing = b.cfg.Metrics, b.ns.Name(), b.cfg.Tracing
+		svc.QueuedMaxAge = b.cfg.Queue.QueuedMaxAge
 		if err := svc.Start(ctx); err != nil {
 			svc.Stop()
 			return err
