@@ -40,6 +40,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	listen := fs.String("listen", "127.0.0.1:4222", "NATS client listen address HOST:PORT")
 	httpAddr := fs.String("http", "", "serve /healthz and /metrics on HOST:PORT (optional)")
 	maxQueued := fs.Int64("max-queued", queue.DefaultConfig().MaxQueued, "pending jobs held before new ones are rejected")
+	queuedMaxAge := fs.Duration("queued-max-age", queue.DefaultQueuedMaxAge, "a job no worker took within this is removed from the queue and recorded as rejected (at least 10m, at most 168h)")
 	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	fl := registerFleetFlags(fs)
 	if err := cli.Parse(fs, args, nil); err != nil {
@@ -58,7 +59,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return cli.Usagef("--max-queued must be at least 1")
 	}
 	qcfg := queue.DefaultConfig()
-	qcfg.MaxQueued = *maxQueued
+	qcfg.MaxQueued, qcfg.QueuedMaxAge = *maxQueued, *queuedMaxAge
+	if err := qcfg.Validate(); err != nil {
+		return cli.Usagef("--queued-max-age %s: %v", *queuedMaxAge, err)
+	}
 	m := metrics.New("broker")
 	bcfg := broker.Config{DataDir: *data, Listen: *listen, Queue: qcfg, Logger: log, Metrics: m, Tracing: tp}
 	if err := fl.apply(&bcfg, log); err != nil {

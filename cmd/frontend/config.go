@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/mcpexec/mcpexec/cmd/internal/sandboxflags"
 	"github.com/mcpexec/mcpexec/internal/broker"
@@ -18,6 +19,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
+	"github.com/mcpexec/mcpexec/internal/queue"
 )
 
 // config is the front-end's parsed command line.
@@ -32,6 +34,7 @@ type config struct {
 	authToken      string
 	allowedOrigins string
 	slots          int
+	queuedMaxAge   time.Duration // embedded broker's jobs stream MaxAge
 	limits         jobs.Limits
 	level          string
 	languages      []string // nil: auto
@@ -55,6 +58,7 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.authToken, "auth-token", "", "bearer token required on /mcp (required when --http is not loopback)")
 	fs.StringVar(&c.allowedOrigins, "allowed-origins", "", "comma-separated extra Origin hosts allowed on /mcp besides localhost")
 	fs.IntVar(&c.slots, "slots", 4, "embedded worker: jobs run at once")
+	fs.DurationVar(&c.queuedMaxAge, "queued-max-age", queue.DefaultQueuedMaxAge, "embedded broker: a job no worker took within this is removed from the queue and recorded as rejected (at least 10m, at most 168h)")
 	fs.IntVar(&c.limits.DefaultTimeout, "timeout", c.limits.DefaultTimeout, "default run_python timeout in seconds")
 	fs.IntVar(&c.limits.MaxTimeout, "max-timeout", c.limits.MaxTimeout, "largest run_python timeout in seconds")
 	fs.IntVar(&c.limits.MaxCodeBytes, "max-code-bytes", c.limits.MaxCodeBytes, "largest accepted code in bytes")
@@ -97,6 +101,11 @@ func (c *config) validate() error {
 	}
 	if c.slots < 1 {
 		return cli.Usagef("--slots must be at least 1, got %d", c.slots)
+	}
+	q := queue.DefaultConfig()
+	q.QueuedMaxAge = c.queuedMaxAge
+	if err := q.Validate(); err != nil {
+		return cli.Usagef("--queued-max-age %s: %v", c.queuedMaxAge, err)
 	}
 	if c.httpAddr != "" {
 		if _, _, err := net.SplitHostPort(c.httpAddr); err != nil {

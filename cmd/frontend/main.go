@@ -60,6 +60,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	m := metrics.New("frontend")
 	wcfg := worker.DefaultConfig(c.workerID)
 	wcfg.Slots, wcfg.Logger, wcfg.Grace, wcfg.Metrics, wcfg.Tracing = c.slots, log, c.fleet.grace, m, tp
+	wcfg.Queue.QueuedMaxAge = c.queuedMaxAge // the embedded broker's streams follow the worker's queue settings
 	if err := c.sandbox.ConfigureWorker(&wcfg); err != nil {
 		return err
 	}

@@ -32,6 +32,7 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{[]string{"--http", "nonsense"}, "want HOST:PORT"},
 		{[]string{"--timeout", "200"}, "must be between 1 and --max-timeout"},
 		{[]string{"--slots", "0"}, "--slots must be at least 1"},
+		{[]string{"--queued-max-age", "1s"}, "--queued-max-age 1s: queue QueuedMaxAge (1s) must be at least DedupeWindow"},
 		{[]string{"--memory", "lots"}, "--memory"},
 		{[]string{"--container-user", "nobody"}, "numeric uid:gid"},
 		{[]string{"--sync", "sometimes"}, "want always or interval:D"},

@@ -129,7 +129,7 @@ func decodePolicy(raw json.RawMessage) (frontend.Policy, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&p); err != nil {
-		return p, fmt.Errorf("want {servers, max_timeout, max_memory_mb, max_cpus, max_queued, max_active, max_queued_bytes, max_sessions, memory_bytes}: %w", err)
+		return p, fmt.Errorf("want {servers, pools, max_timeout, max_memory_mb, max_cpus, max_queued, max_active, max_queued_bytes, max_sessions, memory_bytes}: %w", err)
 	}
 	return p, p.Validate()
 }

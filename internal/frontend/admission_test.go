@@ -148,3 +148,45 @@ func TestNamespaceQueuedBytesCap(t *testing.T) {
 		t.Fatalf("another namespace: %v", out[0].Err)
 	}
 }
+
+// TestPoolNobodyServesRefused: a job for a pool no live worker serves is
+// refused at submission (SubmitMany and Run), saying how to start one; the
+// default pool is accepted without workers; once a worker serves the pool,
+// its jobs are accepted and run.
+func TestPoolNobodyServesRefused(t *testing.T) {
+	t.Parallel()
+	b, fe, _ := setupAdmission(t, frontend.Policy{}, false)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "g1", Code: "x", Pool: "gpu"}, {ID: "d1", Code: "x"}}, "alice")
+	var inv *jobs.InvalidError
+	if !errors.As(out[0].Err, &inv) || inv.Field != "pool" || !strings.Contains(inv.Message, `no worker serves pool "gpu": start one with `+"`worker --job-pool gpu`") {
+		t.Fatalf("job for a pool nobody serves: %v", out[0].Err)
+	}
+	if out[1].Err != nil {
+		t.Fatalf("job for the default pool without workers: %v", out[1].Err)
+	}
+	if _, err := fe.Run(ctx, &jobs.Job{ID: "g2", Code: "x", Pool: "gpu", Namespace: "alice"}, nil); !errors.As(err, &inv) || inv.Field != "pool" {
+		t.Fatalf("Run for a pool nobody serves: %v", err)
+	}
+	if _, err := fe.Get(ctx, "alice", "g1"); err == nil {
+		t.Fatal("a refused job was recorded")
+	}
+	cfg := worker.DefaultConfig("gpu1")
+	cfg.Pool, cfg.Grace = "gpu", 100*time.Millisecond
+	testutil.Worker(t, b, testutil.NewFakeRuntime(4), cfg)
+	start := time.Now()
+	for {
+		out = fe.SubmitMany(ctx, []*jobs.Job{{ID: "g3", Code: "x", Pool: "gpu"}}, "alice")
+		if out[0].Err == nil {
+			break
+		}
+		if !errors.As(out[0].Err, &inv) || time.Since(start) > 5*time.Second {
+			t.Fatalf("job for a pool a worker serves: %v after %s", out[0].Err, time.Since(start))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if rec, err := fe.Wait(ctx, "alice", "g3"); err != nil || rec.Status != jobs.StatusSuccess {
+		t.Fatalf("the gpu job: %+v %v", rec, err)
+	}
+}

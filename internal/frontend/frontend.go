@@ -76,6 +76,7 @@ type Frontend struct {
 	inRun     atomic.Int64 // Run calls in flight
 	memory    MemoryStore  // memory helpers' backend
 	adm       *admission   // namespace caps and shutdown
+	pools     *servedPools // the pools live workers serve
 	statusSub *nats.Subscription
 }
 
@@ -103,6 +104,7 @@ func New(nc *nats.Conn, cfg Config) (*Frontend, error) {
 	}
 	f.memory = cfg.Memory
 	f.adm = newAdmission(f)
+	f.pools = newServedPools(f.askWorkers)
 	if f.memory == nil {
 		f.memory = f.state
 	}
@@ -230,6 +232,9 @@ var timeNow = time.Now
 func (f *Frontend) Run(ctx context.Context, job *jobs.Job, progress func(jobs.Event)) (*jobs.Record, error) {
 	ns := jobs.NamespaceOf(job.Namespace)
 	if err := f.prepare(job, ns); err != nil {
+		return nil, err
+	}
+	if err := f.checkPool(ctx, job); err != nil {
 		return nil, err
 	}
 	if err := f.checkSessions(ctx, []*jobs.Job{job})[0]; err != nil {

@@ -60,6 +60,8 @@ func (f *Frontend) submit(ctx context.Context, js []*jobs.Job, ns string, all bo
 	for i, j := range js {
 		if err := f.prepare(j, ns); err != nil {
 			out[i].Err = err
+		} else if err := f.checkPool(ctx, j); err != nil {
+			out[i].Err = err
 		}
 	}
 	for i, err := range f.checkSessions(ctx, js) {

@@ -15,6 +15,9 @@ type Policy struct {
 	// Servers are the MCP servers the namespace's jobs may be given and call;
 	// empty allows every server the front-end proxies.
 	Servers []string `json:"servers,omitempty"`
+	// Pools are the worker pools its jobs may ask for (the default pool is
+	// "default": list it to keep it); empty allows every pool.
+	Pools []string `json:"pools,omitempty"`
 	// MaxTimeout is the longest timeout, in seconds, its jobs may ask for;
 	// it may exceed the front-end's default maximum (for batch namespaces).
 	MaxTimeout int `json:"max_timeout,omitempty"`
@@ -50,6 +53,9 @@ func (p Policy) Inherit(def Policy) Policy {
 	if p.Servers == nil {
 		p.Servers = def.Servers
 	}
+	if p.Pools == nil {
+		p.Pools = def.Pools
+	}
 	p.MaxTimeout = cmp.Or(p.MaxTimeout, def.MaxTimeout)
 	p.MaxMemoryMB = cmp.Or(p.MaxMemoryMB, def.MaxMemoryMB)
 	p.MaxCPUs = cmp.Or(p.MaxCPUs, def.MaxCPUs)
@@ -72,12 +78,22 @@ func (p Policy) Validate() error {
 	case p.MaxTimeout > 24*3600:
 		return fmt.Errorf("policy max_timeout %d is over a day", p.MaxTimeout)
 	}
+	for _, pool := range p.Pools {
+		if !jobs.ValidID(pool) {
+			return fmt.Errorf("policy pool %q: use letters, digits, '-' or '_'", pool)
+		}
+	}
 	return nil
 }
 
 // allowsServer reports whether the namespace may use server.
 func (p Policy) allowsServer(server string) bool {
 	return len(p.Servers) == 0 || slices.Contains(p.Servers, server)
+}
+
+// allowsPool reports whether the namespace may send jobs to pool.
+func (p Policy) allowsPool(pool string) bool {
+	return len(p.Pools) == 0 || slices.Contains(p.Pools, pool)
 }
 
 // policyFor returns namespace ns's policy.
@@ -122,6 +138,10 @@ func (f *Frontend) prepare(job *jobs.Job, ns string) error {
 	if len(refused) > 0 {
 		return &jobs.InvalidError{Field: "servers", Message: fmt.Sprintf("namespace %q may not use %s (it may use %s)",
 			ns, strings.Join(refused, ", "), strings.Join(p.Servers, ", "))}
+	}
+	if !p.allowsPool(job.Pool) {
+		return &jobs.InvalidError{Field: "pool", Message: fmt.Sprintf("namespace %q may not use pool %q (it may use %s)",
+			ns, job.Pool, strings.Join(p.Pools, ", "))}
 	}
 	job.Namespace, job.Frontend = ns, f.cfg.ID
 	job.ID = jobs.ScopedID(ns, job.ID)

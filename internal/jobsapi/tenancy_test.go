@@ -88,7 +88,7 @@ func TestNamespacePolicies(t *testing.T) {
 	testutil.Worker(t, b, rt, worker.DefaultConfig("w"))
 	fe := testutil.FrontendWith(t, b, frontend.Config{ID: "fe", Policy: frontend.DefaultPolicy(), Policies: map[string]frontend.Policy{
 		"batch":  {MaxTimeout: 3600, MaxMemoryMB: 4096, MaxCPUs: 2},
-		"narrow": {Servers: []string{"github"}},
+		"narrow": {Servers: []string{"github"}, Pools: []string{"default"}},
 	}})
 	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})
 	hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{}), mcpserver.HTTPOptions{API: api,
@@ -103,6 +103,13 @@ func TestNamespacePolicies(t *testing.T) {
 	}
 	if st, body := e.call(t, "tok-narrow", "POST", "/api/jobs", map[string]any{"code": "x", "servers": []string{"filesystem"}}); st != http.StatusBadRequest || !strings.Contains(string(body), "may not use filesystem") {
 		t.Fatalf("narrow namespace, another server: %d %s", st, body)
+	}
+	// Pools: only those the policy lists.
+	if st, body := e.call(t, "tok-narrow", "POST", "/api/jobs", map[string]any{"code": "x", "pool": "gpu"}); st != http.StatusBadRequest || !strings.Contains(string(body), `may not use pool \"gpu\" (it may use default)`) {
+		t.Fatalf("narrow namespace, another pool: %d %s", st, body)
+	}
+	if st, body := e.call(t, "tok-narrow", "POST", "/api/jobs", map[string]any{"code": "x", "pool": "default"}); st != http.StatusCreated {
+		t.Fatalf("narrow namespace, its pool: %d %s", st, body)
 	}
 	// Batch jobs may ask for more memory and CPUs, within their policy; the
 	// worker sizes the sandbox as asked.

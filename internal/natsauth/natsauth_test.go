@@ -577,7 +577,10 @@ func TestWorkerLearnsOnlyItsJobsHistory(t *testing.T) {
 	}
 
 	// A job cancelled while queued, then delivered: its worker asks
-	// job.history, sees the cancellation, and never runs it.
+	// job.history, sees the cancellation, and never runs it. (The pool is
+	// announced as served, so the front-end takes the job; its worker starts
+	// after the cancellation.)
+	testutil.AnnouncePool(t, bnc, "later")
 	out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "q", Code: "never", Pool: "later"}}, "victim")
 	if out[0].Err != nil {
 		t.Fatal(out[0].Err)
@@ -661,7 +664,7 @@ func TestFrontendFollowsEvents(t *testing.T) {
 
 // TestForgedEventsReachNoTenant attacks from a worker host's credential,
 // which may publish any job's started and finished subjects: it forges the
-// success of tenant a's job, queued in a pool no worker serves, without the
+// success of tenant a's job, queued in a pool no worker takes jobs from, without the
 // job's capability (no proof, a proof under another key, another job's
 // genuine event on this job's subject, a cancellation on the finished
 // subject). The tenant's event stream (Follow: /api/events, the console's
@@ -677,6 +680,8 @@ func TestForgedEventsReachNoTenant(t *testing.T) {
 		Policies: map[string]frontend.Policy{"a": {MaxActive: 1}}})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	anc, _ := connect(natsauth.RoleBroker)
+	testutil.AnnouncePool(t, anc, "nowhere") // served as far as the front-end knows; nothing takes its jobs
 	if out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "q1", Code: "x", Pool: "nowhere"}}, "a"); out[0].Err != nil {
 		t.Fatal(out[0].Err)
 	}
@@ -817,6 +822,8 @@ func TestForgedHistoryStopsNoJob(t *testing.T) {
 	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	anc, _ := connect(natsauth.RoleBroker)
+	testutil.AnnouncePool(t, anc, "later") // its worker starts after the forgeries
 	if out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "v", Code: "real", Pool: "later"}}, "victim"); out[0].Err != nil {
 		t.Fatal(out[0].Err)
 	}

@@ -36,6 +36,12 @@ type Config struct {
 	MemoryMaxBytes int64
 	DedupeWindow   time.Duration // JetStream duplicate window for job ids
 	EventsMaxAge   time.Duration // how long lifecycle events are kept in the stream
+	// QueuedMaxAge is the jobs stream's MaxAge: a job message older than
+	// this (counted from its enqueue, a running job's included) is deleted
+	// by JetStream, and the state service ends the record of a job still
+	// queued after it as rejected. It bounds what a pool no worker takes
+	// holds in the shared stream.
+	QueuedMaxAge time.Duration
 	// AckWait is how long a delivery may go without an ack or an InProgress
 	// heartbeat before JetStream hands the job to another worker. It must equal
 	// BackOff[0] when BackOff is set (JetStream replaces AckWait by BackOff[0]).
@@ -49,6 +55,9 @@ type Config struct {
 	Replicas      int // stream replicas (1, or 3 in a cluster)
 }
 
+// DefaultQueuedMaxAge is how long a job may wait in the jobs stream.
+const DefaultQueuedMaxAge = 24 * time.Hour
+
 // DefaultConfig returns the production defaults: a worker that stops
 // heartbeating loses its job after 30 s; later redeliveries wait longer.
 func DefaultConfig() Config {
@@ -59,6 +68,7 @@ func DefaultConfig() Config {
 		MemoryMaxBytes: 8 << 30,
 		DedupeWindow:   10 * time.Minute,
 		EventsMaxAge:   7 * 24 * time.Hour,
+		QueuedMaxAge:   DefaultQueuedMaxAge,
 		AckWait:        30 * time.Second,
 		BackOff:        []time.Duration{30 * time.Second, 30 * time.Second, 60 * time.Second, 60 * time.Second},
 		MaxDeliver:     10, // attempts (at most 4), and deliveries whose sandbox could not be made
@@ -82,6 +92,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("queue DedupeWindow must be positive, got %s", c.DedupeWindow)
 	case c.EventsMaxAge < c.DedupeWindow:
 		return fmt.Errorf("queue EventsMaxAge (%s) must be at least DedupeWindow (%s)", c.EventsMaxAge, c.DedupeWindow)
+	case c.QueuedMaxAge < c.DedupeWindow:
+		// JetStream refuses a duplicate window longer than the stream's MaxAge.
+		return fmt.Errorf("queue QueuedMaxAge (%s) must be at least DedupeWindow (%s)", c.QueuedMaxAge, c.DedupeWindow)
+	case c.QueuedMaxAge > c.EventsMaxAge:
+		// A released job's queueing starts at its released event.
+		return fmt.Errorf("queue QueuedMaxAge (%s) must not exceed EventsMaxAge (%s)", c.QueuedMaxAge, c.EventsMaxAge)
 	case c.AckWait < 100*time.Millisecond:
 		return fmt.Errorf("queue AckWait must be at least 100ms, got %s", c.AckWait)
 	case c.MaxDeliver < 2:
@@ -131,6 +147,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 			Storage:     jetstream.FileStorage,
 			MaxMsgs:     cfg.MaxQueued,
 			MaxBytes:    cfg.JobsMaxBytes,
+			MaxAge:      cfg.QueuedMaxAge,
 			Discard:     jetstream.DiscardNew,
 			Duplicates:  cfg.DedupeWindow,
 			Replicas:    cfg.Replicas,

@@ -70,6 +70,10 @@ type Service struct {
 	// Start.
 	Retention      Retention
 	RetentionEvery time.Duration
+	// QueuedMaxAge, when set before Start, ends as rejected the record of a
+	// job still queued this long after it was enqueued (the jobs stream's
+	// MaxAge, queue.Config.QueuedMaxAge, deletes its message).
+	QueuedMaxAge time.Duration
 	// Metrics, when set before Start, records each job that reaches its terminal
 	// status: the count by status and its queued, running and total times.
 	Metrics *metrics.Metrics
@@ -94,7 +98,7 @@ type Service struct {
 	svc     micro.Service
 	advSub  *nats.Subscription
 	admSubs []*nats.Subscription
-	wg      sync.WaitGroup // followers, retention loop, advisory loop, write handlers
+	wg      sync.WaitGroup // followers, retention, expiry and advisory loops, write handlers
 	writes  chan struct{}  // bounds concurrent write handlers
 	reads   chan struct{}  // bounds concurrent read handlers
 	lookups chan struct{}  // bounds concurrent job.history handlers
@@ -223,10 +227,14 @@ func (s *Service) Start(ctx context.Context) error {
 	s.mu.Lock()
 	s.svc, s.advSub, s.admSubs = svc, advSub, admSubs
 	s.mu.Unlock()
-	s.wg.Add(3)
+	s.wg.Add(4)
 	go func() {
 		defer s.wg.Done()
 		s.retentionLoop(runCtx)
+	}()
+	go func() {
+		defer s.wg.Done()
+		s.expiryLoop(runCtx)
 	}()
 	go func() {
 		defer s.wg.Done()

@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"strings"
@@ -222,3 +223,21 @@ func started[S interface {
 
 // DataDir is node i's data directory (its JetStream store and state file).
 func (c *Cluster) DataDir(i int) string { return c.cfgs[i].DataDir }
+
+// AnnouncePool answers worker status requests on nc as an idle worker of
+// pool that takes no job, until the test ends: front-ends then accept jobs
+// for the pool, which stay queued (until a real worker of the pool starts).
+func AnnouncePool(t testing.TB, nc *nats.Conn, pool string) {
+	t.Helper()
+	sub, err := nc.Subscribe(jobs.Subjects{}.WorkerStatus(), func(m *nats.Msg) {
+		data, _ := json.Marshal(jobs.WorkerStatus{ID: "announced-" + pool, Pool: pool, Healthy: true, Since: time.Now().UTC(), At: time.Now().UTC()})
+		_ = m.Respond(data) // an asker that went away wants no answer
+	})
+	if err != nil {
+		t.Fatalf("announce pool %s: %v", pool, err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatalf("announce pool %s: %v", pool, err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() }) // the connection may be closed first
+}
