@@ -25,6 +25,10 @@ type Metrics struct {
 	JobTotal      prometheus.Histogram     // seconds from submission to the end
 	ProxyCalls    *prometheus.HistogramVec // method, outcome (ok, error)
 	MCPRequests   *prometheus.CounterVec   // method
+	// StateResyncs counts, by stream, the times a state replica found it had
+	// applied more of the stream than the stream holds (the stream lost its
+	// last writes) and resynchronised.
+	StateResyncs *prometheus.CounterVec
 }
 
 // New returns a registry with Go and process collectors and every metric
@@ -60,8 +64,12 @@ func New(component string) *Metrics {
 		MCPRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mcpexec_mcp_requests_total", Help: "MCP requests by method.",
 		}, []string{"method"}),
+		StateResyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mcpexec_state_replica_resyncs_total",
+			Help: "Times this state replica had applied more of a stream than the stream held (the stream lost its last writes) and resynchronised.",
+		}, []string{"stream"}),
 	}
-	f.MustRegister(m.JobsSubmitted, m.JobsFinished, m.WorkerJobs, m.JobQueued, m.JobRunning, m.JobTotal, m.ProxyCalls, m.MCPRequests)
+	f.MustRegister(m.JobsSubmitted, m.JobsFinished, m.WorkerJobs, m.JobQueued, m.JobRunning, m.JobTotal, m.ProxyCalls, m.MCPRequests, m.StateResyncs)
 	return m
 }
 
@@ -143,6 +151,13 @@ func (m *Metrics) ProxyCall(method string, err error, d time.Duration) {
 		outcome = "error"
 	}
 	m.ProxyCalls.WithLabelValues(method, outcome).Observe(d.Seconds())
+}
+
+// StateResync counts a state replica's resynchronisation with stream.
+func (m *Metrics) StateResync(stream string) {
+	if m != nil {
+		m.StateResyncs.WithLabelValues(stream).Inc()
+	}
 }
 
 // MCPRequest counts one MCP request.

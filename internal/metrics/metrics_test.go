@@ -16,6 +16,7 @@ func TestMetricsExposed(t *testing.T) {
 	m.Submitted("accepted")
 	m.ProxyCall("call_tool", errors.New("x"), time.Millisecond)
 	m.MCPRequest("tools/call")
+	m.StateResync("MCPEXEC_MEMORY")
 	depth := 7.0
 	m.Gauge("mcpexec_queue_depth", "Pending jobs.", func() float64 { return 1 })
 	m.Gauge("mcpexec_queue_depth", "Pending jobs.", func() float64 { return depth }) // replaces
@@ -31,6 +32,7 @@ func TestMetricsExposed(t *testing.T) {
 		`mcpexec_jobs_submitted_total{component="worker",outcome="accepted"} 1`,
 		`mcpexec_proxy_call_seconds_count{component="worker",method="call_tool",outcome="error"} 1`,
 		`mcpexec_mcp_requests_total{component="worker",method="tools/call"} 1`,
+		`mcpexec_state_replica_resyncs_total{component="worker",stream="MCPEXEC_MEMORY"} 1`,
 		`mcpexec_queue_depth 7`,
 		`mcpexec_container_starts_total 3`,
 		`go_goroutines`,
@@ -47,5 +49,6 @@ func TestNilMetricsRecordNothing(t *testing.T) {
 	m.Submitted("accepted")
 	m.ProxyCall("x", nil, 0)
 	m.MCPRequest("x")
+	m.StateResync("x")
 	m.Gauge("g", "h", func() float64 { return 0 })
 }

@@ -156,17 +156,54 @@ func codeOf(err error) string {
 // consistent answers a request only once the replica has applied what the
 // asker has seen (its sequence headers), within catchUpWait.
 func (s *Service) consistent(h micro.HandlerFunc) micro.HandlerFunc {
+	return s.readYourWrites(false, h)
+}
+
+// consistentMemory is consistent for memory requests: while the replica folds
+// the memory stream again (it found the stream held less than it had
+// applied), they wait until it has folded what the stream held then.
+func (s *Service) consistentMemory(h micro.HandlerFunc) micro.HandlerFunc {
+	return s.readYourWrites(true, h)
+}
+
+func (s *Service) readYourWrites(memory bool, h micro.HandlerFunc) micro.HandlerFunc {
 	return func(req micro.Request) {
 		hdr := nats.Header(req.Headers())
-		ev, mem := seqHeader(hdr, HeaderEventsSeq), seqHeader(hdr, HeaderMemorySeq)
-		if ev > 0 || mem > 0 {
-			if err := s.applied.wait(context.Background(), ev, mem, catchUpWait); err != nil {
+		deadline := time.Now().Add(catchUpWait)
+		ev, mem := s.unlost(seqHeader(hdr, HeaderEventsSeq), seqHeader(hdr, HeaderMemorySeq))
+		if ev > 0 || mem > 0 || memory {
+			if err := s.applied.wait(context.Background(), ev, mem, time.Until(deadline), memory); err != nil {
 				s.respond(req, nil, err)
 				return
 			}
 		}
 		h(req)
 	}
+}
+
+// unlost caps the sequences an asker has seen at what the streams hold, where
+// it may have seen sequences a stream lost: after this replica found that a
+// stream held less than it had applied, and until the stream holds as much
+// again, an asker ahead of the replica may have seen the lost ones, which the
+// stream will never hold (new writes take their sequences).
+func (s *Service) unlost(events, memory uint64) (uint64, uint64) {
+	ae, am, le, lm := s.applied.lost()
+	if (events <= ae || le <= ae) && (memory <= am || lm <= am) {
+		return events, memory // the common case: no stream info asked
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), catchUpWait)
+	defer cancel()
+	if events > ae && le > ae {
+		if last, err := s.lastSeq(ctx, s.sub.EventsStream()); err == nil {
+			events = min(events, last)
+		}
+	}
+	if memory > am && lm > am {
+		if last, err := s.lastSeq(ctx, s.sub.MemoryStream()); err == nil {
+			memory = min(memory, last)
+		}
+	}
+	return events, memory
 }
 
 func decodeReq(req micro.Request, v any, op, shape string) bool {
@@ -400,7 +437,7 @@ func (s *Service) catchUpMemory() error {
 	if err != nil {
 		return err
 	}
-	return s.applied.wait(ctx, 0, last, catchUpWait)
+	return s.applied.wait(ctx, 0, last, catchUpWait, false)
 }
 
 // writeMemory publishes op (with the expected last sequence of its key's
@@ -439,7 +476,7 @@ func (s *Service) writeMemory(op MemoryOp, expect *uint64, res *reservation) (ui
 		// the client retries, with the same write id.
 		return 0, fmt.Errorf("%w: write memory %q: %w", ErrUnavailable, op.Key, err)
 	}
-	if err := s.applied.wait(ctx, 0, ack.Sequence, writeWait); err != nil {
+	if err := s.applied.wait(ctx, 0, ack.Sequence, writeWait, false); err != nil {
 		return 0, err
 	}
 	return ack.Sequence, nil

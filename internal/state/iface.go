@@ -1,6 +1,7 @@
 package state
 
 import (
+	"crypto/sha256"
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -14,6 +15,21 @@ import (
 type Store interface {
 	// Applied returns the sequences of the events and memory streams folded.
 	Applied() (events, memory uint64, err error)
+	// AppliedAt returns when ApplyEvents and ApplyMemory last recorded a
+	// sequence (this node's clock; zero when unknown): what the streams hold
+	// from after then, the replica has not applied.
+	AppliedAt() (events, memory time.Time, err error)
+	// RewindEvents records seq, lower than what it has applied, as the
+	// events stream's applied sequence, keeping the records: the stream lost
+	// its events after seq, and new ones will take their sequences.
+	RewindEvents(seq uint64) error
+	// ResetMemory drops the memory folded (entries, usage, last writes and
+	// the write ids remembered) and records 0 as the memory stream's applied
+	// sequence: the memory is folded again from the stream's start.
+	ResetMemory() error
+	// MemoryDigests returns a digest of each memory entry held, by namespace
+	// and key (joined by a zero byte): what a reset and a new fold changed.
+	MemoryDigests() (map[string][sha256.Size]byte, error)
 
 	// ApplyEvents folds evs into their records durably, records lastSeq as
 	// the events stream's applied sequence (0 leaves it), and returns the

@@ -95,3 +95,12 @@ func (r *reservations) fold(last uint64) {
 		}
 	}
 }
+
+// reset starts counting the folded writes again from none: the replica folds
+// the memory stream again from its start. Reservations of published writes
+// end as the new fold passes their sequences.
+func (r *reservations) reset() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.folded = 0
+}

@@ -57,10 +57,17 @@ var ErrBehind = errs.New(errs.Unavailable, "this state replica is behind the str
 // applied tracks how far the replica has folded each stream, and wakes those
 // who wait for it.
 type applied struct {
-	mu     sync.Mutex // guards events, memory, wake
+	mu     sync.Mutex // guards the fields below
 	events uint64
 	memory uint64
-	wake   chan struct{} // closed (and replaced) at each advance
+	// lostEvents and lostMemory are what the replica had applied of each
+	// stream when it found the stream held less (0: never): an asker may
+	// have seen sequences up to them that the stream lost.
+	lostEvents, lostMemory uint64
+	// memoryFloor is what memory requests wait for while the replica folds
+	// the memory stream again (the stream's last sequence then).
+	memoryFloor uint64
+	wake        chan struct{} // closed (and replaced) at each advance
 }
 
 func newApplied(events, memory uint64) *applied {
@@ -77,18 +84,55 @@ func (a *applied) advance(events, memory uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.events, a.memory = max(a.events, events), max(a.memory, memory)
+	a.wakeLocked()
+}
+
+func (a *applied) wakeLocked() {
 	close(a.wake)
 	a.wake = make(chan struct{})
 }
 
-// wait returns nil once events and memory are applied, else ErrBehind when d
+// rewindEvents sets the events applied back to seq (the stream lost what
+// followed).
+func (a *applied) rewindEvents(seq uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.lostEvents = max(a.lostEvents, a.events)
+	a.events = seq
+	a.wakeLocked()
+}
+
+// resetMemory sets the memory applied back to 0: it is folded again, and
+// memory requests wait until floor is.
+func (a *applied) resetMemory(floor uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.lostMemory = max(a.lostMemory, a.memory)
+	a.memory, a.memoryFloor = 0, floor
+	a.wakeLocked()
+}
+
+// lost returns what the replica has applied of each stream, and what it had
+// applied when it found a stream held less (0: never).
+func (a *applied) lost() (events, memory, lostEvents, lostMemory uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.events, a.memory, a.lostEvents, a.lostMemory
+}
+
+// wait returns nil once events and memory are applied (and, when
+// memoryFloor is set, the memory a rebuild waits for), else ErrBehind when d
 // passes (or ctx ends).
-func (a *applied) wait(ctx context.Context, events, memory uint64, d time.Duration) error {
+func (a *applied) wait(ctx context.Context, events, memory uint64, d time.Duration, memoryFloor bool) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	for {
 		a.mu.Lock()
-		ok := a.events >= events && a.memory >= memory
+		mem := memory
+		if memoryFloor {
+			mem = max(mem, a.memoryFloor)
+		}
+		ok := a.events >= events && a.memory >= mem
 		wake := a.wake
 		ae, am := a.events, a.memory
 		a.mu.Unlock()
@@ -98,7 +142,7 @@ func (a *applied) wait(ctx context.Context, events, memory uint64, d time.Durati
 		select {
 		case <-wake:
 		case <-t.C:
-			return fmt.Errorf("%w: it has applied events %d and memory %d, the request needs %d and %d: retry (another replica may answer)", ErrBehind, ae, am, events, memory)
+			return fmt.Errorf("%w: it has applied events %d and memory %d, the request needs %d and %d: retry (another replica may answer)", ErrBehind, ae, am, events, mem)
 		case <-ctx.Done():
 			return fmt.Errorf("%w: %w", ErrBehind, ctx.Err())
 		}
@@ -113,6 +157,8 @@ func seqHeader(h nats.Header, key string) uint64 {
 
 // follow folds stream into the store, from the message after from, until ctx
 // ends. apply is given each batch and the stream sequence of its last message.
+// When the stream is found to hold less than the follower has applied, it
+// resynchronises (resyncFollower) and follows on from what that says.
 func (s *Service) follow(ctx context.Context, stream string, from uint64, apply func([]jetstream.Msg, uint64) error) {
 	for ctx.Err() == nil {
 		cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
@@ -125,14 +171,26 @@ func (s *Service) follow(ctx context.Context, stream string, from uint64, apply 
 			s.sleep(ctx, time.Second)
 			continue
 		}
-		from = s.drain(ctx, stream, cons, from, apply)
+		var lost *lostTail
+		from, lost = s.drain(ctx, stream, cons, from, apply)
+		if lost != nil {
+			next, err := s.resyncFollower(ctx, stream, from, lost)
+			if err != nil {
+				s.logger.Error("resynchronise with stream", "stream", stream, "err", err)
+				s.sleep(ctx, time.Second)
+			}
+			from = next
+		}
 	}
 }
 
 // drain applies what cons delivers, in batches of what has arrived, until it
 // fails or ctx ends; it returns the last sequence applied. The ordered
-// consumer recreates itself across leader changes and reconnects.
-func (s *Service) drain(ctx context.Context, stream string, cons jetstream.Consumer, from uint64, apply func([]jetstream.Msg, uint64) error) uint64 {
+// consumer recreates itself across leader changes and reconnects. Every
+// rewindCheck it checks that the stream still holds what it has applied: a
+// consumer that starts after it would skip what takes the lost sequences, so
+// it returns what it found when the stream lost it.
+func (s *Service) drain(ctx context.Context, stream string, cons jetstream.Consumer, from uint64, apply func([]jetstream.Msg, uint64) error) (uint64, *lostTail) {
 	const maxBatch = 1024
 	msgs := make(chan jetstream.Msg, 4*maxBatch)
 	stop := make(chan struct{})
@@ -158,18 +216,41 @@ func (s *Service) drain(ctx context.Context, stream string, cons jetstream.Consu
 	if err != nil {
 		s.logger.Warn("follow stream", "stream", stream, "err", err)
 		s.sleep(ctx, time.Second)
-		return from
+		return from, nil
 	}
 	defer cc.Stop()
 	defer close(stop) // runs first: a blocked callback returns
-	prev := 0         // the size of the last batch: more than one means load
+	check := time.NewTicker(rewindCheck)
+	defer check.Stop()
+	var published time.Time // of the message at from, once this drain applied it
+	prev := 0               // the size of the last batch: more than one means load
 	for {
 		var batch []jetstream.Msg
 		select {
 		case m := <-msgs:
 			batch = append(batch, m)
+		case <-check.C:
+			if from == 0 {
+				continue
+			}
+			var notAfter time.Time // when the replica applied from, when this drain did not
+			if published.IsZero() {
+				evAt, memAt, _ := s.store.AppliedAt() // zero on error: no comparison
+				notAfter = memAt
+				if stream == s.sub.EventsStream() {
+					notAfter = evAt
+				}
+			}
+			lost, err := s.checkTail(ctx, stream, from, published, notAfter)
+			if err != nil {
+				s.logger.Debug("check the stream holds what was applied", "stream", stream, "err", err)
+			}
+			if lost != nil {
+				return from, lost
+			}
+			continue
 		case <-ctx.Done():
-			return from
+			return from, nil
 		}
 		// Under load (the last batch held more than one message), linger
 		// for more, so that commits (fsyncs, which three replicas on one
@@ -178,10 +259,10 @@ func (s *Service) drain(ctx context.Context, stream string, cons jetstream.Consu
 		batch = gather(msgs, batch, maxBatch, prev > 1)
 		prev = len(batch)
 		// Drop what a reset redelivered: applied already.
-		fresh, last := batch[:0], from
+		fresh, last, lastAt := batch[:0], from, published
 		for _, m := range batch {
 			if md, err := m.Metadata(); err == nil && md.Sequence.Stream > from {
-				fresh, last = append(fresh, m), md.Sequence.Stream
+				fresh, last, lastAt = append(fresh, m), md.Sequence.Stream, md.Timestamp
 			}
 		}
 		if batch = fresh; len(batch) == 0 {
@@ -191,9 +272,9 @@ func (s *Service) drain(ctx context.Context, stream string, cons jetstream.Consu
 			// Not applied: start again after what was (the store says).
 			s.logger.Error("apply stream", "stream", stream, "count", len(batch), "err", err)
 			s.sleep(ctx, time.Second)
-			return from
+			return from, nil
 		}
-		from = last
+		from, published = last, lastAt
 	}
 }
 
@@ -304,7 +385,7 @@ func (s *Service) catchUp(ctx context.Context) error {
 	}
 	start := time.Now()
 	for {
-		err := s.applied.wait(ctx, want[0], want[1], 10*time.Second)
+		err := s.applied.wait(ctx, want[0], want[1], 10*time.Second, false)
 		if err == nil {
 			if d := time.Since(start); d > time.Second {
 				s.logger.Info("state replica caught up with the streams", "events", want[0], "memory", want[1], "took", d.Round(time.Millisecond))

@@ -138,6 +138,13 @@ func (s *Service) Start(ctx context.Context) error {
 			return fmt.Errorf("state service: %w", err)
 		}
 	}
+	// A stream that lost its last writes (which this replica applied) is
+	// resynchronised with before it is followed.
+	rebuild, err := s.checkStreams(ctx)
+	if err != nil {
+		return fmt.Errorf("state service: %w", err)
+	}
+	ev, mem = s.applied.get()
 	q, err := queue.NewClient(s.nc, s.sub)
 	if err != nil {
 		return fmt.Errorf("state service: %w", err)
@@ -160,6 +167,9 @@ func (s *Service) Start(ctx context.Context) error {
 	if err := s.catchUp(ctx); err != nil {
 		return fmt.Errorf("state replica: %w", err)
 	}
+	if rebuild != nil {
+		s.rebuilt(ctx, rebuild) // caught up: at once
+	}
 	svc, err := micro.AddService(s.nc, micro.Config{
 		Name:        s.sub.StateService(),
 		Version:     "0.3.0",
@@ -180,10 +190,10 @@ func (s *Service) Start(ctx context.Context) error {
 		{OpJobStatuses, s.concurrently(s.reads, s.consistent(s.handleJobStatuses))},
 		{OpJobList, s.concurrently(s.reads, s.consistent(s.handleJobList))},
 		{OpDeadLetterList, s.concurrently(s.reads, s.consistent(s.handleDeadLetterList))},
-		{OpMemoryGet, s.concurrently(s.reads, s.consistent(s.handleMemoryGet))},
-		{OpMemoryPut, s.concurrently(s.writes, s.tracedWrite("put", s.consistent(s.handleMemoryPut)))},
-		{OpMemoryList, s.concurrently(s.reads, s.consistent(s.handleMemoryList))},
-		{OpMemoryDelete, s.concurrently(s.writes, s.tracedWrite("delete", s.consistent(s.handleMemoryDelete)))},
+		{OpMemoryGet, s.concurrently(s.reads, s.consistentMemory(s.handleMemoryGet))},
+		{OpMemoryPut, s.concurrently(s.writes, s.tracedWrite("put", s.consistentMemory(s.handleMemoryPut)))},
+		{OpMemoryList, s.concurrently(s.reads, s.consistentMemory(s.handleMemoryList))},
+		{OpMemoryDelete, s.concurrently(s.writes, s.tracedWrite("delete", s.consistentMemory(s.handleMemoryDelete)))},
 		// Every delivery of a job asks: its direct gets overlap.
 		{OpJobHistory, s.concurrently(s.lookups, s.handleJobHistory)},
 	}

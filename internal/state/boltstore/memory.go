@@ -2,6 +2,7 @@ package boltstore
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -169,7 +170,7 @@ func (s *Store) ApplyMemory(ops []state.MemoryOp, lastSeq uint64) error {
 				return err
 			}
 		}
-		return setApplied(tx, metaMemorySeq, lastSeq)
+		return setAppliedNow(tx, metaMemorySeq, metaMemoryAt, lastSeq)
 	})
 	if err != nil {
 		return fmt.Errorf("apply memory writes: %w", err)
@@ -229,6 +230,43 @@ func (s *Store) AllMemory() ([]state.Memory, error) {
 					return err
 				}
 				out = append(out, m)
+				return nil
+			})
+		})
+	})
+	return out, err
+}
+
+// ResetMemory drops the memory this replica folded (entries, usage, each
+// key's last write, the write ids remembered) and records 0 as the memory
+// stream's applied sequence, in one transaction.
+func (s *Store) ResetMemory() error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		for _, name := range [][]byte{bucketMemory, bucketMemoryUsage, bucketMemoryWrites, bucketWriteIDs, bucketWriteIDsByTime} {
+			if err := tx.DeleteBucket(name); err != nil {
+				return err
+			}
+			if _, err := tx.CreateBucket(name); err != nil {
+				return err
+			}
+		}
+		return setApplied(tx, metaMemorySeq, 0)
+	})
+	if err != nil {
+		return fmt.Errorf("reset memory: %w", err)
+	}
+	return nil
+}
+
+// MemoryDigests returns the SHA-256 of each stored memory entry, by
+// namespace and key joined by a zero byte.
+func (s *Store) MemoryDigests() (map[string][sha256.Size]byte, error) {
+	out := map[string][sha256.Size]byte{}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		mem := tx.Bucket(bucketMemory)
+		return mem.ForEachBucket(func(name []byte) error {
+			return mem.Bucket(name).ForEach(func(k, v []byte) error {
+				out[string(name[1:])+"\x00"+string(k)] = sha256.Sum256(v)
 				return nil
 			})
 		})

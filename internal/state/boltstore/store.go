@@ -49,10 +49,22 @@ var (
 var (
 	metaEventsSeq = []byte("events_seq")
 	metaMemorySeq = []byte("memory_seq")
+	// When events_seq and memory_seq were last recorded (this node's clock,
+	// Unix ns).
+	metaEventsAt = []byte("events_at")
+	metaMemoryAt = []byte("memory_at")
 )
 
 func setApplied(tx *bolt.Tx, key []byte, seq uint64) error {
 	return tx.Bucket(bucketMeta).Put(key, binary.BigEndian.AppendUint64(nil, seq))
+}
+
+// setAppliedNow records seq under key, and now under at.
+func setAppliedNow(tx *bolt.Tx, key, at []byte, seq uint64) error {
+	if err := setApplied(tx, key, seq); err != nil {
+		return err
+	}
+	return tx.Bucket(bucketMeta).Put(at, binary.BigEndian.AppendUint64(nil, uint64(time.Now().UnixNano())))
 }
 
 // Applied returns the sequences of the events and memory streams this replica
@@ -65,6 +77,28 @@ func (s *Store) Applied() (events, memory uint64, err error) {
 		}
 		if v := m.Get(metaMemorySeq); len(v) == 8 {
 			memory = binary.BigEndian.Uint64(v)
+		}
+		return nil
+	})
+	return events, memory, err
+}
+
+// RewindEvents records seq as the events stream's applied sequence, keeping
+// the records folded: the stream lost its events after seq.
+func (s *Store) RewindEvents(seq uint64) error {
+	return s.db.Update(func(tx *bolt.Tx) error { return setApplied(tx, metaEventsSeq, seq) })
+}
+
+// AppliedAt returns when the replica last recorded each stream's sequence
+// applied (zero: never, or a file of an earlier version).
+func (s *Store) AppliedAt() (events, memory time.Time, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		m := tx.Bucket(bucketMeta)
+		if v := m.Get(metaEventsAt); len(v) == 8 {
+			events = time.Unix(0, int64(binary.BigEndian.Uint64(v)))
+		}
+		if v := m.Get(metaMemoryAt); len(v) == 8 {
+			memory = time.Unix(0, int64(binary.BigEndian.Uint64(v)))
 		}
 		return nil
 	})
@@ -143,7 +177,7 @@ func (s *Store) ApplyEvents(evs []jobs.Event, lastSeq uint64) ([]*jobs.Record, e
 	var changed []*jobs.Record
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		if lastSeq > 0 {
-			if err := setApplied(tx, metaEventsSeq, lastSeq); err != nil {
+			if err := setAppliedNow(tx, metaEventsSeq, metaEventsAt, lastSeq); err != nil {
 				return err
 			}
 		}

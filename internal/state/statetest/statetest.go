@@ -23,6 +23,7 @@ func Run(t *testing.T, open func(t *testing.T) state.Store) {
 	t.Run("Prune", func(t *testing.T) { testPrune(t, open(t)) })
 	t.Run("Memory", func(t *testing.T) { testMemory(t, open(t)) })
 	t.Run("Backup", func(t *testing.T) { testBackup(t, open(t)) })
+	t.Run("Resync", func(t *testing.T) { testResync(t, open(t)) })
 }
 
 var t0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
@@ -233,6 +234,86 @@ func testMemory(t *testing.T, s state.Store) {
 	}
 	if _, err := s.QuotaCheck(big, 4000, 4000-grow+1); !errors.Is(err, state.ErrQuota) {
 		t.Fatalf("a write over quota with what is reserved: %v", err)
+	}
+}
+
+// testResync: a replica ahead of streams that lost their last writes keeps
+// its records but applies the events that take the lost sequences again, and
+// folds memory again from nothing.
+func testResync(t *testing.T, s state.Store) {
+	if ev, mem, err := s.AppliedAt(); err != nil || !ev.IsZero() || !mem.IsZero() {
+		t.Fatalf("applied at %v %v %v, want zero before any", ev, mem, err)
+	}
+	start := time.Now()
+	apply(t, s, 9, submitted("kept", nil))
+	if ev, mem, err := s.AppliedAt(); err != nil || ev.Before(start.Add(-time.Second)) || ev.After(time.Now().Add(time.Second)) || !mem.IsZero() {
+		t.Fatalf("applied at %v %v %v, want events about %v", ev, mem, err, start)
+	}
+	if err := s.RewindEvents(4); err != nil {
+		t.Fatal(err)
+	}
+	if ev, _, err := s.Applied(); err != nil || ev != 4 {
+		t.Fatalf("applied events %d %v after a rewind to 4", ev, err)
+	}
+	if st := status(t, s, "kept"); st != jobs.StatusQueued {
+		t.Fatalf("a record was lost in a rewind: %s", st)
+	}
+	apply(t, s, 5, submitted("new", nil), finished("kept", 1, jobs.StatusSuccess, t0))
+	if st := status(t, s, "new"); st != jobs.StatusQueued {
+		t.Fatalf("new %s", st)
+	}
+	if st := status(t, s, "kept"); st != jobs.StatusSuccess {
+		t.Fatalf("kept %s", st)
+	}
+
+	huge := put("a", "huge", `"`+string(slices.Repeat([]byte("x"), 3000))+`"`, "", 12)
+	ops := []state.MemoryOp{put("a", "k", `1`, "w1", 10), put("b", "k", `"x"`, "w2", 11), huge}
+	if err := s.ApplyMemory(ops, 12); err != nil {
+		t.Fatal(err)
+	}
+	if _, mem, err := s.AppliedAt(); err != nil || mem.Before(start.Add(-time.Second)) {
+		t.Fatalf("memory applied at %v %v, want about %v", mem, err, start)
+	}
+	big := put("a", "big", `"`+string(slices.Repeat([]byte("x"), 2000))+`"`, "", 0)
+	if _, err := s.QuotaCheck(big, 3000, 0); !errors.Is(err, state.ErrQuota) {
+		t.Fatalf("a write over quota: %v", err)
+	}
+	before, err := s.MemoryDigests()
+	if err != nil || len(before) != 3 {
+		t.Fatalf("digests %v %v", before, err)
+	}
+	if err := s.ResetMemory(); err != nil {
+		t.Fatal(err)
+	}
+	if ev, mem, err := s.Applied(); err != nil || ev != 5 || mem != 0 {
+		t.Fatalf("applied %d %d %v after a memory reset, want 5 0", ev, mem, err)
+	}
+	if _, err := s.MemoryGet("a", "k"); !errors.Is(err, state.ErrNotFound) {
+		t.Fatalf("memory after a reset: %v", err)
+	}
+	if seq, err := s.LastWrite("a", "k"); err != nil || seq != 0 {
+		t.Fatalf("last write after a reset: %d %v", seq, err)
+	}
+	if _, ok, err := s.WriteSeq("w1"); err != nil || ok {
+		t.Fatalf("a write id outlived a reset: %v %v", ok, err)
+	}
+	if d, err := s.MemoryDigests(); err != nil || len(d) != 0 {
+		t.Fatalf("digests after a reset: %v %v", d, err)
+	}
+	// The same writes folded again: the same entries; another one differs.
+	if err := s.ApplyMemory([]state.MemoryOp{ops[0], put("b", "k", `"y"`, "w3", 11)}, 11); err != nil {
+		t.Fatal(err)
+	}
+	after, err := s.MemoryDigests()
+	if err != nil || len(after) != 2 {
+		t.Fatalf("digests %v %v", after, err)
+	}
+	if after["a\x00k"] != before["a\x00k"] || after["b\x00k"] == before["b\x00k"] {
+		t.Fatalf("digests before %x, after %x", before, after)
+	}
+	// Usage counts only what was folded again.
+	if _, err := s.QuotaCheck(big, 3000, 0); err != nil {
+		t.Fatalf("usage survived a reset: %v", err)
 	}
 }
 
