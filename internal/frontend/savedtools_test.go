@@ -9,27 +9,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/testutil"
 )
 
-func TestSavedToolChecks(t *testing.T) {
-	for _, name := range []string{"f", "_x", "fetch_all2", "match", strings.Repeat("a", frontend.MaxSavedToolName)} {
-		if err := frontend.CheckSavedToolName(name); err != nil {
-			t.Errorf("%q: %v", name, err)
-		}
-	}
-	for _, name := range []string{"", "2x", "a-b", "a b", "class", "None", "é", "a.b", strings.Repeat("a", frontend.MaxSavedToolName+1)} {
-		if err := frontend.CheckSavedToolName(name); err == nil {
-			t.Errorf("%q accepted", name)
-		}
-	}
-	if err := frontend.CheckSavedToolSource("def f(): pass"); err != nil {
-		t.Error(err)
-	}
-	for _, src := range []string{"", " \n", strings.Repeat("#", frontend.MaxSavedToolSource+1)} {
-		if err := frontend.CheckSavedToolSource(src); err == nil {
-			t.Errorf("source of %d bytes accepted", len(src))
-		}
-	}
-}
-
 // TestSavedTools saves a function in one job and uses it in later ones, lists
 // and deletes it, reports a broken one without failing the job, holds the
 // host's checks and caps, and keeps namespaces apart.
