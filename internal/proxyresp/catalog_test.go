@@ -1,4 +1,4 @@
-package frontend_test
+package proxyresp_test
 
 import (
 	"context"
@@ -16,8 +16,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/proxyresp"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 )
-
-var _ mcpserver.ServerCatalog = (*frontend.Frontend)(nil)
 
 // catalogDef is a catalog server: a test server the operator lists but no
 // namespace enabled yet.
