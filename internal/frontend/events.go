@@ -27,7 +27,7 @@ func (f *Frontend) trusted(subject string, ev jobs.Event) bool {
 	if subject != f.cfg.Subjects.Event(ev.Job, ev.Kind) {
 		return false
 	}
-	return !jobs.NeedsProof(ev.Kind) || jobs.CheckEvent(f.handler.key, ev)
+	return !jobs.NeedsProof(ev.Kind) || jobs.CheckEvent(f.key, ev)
 }
 
 // maxLabelCache bounds the labels Follow remembers per follower.

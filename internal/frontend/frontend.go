@@ -1,6 +1,7 @@
 // Package frontend is the front-end's core: it submits jobs to the queue on behalf
-// of agents, waits for their outcome, answers the proxy calls of its jobs'
-// sandboxes, and reports whether the fleet can take work.
+// of agents, waits for their outcome, and reports whether the fleet can take
+// work. It starts the responder that answers the sandboxes' proxy calls
+// (package proxyresp) with its tools, memory and policies.
 package frontend
 
 import (
@@ -21,7 +22,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/metrics"
-	"github.com/mcpexec/mcpexec/internal/proxy"
+	"github.com/mcpexec/mcpexec/internal/proxyresp"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/state"
 	"github.com/mcpexec/mcpexec/internal/tracing"
@@ -35,14 +36,14 @@ type Config struct {
 	Logger   *slog.Logger
 	// Tools is the MCP client pool behind call_tool and the docs helpers; nil
 	// means no MCP servers are configured.
-	Tools ToolSource
+	Tools proxyresp.ToolSource
 	// Memory backs the memory helpers; nil uses the state service over NATS.
-	Memory MemoryStore
+	Memory proxyresp.MemoryStore
 	// CallTimeout bounds one proxied tool call unless the code asks for another
-	// (default DefaultCallTimeout); the job's deadline always bounds it.
+	// (default proxyresp.DefaultCallTimeout); the job's deadline always bounds it.
 	CallTimeout time.Duration
 	// MaxCallsPerJob caps one job's proxy calls in flight; more wait for a slot
-	// (default DefaultMaxCallsPerJob).
+	// (default proxyresp.DefaultMaxCallsPerJob).
 	MaxCallsPerJob int
 	// Policy is the policy of namespaces Policies does not name (zero: no
 	// caps; DefaultPolicy() is what the command line starts from).
@@ -68,15 +69,15 @@ type Frontend struct {
 	nc        *nats.Conn
 	client    *queue.Client
 	state     *state.Client
-	responder *proxy.Responder
-	handler   *proxyHandler
+	resp      *proxyresp.Responder // answers the sandboxes' proxy calls
+	key       []byte               // the fleet's proxy key, set by Start
 	log       *slog.Logger
 	tracer    trace.Tracer
 	once      sync.Once
-	inRun     atomic.Int64 // Run calls in flight
-	memory    MemoryStore  // memory helpers' backend
-	adm       *admission   // namespace caps and shutdown
-	pools     *servedPools // the pools live workers serve
+	inRun     atomic.Int64          // Run calls in flight
+	memory    proxyresp.MemoryStore // memory helpers' backend
+	adm       *admission            // namespace caps and shutdown
+	pools     *servedPools          // the pools live workers serve
 	statusSub *nats.Subscription
 }
 
@@ -96,35 +97,27 @@ func New(nc *nats.Conn, cfg Config) (*Frontend, error) {
 	st.EventsFloor = client.EventsSeq // reads see this front-end's submissions
 	f := &Frontend{cfg: cfg, nc: nc, client: client, state: st, log: cfg.Logger.With("frontend", cfg.ID),
 		tracer: tracing.Tracer(cfg.Tracing)}
-	if f.cfg.CallTimeout <= 0 {
-		f.cfg.CallTimeout = DefaultCallTimeout
-	}
-	if f.cfg.MaxCallsPerJob <= 0 {
-		f.cfg.MaxCallsPerJob = DefaultMaxCallsPerJob
-	}
 	f.memory = cfg.Memory
 	f.adm = newAdmission(f)
 	f.pools = newServedPools(f.askWorkers)
 	if f.memory == nil {
 		f.memory = f.state
 	}
-	f.handler = &proxyHandler{f: f, access: newAccessCache(f.state, f.cfg.MaxCallsPerJob)}
-	var h proxy.Handler = f.handler
-	if m := cfg.Metrics; m != nil {
-		h = proxy.HandlerFunc(func(ctx context.Context, req proxy.Request) (json.RawMessage, error) {
-			start := time.Now()
-			res, err := f.handler.Handle(ctx, req)
-			m.ProxyCall(proxy.MethodLabel(req.Method), err, time.Since(start))
-			return res, err
-		})
-	}
-	f.responder = proxy.NewResponder(nc, jobs.ProxyQueue, f.tracedHandler(h))
+	f.resp = proxyresp.New(nc, proxyresp.Config{ID: cfg.ID, Subjects: cfg.Subjects, Logger: f.log,
+		Tools: cfg.Tools, Memory: f.memory, Records: f.state, Policy: f.proxyPolicy,
+		CallTimeout: cfg.CallTimeout, MaxCallsPerJob: cfg.MaxCallsPerJob, Metrics: cfg.Metrics,
+		Tracing: cfg.Tracing, OnCatalogChange: cfg.OnCatalogChange})
 	return f, nil
 }
 
-// proxyGrace is how long a stopping front-end keeps answering the proxy calls
-// in flight (new ones go to the other front-ends).
-const proxyGrace = 10 * time.Second
+// proxyPolicy is namespace ns's policy as the proxy responder goes by it.
+func (f *Frontend) proxyPolicy(ns string) proxyresp.Policy {
+	p := f.policyFor(ns)
+	return proxyresp.Policy{Servers: p.Servers, MemoryBytes: p.MemoryBytes}
+}
+
+// Running returns the number of run_python calls in flight on this front-end.
+func (f *Frontend) Running() int { return int(f.inRun.Load()) }
 
 // Start reads the fleet's proxy key and begins answering proxy calls: those
 // any front-end may answer, and those of the MCP servers this one proxies.
@@ -133,12 +126,12 @@ func (f *Frontend) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	f.handler.key = key
+	f.key = key
 	f.client.UseKey(key) // the outcomes it records itself carry their proof
 	if err := f.adm.start(); err != nil {
 		return err
 	}
-	if err := f.responder.Start(f.proxySubjects()...); err != nil {
+	if err := f.resp.Start(key); err != nil {
 		return err
 	}
 	sub, err := f.nc.Subscribe(f.cfg.Subjects.FrontendStatus(), f.answerStatus)
@@ -153,22 +146,10 @@ func (f *Frontend) Start(ctx context.Context) error {
 	return nil
 }
 
-// proxySubjects are the proxy subjects this front-end answers: those any
-// front-end may, and those of each MCP server it proxies.
-func (f *Frontend) proxySubjects() []string {
-	subjects := []string{f.cfg.Subjects.ProxyAny()}
-	if f.cfg.Tools != nil {
-		for _, s := range f.cfg.Tools.Servers() {
-			subjects = append(subjects, f.cfg.Subjects.ProxyServer(s.Name))
-		}
-	}
-	return subjects
-}
-
 // ServersChanged answers the proxy calls of the MCP servers Tools holds now
 // (after a new discovery): new servers' calls come here, removed ones' no more.
 func (f *Frontend) ServersChanged() error {
-	if err := f.responder.SetSubjects(f.proxySubjects()...); err != nil {
+	if err := f.resp.SetSubjects(); err != nil {
 		return err
 	}
 	if err := f.nc.FlushTimeout(10 * time.Second); err != nil {
@@ -177,14 +158,14 @@ func (f *Frontend) ServersChanged() error {
 	return nil
 }
 
-// Stop stops answering proxy calls (those in flight get proxyGrace to
+// Stop stops answering proxy calls (those in flight get proxyresp.Grace to
 // finish). It is idempotent.
 func (f *Frontend) Stop() {
 	f.once.Do(func() {
 		if f.statusSub != nil {
 			_ = f.statusSub.Unsubscribe() // the connection may be closing: it ends the subscription too
 		}
-		f.responder.Stop(proxyGrace)
+		f.resp.Stop()
 		f.adm.close()
 	})
 }

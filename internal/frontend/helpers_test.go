@@ -16,10 +16,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/testutil"
 )
 
-func transportHeader(auth string) transport.StreamableHTTPCOption {
-	return transport.WithHTTPHeaders(map[string]string{"Authorization": auth})
-}
-
 // npmDir returns the installed npm packages' dir, or "" without Node.js.
 func npmDir(t *testing.T) string {
 	if _, err := exec.LookPath("npm"); err != nil {
@@ -52,3 +48,5 @@ func stdioClient(t *testing.T, fe *frontend.Frontend) *client.Client {
 	testutil.StartMCP(t, ctx, c, "stdio-test")
 	return c
 }
+
+var _ mcpserver.ServerCatalog = (*frontend.Frontend)(nil)

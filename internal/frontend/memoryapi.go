@@ -3,11 +3,12 @@ package frontend
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
-	"time"
 
 	"github.com/mcpexec/mcpexec/internal/errs"
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/proxyresp"
 	"github.com/mcpexec/mcpexec/internal/state"
 )
 
@@ -16,18 +17,18 @@ import (
 // methods.
 
 // ErrReservedKey is returned for a memory key the console may not touch.
-var ErrReservedKey = errs.New(errs.Invalid, "memory keys starting with "+ReservedMemoryPrefix+" are reserved (saved tools, enabled catalog servers)")
+var ErrReservedKey = errs.New(errs.Invalid, "memory keys starting with "+proxyresp.ReservedMemoryPrefix+" are reserved (saved tools, enabled catalog servers)")
 
 // MemoryList returns namespace ns's memories whose keys start with prefix,
 // without the reserved entries.
 func (f *Frontend) MemoryList(ctx context.Context, ns, prefix string) ([]state.Memory, error) {
 	ms, err := f.memory.MemoryList(ctx, jobs.NamespaceOf(ns), prefix)
 	if err != nil {
-		return nil, memErr(err)
+		return nil, fmt.Errorf("memory: %w", err)
 	}
 	out := ms[:0]
 	for _, m := range ms {
-		if !strings.HasPrefix(m.Key, ReservedMemoryPrefix) {
+		if !strings.HasPrefix(m.Key, proxyresp.ReservedMemoryPrefix) {
 			out = append(out, m)
 		}
 	}
@@ -37,7 +38,7 @@ func (f *Frontend) MemoryList(ctx context.Context, ns, prefix string) ([]state.M
 // MemoryGet returns namespace ns's memory key (state.ErrNotFound when there
 // is none).
 func (f *Frontend) MemoryGet(ctx context.Context, ns, key string) (*state.Memory, error) {
-	if strings.HasPrefix(key, ReservedMemoryPrefix) {
+	if strings.HasPrefix(key, proxyresp.ReservedMemoryPrefix) {
 		return nil, ErrReservedKey
 	}
 	return f.memory.MemoryGet(ctx, jobs.NamespaceOf(ns), key)
@@ -47,7 +48,7 @@ func (f *Frontend) MemoryGet(ctx context.Context, ns, key string) (*state.Memory
 // stored version is *ifVersion (0: the key must not exist), else
 // state.ErrConflict. The namespace's memory quota applies.
 func (f *Frontend) MemoryPut(ctx context.Context, ns, key string, value, metadata json.RawMessage, ifVersion *uint64) (*state.Memory, error) {
-	if strings.HasPrefix(key, ReservedMemoryPrefix) {
+	if strings.HasPrefix(key, proxyresp.ReservedMemoryPrefix) {
 		return nil, ErrReservedKey
 	}
 	ns = jobs.NamespaceOf(ns)
@@ -60,28 +61,8 @@ func (f *Frontend) MemoryPut(ctx context.Context, ns, key string, value, metadat
 // MemoryDelete deletes namespace ns's memory key and reports whether it
 // existed.
 func (f *Frontend) MemoryDelete(ctx context.Context, ns, key string) (bool, error) {
-	if strings.HasPrefix(key, ReservedMemoryPrefix) {
+	if strings.HasPrefix(key, proxyresp.ReservedMemoryPrefix) {
 		return false, ErrReservedKey
 	}
 	return f.memory.MemoryDelete(ctx, jobs.NamespaceOf(ns), key)
-}
-
-// SavedTool is a saved tool as the console lists it.
-type SavedTool struct {
-	Name    string    `json:"name"`
-	Source  string    `json:"source"`
-	SavedAt time.Time `json:"saved_at"`
-}
-
-// SavedTools returns namespace ns's saved tools (save_tool), by name.
-func (f *Frontend) SavedTools(ctx context.Context, ns string) ([]SavedTool, error) {
-	set, err := loadSavedTools(ctx, f.memory, jobs.NamespaceOf(ns))
-	if err != nil {
-		return nil, err
-	}
-	out := []SavedTool{}
-	for _, t := range set.sorted() {
-		out = append(out, SavedTool(t))
-	}
-	return out, nil
 }

@@ -18,10 +18,10 @@ import (
 // have returned (it reads the proxy key).
 func (f *Frontend) WatchOutput(ns, id string, fn func(stream, data string)) (stop func(), err error) {
 	id = jobs.ScopedID(jobs.NamespaceOf(ns), id)
-	if f.handler.key == nil {
+	if f.key == nil {
 		return nil, fmt.Errorf("%w: watch output of %s before the front-end started", ErrUnavailable, id)
 	}
-	capability := jobs.Capability(f.handler.key, id)
+	capability := jobs.Capability(f.key, id)
 	sub, err := f.nc.Subscribe(f.cfg.Subjects.Output(id), func(m *nats.Msg) {
 		var chunk jobs.OutputChunk
 		if json.Unmarshal(m.Data, &chunk) == nil && chunk.Data != "" && jobs.CheckOutput(capability, id, chunk) {

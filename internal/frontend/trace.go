@@ -2,16 +2,12 @@ package frontend
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"time"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
-	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/tracing"
 )
@@ -46,33 +42,6 @@ func endSubmit(span trace.Span, rec *jobs.Record, err error) {
 		span.SetStatus(codes.Error, err.Error())
 	}
 	span.End()
-}
-
-// tracedHandler wraps the proxy handler with a server span per call, the
-// child of the worker's call span. Job, server and tool come from the
-// worker (and the tool from sandbox code): they are cleaned and cut.
-func (f *Frontend) tracedHandler(h proxy.Handler) proxy.Handler {
-	return proxy.HandlerFunc(func(ctx context.Context, req proxy.Request) (json.RawMessage, error) {
-		attrs := []attribute.KeyValue{tracing.AttrJobID.String(tracing.Clean(req.Job, 160)), tracing.AttrAttempt.Int(req.Attempt),
-			tracing.AttrMethod.String(proxy.MethodLabel(req.Method)), tracing.AttrFrontend.String(f.cfg.ID)}
-		if proxy.ServerMethod(req.Method) {
-			var p struct {
-				Server string `json:"server"`
-				Tool   string `json:"tool"`
-			}
-			if json.Unmarshal(req.Params, &p) == nil && p.Server != "" {
-				attrs = append(attrs, tracing.AttrServer.String(tracing.Clean(p.Server, 128)))
-			}
-			if p.Tool != "" {
-				attrs = append(attrs, tracing.AttrTool.String(tracing.Clean(p.Tool, 128)))
-			}
-		}
-		ctx, span := f.tracer.Start(ctx, tracing.SpanProxyHandle, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
-		start := time.Now()
-		res, err := h.Handle(ctx, req)
-		tracing.EndCall(span, start, err)
-		return res, err
-	})
 }
 
 // submitted ends the submit spans of a batch with each job's outcome.

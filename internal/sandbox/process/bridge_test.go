@@ -12,7 +12,7 @@ import (
 
 	"github.com/mark3labs/mcp-go/mcp"
 
-	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/proxyresp"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 )
@@ -164,7 +164,7 @@ False
 }
 
 // TestToolValueAgrees checks the sandbox's value of a tool result is the
-// front-end's (frontend.ToolValue, which the JavaScript API gets): Python asks
+// front-end's (proxyresp.ToolValue, which the JavaScript API gets): Python asks
 // for the MCP result and takes the value itself.
 func TestToolValueAgrees(t *testing.T) {
 	t.Parallel()
@@ -205,7 +205,7 @@ func TestToolValueAgrees(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, err := json.Marshal(frontend.ToolValue(r))
+		want, err := json.Marshal(proxyresp.ToolValue(r))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package frontend
+package proxyresp
 
 import (
 	"context"
@@ -25,15 +25,10 @@ const (
 	maxAccessEntries = 10_000
 )
 
-// recordSource is where job records come from; *state.Client is one.
-type recordSource interface {
-	Job(ctx context.Context, id string) (*jobs.Record, error)
-}
-
 // accessCache looks up the records of the jobs whose sandboxes call, keeps
 // each for accessTTL, and caps each job's calls in flight on this front-end.
 type accessCache struct {
-	records  recordSource
+	records  Records
 	maxCalls int
 
 	mu   sync.Mutex // guards jobs
@@ -50,7 +45,7 @@ type jobAccess struct {
 	sem      chan struct{} // caps calls in flight
 }
 
-func newAccessCache(records recordSource, maxCalls int) *accessCache {
+func newAccessCache(records Records, maxCalls int) *accessCache {
 	return &accessCache{records: records, maxCalls: maxCalls, jobs: map[string]*jobAccess{}}
 }
 

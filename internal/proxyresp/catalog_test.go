@@ -1,4 +1,4 @@
-package frontend_test
+package proxyresp_test
 
 import (
 	"context"
@@ -13,10 +13,9 @@ import (
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
+	"github.com/mcpexec/mcpexec/internal/proxyresp"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 )
-
-var _ mcpserver.ServerCatalog = (*frontend.Frontend)(nil)
 
 // catalogDef is a catalog server: a test server the operator lists but no
 // namespace enabled yet.
@@ -183,7 +182,7 @@ enable_server("weather")`, "ts")
 func TestCatalogHostile(t *testing.T) {
 	t.Parallel()
 	servers := []discovery.Server{testutil.TestServerDef(t, "ts", nil)}
-	for i := range frontend.MaxEnabledServers + 1 {
+	for i := range proxyresp.MaxEnabledServers + 1 {
 		servers = append(servers, catalogDef(t, fmt.Sprintf("c%02d", i), "catalog server"))
 	}
 	s := setup(t, t.TempDir(), frontend.Config{}, servers...)
@@ -226,8 +225,8 @@ try:
 except MCPError as e:
     print(e)
 print(len([h for h in find_servers(limit=100) if h["enabled"]]))
-`, frontend.MaxEnabledServers, frontend.MaxEnabledServers))
-	if want := fmt.Sprintf("namespace \"default\" has %d catalog servers enabled, the most it may: disable_server(name) one first\n%d", frontend.MaxEnabledServers, frontend.MaxEnabledServers); got != want {
+`, proxyresp.MaxEnabledServers, proxyresp.MaxEnabledServers))
+	if want := fmt.Sprintf("namespace \"default\" has %d catalog servers enabled, the most it may: disable_server(name) one first\n%d", proxyresp.MaxEnabledServers, proxyresp.MaxEnabledServers); got != want {
 		t.Fatalf("cap: %q, want %q", got, want)
 	}
 }
@@ -269,7 +268,7 @@ func TestCatalogTools(t *testing.T) {
 // each call). Each op is one job of 50 sequential calls; call-ms is per call.
 func BenchmarkCatalogCall(b *testing.B) {
 	s := setup(b, b.TempDir(), frontend.Config{}, testutil.TestServerDef(b, "ts", nil), catalogDef(b, "weather", "forecasts"))
-	if _, err := s.fe.EnableServer(context.Background(), frontend.DefaultNamespace, "weather"); err != nil {
+	if _, err := s.fe.EnableServer(context.Background(), jobs.DefaultNamespace, "weather"); err != nil {
 		b.Fatal(err)
 	}
 	c := testutil.MCPClientWith(b, s.fe, mcpserver.Options{Servers: s.pool.Names, Catalog: s.fe}, mcpserver.HTTPOptions{})

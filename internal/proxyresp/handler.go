@@ -1,4 +1,4 @@
-package frontend
+package proxyresp
 
 import (
 	"context"
@@ -19,33 +19,8 @@ import (
 	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/proxy"
-	"github.com/mcpexec/mcpexec/internal/state"
 	"github.com/mcpexec/mcpexec/internal/tooldocs"
 	"github.com/mcpexec/mcpexec/internal/tracing"
-)
-
-// ToolSource is the MCP client pool as the proxy uses it; *mcpclients.Pool is one.
-type ToolSource interface {
-	Servers() []discovery.Server
-	Tools(ctx context.Context, server string) ([]mcp.Tool, error)
-	CallTool(ctx context.Context, server, tool string, args map[string]any) (*mcp.CallToolResult, error)
-}
-
-// MemoryStore is the state service's memory API; *state.Client is one.
-type MemoryStore interface {
-	MemoryGet(ctx context.Context, ns, key string) (*state.Memory, error)
-	MemoryPutQuota(ctx context.Context, m state.Memory, ifVersion *uint64, maxBytes int64) (*state.Memory, error)
-	MemoryList(ctx context.Context, ns, prefix string) ([]state.Memory, error)
-	MemoryDelete(ctx context.Context, ns, key string) (bool, error)
-}
-
-// Proxy defaults.
-const (
-	DefaultCallTimeout    = 60 * time.Second
-	DefaultMaxCallsPerJob = 8
-	// DefaultNamespace is the memory namespace of callers without an identity
-	// (stdio, or HTTP without tokens).
-	DefaultNamespace = "default"
 )
 
 // runningJob is a running job as the proxy sees it: built from its record in
@@ -56,40 +31,26 @@ type runningJob struct {
 	deadline time.Time // the proxy's own bound of the attempt's calls
 }
 
-// Running returns the number of run_python calls in flight on this front-end.
-func (f *Frontend) Running() int { return int(f.inRun.Load()) }
-
 func (rj *runningJob) jobDeadline() time.Time { return rj.deadline }
 
-func (rj *runningJob) namespace() string {
-	if rj.job.Namespace == "" {
-		return DefaultNamespace
-	}
-	return rj.job.Namespace
-}
+// namespace is the job's namespace (jobs.DefaultNamespace for a job without
+// one).
+func (rj *runningJob) namespace() string { return jobs.NamespaceOf(rj.job.Namespace) }
 
-// proxyHandler answers the proxy calls of every running job of the fleet: a
-// call is allowed when it carries the job's capability, the job's record says
-// the call's attempt is running, and (for a server's tools) the server was
-// given to the job.
-type proxyHandler struct {
-	f      *Frontend
-	key    []byte // the fleet's proxy key
-	access *accessCache
-}
+var _ proxy.Handler = (*Responder)(nil)
 
-var _ proxy.Handler = (*proxyHandler)(nil)
-
-// Handle implements proxy.Handler.
-func (h *proxyHandler) Handle(ctx context.Context, req proxy.Request) (json.RawMessage, error) {
-	if !jobs.CheckCapability(h.key, req.Job, req.Capability) {
+// Handle implements proxy.Handler: a call is allowed when it carries the
+// job's capability, the job's record says the call's attempt is running, and
+// (for a server's tools) the server was given to the job.
+func (r *Responder) Handle(ctx context.Context, req proxy.Request) (json.RawMessage, error) {
+	if !jobs.CheckCapability(r.key, req.Job, req.Capability) {
 		// Say nothing about whether the job exists.
 		return nil, errors.New("proxy call refused: it does not carry its job's capability")
 	}
 	// From here on the call's span speaks for its job (the console's
 	// timelines show only such spans).
 	trace.SpanFromContext(ctx).SetAttributes(tracing.AttrAdmitted.Bool(true))
-	rj, release, err := h.access.acquire(ctx, req.Job, req.Attempt)
+	rj, release, err := r.access.acquire(ctx, req.Job, req.Attempt)
 	if err != nil {
 		return nil, err
 	}
@@ -105,7 +66,7 @@ func (h *proxyHandler) Handle(ctx context.Context, req proxy.Request) (json.RawM
 	if req.CallID != "" {
 		ctx = context.WithValue(ctx, writeIDKey{}, writeID(req))
 	}
-	res, err := h.dispatch(ctx, rj, req.Method, req.Params)
+	res, err := r.dispatch(ctx, rj, req.Method, req.Params)
 	if err != nil {
 		return nil, err
 	}
@@ -123,7 +84,7 @@ func writeID(req proxy.Request) string {
 	return hex.EncodeToString(sum[:16])
 }
 
-func (h *proxyHandler) dispatch(ctx context.Context, rj *runningJob, method string, params json.RawMessage) (any, error) {
+func (r *Responder) dispatch(ctx context.Context, rj *runningJob, method string, params json.RawMessage) (any, error) {
 	switch method {
 	case "call_tool":
 		var p struct {
@@ -136,9 +97,9 @@ func (h *proxyHandler) dispatch(ctx context.Context, rj *runningJob, method stri
 		if err := decode(params, &p); err != nil {
 			return nil, err
 		}
-		return h.callTool(ctx, rj, p.Server, p.Tool, p.Arguments, p.Raw, p.Timeout)
+		return r.callTool(ctx, rj, p.Server, p.Tool, p.Arguments, p.Raw, p.Timeout)
 	case "list_servers":
-		return h.jobServers(rj), nil
+		return r.jobServers(rj), nil
 	case "discovered_servers":
 		var p struct {
 			Detailed bool `json:"detailed"`
@@ -146,7 +107,7 @@ func (h *proxyHandler) dispatch(ctx context.Context, rj *runningJob, method stri
 		if err := decode(params, &p); err != nil {
 			return nil, err
 		}
-		return h.discovered(ctx, rj, p.Detailed)
+		return r.discovered(ctx, rj, p.Detailed)
 	case "list_tools":
 		var p struct {
 			Server string `json:"server"`
@@ -154,7 +115,7 @@ func (h *proxyHandler) dispatch(ctx context.Context, rj *runningJob, method stri
 		if err := decode(params, &p); err != nil {
 			return nil, err
 		}
-		return h.listTools(ctx, rj, p.Server)
+		return r.listTools(ctx, rj, p.Server)
 	case "query_tool_docs":
 		var p struct {
 			Server string  `json:"server"`
@@ -164,7 +125,7 @@ func (h *proxyHandler) dispatch(ctx context.Context, rj *runningJob, method stri
 		if err := decode(params, &p); err != nil {
 			return nil, err
 		}
-		return h.queryDocs(ctx, rj, p.Server, p.Tool, p.Detail)
+		return r.queryDocs(ctx, rj, p.Server, p.Tool, p.Detail)
 	case "search_tool_docs":
 		var p struct {
 			Query  string `json:"query"`
@@ -174,19 +135,19 @@ func (h *proxyHandler) dispatch(ctx context.Context, rj *runningJob, method stri
 		if err := decode(params, &p); err != nil {
 			return nil, err
 		}
-		return h.searchDocs(ctx, rj, p.Query, p.Limit, p.Detail)
+		return r.searchDocs(ctx, rj, p.Query, p.Limit, p.Detail)
 	case "capability_summary":
-		return h.summary(ctx, rj), nil
+		return r.summary(ctx, rj), nil
 	case "memory_get", "memory_put", "memory_delete", "memory_list":
-		return h.memory(ctx, rj, method, params)
+		return r.memory(ctx, rj, method, params)
 	case proxy.MethodSavedToolPut, proxy.MethodSavedToolDelete, proxy.MethodSavedToolList:
-		return h.savedTools(ctx, rj, method, params)
+		return r.savedTools(ctx, rj, method, params)
 	case proxy.MethodCatalogFind, proxy.MethodCatalogEnable, proxy.MethodCatalogDisable:
 		var p catalogParams
 		if err := decode(params, &p); err != nil {
 			return nil, err
 		}
-		return h.catalogCall(ctx, rj, method, p)
+		return r.catalogCall(ctx, rj, method, p)
 	case proxy.MethodJobResult:
 		var p struct {
 			ID string `json:"id"`
@@ -194,7 +155,7 @@ func (h *proxyHandler) dispatch(ctx context.Context, rj *runningJob, method stri
 		if err := decode(params, &p); err != nil {
 			return nil, err
 		}
-		return h.jobResult(ctx, rj, p.ID)
+		return r.jobResult(ctx, rj, p.ID)
 	}
 	return nil, fmt.Errorf("unknown proxy method %q", method)
 }
@@ -209,20 +170,20 @@ func decode(params json.RawMessage, v any) error {
 	return nil
 }
 
-func (h *proxyHandler) tools() ToolSource { return h.f.cfg.Tools }
+func (r *Responder) tools() ToolSource { return r.cfg.Tools }
 
 // server checks that the job may use name: it was given to the job, or it
 // is a catalog server the job's namespace has enabled now (the worker lets
 // only the job's servers, and those the job itself enabled, ask).
-func (h *proxyHandler) server(ctx context.Context, rj *runningJob, name string) error {
+func (r *Responder) server(ctx context.Context, rj *runningJob, name string) error {
 	if name == "" {
-		return errors.New("name a server: one of " + proxy.QuoteNames(h.jobServers(rj)))
+		return errors.New("name a server: one of " + proxy.QuoteNames(r.jobServers(rj)))
 	}
-	if !h.f.policyFor(rj.namespace()).allowsServer(name) {
+	if !r.policyFor(rj.namespace()).allowsServer(name) {
 		return fmt.Errorf("server %q is not allowed for namespace %q", name, rj.namespace())
 	}
-	if _, isCatalog := h.f.catalogServer(name); isCatalog {
-		on, err := h.f.catalogEnabled(ctx, rj.namespace(), name)
+	if _, isCatalog := r.catalogServer(name); isCatalog {
+		on, err := r.catalogEnabled(ctx, rj.namespace(), name)
 		if err != nil {
 			return err
 		}
@@ -232,20 +193,20 @@ func (h *proxyHandler) server(ctx context.Context, rj *runningJob, name string) 
 		return nil
 	}
 	if !rj.servers[name] {
-		given := h.jobServers(rj)
+		given := r.jobServers(rj)
 		if len(given) == 0 {
 			return fmt.Errorf("server %q was not given to this run: run_python was called without servers; call it again with servers=[%q]", name, name)
 		}
 		return fmt.Errorf("server %q was not given to this run (it may use %s): add it to run_python's servers", name, proxy.QuoteNames(given))
 	}
-	if h.tools() == nil {
+	if r.tools() == nil {
 		return fmt.Errorf("no MCP servers are configured on this front-end, so %q is unavailable: start it with --servers FILE", name)
 	}
 	return nil
 }
 
 // jobServers are the job's servers, sorted.
-func (h *proxyHandler) jobServers(rj *runningJob) []string {
+func (r *Responder) jobServers(rj *runningJob) []string {
 	out := make([]string, 0, len(rj.servers))
 	for s := range rj.servers {
 		out = append(out, s)
@@ -254,14 +215,14 @@ func (h *proxyHandler) jobServers(rj *runningJob) []string {
 	return out
 }
 
-func (h *proxyHandler) callTool(ctx context.Context, rj *runningJob, server, tool string, args map[string]any, raw bool, timeout float64) (any, error) {
-	if err := h.server(ctx, rj, server); err != nil {
+func (r *Responder) callTool(ctx context.Context, rj *runningJob, server, tool string, args map[string]any, raw bool, timeout float64) (any, error) {
+	if err := r.server(ctx, rj, server); err != nil {
 		return nil, err
 	}
 	if tool == "" {
 		return nil, errors.New("name the tool to call")
 	}
-	d := h.f.cfg.CallTimeout
+	d := r.cfg.CallTimeout
 	if timeout > 0 {
 		d = time.Duration(timeout * float64(time.Second))
 	}
@@ -270,7 +231,7 @@ func (h *proxyHandler) callTool(ctx context.Context, rj *runningJob, server, too
 	if args == nil {
 		args = map[string]any{}
 	}
-	res, err := h.tools().CallTool(ctx, server, tool, args)
+	res, err := r.tools().CallTool(ctx, server, tool, args)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
 			left := time.Until(rj.jobDeadline())
@@ -327,14 +288,14 @@ type serverInfo struct {
 // has enabled (EnabledServers applies the policy too), as find_servers and
 // the proxy's own checks go by. When the enabled set cannot be read, it
 // returns the configured ones with the error.
-func (h *proxyHandler) namespaceServers(ctx context.Context, rj *runningJob) ([]discovery.Server, error) {
-	if h.tools() == nil {
+func (r *Responder) namespaceServers(ctx context.Context, rj *runningJob) ([]discovery.Server, error) {
+	if r.tools() == nil {
 		return nil, nil
 	}
-	enabled, err := h.f.EnabledServers(ctx, rj.namespace())
-	p := h.f.policyFor(rj.namespace())
+	enabled, err := r.EnabledServers(ctx, rj.namespace())
+	p := r.policyFor(rj.namespace())
 	var out []discovery.Server
-	for _, s := range h.tools().Servers() {
+	for _, s := range r.tools().Servers() {
 		if s.Catalog && slices.Contains(enabled, s.Name) || !s.Catalog && p.allowsServer(s.Name) {
 			out = append(out, s)
 		}
@@ -344,8 +305,8 @@ func (h *proxyHandler) namespaceServers(ctx context.Context, rj *runningJob) ([]
 
 // discovered answers discovered_servers: the servers the job's namespace may
 // use (namespaceServers).
-func (h *proxyHandler) discovered(ctx context.Context, rj *runningJob, detailed bool) (any, error) {
-	all, err := h.namespaceServers(ctx, rj)
+func (r *Responder) discovered(ctx context.Context, rj *runningJob, detailed bool) (any, error) {
+	all, err := r.namespaceServers(ctx, rj)
 	if err != nil {
 		return nil, err
 	}
@@ -380,11 +341,11 @@ type toolInfo struct {
 // Python bridge's (tooldocs.BridgeToolAliases), by tool name.
 type aliases struct{ ours, bridge map[string]string }
 
-func (h *proxyHandler) serverTools(ctx context.Context, rj *runningJob, server string) ([]tooldocs.Tool, aliases, error) {
-	if err := h.server(ctx, rj, server); err != nil {
+func (r *Responder) serverTools(ctx context.Context, rj *runningJob, server string) ([]tooldocs.Tool, aliases, error) {
+	if err := r.server(ctx, rj, server); err != nil {
 		return nil, aliases{}, err
 	}
-	ts, err := h.tools().Tools(ctx, server)
+	ts, err := r.tools().Tools(ctx, server)
 	if err != nil {
 		return nil, aliases{}, err
 	}
@@ -401,8 +362,8 @@ func (h *proxyHandler) serverTools(ctx context.Context, rj *runningJob, server s
 	return out, aliases{ours: tooldocs.Aliases(names), bridge: tooldocs.BridgeToolAliases(names)}, nil
 }
 
-func (h *proxyHandler) listTools(ctx context.Context, rj *runningJob, server string) (any, error) {
-	ts, al, err := h.serverTools(ctx, rj, server)
+func (r *Responder) listTools(ctx context.Context, rj *runningJob, server string) (any, error) {
+	ts, al, err := r.serverTools(ctx, rj, server)
 	if err != nil {
 		return nil, err
 	}
@@ -415,17 +376,17 @@ func (h *proxyHandler) listTools(ctx context.Context, rj *runningJob, server str
 
 // bridgeServerAlias is server's alias by the Python bridge's rule among the
 // job's servers.
-func (h *proxyHandler) bridgeServerAlias(rj *runningJob, server string) string {
-	return tooldocs.BridgeServerAliases(h.jobServers(rj))[server]
+func (r *Responder) bridgeServerAlias(rj *runningJob, server string) string {
+	return tooldocs.BridgeServerAliases(r.jobServers(rj))[server]
 }
 
-func (h *proxyHandler) queryDocs(ctx context.Context, rj *runningJob, server string, tool *string, detail any) (any, error) {
+func (r *Responder) queryDocs(ctx context.Context, rj *runningJob, server string, tool *string, detail any) (any, error) {
 	full := fullDetail(detail)
-	ts, al, err := h.serverTools(ctx, rj, server)
+	ts, al, err := r.serverTools(ctx, rj, server)
 	if err != nil {
 		return nil, err
 	}
-	sa := h.bridgeServerAlias(rj, server)
+	sa := r.bridgeServerAlias(rj, server)
 	doc := func(t tooldocs.Tool) tooldocs.Doc {
 		return tooldocs.Document(t, al.ours[t.Name], sa, al.bridge[t.Name], full)
 	}
@@ -476,7 +437,7 @@ func fullDetail(detail any) bool {
 
 const maxSearchLimit = 50
 
-func (h *proxyHandler) searchDocs(ctx context.Context, rj *runningJob, query string, limit int, detail any) (any, error) {
+func (r *Responder) searchDocs(ctx context.Context, rj *runningJob, query string, limit int, detail any) (any, error) {
 	full := fullDetail(detail)
 	if strings.TrimSpace(query) == "" {
 		return nil, errors.New("search_tool_docs needs a query, e.g. search_tool_docs(\"read a file\")")
@@ -488,8 +449,8 @@ func (h *proxyHandler) searchDocs(ctx context.Context, rj *runningJob, query str
 	var all []tooldocs.Tool
 	toolAliases := map[string]aliases{}
 	var errs []string
-	for _, s := range h.jobServers(rj) {
-		ts, al, err := h.serverTools(ctx, rj, s)
+	for _, s := range r.jobServers(rj) {
+		ts, al, err := r.serverTools(ctx, rj, s)
 		if err != nil {
 			errs = append(errs, err.Error())
 			continue
@@ -497,7 +458,7 @@ func (h *proxyHandler) searchDocs(ctx context.Context, rj *runningJob, query str
 		toolAliases[s] = al
 		all = append(all, ts...)
 	}
-	serverAliases := tooldocs.BridgeServerAliases(h.jobServers(rj))
+	serverAliases := tooldocs.BridgeServerAliases(r.jobServers(rj))
 	if len(all) == 0 && len(errs) > 0 {
 		return nil, errors.New(strings.Join(errs, "; "))
 	}
@@ -512,16 +473,16 @@ func (h *proxyHandler) searchDocs(ctx context.Context, rj *runningJob, query str
 	return out, nil
 }
 
-func (h *proxyHandler) summary(ctx context.Context, rj *runningJob) string {
+func (r *Responder) summary(ctx context.Context, rj *runningJob) string {
 	var b strings.Builder
-	given := h.jobServers(rj)
+	given := r.jobServers(rj)
 	if len(given) == 0 {
 		b.WriteString("No MCP servers were given to this run.")
 	} else {
 		b.WriteString("MCP servers available to this run:\n")
 		for _, s := range given {
 			alias := tooldocs.Identifier(s)
-			ts, al, err := h.serverTools(ctx, rj, s)
+			ts, al, err := r.serverTools(ctx, rj, s)
 			if err != nil {
 				fmt.Fprintf(&b, "- %s (mcp_%s): unavailable: %v\n", s, alias, err)
 				continue
@@ -536,7 +497,7 @@ func (h *proxyHandler) summary(ctx context.Context, rj *runningJob) string {
 	var others []string
 	// The namespace's other servers; without its enabled catalog servers
 	// when they cannot be read now (an overview says less, not more).
-	all, _ := h.namespaceServers(ctx, rj)
+	all, _ := r.namespaceServers(ctx, rj)
 	for _, s := range all {
 		if !rj.servers[s.Name] {
 			others = append(others, s.Name)
@@ -551,5 +512,3 @@ func (h *proxyHandler) summary(ctx context.Context, rj *runningJob) string {
 		"Memory (kept across runs): save_memory, load_memory, update_memory, delete_memory, list_memories, memory_exists, get_memory_info.")
 	return b.String()
 }
-
-var _ MemoryStore = (*state.Client)(nil)

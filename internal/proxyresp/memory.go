@@ -1,4 +1,4 @@
-package frontend
+package proxyresp
 
 import (
 	"context"
@@ -26,8 +26,8 @@ func view(m *state.Memory) memoryView {
 	return memoryView{Key: m.Key, Value: m.Value, Metadata: m.Metadata, CreatedAt: m.CreatedAt, UpdatedAt: m.UpdatedAt, Version: m.Version}
 }
 
-func (h *proxyHandler) memory(ctx context.Context, rj *runningJob, method string, params json.RawMessage) (any, error) {
-	store := h.f.memory
+func (r *Responder) memory(ctx context.Context, rj *runningJob, method string, params json.RawMessage) (any, error) {
+	store := r.cfg.Memory
 	if store == nil {
 		return nil, errors.New("memory is not available on this front-end")
 	}
@@ -66,7 +66,7 @@ func (h *proxyHandler) memory(ctx context.Context, rj *runningJob, method string
 			p.Metadata = nil
 		}
 		wid, _ := ctx.Value(writeIDKey{}).(string)
-		m, err := store.MemoryPutQuota(ctx, state.Memory{Namespace: ns, Key: p.Key, Value: p.Value, Metadata: p.Metadata, WriteID: wid}, p.IfVersion, h.f.policyFor(ns).MemoryBytes)
+		m, err := store.MemoryPutQuota(ctx, state.Memory{Namespace: ns, Key: p.Key, Value: p.Value, Metadata: p.Metadata, WriteID: wid}, p.IfVersion, r.policyFor(ns).MemoryBytes)
 		if errors.Is(err, state.ErrConflict) {
 			return map[string]any{"conflict": true}, nil
 		}
@@ -100,12 +100,12 @@ func memErr(err error) error { return fmt.Errorf("memory: %w", err) }
 
 // jobResult answers job_result: the outcome of an ended job of the calling
 // job's namespace.
-func (h *proxyHandler) jobResult(ctx context.Context, rj *runningJob, id string) (any, error) {
+func (r *Responder) jobResult(ctx context.Context, rj *runningJob, id string) (any, error) {
 	ns := rj.namespace()
 	if !jobs.ValidUserID(id) {
 		return nil, fmt.Errorf("job_result: %.40q is not a job id", id)
 	}
-	rec, err := h.f.state.Job(ctx, jobs.ScopedID(ns, id))
+	rec, err := r.cfg.Records.Job(ctx, jobs.ScopedID(ns, id))
 	if errors.Is(err, state.ErrNotFound) || (err == nil && rec.Job.Namespace != ns) {
 		return nil, fmt.Errorf("job_result: no job %s in this namespace", id)
 	}

@@ -1,4 +1,4 @@
-package frontend_test
+package proxyresp_test
 
 import (
 	"strings"
@@ -6,25 +6,26 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
+	"github.com/mcpexec/mcpexec/internal/proxyresp"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 )
 
 func TestSavedToolChecks(t *testing.T) {
-	for _, name := range []string{"f", "_x", "fetch_all2", "match", strings.Repeat("a", frontend.MaxSavedToolName)} {
-		if err := frontend.CheckSavedToolName(name); err != nil {
+	for _, name := range []string{"f", "_x", "fetch_all2", "match", strings.Repeat("a", proxyresp.MaxSavedToolName)} {
+		if err := proxyresp.CheckSavedToolName(name); err != nil {
 			t.Errorf("%q: %v", name, err)
 		}
 	}
-	for _, name := range []string{"", "2x", "a-b", "a b", "class", "None", "é", "a.b", strings.Repeat("a", frontend.MaxSavedToolName+1)} {
-		if err := frontend.CheckSavedToolName(name); err == nil {
+	for _, name := range []string{"", "2x", "a-b", "a b", "class", "None", "é", "a.b", strings.Repeat("a", proxyresp.MaxSavedToolName+1)} {
+		if err := proxyresp.CheckSavedToolName(name); err == nil {
 			t.Errorf("%q accepted", name)
 		}
 	}
-	if err := frontend.CheckSavedToolSource("def f(): pass"); err != nil {
+	if err := proxyresp.CheckSavedToolSource("def f(): pass"); err != nil {
 		t.Error(err)
 	}
-	for _, src := range []string{"", " \n", strings.Repeat("#", frontend.MaxSavedToolSource+1)} {
-		if err := frontend.CheckSavedToolSource(src); err == nil {
+	for _, src := range []string{"", " \n", strings.Repeat("#", proxyresp.MaxSavedToolSource+1)} {
+		if err := proxyresp.CheckSavedToolSource(src); err == nil {
 			t.Errorf("source of %d bytes accepted", len(src))
 		}
 	}

@@ -1,4 +1,4 @@
-package frontend
+package proxyresp
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/proxy"
 )
 
@@ -80,8 +81,8 @@ func CheckSavedToolSource(source string) error {
 	return nil
 }
 
-func (h *proxyHandler) savedTools(ctx context.Context, rj *runningJob, method string, params json.RawMessage) (any, error) {
-	store := h.f.memory
+func (r *Responder) savedTools(ctx context.Context, rj *runningJob, method string, params json.RawMessage) (any, error) {
+	store := r.cfg.Memory
 	if store == nil {
 		return nil, errors.New("saved tools are not available on this front-end (it has no memory store)")
 	}
@@ -109,7 +110,7 @@ func (h *proxyHandler) savedTools(ctx context.Context, rj *runningJob, method st
 		}
 	}
 	wid, _ := ctx.Value(writeIDKey{}).(string)
-	return updateReserved(ctx, store, ns, SavedToolsKey, "saved tools", wid, h.f.policyFor(ns).MemoryBytes, newSavedToolSet,
+	return updateReserved(ctx, store, ns, SavedToolsKey, "saved tools", wid, r.policyFor(ns).MemoryBytes, newSavedToolSet,
 		func(set *savedToolSet) (any, reservedChange, error) {
 			if method == proxy.MethodSavedToolDelete {
 				if _, ok := set.Tools[p.Name]; !ok {
@@ -163,4 +164,27 @@ func (s savedToolSet) bytes() int {
 		n += len(t.Source)
 	}
 	return n
+}
+
+// SavedTool is a saved tool as the console lists it.
+type SavedTool struct {
+	Name    string    `json:"name"`
+	Source  string    `json:"source"`
+	SavedAt time.Time `json:"saved_at"`
+}
+
+// SavedTools returns namespace ns's saved tools (save_tool), by name.
+func (r *Responder) SavedTools(ctx context.Context, ns string) ([]SavedTool, error) {
+	if r.cfg.Memory == nil {
+		return nil, errors.New("saved tools are not available on this front-end (it has no memory store)")
+	}
+	set, err := loadSavedTools(ctx, r.cfg.Memory, jobs.NamespaceOf(ns))
+	if err != nil {
+		return nil, err
+	}
+	out := []SavedTool{}
+	for _, t := range set.sorted() {
+		out = append(out, SavedTool(t))
+	}
+	return out, nil
 }
