@@ -262,11 +262,16 @@ func TestSessionsThroughFleet(t *testing.T) {
 		t.Fatalf("a restarted session kept old globals: %q", out)
 	}
 
-	// The worker holding a session stops: its containers go, and the session's
-	// next job says the session is gone.
+	// The worker holding a session stops, and its runtime closes after it
+	// (as cmd/worker does: the runtime keeps idle containers of session-less
+	// jobs for their namespace's next job until it closes): its containers
+	// go, and the session's next job says the session is gone.
 	_, rec = run(t, "s3", "y = 1")
 	holder = rec.Result.Worker
 	workers[holder].Stop()
+	if err := runtimes[holder].Close(); err != nil {
+		t.Fatalf("close %s's runtime: %v", holder, err)
+	}
 	if ids := containersOf(t, holder); ids != "" {
 		t.Fatalf("worker %s stopped but containers remain: %s", holder, ids)
 	}
