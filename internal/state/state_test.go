@@ -276,8 +276,9 @@ func TestRetriedPutLandsOnce(t *testing.T) {
 }
 
 // TestLargeRecordsAnswerInParts attacks the state service the way a greedy
-// tenant did: queued jobs whose code weighs 256 KiB each, more of them than
-// one answer can carry under the broker's maximum payload (24 MiB). The
+// tenant did: queued jobs with large code, more of them than one answer may
+// carry (MaxReplyBytes, 2 MiB; the tenant's passed the broker's maximum
+// payload, 24 MiB, which this bound keeps every answer far below). The
 // admission reconcile asks for their statuses only; a getmany of all of them
 // and a list page of all of them come back in bounded parts (Rest, Next),
 // with every record, instead of failing on every retry.
@@ -293,8 +294,8 @@ func TestLargeRecordsAnswerInParts(t *testing.T) {
 	c.EventsFloor = qc.EventsSeq // reads see the submissions
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	code := "# " + strings.Repeat("x", 256<<10)
-	const n = 40 // 10 MiB of code: five answers of records
+	code := "# " + strings.Repeat("x", 128<<10)
+	const n = 40 // 5 MiB of code: three answers of records
 	var js []*jobs.Job
 	ids := make([]string, 0, n)
 	for range n {
