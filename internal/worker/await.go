@@ -121,5 +121,8 @@ func (w *Worker) attempt(ctx context.Context, before error, open func(context.Co
 // than before.
 func permissionRefused(nc *nats.Conn, before error) bool {
 	last := nc.LastError()
-	return last != before && errors.Is(last, nats.ErrPermissionViolation)
+	// Identity, not kind: a violation that arrived since before, not the
+	// same one seen again.
+	return last != before && errors.Is(last, nats.ErrPermissionViolation) //nolint:errorlint // identity is meant
+
 }
