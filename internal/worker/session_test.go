@@ -44,6 +44,9 @@ func TestWorkerForwardsOnlyToProvenHolders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// No worker takes pool "later" until the entries are written; a front-end
+	// accepts jobs only for a pool some worker serves, so one is announced.
+	testutil.AnnouncePool(t, spy, "later")
 	testutil.MustSubmit(t, fe, &jobs.Job{ID: "forged", Code: "print('ran')", Session: "s1", Pool: "later"})
 	testutil.MustSubmit(t, fe, &jobs.Job{ID: "proven", Code: "print('ran')", Session: "s2", Pool: "later"})
 	key, err := queue.ProxyKey(ctx, sjs, s)
