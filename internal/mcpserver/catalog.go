@@ -3,7 +3,6 @@ package mcpserver
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/mcpexec/mcpexec/internal/discovery"
+	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
 // ServerCatalog is the operator's server catalog as agents reach it: the
@@ -140,10 +140,12 @@ func (h *handler) switchServer(ctx context.Context, req mcp.CallToolRequest) (*m
 func decodeArgs(raw any, v any, want string) error {
 	b, err := json.Marshal(raw)
 	if err != nil {
-		return errors.New("arguments are not a JSON object")
+		return &jobs.InvalidError{Field: "arguments", Message: "the arguments are not a JSON object (want " + want + ")"}
 	}
 	if err := json.Unmarshal(b, v); err != nil {
-		return fmt.Errorf("arguments do not match the schema: %w (want %s)", err, want)
+		// An invalid argument (errs.Invalid), as every other refusal of a
+		// caller's arguments: the tasks layer and the tools answer it so.
+		return &jobs.InvalidError{Field: "arguments", Message: fmt.Sprintf("the arguments do not match the schema: %v (want %s)", err, want)}
 	}
 	return nil
 }
