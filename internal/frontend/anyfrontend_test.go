@@ -164,7 +164,7 @@ func TestSessionCap(t *testing.T) {
 	t.Parallel()
 	s := setup(t, "", frontend.Config{Policy: frontend.Policy{MaxSessions: 1}})
 	call := func(session string) (bool, string) {
-		res := testutil.CallRunPython(t, s.c, map[string]any{"code": "print('hi')", "session": session})
+		res := testutil.CallRunPython(t, s.C, map[string]any{"code": "print('hi')", "session": session})
 		return res.IsError, testutil.Text(res)
 	}
 	if isErr, text := call("s1"); isErr {

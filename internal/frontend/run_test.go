@@ -16,56 +16,16 @@ import (
 	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
-	"github.com/mcpexec/mcpexec/internal/mcpclients"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/state"
 	"github.com/mcpexec/mcpexec/internal/testutil"
-	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
-type stack struct {
-	b    *broker.Broker
-	fe   *frontend.Frontend
-	pool *mcpclients.Pool
-	c    *client.Client
-}
-
-// setup starts a broker, a worker on the process runtime, a client pool of
-// servers, and a front-end with an MCP client, all joined over TCP NATS.
-func setup(t testing.TB, dir string, cfg frontend.Config, servers ...discovery.Server) *stack {
-	t.Helper()
-	b := testutil.Broker(t, dir, queue.DefaultConfig())
-	rt := testutil.ProcessRuntime(t)
-	testutil.Worker(t, b, rt, worker.DefaultConfig("w1"))
-	pool := testutil.Pool(t, mcpclients.Config{}, servers...)
-	if cfg.ID == "" {
-		cfg.ID = "fe1"
-	}
-	cfg.Tools = pool
-	fe := testutil.FrontendWith(t, b, cfg)
-	c := testutil.MCPClientWith(t, fe, mcpserver.Options{Servers: pool.Names, Definitions: pool.Servers}, mcpserver.HTTPOptions{})
-	return &stack{b: b, fe: fe, pool: pool, c: c}
-}
-
-func run(t testing.TB, c *client.Client, code string, servers ...string) (string, mcpserver.Structured) {
-	t.Helper()
-	args := map[string]any{"code": code}
-	if len(servers) > 0 {
-		args["servers"] = servers
-	}
-	res := testutil.CallRunPython(t, c, args)
-	return testutil.Text(res), testutil.Structured(t, res)
-}
-
-func mustRun(t testing.TB, c *client.Client, code string, servers ...string) string {
-	t.Helper()
-	out, st := run(t, c, code, servers...)
-	if st.Status != "success" {
-		t.Fatalf("status %s: %s", st.Status, out)
-	}
-	return out
-}
+var (
+	setup   = testutil.ProcessStack
+	mustRun = testutil.MustRunCode
+)
 
 func TestFigures(t *testing.T) {
 	if testing.Short() {
@@ -78,7 +38,7 @@ func TestFigures(t *testing.T) {
 	}
 	s := setup(t, "", frontend.Config{}, servers...)
 	ctx := context.Background()
-	feTools, err := s.c.ListTools(ctx, mcp.ListToolsRequest{})
+	feTools, err := s.C.ListTools(ctx, mcp.ListToolsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +46,7 @@ func TestFigures(t *testing.T) {
 	sum := 0
 	var parts []string
 	for _, srv := range servers {
-		ts, err := s.pool.Tools(ctx, srv.Name)
+		ts, err := s.Pool.Tools(ctx, srv.Name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,7 +56,7 @@ func TestFigures(t *testing.T) {
 	}
 	t.Logf("FIGURE tools/list: front-end %d B (1 tool) vs proxied servers %d B (%s)", feBytes, sum, strings.Join(parts, "; "))
 
-	out := mustRun(t, s.c, `import time, statistics
+	out := mustRun(t, s.C, `import time, statistics
 await mcp_ts.echo(text="warm")
 ts = []
 for _ in range(300):
@@ -123,7 +83,7 @@ func TestProgressNotifications(t *testing.T) {
 	s := setup(t, "", frontend.Config{})
 	var mu sync.Mutex
 	var msgs []string
-	s.c.OnNotification(func(n mcp.JSONRPCNotification) {
+	s.C.OnNotification(func(n mcp.JSONRPCNotification) {
 		if n.Method == "notifications/progress" {
 			mu.Lock()
 			msgs = append(msgs, fmt.Sprint(n.Params.AdditionalFields["message"]))
@@ -134,7 +94,7 @@ func TestProgressNotifications(t *testing.T) {
 	req.Params.Name = mcpserver.ToolName
 	req.Params.Arguments = map[string]any{"code": "import sys, time\nprint('line one')\nprint('oops', file=sys.stderr)\ntime.sleep(0.5)\nprint('line two')\ntime.sleep(0.3)"}
 	req.Params.Meta = &mcp.Meta{ProgressToken: "p1"}
-	res, err := s.c.CallTool(context.Background(), req)
+	res, err := s.C.CallTool(context.Background(), req)
 	if err != nil || res.IsError {
 		t.Fatalf("call: %v %v", err, testutil.Text(res))
 	}
@@ -154,8 +114,8 @@ func TestProgressNotifications(t *testing.T) {
 func TestClientCancelCancelsJob(t *testing.T) {
 	t.Parallel()
 	s := setup(t, "", frontend.Config{})
-	stdio := stdioClient(t, s.fe)
-	for name, c := range map[string]*client.Client{"stdio": stdio, "http": s.c} {
+	stdio := stdioClient(t, s.FE)
+	for name, c := range map[string]*client.Client{"stdio": stdio, "http": s.C} {
 		t.Run(name, func(t *testing.T) {
 			started := make(chan struct{})
 			var once sync.Once
@@ -167,7 +127,7 @@ func TestClientCancelCancelsJob(t *testing.T) {
 					cancel()
 				}
 			})
-			qc, err := queue.NewClient(testutil.Connect(t, s.b, "check-"+name), jobs.Subjects{})
+			qc, err := queue.NewClient(testutil.Connect(t, s.B, "check-"+name), jobs.Subjects{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -189,13 +149,13 @@ func TestClientCancelCancelsJob(t *testing.T) {
 			// its delivery) well before.
 			deadline := time.Now().Add(30 * time.Second)
 			for {
-				rec := jobWithCode(t, s.b, code)
-				if s.fe.Running() == 0 && rec != nil && rec.Status == jobs.StatusCancelled && unacked(t, qc) == 0 {
+				rec := jobWithCode(t, s.B, code)
+				if s.FE.Running() == 0 && rec != nil && rec.Status == jobs.StatusCancelled && unacked(t, qc) == 0 {
 					break
 				}
 				if time.Now().After(deadline) {
 					t.Fatalf("30s after the client cancelled: %d jobs running on the front-end, %d deliveries unacked, record %+v",
-						s.fe.Running(), unacked(t, qc), rec)
+						s.FE.Running(), unacked(t, qc), rec)
 				}
 				time.Sleep(20 * time.Millisecond)
 			}

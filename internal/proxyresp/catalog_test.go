@@ -46,7 +46,7 @@ func TestCatalog(t *testing.T) {
 		catalogDef(t, "weather", "Weather forecasts and severe weather alerts"),
 		catalogDef(t, "files", "Read, write and search files in a workspace"),
 		catalogDef(t, "Git-Hub", "Issues and pull requests of repositories"))
-	c := testutil.MCPClientWith(t, s.fe, mcpserver.Options{Servers: s.pool.Names, Definitions: s.pool.Servers, Catalog: s.fe}, mcpserver.HTTPOptions{})
+	c := testutil.MCPClientWith(t, s.FE, mcpserver.Options{Servers: s.Pool.Names, Definitions: s.Pool.Servers, Catalog: s.FE}, mcpserver.HTTPOptions{})
 	enum := func() string { return testutil.ServersEnum(t, c) }
 	if e := enum(); strings.Contains(e, "weather") || !strings.Contains(e, `"ts"`) {
 		t.Fatalf("servers enum before enabling: %s", e)
@@ -120,22 +120,22 @@ refused: server "weather" is a catalog server that namespace "default" has not e
 
 	// A namespace whose policy leaves the catalog out.
 	ctx := context.Background()
-	if found, err := s.fe.FindServers(ctx, "restricted", "", 0); err != nil || len(found) != 0 {
+	if found, err := s.FE.FindServers(ctx, "restricted", "", 0); err != nil || len(found) != 0 {
 		t.Fatalf("restricted namespace finds %v, %v", found, err)
 	}
-	if _, err := s.fe.EnableServer(ctx, "restricted", "weather"); err == nil || !strings.Contains(err.Error(), "not allowed for namespace") {
+	if _, err := s.FE.EnableServer(ctx, "restricted", "weather"); err == nil || !strings.Contains(err.Error(), "not allowed for namespace") {
 		t.Fatalf("restricted namespace enables weather: %v", err)
 	}
 	// Namespaces are apart: another one has nothing enabled.
-	if names, err := s.fe.EnabledServers(ctx, "other"); err != nil || len(names) != 0 {
+	if names, err := s.FE.EnabledServers(ctx, "other"); err != nil || len(names) != 0 {
 		t.Fatalf("other namespace: %v, %v", names, err)
 	}
-	if names, err := s.fe.EnabledServers(ctx, "default"); err != nil || fmt.Sprint(names) != "[Git-Hub]" {
+	if names, err := s.FE.EnabledServers(ctx, "default"); err != nil || fmt.Sprint(names) != "[Git-Hub]" {
 		t.Fatalf("default namespace: %v, %v", names, err)
 	}
 
 	// JavaScript has the same catalog.
-	js := testutil.MCPClientWith(t, s.fe, mcpserver.Options{Servers: s.pool.Names, Catalog: s.fe, Languages: jobs.Languages}, mcpserver.HTTPOptions{})
+	js := testutil.MCPClientWith(t, s.FE, mcpserver.Options{Servers: s.Pool.Names, Catalog: s.FE, Languages: jobs.Languages}, mcpserver.HTTPOptions{})
 	res = testutil.CallTool(t, js, mcpserver.JSToolName, map[string]any{"code": `
 const hits = await findServers("files workspace");
 console.log(hits.map((h) => h.name).join(","), hits[0].enabled);
@@ -159,7 +159,7 @@ func TestDiscoveryFollowsPolicy(t *testing.T) {
 		testutil.TestServerDef(t, "excluded-srv", nil),
 		catalogDef(t, "weather", "Weather forecasts and severe weather alerts"),
 		catalogDef(t, "catalog-excluded", "A catalog server the policy leaves out"))
-	c := testutil.MCPClientWith(t, s.fe, mcpserver.Options{Servers: s.pool.Names, Definitions: s.pool.Servers, Catalog: s.fe}, mcpserver.HTTPOptions{})
+	c := testutil.MCPClientWith(t, s.FE, mcpserver.Options{Servers: s.Pool.Names, Definitions: s.Pool.Servers, Catalog: s.FE}, mcpserver.HTTPOptions{})
 	code := `
 print(discovered_servers(), [d["name"] for d in discovered_servers(detailed=True)])
 summary = capability_summary()
@@ -186,7 +186,7 @@ func TestCatalogHostile(t *testing.T) {
 		servers = append(servers, catalogDef(t, fmt.Sprintf("c%02d", i), "catalog server"))
 	}
 	s := setup(t, t.TempDir(), frontend.Config{}, servers...)
-	got := mustRun(t, s.c, `
+	got := mustRun(t, s.C, `
 for args in [("../etc",), ("",), (None,), ("nope",), ("ts",), ("x" * 5000,)]:
     try:
         enable_server(*args)
@@ -217,7 +217,7 @@ reserved: True
 	if want = strings.Replace(want, "LONG", strings.TrimSpace(long), 1); got != want {
 		t.Fatalf("got:\n%s\nwant:\n%s", got, want)
 	}
-	got = mustRun(t, s.c, fmt.Sprintf(`
+	got = mustRun(t, s.C, fmt.Sprintf(`
 for i in range(%d):
     enable_server("c%%02d" %% i)
 try:
@@ -236,7 +236,7 @@ func TestCatalogTools(t *testing.T) {
 	t.Parallel()
 	s := setup(t, t.TempDir(), frontend.Config{}, testutil.TestServerDef(t, "ts", nil), catalogDef(t, "weather", "Weather forecasts"))
 	for _, on := range []bool{false, true} {
-		c := testutil.MCPClientWith(t, s.fe, mcpserver.Options{Servers: s.pool.Names, Definitions: s.pool.Servers, Catalog: s.fe, AgentDiscovery: on}, mcpserver.HTTPOptions{})
+		c := testutil.MCPClientWith(t, s.FE, mcpserver.Options{Servers: s.Pool.Names, Definitions: s.Pool.Servers, Catalog: s.FE, AgentDiscovery: on}, mcpserver.HTTPOptions{})
 		names := testutil.ToolNames(t, c)
 		if has := strings.Contains(fmt.Sprint(names), mcpserver.FindServersTool); has != on {
 			t.Fatalf("agent discovery %v: tools %v", on, names)
@@ -268,10 +268,10 @@ func TestCatalogTools(t *testing.T) {
 // each call). Each op is one job of 50 sequential calls; call-ms is per call.
 func BenchmarkCatalogCall(b *testing.B) {
 	s := setup(b, b.TempDir(), frontend.Config{}, testutil.TestServerDef(b, "ts", nil), catalogDef(b, "weather", "forecasts"))
-	if _, err := s.fe.EnableServer(context.Background(), jobs.DefaultNamespace, "weather"); err != nil {
+	if _, err := s.FE.EnableServer(context.Background(), jobs.DefaultNamespace, "weather"); err != nil {
 		b.Fatal(err)
 	}
-	c := testutil.MCPClientWith(b, s.fe, mcpserver.Options{Servers: s.pool.Names, Catalog: s.fe}, mcpserver.HTTPOptions{})
+	c := testutil.MCPClientWith(b, s.FE, mcpserver.Options{Servers: s.Pool.Names, Catalog: s.FE}, mcpserver.HTTPOptions{})
 	const calls = 50
 	for _, server := range []string{"ts", "weather"} {
 		b.Run(server, func(b *testing.B) {

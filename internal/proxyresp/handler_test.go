@@ -8,11 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/client/transport"
 
-	"github.com/mcpexec/mcpexec/internal/broker"
-	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/mcpclients"
@@ -24,48 +21,11 @@ import (
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
-type stack struct {
-	b    *broker.Broker
-	fe   *frontend.Frontend
-	pool *mcpclients.Pool
-	c    *client.Client
-}
-
-// setup starts a broker, a worker on the process runtime, a client pool of
-// servers, and a front-end with an MCP client, all joined over TCP NATS.
-func setup(t testing.TB, dir string, cfg frontend.Config, servers ...discovery.Server) *stack {
-	t.Helper()
-	b := testutil.Broker(t, dir, queue.DefaultConfig())
-	rt := testutil.ProcessRuntime(t)
-	testutil.Worker(t, b, rt, worker.DefaultConfig("w1"))
-	pool := testutil.Pool(t, mcpclients.Config{}, servers...)
-	if cfg.ID == "" {
-		cfg.ID = "fe1"
-	}
-	cfg.Tools = pool
-	fe := testutil.FrontendWith(t, b, cfg)
-	c := testutil.MCPClientWith(t, fe, mcpserver.Options{Servers: pool.Names, Definitions: pool.Servers}, mcpserver.HTTPOptions{})
-	return &stack{b: b, fe: fe, pool: pool, c: c}
-}
-
-func run(t testing.TB, c *client.Client, code string, servers ...string) (string, mcpserver.Structured) {
-	t.Helper()
-	args := map[string]any{"code": code}
-	if len(servers) > 0 {
-		args["servers"] = servers
-	}
-	res := testutil.CallRunPython(t, c, args)
-	return testutil.Text(res), testutil.Structured(t, res)
-}
-
-func mustRun(t testing.TB, c *client.Client, code string, servers ...string) string {
-	t.Helper()
-	out, st := run(t, c, code, servers...)
-	if st.Status != "success" {
-		t.Fatalf("status %s: %s", st.Status, out)
-	}
-	return out
-}
+var (
+	setup   = testutil.ProcessStack
+	run     = testutil.RunCode
+	mustRun = testutil.MustRunCode
+)
 
 // TestSandboxAPI exercises every way sandbox code reaches a proxied server.
 func TestSandboxAPI(t *testing.T) {
@@ -126,7 +86,7 @@ search-files
 True True
 True
 {'json': [1, 2]}`
-	if got := mustRun(t, s.c, code, "ts"); got != want {
+	if got := mustRun(t, s.C, code, "ts"); got != want {
 		t.Fatalf("got:\n%s\nwant:\n%s", got, want)
 	}
 }
@@ -137,7 +97,7 @@ func TestLargeResults(t *testing.T) {
 	s := setup(t, "", frontend.Config{}, testutil.TestServerDef(t, "ts", nil))
 	// The longest time limit: some 8 MiB cross the proxy, which under the race
 	// detector on a loaded host can take longer than the default 30 s.
-	res := testutil.CallRunPython(t, s.c, map[string]any{"code": `for n in (65537, 200_000, 4 << 20):
+	res := testutil.CallRunPython(t, s.C, map[string]any{"code": `for n in (65537, 200_000, 4 << 20):
     r = await mcp_ts.big(bytes=n)
     print(len(r), r == "x" * n)`, "servers": []string{"ts"}, "timeout": jobs.DefaultLimits().MaxTimeout})
 	if got, st := testutil.Text(res), testutil.Structured(t, res); st.Status != "success" || got != "65537 True\n200000 True\n4194304 True" {
@@ -148,7 +108,7 @@ func TestLargeResults(t *testing.T) {
 func TestRefusedServers(t *testing.T) {
 	t.Parallel()
 	s := setup(t, "", frontend.Config{}, testutil.TestServerDef(t, "ts", nil), testutil.TestServerDef(t, "locked", nil))
-	got := mustRun(t, s.c, `for f in (lambda: call_tool("locked", "echo", {"text": "x"}), lambda: mcp_servers["locked"]):
+	got := mustRun(t, s.C, `for f in (lambda: call_tool("locked", "echo", {"text": "x"}), lambda: mcp_servers["locked"]):
     try:
         r = f()
         if hasattr(r, "__await__"):
@@ -166,12 +126,12 @@ except ImportError as e:
 	if got != want {
 		t.Fatalf("got:\n%s\nwant:\n%s", got, want)
 	}
-	res := testutil.CallRunPython(t, s.c, map[string]any{"code": "print(1)", "servers": []string{"nope"}})
+	res := testutil.CallRunPython(t, s.C, map[string]any{"code": "print(1)", "servers": []string{"nope"}})
 	if !res.IsError || !strings.Contains(testutil.Text(res), `"nope" is not a proxied MCP server; known servers: locked, ts`) {
 		t.Fatalf("unknown server accepted: %q", testutil.Text(res))
 	}
 	// Anyone on NATS calling for a job without its capability.
-	nc := testutil.Connect(t, s.b, "intruder")
+	nc := testutil.Connect(t, s.B, "intruder")
 	_, err := proxy.Call(context.Background(), nc, jobs.Subjects{}.ProxyServer("ts"), proxy.Request{Job: jobs.NewID(), Method: "call_tool",
 		Capability: "forged", Params: json.RawMessage(`{"server":"ts","tool":"echo","arguments":{"text":"x"}}`)})
 	if err == nil || !strings.Contains(err.Error(), "does not carry its job's capability") {
@@ -182,7 +142,7 @@ except ImportError as e:
 func TestCrashingServer(t *testing.T) {
 	t.Parallel()
 	s := setup(t, "", frontend.Config{}, testutil.TestServerDef(t, "ts", nil))
-	got := mustRun(t, s.c, `pid = await mcp_ts.pid()
+	got := mustRun(t, s.C, `pid = await mcp_ts.pid()
 try:
     await mcp_ts.crash()
 except MCPError as e:
@@ -196,7 +156,7 @@ print(await mcp_ts.pid() != pid)`, "ts")
 func TestSlowServerHitsPerCallTimeout(t *testing.T) {
 	t.Parallel()
 	s := setup(t, "", frontend.Config{CallTimeout: 500 * time.Millisecond}, testutil.TestServerDef(t, "ts", nil))
-	got := mustRun(t, s.c, `import time
+	got := mustRun(t, s.C, `import time
 t0 = time.monotonic()
 try:
     await mcp_ts.slow(seconds=10)
@@ -211,7 +171,7 @@ print(await call_tool("ts", "slow", {"seconds": 1}, timeout=5))`, "ts")
 	// the job, whichever of the two is noticed first, and well before the 30 s
 	// the tool would take (the bound leaves room for a loaded host).
 	start := time.Now()
-	res := testutil.CallRunPython(t, s.c, map[string]any{"code": `await call_tool("ts", "slow", {"seconds": 30}, timeout=60)`,
+	res := testutil.CallRunPython(t, s.C, map[string]any{"code": `await call_tool("ts", "slow", {"seconds": 30}, timeout=60)`,
 		"servers": []string{"ts"}, "timeout": 2})
 	st := testutil.Structured(t, res)
 	if !(st.Status == "timeout" || strings.Contains(testutil.Text(res), "did not answer before the job's time limit")) || time.Since(start) > 25*time.Second {
@@ -222,7 +182,7 @@ print(await call_tool("ts", "slow", {"seconds": 1}, timeout=5))`, "ts")
 func TestConcurrentCallsPerJobAreCapped(t *testing.T) {
 	t.Parallel()
 	s := setup(t, "", frontend.Config{MaxCallsPerJob: 2}, testutil.TestServerDef(t, "ts", nil))
-	got := mustRun(t, s.c, `import asyncio, time
+	got := mustRun(t, s.C, `import asyncio, time
 t0 = time.monotonic()
 r = await asyncio.gather(*[mcp_ts.slow(seconds=0.3) for _ in range(6)])
 print(r.count("done"), time.monotonic() - t0 >= 0.85)`, "ts")
@@ -237,7 +197,7 @@ func TestMemory(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	s := setup(t, dir, frontend.Config{}, testutil.TestServerDef(t, "ts", nil))
-	got := mustRun(t, s.c, `print(save_memory("notes/a b", {"x": [1, 2]}, metadata={"tag": "t"})["version"])
+	got := mustRun(t, s.C, `print(save_memory("notes/a b", {"x": [1, 2]}, metadata={"tag": "t"})["version"])
 print(memory_exists("notes/a b"), memory_exists("notes/a_b"))
 save_memory("notes/a_b", "different key, same after sanitising")`)
 	if got != "1\nTrue False" {
@@ -248,12 +208,12 @@ save_memory("notes/a_b", "different key, same after sanitising")`)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			mustRun(t, s.c, `for _ in range(5):
+			mustRun(t, s.C, `for _ in range(5):
     update_memory("counter", lambda v: v + 1, default=0)`)
 		}()
 	}
 	wg.Wait()
-	got = mustRun(t, s.c, `print(load_memory("notes/a b"), load_memory("notes/a_b"), load_memory("counter"), load_memory("missing", "dflt"))
+	got = mustRun(t, s.C, `print(load_memory("notes/a b"), load_memory("notes/a_b"), load_memory("counter"), load_memory("missing", "dflt"))
 info = get_memory_info("notes/a b")
 print(info["metadata"], info["version"], "value" in info)
 print([m["key"] for m in list_memories("notes/")])
@@ -265,18 +225,18 @@ print(delete_memory("notes/a_b"), delete_memory("notes/a_b"))`)
 
 	// Another caller (another token) sees its own namespace.
 	tokens := map[string]string{"token-alice-123": "alice", "token-bob-4567": "bob"}
-	alice := testutil.MCPClientWith(t, s.fe, mcpserver.Options{Namespace: mcpserver.NamespaceFromContext}, mcpserver.HTTPOptions{Tokens: tokens},
+	alice := testutil.MCPClientWith(t, s.FE, mcpserver.Options{Namespace: mcpserver.NamespaceFromContext}, mcpserver.HTTPOptions{Tokens: tokens},
 		transportHeader("Bearer token-alice-123"))
 	if got := mustRun(t, alice, `print(load_memory("counter")); save_memory("mine", 1)`); got != "None" {
 		t.Fatalf("alice sees the default namespace: %q", got)
 	}
 
 	// The broker restarts on the same data: memory is still there.
-	if err := s.b.Close(); err != nil {
+	if err := s.B.Close(); err != nil {
 		t.Fatal(err)
 	}
 	s2 := setup(t, dir, frontend.Config{ID: "fe2"}, testutil.TestServerDef(t, "ts", nil))
-	if got := mustRun(t, s2.c, `print(load_memory("counter"), load_memory("mine"))`); got != "15 None" {
+	if got := mustRun(t, s2.C, `print(load_memory("counter"), load_memory("mine"))`); got != "15 None" {
 		t.Fatalf("after broker restart: %q", got)
 	}
 }
@@ -324,7 +284,7 @@ func TestSlowSandboxStartKeepsItsTimeLimit(t *testing.T) {
 func TestBridgeShapes(t *testing.T) {
 	t.Parallel()
 	s := setup(t, "", frontend.Config{}, testutil.TestServerDef(t, "GitHub", nil), testutil.TestServerDef(t, "ts", nil))
-	got := mustRun(t, s.c, `d = query_tool_docs("GitHub", "getuser")
+	got := mustRun(t, s.C, `d = query_tool_docs("GitHub", "getuser")
 print(sorted(d))
 print(d["server"], d["serverAlias"], d["tool"], d["toolAlias"], d["alias"], d["description"])
 f = query_tool_docs("GitHub", "GETUSER", detail="FULL")

@@ -37,7 +37,7 @@ func TestSavedToolChecks(t *testing.T) {
 func TestSavedTools(t *testing.T) {
 	t.Parallel()
 	s := setup(t, t.TempDir(), frontend.Config{}, testutil.TestServerDef(t, "ts", nil))
-	got := mustRun(t, s.c, `
+	got := mustRun(t, s.C, `
 import json
 
 @staticmethod
@@ -59,34 +59,34 @@ print(save_tool(double))`)
 		t.Fatalf("got:\n%s\nwant:\n%s", got, want)
 	}
 	// A later job uses them by name, and through the bridge's module.
-	if got := mustRun(t, s.c, `print(double(21), double.__doc__)
+	if got := mustRun(t, s.C, `print(double(21), double.__doc__)
 from user_tools import helper
 print(helper("x"))`); got != "42 Twice x.\nx" {
 		t.Fatalf("later job: %q", got)
 	}
 	// A job that names none of them does not load them.
-	if got := mustRun(t, s.c, `x = 1
+	if got := mustRun(t, s.C, `x = 1
 print(x, "double" in globals())`); got != "1 False" {
 		t.Fatalf("job without saved tools: %q", got)
 	}
-	if got := mustRun(t, s.c, `print([(t["name"], t["source"].splitlines()[0]) for t in list_saved_tools()])`); got != "[('double', 'def double(x):'), ('helper', 'def helper(x):')]" {
+	if got := mustRun(t, s.C, `print([(t["name"], t["source"].splitlines()[0]) for t in list_saved_tools()])`); got != "[('double', 'def double(x):'), ('helper', 'def helper(x):')]" {
 		t.Fatalf("list: %q", got)
 	}
 
 	// A broken saved tool (its source raises when defined) is reported; the
 	// job runs, with the other tools.
-	got = mustRun(t, s.c, `exec("def broken():\n    pass\n")
+	got = mustRun(t, s.C, `exec("def broken():\n    pass\n")
 print(save_tool(broken, source="raise RuntimeError('boom')\ndef broken(): pass\n"))`)
 	if !strings.Contains(got, "'broken' saved") {
 		t.Fatalf("save broken: %q", got)
 	}
-	out, st := run(t, s.c, `print(double(2))
+	out, st := run(t, s.C, `print(double(2))
 print("broken" in globals())`)
 	if st.Status != "success" || !strings.Contains(out, "4\nFalse") || !strings.Contains(out, "saved tool broken failed to load") ||
 		!strings.Contains(out, "RuntimeError: boom") {
 		t.Fatalf("broken tool: %s %q", st.Status, out)
 	}
-	if got := mustRun(t, s.c, `print(delete_saved_tool("broken"), delete_saved_tool("broken"), [t["name"] for t in list_saved_tools()])`); got != "True False ['double', 'helper']" {
+	if got := mustRun(t, s.C, `print(delete_saved_tool("broken"), delete_saved_tool("broken"), [t["name"] for t in list_saved_tools()])`); got != "True False ['double', 'helper']" {
 		t.Fatalf("delete: %q", got)
 	}
 
@@ -98,12 +98,12 @@ print("broken" in globals())`)
 		`print(load_memory("__mcpexec_saved_tools__"))`:  "reserved",
 		`save_memory("__mcpexec_saved_tools__", {})`:     "reserved",
 	} {
-		out, st := run(t, s.c, code)
+		out, st := run(t, s.C, code)
 		if st.Status == "success" || !strings.Contains(out, want) {
 			t.Errorf("%s: %s %q, want an error with %q", code, st.Status, out, want)
 		}
 	}
-	out, st = run(t, s.c, `
+	out, st = run(t, s.C, `
 for i in range(120):
     exec("def t%d(): return %d" % (i, i))
     try:
@@ -118,7 +118,7 @@ print(len(list_saved_tools()), [k["key"] for k in list_memories()])`)
 
 	// Another namespace sees none of them.
 	tokens := map[string]string{"token-alice-123": "alice"}
-	alice := testutil.MCPClientWith(t, s.fe, mcpserver.Options{Namespace: mcpserver.NamespaceFromContext}, mcpserver.HTTPOptions{Tokens: tokens},
+	alice := testutil.MCPClientWith(t, s.FE, mcpserver.Options{Namespace: mcpserver.NamespaceFromContext}, mcpserver.HTTPOptions{Tokens: tokens},
 		transportHeader("Bearer token-alice-123"))
 	out, st = run(t, alice, `print(list_saved_tools())
 double(1)`)
