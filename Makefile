@@ -35,6 +35,10 @@ deps: ## install Podman and the other Debian packages (needs root and apt)
 image: deps ## build the sandbox image locally (no registry needed)
 	bash deploy/sandbox/build.sh $(IMAGE)
 
+.PHONY: image-slim
+image-slim: deps ## build the slim sandbox image (python3 and Node.js, no data libraries) as localhost/mcpexec-sandbox:slim; use it with --image
+	bash deploy/sandbox/build.sh --slim localhost/mcpexec-sandbox:slim
+
 .PHONY: docker-engine
 docker-engine: image ## start mcpexec's own Docker engine (socket DOCKER_SOCK, default /run/mcpexec-docker.sock) with the sandbox image loaded
 	MCPEXEC_DOCKER_SOCK=$(DOCKER_SOCK) bash deploy/docker/start-dockerd.sh $(IMAGE)

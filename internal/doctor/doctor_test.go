@@ -191,7 +191,7 @@ func TestSandboxChecks(t *testing.T) {
 	if err != nil {
 		t.Fatalf("doctor failed on a working host: %v", err)
 	}
-	for _, name := range []string{"memory limit", "pids limit", "user", "network", "read-only root", "rlimit nofile"} {
+	for _, name := range []string{"memory limit", "pids limit", "user", "network", "read-only root", "rlimit nofile", "libraries"} {
 		if statusOf(checks, name) != OK {
 			t.Errorf("%s: %s", name, statusOf(checks, name))
 		}
@@ -228,7 +228,7 @@ func TestDockerChecks(t *testing.T) {
 		t.Fatalf("doctor failed on a working host: %v", err)
 	}
 	for _, name := range []string{"memory limit", "swap limit", "pids limit", "cpu limit", "user", "capabilities", "no_new_privs", "seccomp",
-		"network", "read-only root", "tmpfs /tmp", "tmpfs /workspace", "rlimit nofile", "rlimit nproc", "environment", "languages"} {
+		"network", "read-only root", "tmpfs /tmp", "tmpfs /workspace", "rlimit nofile", "rlimit nproc", "environment", "languages", "libraries"} {
 		if statusOf(checks, name) != OK {
 			t.Errorf("%s: %s", name, statusOf(checks, name))
 		}

@@ -104,7 +104,7 @@ func probeChecks(ctx context.Context, rt sandbox.Runtime, l sandbox.Limits, imag
 		return append(out, Check{Name: "sandbox probe", Status: Fail, Detail: fmt.Sprintf("unreadable probe output %q: %v", res.Stdout, err),
 			Fix: "the image's python3 must be Python 3.8 or later"})
 	}
-	out = append(out, languageCheck(ctx, rt, image))
+	out = append(out, languageCheck(ctx, rt, image), libraryCheck(ctx, rt, image))
 	return append(out, limitChecksFor(l, p, fx)...)
 }
 
@@ -178,6 +178,53 @@ func languageCheck(ctx context.Context, rt sandbox.Runtime, image string) Check 
 			Fix: "rebuild the image: sudo deploy/sandbox/build.sh --force " + image}
 	}
 	return Check{Name: "languages", Status: OK, Detail: "python, javascript (Node.js " + strings.TrimSpace(res.Stdout) + ")"}
+}
+
+// DataLibraries are the Python libraries of the default (data) image, by
+// import name: what agents expect of a code interpreter.
+var DataLibraries = []string{"numpy", "pandas", "matplotlib", "scipy", "PIL", "openpyxl"}
+
+// libraryProbe prints each data library's version, or null where it is missing.
+const libraryProbe = `import importlib, json
+libs = {}
+for name in %s:
+    try:
+        libs[name] = getattr(importlib.import_module(name), "__version__", "?")
+    except Exception:
+        libs[name] = None
+print(json.dumps(libs))`
+
+// libraryCheck lists the data libraries the image has, with their versions.
+func libraryCheck(ctx context.Context, rt sandbox.Runtime, image string) Check {
+	names, _ := json.Marshal(DataLibraries)
+	res, err := rt.Run(ctx, sandbox.Job{ID: "doctor-libs", Code: fmt.Sprintf(libraryProbe, names), Timeout: 60 * time.Second, OutputCap: 4096}, nil)
+	if err == nil && res.Status != sandbox.StatusSuccess {
+		err = fmt.Errorf("ended %s: %s %s", res.Status, res.Error, strings.TrimSpace(res.Stderr))
+	}
+	var libs map[string]*string
+	if err == nil {
+		err = json.Unmarshal([]byte(res.Stdout), &libs)
+	}
+	if err != nil {
+		return Check{Name: "libraries", Status: Fail, Detail: "the data library probe failed: " + err.Error(),
+			Fix: "rebuild the image: sudo deploy/sandbox/build.sh --force " + image}
+	}
+	var have, missing []string
+	for _, name := range DataLibraries {
+		if v := libs[name]; v != nil {
+			have = append(have, name+" "+*v)
+		} else {
+			missing = append(missing, name)
+		}
+	}
+	fix := "for the data image (numpy, pandas, matplotlib, scipy, Pillow, openpyxl): sudo deploy/sandbox/build.sh --force " + image
+	switch {
+	case len(have) == 0:
+		return Check{Name: "libraries", Status: Warn, Detail: "the standard library only (a slim image): jobs cannot import " + strings.Join(missing, ", "), Fix: fix}
+	case len(missing) > 0:
+		return Check{Name: "libraries", Status: Warn, Detail: strings.Join(have, ", ") + "; missing: " + strings.Join(missing, ", "), Fix: fix}
+	}
+	return Check{Name: "libraries", Status: OK, Detail: strings.Join(have, ", ")}
 }
 
 // limitChecks compares what a Podman container sees with the configured limits.
@@ -269,8 +316,11 @@ func limitChecksFor(l sandbox.Limits, p probe, fx fixes) []Check {
 	var leaked []string
 	for _, k := range p.Env {
 		switch k {
-		// LC_CTYPE is set by Python itself (PEP 538 locale coercion).
-		case "PATH", "HOME", "PYTHONDONTWRITEBYTECODE", "HOSTNAME", "TERM", "container", "LC_CTYPE":
+		// LC_CTYPE is set by Python itself (PEP 538 locale coercion); the
+		// data image and the runner's preload set matplotlib's and the
+		// numeric libraries' settings (no secret in any of them).
+		case "PATH", "HOME", "PYTHONDONTWRITEBYTECODE", "HOSTNAME", "TERM", "container", "LC_CTYPE",
+			"MPLBACKEND", "MPLCONFIGDIR", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS":
 		default:
 			leaked = append(leaked, k)
 		}
