@@ -82,6 +82,14 @@ A job submitted with ` + "`after`" + ` (or ` + "`after_any`" + `) parents can re
 outcome: ` + "`job_result(id)`" + ` returns {status, summary, exitCode, stdout[], stderr[], error,
 timeoutSeconds, jobId} of a job of the same caller.
 
+## Data
+The default image has numpy, pandas, matplotlib (headless, Agg), scipy, Pillow and
+openpyxl, imported ahead of your code (` + "`import pandas as pd`" + ` costs nothing).
+` + "`display(obj)`" + ` prints a DataFrame or Series as a compact table (first and last rows, the
+columns that fit, its dimensions); a DataFrame left as the code's last expression is shown
+the same way, as in a notebook. (A worker may run a slim image without them: ` + "`doctor`" + `
+lists an image's libraries.)
+
 ## Outcome
 status is success, error (an exception: traceback in stderr; or a non-zero exit code),
 timeout or cancelled. stdout and stderr are each capped at 1 MiB; the result says when

@@ -98,10 +98,18 @@ class Runner:
         return g
 
     def execute(self, code, g):
-        compiled = compile(code, "<code>", "exec", flags=PYCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+        compiled, keep = _compile(code)
         self.codes.append(code)
         if _needs_saved_tools(compiled, g):
             load_saved_tools_into(self, g)
+        try:
+            self._run(compiled, g)
+        finally:
+            last = g.pop(_LAST, None) if keep else None
+        if last is not None and _is_table(last):
+            display(last)
+
+    def _run(self, compiled, g):
         if not compiled.co_flags & CO_COROUTINE:
             # No top-level await: plain code needs no event loop.
             exec(compiled, g)  # noqa: S102 - running the user's code is the point
@@ -148,6 +156,55 @@ class Runner:
             except Exception:
                 pass
         return {"type": "done", "status": status, "exit_code": code, "error": err}
+
+
+# -- display: tables as a notebook shows them -------------------------------------
+
+_LAST = "__mcpexec_last__"  # where a job's last expression's value is kept
+
+# How much of a DataFrame display() and a trailing DataFrame show: a compact
+# table (first and last rows, the columns that fit), with its dimensions.
+_TABLE_OPTIONS = ("display.max_rows", 20, "display.min_rows", 10, "display.max_columns", 12,
+                  "display.width", 120, "display.max_colwidth", 40, "display.show_dimensions", "truncate")
+
+
+def _compile(code):
+    """Compiles a job's code; returns the code object and whether it keeps the
+    value of a trailing expression in _LAST. It does so only where pandas may
+    be in play (loaded, or named by the code), so that a DataFrame left as the
+    last expression is shown as in a notebook; other values are not printed
+    (code that ends in a call keeps its output as it was)."""
+    flags = PYCF_ALLOW_TOP_LEVEL_AWAIT
+    if "pandas" not in sys.modules and "pandas" not in code:
+        return compile(code, "<code>", "exec", flags=flags, dont_inherit=True), False
+    import ast
+
+    tree = compile(code, "<code>", "exec", flags=flags | ast.PyCF_ONLY_AST, dont_inherit=True)
+    last = tree.body[-1] if tree.body else None
+    if not isinstance(last, ast.Expr):
+        return compile(tree, "<code>", "exec", flags=flags, dont_inherit=True), False
+    tree.body[-1] = ast.copy_location(ast.Assign(targets=[ast.Name(_LAST, ast.Store())], value=last.value), last)
+    ast.fix_missing_locations(tree)
+    return compile(tree, "<code>", "exec", flags=flags, dont_inherit=True), True
+
+
+def _is_table(obj):
+    pd = sys.modules.get("pandas")
+    return pd is not None and isinstance(obj, (pd.DataFrame, pd.Series))
+
+
+def display(*objs):
+    """Shows each object as a notebook would, on stdout: a pandas DataFrame or
+    Series as a compact table (at most 20 rows and 12 columns, 120 characters
+    wide, with its dimensions when cut), anything else as its repr."""
+    for obj in objs:
+        if _is_table(obj):
+            pd = sys.modules["pandas"]
+            with pd.option_context(*_TABLE_OPTIONS):
+                text = repr(obj)
+        else:
+            text = repr(obj)
+        print(text)
 
 
 # -- saved tools ------------------------------------------------------------------
@@ -1011,6 +1068,7 @@ def _api(runner):
         "get_memory_info": get_memory_info,
         "update_memory": update_memory,
         "job_result": job_result,
+        "display": display,
         "save_tool": save_tool,
         "list_saved_tools": list_saved_tools,
         "delete_saved_tool": delete_saved_tool,

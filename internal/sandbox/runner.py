@@ -1,7 +1,8 @@
 """mcpexec sandbox runner.
 
-Started inside the sandbox as `python3 runner.py SOCKET [--reset] [--spare-javascript]`. Standard
-library only. Four files: this entry point (the zygote and the executor's
+Started inside the sandbox as
+`python3 runner.py SOCKET [--reset] [--spare-javascript] [--preload=MODULE,...]`.
+Standard library only (the preload modules are the image's). Four files: this entry point (the zygote and the executor's
 loop), mcpexec_protocol (frames and bounds), mcpexec_api (the executor's state
 and the API the code sees) and mcpexec_supervisor (PID 1: relay, checks and
 the sweep between jobs).
@@ -51,12 +52,62 @@ def _open_std():
     sys.stderr = open(2, "w", encoding="utf-8", errors="replace", buffering=1, closefd=False)
 
 
-def _zygote_main(zsock, spare_js=False):
+def _preload(names):
+    """Imports names in the zygote, before any job: every job forked from it
+    shares their pages (copy-on-write) instead of importing them again. A
+    module that is missing or fails to import is skipped; the job that imports
+    it sees the error itself. Numeric libraries run single-threaded: a zygote
+    must hold no thread when it forks, and a sandbox has a CPU or two."""
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    os.environ.setdefault("MPLBACKEND", "Agg")  # headless; the image sets it too
+    fonts = _matplotlib_config(any(n.split(".")[0] == "matplotlib" for n in names))
+    if names:
+        import importlib
+
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except BaseException:  # noqa: BLE001 (a broken module must not stop the zygote)
+                pass
+    if fonts:
+        import shutil
+
+        shutil.rmtree(fonts, ignore_errors=True)  # loaded: the first job finds /tmp empty
+
+
+def _matplotlib_config(preload):
+    """Matplotlib wants a writable config directory (else it makes a temporary
+    one, warns on stderr and rebuilds its font cache, a second or more). The
+    image's (MPLCONFIGDIR) holds the font cache built with the image, on the
+    read-only root: point matplotlib at /tmp/matplotlib instead, with that
+    cache copied in when it is preloaded. Returns the directory it made."""
+    src = os.environ.get("MPLCONFIGDIR", "")
+    if not src or not os.path.isdir(src) or os.access(src, os.W_OK):
+        return None
+    dst = "/tmp/matplotlib"
+    os.environ["MPLCONFIGDIR"] = dst  # jobs that import it themselves build the cache there
+    if not preload:
+        return None
+    try:
+        os.makedirs(dst, exist_ok=True)
+        for name in os.listdir(src):
+            if name.startswith("fontlist") and name.endswith(".json"):
+                with open(os.path.join(src, name), "rb") as f, open(os.path.join(dst, name), "wb") as g:
+                    g.write(f.read())
+    except OSError:
+        return None
+    return dst
+
+
+def _zygote_main(zsock, spare_js=False, preload=()):
     """The zygote: imports and builds the API once, then forks one executor per
     job (or per session) on the supervisor's word. It runs no code itself and
     holds no thread, so every fork starts from the same clean state. It passes
     each executor's channel and output pipes to the supervisor over zsock (a
     SOCK_SEQPACKET pair) and reports its exit status.
+
+    It first imports the preload modules (the data stack by default).
 
     In a sandbox that expects JavaScript jobs (spare_js, from the host, which
     has seen some lately; or the supervisor's word after one ran here) it
@@ -70,6 +121,7 @@ def _zygote_main(zsock, spare_js=False):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     except (OSError, ValueError):
         pass
+    _preload(preload)
     runner = Runner(None)
     # Build the API before the first job arrives: a warm sandbox's job then
     # pays only for its own code (its servers are bound when it comes).
@@ -169,6 +221,11 @@ def _zygote_main(zsock, spare_js=False):
         zsock.send(json.dumps({"type": "exited", "pid": pid, "status": status}).encode())
 
 
+def _module_name(name):
+    """Whether name is a dotted module name (a --preload entry)."""
+    return bool(name) and len(name) <= 200 and all(part.isidentifier() for part in name.split("."))
+
+
 def _find(prog):
     for d in os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(os.pathsep):
         path = os.path.join(d or ".", prog)
@@ -237,9 +294,13 @@ def main():
     args = sys.argv[1:]
     reset = "--reset" in args
     spare_js = "--spare-javascript" in args
-    args = [a for a in args if a not in ("--reset", "--spare-javascript")]
+    preload = ()
+    for a in args:
+        if a.startswith("--preload="):
+            preload = tuple(n for n in a[len("--preload="):].split(",") if _module_name(n))
+    args = [a for a in args if a not in ("--reset", "--spare-javascript") and not a.startswith("--preload=")]
     if len(args) != 1:
-        sys.__stderr__.write("usage: runner.py SOCKET [--reset] [--spare-javascript]\n")
+        sys.__stderr__.write("usage: runner.py SOCKET [--reset] [--spare-javascript] [--preload=MODULE,...]\n")
         return 2
     secret = os.environ.pop(SECRET_ENV, "")
     # PID 1 of a container gets no signal from inside it unless it handles it:
@@ -252,7 +313,7 @@ def main():
     # Sweeping processes and wiping files is safe only in a container of
     # its own: as its PID 1.
     reset = reset and os.getpid() == 1
-    zygote = _spawn_zygote(sock, lambda z: _zygote_main(z, spare_js and reset))
+    zygote = _spawn_zygote(sock, lambda z: _zygote_main(z, spare_js and reset, preload))
     sup = _Supervisor(sock, zygote, reset)
     hello = {"type": "hello", "version": PROTOCOL_VERSION, "secret": secret, "isolated": isolated, "reset": reset,
              "languages": _languages()}

@@ -50,6 +50,8 @@ type Flags struct {
 	SessionIdle time.Duration
 	// MaxSessions caps the sessions one worker holds.
 	MaxSessions int
+	// Preload are the modules each sandbox imports ahead of its first job.
+	Preload string
 }
 
 // Aliases are the seed project's environment names, honoured too.
@@ -87,6 +89,7 @@ func Register(fs *flag.FlagSet) *Flags {
 	fs.BoolVar(&f.BuildImage, "build-image", true, "build the sandbox image when it is missing (needs root and debootstrap)")
 	fs.StringVar(&f.OutputCap, "output-cap", "1m", "bytes kept of each of a job's stdout and stderr (the rest is dropped and the result says so)")
 	fs.DurationVar(&f.SessionIdle, "session-idle", worker.DefaultSessionIdle, "end a session (and remove its sandbox) after this long without a job")
+	fs.StringVar(&f.Preload, "preload", strings.Join(sandbox.DefaultPreload, ","), "Python modules each sandbox imports before its first job, so jobs that import them pay nothing (comma-separated; none: nothing; modules the image lacks are skipped)")
 	fs.IntVar(&f.MaxSessions, "max-sessions", worker.DefaultMaxSessions, "sessions one worker holds at most")
 	return f
 }
@@ -139,6 +142,9 @@ func (f *Flags) Limits() (sandbox.Limits, error) {
 	if _, err := f.outputCap(); err != nil {
 		return l, err
 	}
+	if _, err := sandbox.ParsePreload(f.Preload); err != nil {
+		return l, cli.Usagef("--preload %q: %v", f.Preload, err)
+	}
 	if err := f.checkRuntime(); err != nil {
 		return l, err
 	}
@@ -180,8 +186,9 @@ func (f *Flags) Open(ctx context.Context, workerID string, log *slog.Logger) (sa
 	if ch.Runtime == RuntimeDocker {
 		return f.openDocker(ctx, ch.DockerHost, workerID, limits, log)
 	}
+	preload, _ := sandbox.ParsePreload(f.Preload) // checked by Limits
 	cfg := podman.Config{
-		URI: f.Podman, Image: f.Image, Rootfs: f.Rootfs, OCIRuntime: f.OCIRuntime, Limits: limits,
+		URI: f.Podman, Image: f.Image, Rootfs: f.Rootfs, OCIRuntime: f.OCIRuntime, Limits: limits, Preload: preload,
 		WorkerID: workerID, Pool: f.Pool, Logger: log, RunDir: f.RunDir, UserNS: f.UserNS, Reuse: f.Reuse, MaxUses: f.MaxUses,
 	}
 	rt, err := podman.New(ctx, cfg)
@@ -208,9 +215,10 @@ func (f *Flags) Open(ctx context.Context, workerID string, log *slog.Logger) (sa
 // DockerConfig is the Docker runtime's configuration the flags describe, on
 // the engine at host.
 func (f *Flags) DockerConfig(host, workerID string, limits sandbox.Limits, log *slog.Logger) docker.Config {
+	preload, _ := sandbox.ParsePreload(f.Preload) // checked by Limits
 	return docker.Config{
 		Host: host, Image: f.Image, OCIRuntime: f.OCIRuntime, Limits: limits, WorkerID: workerID,
-		Pool: f.Pool, Logger: log, RunDir: f.RunDir, Reuse: f.Reuse, MaxUses: f.MaxUses,
+		Pool: f.Pool, Logger: log, RunDir: f.RunDir, Reuse: f.Reuse, MaxUses: f.MaxUses, Preload: preload,
 	}
 }
 

@@ -53,6 +53,11 @@ type Config struct {
 	IdleTTL          time.Duration
 	// MaxFrame bounds a protocol frame; 0 means proxy.DefaultMaxFrame.
 	MaxFrame int
+	// Preload are the Python modules each container's zygote imports before
+	// its first job, so that a job importing them pays nothing (the forks
+	// share their pages). Nil preloads nothing; sandbox.DefaultPreload is the
+	// data stack. Modules the image lacks are skipped.
+	Preload []string
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -97,6 +102,9 @@ func (c *Config) SetDefaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if err := sandbox.CheckPreload(c.Preload); err != nil {
+		return fmt.Errorf("%s: %w", c.Name, err)
 	}
 	if c.ErrClosed == nil {
 		c.ErrClosed = errors.New(c.Name + ": runtime is closed")

@@ -2,6 +2,7 @@ package containerpool
 
 import (
 	"context"
+	"strings"
 
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 )
@@ -51,6 +52,9 @@ type Spec struct {
 	// SpareJavaScript starts the runner with --spare-javascript
 	// (sandbox.JSExpectation).
 	SpareJavaScript bool
+	// Preload are the modules the runner's zygote imports before its first
+	// job (the runner's --preload; Config.Preload).
+	Preload []string
 }
 
 // Container is a container as Engine.List returns it.
@@ -64,6 +68,9 @@ func (s Spec) Command() []string {
 	cmd := []string{"python3", "-I", "-B", "-u", "/mcpexec/runner.py", "/mcpexec/s", "--reset"}
 	if s.SpareJavaScript {
 		cmd = append(cmd, "--spare-javascript")
+	}
+	if len(s.Preload) > 0 {
+		cmd = append(cmd, "--preload="+strings.Join(s.Preload, ","))
 	}
 	return cmd
 }

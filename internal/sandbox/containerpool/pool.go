@@ -197,7 +197,7 @@ func (p *Pool) NewBox(ctx context.Context, jobLabel string, l sandbox.Limits) (_
 	}
 
 	secret := sandbox.NewSecret()
-	b.id, err = p.eng.Create(ctx, Spec{Dir: dir, Job: jobLabel, Seq: n, Limits: l, Secret: secret, SpareJavaScript: p.js.Expected()})
+	b.id, err = p.eng.Create(ctx, Spec{Dir: dir, Job: jobLabel, Seq: n, Limits: l, Secret: secret, SpareJavaScript: p.js.Expected(), Preload: p.cfg.Preload})
 	if err != nil {
 		return nil, err
 	}

@@ -118,6 +118,9 @@ type Config struct {
 	Logger *slog.Logger
 	// MaxFrame bounds a protocol frame; 0 means proxy.DefaultMaxFrame.
 	MaxFrame int
+	// Preload are the Python modules each container imports ahead of its
+	// first job (containerpool.Config.Preload); nil preloads nothing.
+	Preload []string
 }
 
 // Info describes the Docker engine of a Runtime.
@@ -216,7 +219,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 // and returns the pool's Config.
 func (cfg *Config) poolConfig() (containerpool.Config, error) {
 	pc := containerpool.Config{
-		Name: "docker sandbox", ErrClosed: ErrClosed, Logger: cfg.Logger, MaxFrame: cfg.MaxFrame,
+		Name: "docker sandbox", ErrClosed: ErrClosed, Logger: cfg.Logger, MaxFrame: cfg.MaxFrame, Preload: cfg.Preload,
 		Limits: cfg.Limits, WorkerID: cfg.WorkerID, RunDir: cfg.RunDir, Pool: cfg.Pool, Reuse: cfg.Reuse,
 		MaxUses: cfg.MaxUses, MaxIdle: cfg.MaxIdle, MaxIdlePerTenant: cfg.MaxIdlePerTenant, IdleTTL: cfg.IdleTTL,
 	}

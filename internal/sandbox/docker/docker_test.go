@@ -208,6 +208,12 @@ func TestSpecLockdown(t *testing.T) {
 	}
 }
 
+// TestDataStack: the data image's libraries are preloaded, DataFrames display
+// compactly, and a container keeps serving its namespace with them loaded.
+func TestDataStack(t *testing.T) {
+	sandboxtest.DataStack(t, newRuntime(t, Config{Pool: 1, Preload: sandbox.DefaultPreload}))
+}
+
 func TestRunnerExitReported(t *testing.T) {
 	sandboxtest.RunnerExitReported(t, newRuntime(t, Config{}))
 }

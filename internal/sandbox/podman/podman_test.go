@@ -99,6 +99,12 @@ func TestNoContainerLeftAfterRun(t *testing.T) {
 	sandboxtest.NoContainerLeftAfterRun(t, rt, rt.pool)
 }
 
+// TestDataStack: the data image's libraries are preloaded, DataFrames display
+// compactly, and a container keeps serving its namespace with them loaded.
+func TestDataStack(t *testing.T) {
+	sandboxtest.DataStack(t, newRuntime(t, Config{Pool: 1, Preload: sandbox.DefaultPreload}))
+}
+
 func TestRunnerExitReported(t *testing.T) {
 	sandboxtest.RunnerExitReported(t, newRuntime(t, Config{}))
 }
@@ -175,8 +181,10 @@ func TestSpecIsLockedDown(t *testing.T) {
 	}
 }
 
-func benchRun(b *testing.B, pool int, tenant string) {
-	cfg := Config{Pool: pool}
+func benchRun(b *testing.B, pool int, tenant string) { benchRunWith(b, Config{Pool: pool}, tenant) }
+
+func benchRunWith(b *testing.B, cfg Config, tenant string) {
+	pool := cfg.Pool
 	if os.Getenv("BENCH_CPUS0") != "" {
 		cfg.Limits = sandbox.DefaultLimits()
 		cfg.Limits.CPUs = 0
@@ -191,6 +199,18 @@ func BenchmarkRunWarm(b *testing.B) { benchRun(b, 2, "") }
 // BenchmarkRunReused: runs of one namespace back to back, each in a process
 // forked in a reused container.
 func BenchmarkRunReused(b *testing.B) { benchRun(b, 2, "bench") }
+
+// BenchmarkRunReusedPreload: the same with the data stack preloaded in each
+// container's zygote: what a fork of a larger parent costs.
+func BenchmarkRunReusedPreload(b *testing.B) {
+	benchRunWith(b, Config{Pool: 2, Preload: sandbox.DefaultPreload}, "bench")
+}
+
+// BenchmarkRunColdPreload: a container started per run (as BenchmarkRunCold)
+// with the data stack preloaded: what preloading adds to a container's start.
+func BenchmarkRunColdPreload(b *testing.B) {
+	benchRunWith(b, Config{Reuse: ReuseNone, Preload: sandbox.DefaultPreload}, "")
+}
 
 // BenchmarkRunCold: a container started per run.
 func BenchmarkRunCold(b *testing.B) { benchRun(b, 0, "") }

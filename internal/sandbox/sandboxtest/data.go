@@ -1,0 +1,53 @@
+package sandboxtest
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+)
+
+// DataStack: rt runs the data image with sandbox.DefaultPreload. numpy,
+// pandas and pyplot are loaded before the code imports them (the zygote
+// imported them); display() and a DataFrame left as the last expression print
+// a compact table, and no other trailing value is printed; the container,
+// with the data stack in its memory, still serves its namespace's next job
+// (the sweep's "memory still held" check passes with them loaded).
+func DataStack(t *testing.T, rt sandbox.Runtime) {
+	run := func(code string) sandbox.Result {
+		t.Helper()
+		res, err := rt.Run(context.Background(), sandbox.Job{ID: "data", Tenant: "data", Code: code, Timeout: 60 * time.Second}, nil)
+		if err != nil || res.Status != sandbox.StatusSuccess {
+			t.Fatalf("run: %v %+v", err, res)
+		}
+		return res
+	}
+	first := run(`import socket, sys
+print(socket.gethostname())
+print("preloaded:", all(m in sys.modules for m in ("numpy", "pandas", "matplotlib.pyplot")))
+import pandas as pd, numpy as np
+df = pd.DataFrame({"x": np.arange(100), "y": np.arange(100) ** 2, "label": ["row %d" % i for i in range(100)]})
+display(df)
+print("--")
+df[["x", "y"]].describe()`)
+	host, rest, _ := strings.Cut(first.Stdout, "\n")
+	if !strings.HasPrefix(rest, "preloaded: True\n") {
+		t.Fatalf("the data stack was not loaded ahead of the code: %q", first.Stdout)
+	}
+	table, described, _ := strings.Cut(rest, "--\n")
+	if !strings.Contains(table, "[100 rows x 3 columns]") || !strings.Contains(table, "row 99") || strings.Contains(table, "row 50") {
+		t.Fatalf("display(df) is not a compact table of the first and last rows: %q", table)
+	}
+	if lines := strings.Count(table, "\n"); lines > 25 {
+		t.Fatalf("display(df) printed %d lines", lines)
+	}
+	if !strings.Contains(described, "mean") || !strings.Contains(described, "49.5") {
+		t.Fatalf("a trailing DataFrame was not shown: %q", described)
+	}
+	second := run("import socket\nprint(socket.gethostname())\n1 + 1")
+	if got := strings.TrimSpace(second.Stdout); got != host {
+		t.Fatalf("the next job of the namespace ran in %q, not in %q: the container was retired (memory held after the sweep?); or a trailing value was printed", got, host)
+	}
+}
