@@ -208,7 +208,8 @@ func podmanRunCode(b *testing.B, image, code string) time.Duration {
 const plotCode = `import io
 import pandas as pd, matplotlib.pyplot as plt
 df = pd.DataFrame({"x": range(20), "y": [i * i for i in range(20)]})
-df.plot(x="x", y="y", title="squares")
+plt.plot(df["x"], df["y"])
+plt.title("squares")
 plt.savefig(io.BytesIO(), format="png")
 plt.close("all")
 print(1)`

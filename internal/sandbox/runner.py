@@ -70,10 +70,39 @@ def _preload(names):
                 importlib.import_module(name)
             except BaseException:  # noqa: BLE001 (a broken module must not stop the zygote)
                 pass
+    _warm_up()
     if fonts:
         import shutil
 
         shutil.rmtree(fonts, ignore_errors=True)  # loaded: the first job finds /tmp empty
+
+
+def _warm_up():
+    """Draws a small chart once in the zygote when pyplot (and pandas) are
+    preloaded: a process's first chart loads fonts, the Agg renderer's and
+    the PNG writer's state and pandas' plotting backend (hundreds of ms),
+    which every forked job would otherwise pay again."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    try:
+        import io
+
+        fig, ax = plt.subplots()
+        pd = sys.modules.get("pandas")
+        if pd is not None:
+            df = pd.DataFrame({"x": [0, 1, 2], "y": [0.5, 1.5, 1.0]})
+            df.plot(x="x", y="y", ax=ax, title="warm-up")
+            df.plot.bar(x="x", y="y", ax=ax)
+            repr(df.describe())
+        else:
+            ax.plot([0, 1, 2], [0.5, 1.5, 1.0], label="warm-up")
+            ax.set_title("warm-up")
+        ax.legend()
+        fig.savefig(io.BytesIO(), format="png")
+        plt.close("all")
+    except BaseException:  # noqa: BLE001 (a warm-up that fails costs only time)
+        pass
 
 
 def _matplotlib_config(preload):
