@@ -305,6 +305,14 @@ from mcp.servers.github import TOOLS, TOOL_MAP, getuser
 print(len(TOOLS), TOOL_MAP["getuser"]["name"], gh.__doc__)
 print((await getuser(login="q"))["name"], (await mcp.servers.github.search_files(pattern="*"))[1])`,
 		[]string{"10 getUser MCP server 'GitHub' wrappers", "User q b.txt"}},
+
+	// The bridge sends a call to a tool the server lacks and raises the
+	// server's error as a RuntimeError: code that catches it goes on.
+	{"README error handling of a missing tool", []string{"GitHub"}, `try:
+    await mcp_github.no_such_tool(login="q")
+except RuntimeError as e:
+    print("caught:", type(e).__name__, "no_such_tool" in str(e), "getuser" in str(e).lower())`,
+		[]string{"caught: MCPError True True"}},
 }
 
 // TestBridgePrograms runs the bridge's documented examples unchanged (but for

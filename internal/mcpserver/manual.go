@@ -58,7 +58,9 @@ Its names work too: lower-case aliases (server "GitHub" is also ` + "`mcp_github
 ` + "`LOADED_MCP_SERVERS`" + `, ` + "`list_servers_sync()`" + `, ` + "`list_tools_sync(server)`" + `, ` + "`describe_server(name)`" + `,
 ` + "`list_loaded_server_metadata()`" + `, ` + "`query_tool_docs_sync(...)`" + `, ` + "`search_tool_docs_sync(...)`" + `.
 Docs also have its keys (serverAlias, toolAlias, inputSchema). A tool error raises
-MCPError rather than returning isError; ` + "`save_tool`" + ` is not available.
+MCPError rather than returning isError; so does calling a tool the server lacks
+(` + "`await mcp_x.no_such_tool()`" + `: MCPError, a RuntimeError as the bridge's, naming the tools it has);
+` + "`save_tool`" + ` is not available.
 
 ## Memory (kept across runs, private to the caller)
 - ` + "`save_memory(key, value, metadata=None)`" + `: value and metadata JSON-serialisable.

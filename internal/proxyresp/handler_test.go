@@ -51,10 +51,10 @@ try:
     await mcp_ts.fail(message="disk on fire")
 except MCPError as e:
     print("MCPError:", e)
-try:
-    mcp_ts.no_such_tool
-except AttributeError as e:
-    print("AttributeError:", str(e)[:40])
+try:  # the bridge's way: the call fails with a RuntimeError (MCPError)
+    await mcp_ts.no_such_tool(x=1)
+except RuntimeError as e:
+    print(type(e).__name__ + ":", str(e)[:40])
 tools = await mcp_ts.list_tools()
 print(sorted(t["alias"] for t in tools)[:3])
 docs = query_tool_docs("ts")
@@ -78,7 +78,7 @@ True ['ts'] ['ts']
 ['other-server', 'ts'] [('other-server', False), ('ts', True)]
 r False
 MCPError: disk on fire
-AttributeError: MCP server 'ts' has no tool 'no_such_too
+MCPError: MCP server 'ts' has no tool 'no_such_too
 ['add', 'add_tool', 'big']
 True True False
 echo(text: str) True

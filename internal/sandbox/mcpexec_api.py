@@ -608,6 +608,23 @@ class _Tool:
         return "<MCP tool %s.%s>" % (self._server, self.name)
 
 
+class _MissingTool:
+    """A tool the server lacks, named as an attribute: calling it raises
+    MCPError naming the tools it has (when awaited, like a real call)."""
+
+    def __init__(self, server, name, message):
+        self._server, self.name, self._message = server, name, message
+
+    def __call__(self, *args, **kwargs):
+        async def fail():
+            raise MCPError(self._message)
+
+        return fail()
+
+    def __repr__(self):
+        return "<MCP tool %s.%s (not on the server)>" % (self._server, self.name)
+
+
 class MCPServerProxy:
     """A server given to this run: `await mcp_x.tool(**kwargs)`,
     `await mcp_x.list_tools()`, `mcp_x["tool-name"]`."""
@@ -658,9 +675,15 @@ class MCPServerProxy:
         raise AttributeError("MCP server %r has no tool %r; its tools are: %s" % (self._name, name, ", ".join(names) or "none"))
 
     def __getattr__(self, attr):
-        if attr.startswith("__"):
+        if attr.startswith("__") or attr.startswith("_ipython") or attr.startswith("_repr_"):
             raise AttributeError(attr)
-        return self._tool(attr)
+        try:
+            return self._tool(attr)
+        except AttributeError as e:
+            # As the Python bridge does: the call is made and fails with the
+            # server's error (an MCPError, a RuntimeError), so code that
+            # catches RuntimeError around the call works unchanged.
+            return _MissingTool(self._name, attr, str(e))
 
     def __getitem__(self, name):
         try:
