@@ -5,7 +5,10 @@
 // jobsapi, NATS service codes in state, JSON-RPC codes in mcpserver.
 package errs
 
-import "errors"
+import (
+	"errors"
+	"unicode/utf8"
+)
 
 // Kind says what kind of failure an error is, and so what the caller can do.
 type Kind int
@@ -77,3 +80,16 @@ func KindOf(err error) Kind {
 
 // Is reports whether err is of kind.
 func Is(err error, kind Kind) bool { return err != nil && KindOf(err) == kind }
+
+// Clip cuts s to at most n bytes for a message, marking the cut with "…". It
+// cuts at a character boundary, so what was valid UTF-8 stays valid: a name
+// or an error from a tenant or a sandbox is shown, never split mid-character.
+func Clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/mcpexec/mcpexec/internal/errs"
 )
@@ -39,5 +40,24 @@ func TestKindOf(t *testing.T) {
 	e := &errs.Error{Kind: errs.Unavailable, Msg: "state", Err: errors.New("no responders")}
 	if e.Error() != "state: no responders" || errs.Kind(99).String() != "internal" || errs.QueueFull.String() != "queue_full" {
 		t.Fatalf("%q", e.Error())
+	}
+}
+
+func TestClip(t *testing.T) {
+	for _, tc := range []struct {
+		s    string
+		n    int
+		want string
+	}{
+		{"short", 10, "short"},
+		{"exactly", 7, "exactly"},
+		{"abcdef", 3, "abc…"},
+		{"héllo", 2, "h…"}, // é is two bytes: not split
+		{"日本語", 4, "日…"},
+		{"日本語", 0, "…"},
+	} {
+		if got := errs.Clip(tc.s, tc.n); got != tc.want || !utf8.ValidString(got) {
+			t.Errorf("errs.Clip(%q, %d) = %q, want %q", tc.s, tc.n, got, tc.want)
+		}
 	}
 }

@@ -211,7 +211,7 @@ func (j *Job) Normalize(l Limits, now time.Time) error {
 	if j.ID == "" {
 		j.ID = NewID()
 	} else if !ValidUserID(j.ID) {
-		return invalid("id", "%q must be 1-128 characters of letters, digits, '-' or '_'", truncate(j.ID, 40))
+		return invalid("id", "%q must be 1-128 characters of letters, digits, '-' or '_'", errs.Clip(j.ID, 40))
 	}
 	if j.Code == "" {
 		return invalid("code", "code is required: pass the Python source to run")
@@ -239,7 +239,7 @@ func (j *Job) Normalize(l Limits, now time.Time) error {
 	}
 	for k, v := range j.Labels {
 		if k == "" || len(k) > 128 || len(v) > 512 || strings.ContainsAny(k, "=,") {
-			return invalid("labels", "label %q: keys must be 1-128 bytes without '=' or ',', values at most 512 bytes", truncate(k, 40))
+			return invalid("labels", "label %q: keys must be 1-128 bytes without '=' or ',', values at most 512 bytes", errs.Clip(k, 40))
 		}
 	}
 	if j.MemoryMB < 0 || j.MemoryMB > l.MaxMemoryMB || (j.MemoryMB > 0 && j.MemoryMB < 16) {
@@ -252,23 +252,23 @@ func (j *Job) Normalize(l Limits, now time.Time) error {
 		return err
 	}
 	if j.RetryOf != "" && !ValidID(j.RetryOf) {
-		return invalid("retry_of", "%q is not a job id", truncate(j.RetryOf, 40))
+		return invalid("retry_of", "%q is not a job id", errs.Clip(j.RetryOf, 40))
 	}
 	if j.Session != "" && !ValidID(j.Session) {
-		return invalid("session", "%q must be 1-128 characters of letters, digits, '-' or '_'", truncate(j.Session, 40))
+		return invalid("session", "%q must be 1-128 characters of letters, digits, '-' or '_'", errs.Clip(j.Session, 40))
 	}
 	if j.Language == LangPython {
 		j.Language = "" // the default: its records and messages stay as they were
 	} else if j.Language != "" && !slices.Contains(Languages, j.Language) {
-		return invalid("language", "%q is not a language the sandbox runs: use one of %s", truncate(j.Language, 40), strings.Join(Languages, ", "))
+		return invalid("language", "%q is not a language the sandbox runs: use one of %s", errs.Clip(j.Language, 40), strings.Join(Languages, ", "))
 	}
 	if j.TraceParent != "" && !ValidTraceParent(j.TraceParent) {
-		return invalid("traceparent", "%q is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>, lower case)", truncate(j.TraceParent, 60))
+		return invalid("traceparent", "%q is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>, lower case)", errs.Clip(j.TraceParent, 60))
 	}
 	if j.Pool == "" {
 		j.Pool = DefaultPool
 	} else if !ValidID(j.Pool) {
-		return invalid("pool", "%q must be letters, digits, '-' or '_'", truncate(j.Pool, 40))
+		return invalid("pool", "%q must be letters, digits, '-' or '_'", errs.Clip(j.Pool, 40))
 	}
 	if j.SubmittedAt.IsZero() {
 		j.SubmittedAt = now.UTC()
@@ -292,7 +292,7 @@ func (j *Job) checkParents(l Limits) error {
 		}
 		switch {
 		case !ValidUserID(p):
-			return invalid(field, "%q is not a job id", truncate(p, 40))
+			return invalid(field, "%q is not a job id", errs.Clip(p, 40))
 		case p == j.ID:
 			return invalid(field, "job %s names itself as its parent", j.ID)
 		case seen[p]:
@@ -305,13 +305,6 @@ func (j *Job) checkParents(l Limits) error {
 
 // DefaultPool is the worker pool jobs go to unless they name another.
 const DefaultPool = "default"
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
 
 // WorkerStatus is what a worker answers on jobs.Subjects.WorkerStatus.
 type WorkerStatus struct {

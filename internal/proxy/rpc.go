@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/mcpexec/mcpexec/internal/errs"
 	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
@@ -225,7 +226,7 @@ func (r *Responder) serve(m *nats.Msg) {
 	case err != nil || req.Job == "" || req.Method == "":
 		resp.Error = "malformed proxy request: want {job, method, params}"
 	case !KnownMethod(req.Method):
-		resp.Error = fmt.Sprintf("unknown proxy method %q", truncate(req.Method, 40))
+		resp.Error = fmt.Sprintf("unknown proxy method %q", errs.Clip(req.Method, 40))
 	default:
 		// The worker's call span, when it sent one, is the parent of the
 		// handler's spans (the header is validated: it comes from a worker).
@@ -253,13 +254,6 @@ func respond(m *nats.Msg, resp Response, maxPayload int64) {
 		data, _ = json.Marshal(Response{Error: fmt.Sprintf("result of %d bytes exceeds the %d-byte message limit", len(data), maxPayload)})
 	}
 	_ = m.Respond(data) // the requester may be gone; nothing to do then
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }
 
 // Stop unsubscribes, so that other members of the queue group take new

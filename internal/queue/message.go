@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mcpexec/mcpexec/internal/errs"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
@@ -61,16 +62,9 @@ func DecodeMessage(data []byte) (*Message, error) {
 		return nil, fmt.Errorf("undecodable job message: %w", err)
 	}
 	if !jobs.ValidID(m.ID) {
-		return nil, fmt.Errorf("job message with invalid id %q", truncate(m.ID, 40))
+		return nil, fmt.Errorf("job message with invalid id %q", errs.Clip(m.ID, 40))
 	}
 	return &m, nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }
 
 // SecretsBucket creates or updates the secrets bucket and returns it.

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/errs"
 	"github.com/mcpexec/mcpexec/internal/proxy"
 )
 
@@ -373,10 +374,10 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 				}
 				clean = true
 				c.reusable.Store(!f.Last)
-				return result(Result{Status: st, ExitCode: f.ExitCode, Error: truncate(f.Error, 64<<10)}), nil
+				return result(Result{Status: st, ExitCode: f.ExitCode, Error: errs.Clip(f.Error, 64<<10)}), nil
 			default:
 				return result(Result{Status: StatusError, ExitCode: -1,
-					Error: fmt.Sprintf("sandbox sent an unexpected %q frame", truncate(f.Type, 40))}), nil
+					Error: fmt.Sprintf("sandbox sent an unexpected %q frame", errs.Clip(f.Type, 40))}), nil
 			}
 		}
 	}
@@ -389,7 +390,7 @@ func (c *RunnerConn) call(g *callGate, host Host, f *proxy.Frame) {
 		c.sendAsync(&proxy.Frame{Type: proxy.TypeReply, ID: f.ID, Error: text})
 	}
 	if !proxy.KnownMethod(f.Method) {
-		refuse(fmt.Sprintf("%v %q", ErrUnknownMethod, truncate(f.Method, 40)))
+		refuse(fmt.Sprintf("%v %q", ErrUnknownMethod, errs.Clip(f.Method, 40)))
 		return
 	}
 	if len(f.Params) > proxy.MaxRequest {
@@ -515,13 +516,6 @@ func (b *bucket) wait(done <-chan struct{}) bool {
 			return false
 		}
 	}
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }
 
 // ErrTimeout is the cause of a run's context when the job's time limit passed.

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mcpexec/mcpexec/internal/errs"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/tracing"
@@ -108,16 +109,9 @@ func newCallID() string {
 	return hex.EncodeToString(b[:])
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
-
 func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessage) (json.RawMessage, error) {
 	if !proxy.KnownMethod(method) {
-		return nil, fmt.Errorf("unknown proxy method %q", truncate(method, 40))
+		return nil, fmt.Errorf("unknown proxy method %q", errs.Clip(method, 40))
 	}
 	subject := h.subj.ProxyAny()
 	server, tool := "", ""
@@ -130,7 +124,7 @@ func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessa
 			return nil, errors.New("name a server: the call needs a \"server\" parameter")
 		}
 		if !h.mayUse(p.Server) {
-			return nil, fmt.Errorf("server %q was not given to this run (it may use %s): add it to the job's servers", truncate(p.Server, 80), proxy.QuoteNames(h.job.Servers))
+			return nil, fmt.Errorf("server %q was not given to this run (it may use %s): add it to the job's servers", errs.Clip(p.Server, 80), proxy.QuoteNames(h.job.Servers))
 		}
 		server, tool, subject = p.Server, p.Tool, h.subj.ProxyServer(p.Server)
 	}
