@@ -12,6 +12,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/console"
 	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/metrics"
@@ -46,7 +47,7 @@ func httpHandler(ctx context.Context, c *config, srv *server.MCPServer, tasks *m
 		opts.Tokens[tok] = ns
 	}
 	if c.authToken != "" {
-		opts.Tokens[c.authToken] = mcpserver.DefaultNamespace
+		opts.Tokens[c.authToken] = jobs.DefaultNamespace
 	}
 	opts.AllowedHosts = discovery.ParseList(c.servers.allowedHosts)
 	for _, o := range strings.Split(c.allowedOrigins, ",") {

@@ -106,7 +106,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	if c.httpAddr == "" {
 		// One caller on stdio: the default memory namespace.
-		mopts.Namespace = func(context.Context) string { return mcpserver.DefaultNamespace }
+		mopts.Namespace = func(context.Context) string { return jobs.DefaultNamespace }
 	} else {
 		mopts.Namespace = mcpserver.NamespaceFromContext
 	}

@@ -30,7 +30,7 @@ type HTTPOptions struct {
 	// only on loopback listeners (the caller enforces that).
 	Tokens map[string]string
 	// AdminTokens may act in every namespace: the namespace of a request is
-	// its NamespaceHeader (DefaultNamespace without one). Configured only
+	// its NamespaceHeader (jobs.DefaultNamespace without one). Configured only
 	// explicitly (admin_tokens in the tokens file); none means nobody sees
 	// another namespace.
 	AdminTokens []string
@@ -174,7 +174,7 @@ func guard(next http.Handler, opts HTTPOptions) http.Handler {
 			tok = strings.TrimSpace(tok)
 			ns, found := lookupToken(opts.Tokens, tok)
 			if ok && !found && isAdminToken(opts.AdminTokens, tok) {
-				ns, found = DefaultNamespace, true
+				ns, found = jobs.DefaultNamespace, true
 				if h := r.Header.Get(NamespaceHeader); h != "" {
 					if !namespacePattern.MatchString(h) {
 						httpError(w, http.StatusBadRequest, "bad_namespace", NamespaceHeader+" must be 1-128 letters, digits, '.', '_' or '-'")

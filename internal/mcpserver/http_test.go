@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/mark3labs/mcp-go/server"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
 func TestGuardHostOriginTokens(t *testing.T) {
@@ -146,7 +148,7 @@ func TestAdminTokens(t *testing.T) {
 		want                seen
 	}{
 		{"TenantIgnoresHeader", "tenant-token-1", "bob", http.StatusOK, seen{"alice", false}},
-		{"AdminDefault", "admin-token-0123456789", "", http.StatusOK, seen{DefaultNamespace, true}},
+		{"AdminDefault", "admin-token-0123456789", "", http.StatusOK, seen{jobs.DefaultNamespace, true}},
 		{"AdminNamesNamespace", "admin-token-0123456789", "bob", http.StatusOK, seen{"bob", true}},
 		{"AdminBadNamespace", "admin-token-0123456789", "bob/../x", http.StatusBadRequest, seen{}},
 		{"NotAdmin", "admin-token-0123456789x", "bob", http.StatusUnauthorized, seen{}},

@@ -50,7 +50,7 @@ type Options struct {
 	// find_servers, enable_server and disable_server (--agent-discovery).
 	AgentDiscovery bool
 	// Namespace returns the memory namespace of the caller (from its token over
-	// HTTP; DefaultNamespace on stdio). nil means DefaultNamespace.
+	// HTTP; jobs.DefaultNamespace on stdio). nil means jobs.DefaultNamespace.
 	Namespace func(ctx context.Context) string
 	// OutputMode is OutputText (default) or OutputTOON.
 	OutputMode string
@@ -73,9 +73,6 @@ const (
 	OutputText = "text" // the compact form: stdout, stderr:, status:/error:
 	OutputTOON = "toon" // the structured result as TOON (Token-Oriented Object Notation)
 )
-
-// DefaultNamespace is the memory namespace of callers without an identity.
-const DefaultNamespace = "default"
 
 // ValidOutputMode reports whether m is a known output mode ("" is the default).
 func ValidOutputMode(m string) bool { return m == "" || m == OutputText || m == OutputTOON }
@@ -283,7 +280,7 @@ func (h *handler) namespace(ctx context.Context) string {
 			return ns
 		}
 	}
-	return DefaultNamespace
+	return jobs.DefaultNamespace
 }
 
 // args is run_python's input.
