@@ -5,14 +5,14 @@ import (
 	"os/exec"
 	"strings"
 
-	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
 )
 
 // startFix is the advice for a stack that did not start, from its error.
 func startFix(err error) string {
 	msg := err.Error()
 	switch {
-	case errors.Is(err, podman.ErrNoImage):
+	case errors.Is(err, sandbox.ErrNoImage):
 		return "build the sandbox image: `sudo deploy/sandbox/build.sh` (or `make image`); with --build-image (the default) the front-end builds it itself when it runs as root"
 	case strings.Contains(msg, "podman") && !onPath("podman"):
 		return "install Podman: `sudo apt-get install podman runc uidmap` (or `make deps`), then build the image with `make image`; or run workers on another host and join their broker with --nats"

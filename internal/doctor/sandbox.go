@@ -49,7 +49,7 @@ func checkSandbox(ctx context.Context, cfg podman.Config) []Check {
 	var out []Check
 	start := time.Now()
 	rt, err := podman.New(ctx, cfg)
-	if errors.Is(err, podman.ErrNoImage) {
+	if errors.Is(err, sandbox.ErrNoImage) {
 		return append(out, Check{Name: "podman api", Status: OK, Detail: "answered"}, missingImage(cfg.Image))
 	}
 	if err != nil {
@@ -119,7 +119,7 @@ func checkDocker(ctx context.Context, cfg docker.Config) []Check {
 	var out []Check
 	start := time.Now()
 	rt, err := docker.New(ctx, cfg)
-	if errors.Is(err, docker.ErrNoImage) {
+	if errors.Is(err, sandbox.ErrNoImage) {
 		return append(out,
 			Check{Name: "docker api", Status: OK, Detail: docker.HostOf(cfg.Host) + " answered"},
 			Check{Name: "sandbox image", Status: Fail, Detail: cfg.Image + " is missing in Docker",

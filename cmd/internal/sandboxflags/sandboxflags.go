@@ -192,7 +192,7 @@ func (f *Flags) Open(ctx context.Context, workerID string, log *slog.Logger) (sa
 		WorkerID: workerID, Pool: f.Pool, Logger: log, RunDir: f.RunDir, UserNS: f.UserNS, Reuse: f.Reuse, MaxUses: f.MaxUses,
 	}
 	rt, err := podman.New(ctx, cfg)
-	if errors.Is(err, podman.ErrNoImage) && f.BuildImage {
+	if errors.Is(err, sandbox.ErrNoImage) && f.BuildImage {
 		log.Info("sandbox image missing: building it (about a minute)", "image", f.Image)
 		if berr := BuildImage(ctx, f.Image); berr != nil {
 			return nil, fmt.Errorf("%w; building it failed: %w", err, berr)
@@ -226,7 +226,7 @@ func (f *Flags) DockerConfig(host, workerID string, limits sandbox.Limits, log *
 func (f *Flags) openDocker(ctx context.Context, host, workerID string, limits sandbox.Limits, log *slog.Logger) (sandbox.Runtime, error) {
 	cfg := f.DockerConfig(host, workerID, limits, log)
 	rt, err := docker.New(ctx, cfg)
-	if errors.Is(err, docker.ErrNoImage) && f.BuildImage {
+	if errors.Is(err, sandbox.ErrNoImage) && f.BuildImage {
 		log.Info("sandbox image missing in Docker: building it with Podman if needed (about a minute) and loading it", "image", f.Image)
 		if berr := BuildImage(ctx, f.Image); berr != nil {
 			return nil, fmt.Errorf("%w; building it failed: %w", err, berr)

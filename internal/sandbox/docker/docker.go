@@ -42,14 +42,6 @@ import (
 // deploy/sandbox builds, loaded into Docker (deploy/docker/start-dockerd.sh).
 const DefaultImage = sandboximage.DefaultImage
 
-// LanguagesLabel is the image label that lists the languages its sandboxes
-// run (comma-separated); deploy/sandbox/build.sh sets it. An image without it
-// runs Python only.
-const LanguagesLabel = "io.mcpexec.languages"
-
-// ErrNoImage is returned by New when the sandbox image does not exist.
-var ErrNoImage = errors.New("not found")
-
 // ErrClosed is returned by Run and RunInSession after Close.
 var ErrClosed = errors.New("docker sandbox: runtime is closed")
 
@@ -337,17 +329,13 @@ func (r *Runtime) checkImage(ctx context.Context) error {
 	img, err := r.cli.ImageInspect(c, r.cfg.Image)
 	if client.IsErrNotFound(err) {
 		return fmt.Errorf("docker sandbox: image %s %w: build it with `sudo deploy/sandbox/build.sh %s` and load it into Docker with `sudo deploy/docker/start-dockerd.sh %s` (podman save %s | docker load)",
-			r.cfg.Image, ErrNoImage, r.cfg.Image, r.cfg.Image, r.cfg.Image)
+			r.cfg.Image, sandbox.ErrNoImage, r.cfg.Image, r.cfg.Image, r.cfg.Image)
 	}
 	if err != nil {
 		return fmt.Errorf("docker sandbox: inspect image %s: %w", r.cfg.Image, err)
 	}
 	if img.Config != nil {
-		for _, l := range strings.Split(img.Config.Labels[LanguagesLabel], ",") {
-			if l = strings.TrimSpace(l); l == sandbox.JavaScript && !slices.Contains(r.langs, l) {
-				r.langs = append(r.langs, l)
-			}
-		}
+		r.langs = sandbox.AddLabelledLanguages(r.langs, img.Config.Labels[sandbox.LanguagesLabel])
 	}
 	return nil
 }

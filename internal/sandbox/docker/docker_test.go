@@ -256,7 +256,7 @@ func TestMissingImage(t *testing.T) {
 	if err != nil && strings.Contains(err.Error(), "cannot reach") {
 		unavailable(t, "%v", err)
 	}
-	if !errors.Is(err, ErrNoImage) {
+	if !errors.Is(err, sandbox.ErrNoImage) {
 		t.Fatalf("New with a missing image: %v", err)
 	}
 }

@@ -35,9 +35,6 @@ import (
 // builds it.
 const DefaultImage = sandboximage.DefaultImage
 
-// ErrNoImage is returned by New when the sandbox image does not exist.
-var ErrNoImage = errors.New("not found")
-
 // Labels put on every container this package creates (containerpool's).
 const (
 	LabelManaged = containerpool.LabelManaged

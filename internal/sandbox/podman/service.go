@@ -352,11 +352,6 @@ func writeConmonWrapper(dir, conmon string) (string, error) {
 	return w, nil
 }
 
-// LanguagesLabel is the image label that lists the languages its sandboxes
-// run (comma-separated); deploy/sandbox/build.sh sets it. An image without it
-// runs Python only.
-const LanguagesLabel = "io.mcpexec.languages"
-
 // checkImage checks that the image (or --rootfs) is there and learns which
 // languages its sandboxes run.
 func (r *Runtime) checkImage(ctx context.Context) error {
@@ -377,18 +372,14 @@ func (r *Runtime) checkImage(ctx context.Context) error {
 		return fmt.Errorf("podman sandbox: check image %s: %w", r.cfg.Image, err)
 	}
 	if !ok {
-		return fmt.Errorf("podman sandbox: image %s %w: build it with `sudo deploy/sandbox/build.sh %s` (or `make image`)", r.cfg.Image, ErrNoImage, r.cfg.Image)
+		return fmt.Errorf("podman sandbox: image %s %w: build it with `sudo deploy/sandbox/build.sh %s` (or `make image`)", r.cfg.Image, sandbox.ErrNoImage, r.cfg.Image)
 	}
 	rep, err := images.GetImage(c, r.cfg.Image, nil)
 	if err != nil {
 		return fmt.Errorf("podman sandbox: inspect image %s: %w", r.cfg.Image, err)
 	}
 	if rep.ImageData != nil {
-		for _, l := range strings.Split(rep.Labels[LanguagesLabel], ",") {
-			if l = strings.TrimSpace(l); l == sandbox.JavaScript {
-				r.langs = append(r.langs, l)
-			}
-		}
+		r.langs = sandbox.AddLabelledLanguages(r.langs, rep.Labels[sandbox.LanguagesLabel])
 	}
 	return nil
 }
