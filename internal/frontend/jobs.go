@@ -17,8 +17,9 @@ import (
 	"github.com/mcpexec/mcpexec/internal/state"
 )
 
-// ErrConflict is the error of a submission whose id belongs to a different job.
-var ErrConflict = errs.New(errs.Conflict, "a different job with this id exists")
+// ErrIDTaken is the error of a submission whose id belongs to a different job
+// (of kind errs.Conflict; state.ErrConflict is a memory write's lost race).
+var ErrIDTaken = errs.New(errs.Conflict, "a different job with this id exists")
 
 // Submitted is the outcome of submitting one job with SubmitMany.
 type Submitted = jobs.Submitted
@@ -27,7 +28,7 @@ type Submitted = jobs.Submitted
 // one) without waiting for them; jobs that fail validation are not submitted.
 // A job whose id the namespace used before is not submitted again, whatever
 // the time since the first submission: the existing record comes back instead
-// (or ErrConflict when the resubmission asks for something else). Ids are the
+// (or ErrIDTaken when the resubmission asks for something else). Ids are the
 // namespace's own: another namespace's job of the same id is another job.
 // Records come back as the namespace sees them.
 func (f *Frontend) SubmitMany(ctx context.Context, js []*jobs.Job, ns string) []Submitted {
@@ -244,12 +245,12 @@ func unavailable(out []Submitted, err error) []Submitted {
 	return out
 }
 
-// existing answers a resubmission of rec's id: the record, or ErrConflict when
+// existing answers a resubmission of rec's id: the record, or ErrIDTaken when
 // the new submission asks for a different job.
 func existing(rec *jobs.Record, j *jobs.Job) Submitted {
 	if !sameJob(&rec.Job, j) {
 		name, _ := jobs.UnscopedID(j.Namespace, j.ID)
-		return Submitted{Record: rec, Existing: true, Err: fmt.Errorf("%w: job %s was submitted before with different code, servers, timeout, attempts, session, labels or parents: choose a new id", ErrConflict, name)}
+		return Submitted{Record: rec, Existing: true, Err: fmt.Errorf("%w: job %s was submitted before with different code, servers, timeout, attempts, session, labels or parents: choose a new id", ErrIDTaken, name)}
 	}
 	return Submitted{Record: rec, Existing: true}
 }

@@ -44,7 +44,7 @@ func TestDedupeWithinAndBeyondWindow(t *testing.T) {
 		t.Fatalf("resubmission beyond the window: %+v", s)
 	}
 	// A different job under the same id is a conflict.
-	if s := testutil.Submit(t, fe, &jobs.Job{ID: "dup-1", Code: "print(2)"})[0]; !errors.Is(s.Err, frontend.ErrConflict) || s.Record == nil {
+	if s := testutil.Submit(t, fe, &jobs.Job{ID: "dup-1", Code: "print(2)"})[0]; !errors.Is(s.Err, frontend.ErrIDTaken) || s.Record == nil {
 		t.Fatalf("conflicting resubmission: %+v", s)
 	}
 	// Even straight at the queue (no state check), the events stream refuses
