@@ -142,12 +142,27 @@ class Runner:
             traceback.print_exc()
             status, code = "error", 1
             err = "%s: %s" % (type(e).__name__, e)
+        if "matplotlib.pyplot" in sys.modules:
+            _save_figures()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except Exception:
                 pass
         return {"type": "done", "status": status, "exit_code": code, "error": err}
+
+
+def _save_figures():
+    """Saves the figures the job left open (as plt.show() would)."""
+    try:
+        plt = sys.modules["matplotlib.pyplot"]
+        if not plt.get_fignums():
+            return
+        import mcpexec_mplbackend
+
+        mcpexec_mplbackend.save_open_figures()
+    except BaseException as e:  # the job's figures, not the job, failed
+        print("mcpexec: could not save the open figures: %s: %s" % (type(e).__name__, e), file=sys.stderr)
 
 
 # -- saved tools ------------------------------------------------------------------
