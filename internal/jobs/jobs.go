@@ -89,7 +89,10 @@ type Job struct {
 	TraceParent string `json:"traceparent,omitempty"`
 	// Files are the job's input files, placed under /workspace before its
 	// code starts; their bytes are in the file store (see FileInput).
-	Files []FileInfo `json:"files,omitempty"`
+	Files []FileInfo `json:"input_files,omitempty"`
+	// Inputs are the input files as the caller gave them: the front-end
+	// stores them and lists them in Files; they never travel.
+	Inputs []FileInput `json:"-"`
 	// FileLimits bound its files in and out (nil: DefaultFileLimits).
 	FileLimits *FileLimits `json:"file_limits,omitempty"`
 }
@@ -283,7 +286,7 @@ func (j *Job) Normalize(l Limits, now time.Time) error {
 	if j.TraceParent != "" && !ValidTraceParent(j.TraceParent) {
 		return invalid("traceparent", "%q is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>, lower case)", truncate(j.TraceParent, 60))
 	}
-	if err := j.checkFiles(); err != nil {
+	if err := j.CheckFiles(); err != nil {
 		return err
 	}
 	if j.Pool == "" {
@@ -324,7 +327,8 @@ func (j *Job) checkParents(l Limits) error {
 	return nil
 }
 
-func (j *Job) checkFiles() error {
+// CheckFiles checks the job's input files against its file limits.
+func (j *Job) CheckFiles() error {
 	l := j.FilesLimits()
 	if len(j.Files) > l.MaxFiles {
 		return invalid("files", "%d files given, at most %d allowed", len(j.Files), l.MaxFiles)
