@@ -122,6 +122,10 @@ func (f *Frontend) submit(ctx context.Context, js []*jobs.Job, ns string, all bo
 			out[i] = existing(r, j)
 			continue
 		}
+		if err := f.stageFiles(ctx, j, ns); err != nil {
+			out[i].Err = err
+			continue
+		}
 		todo, at = append(todo, j), append(at, i)
 	}
 	todo, at = f.adm.admitBatch(todo, at, out)

@@ -927,6 +927,27 @@ def _api(runner):
             raise TypeError("job ids are non-empty strings, got %r" % (job_id,))
         return _AwaitableDict(runner.rpc_sync("job_result", {"id": job_id}))
 
+    def job_file(job_id, name=None):
+        """The bytes of a file an ended job of the same namespace wrote under
+        /workspace/out (or a figure it drew): job_file(id, "summary.csv"), or
+        job_file("mcpexec://jobs/{id}/files/{name}")."""
+        if name is None and isinstance(job_id, str) and job_id.startswith("mcpexec://jobs/"):
+            rest = job_id[len("mcpexec://jobs/"):]
+            job_id, sep, name = rest.partition("/files/")
+            if not sep:
+                raise ValueError("not a file URI: mcpexec://jobs/{id}/files/{name}")
+            import urllib.parse
+
+            name = urllib.parse.unquote(name)
+        if not isinstance(job_id, str) or not job_id:
+            raise TypeError("job ids are non-empty strings, got %r" % (job_id,))
+        if not isinstance(name, str) or not name:
+            raise TypeError("file names are non-empty strings, got %r" % (name,))
+        import base64
+
+        got = runner.rpc_sync("job_file", {"id": job_id, "name": name})
+        return base64.b64decode(got["base64"])
+
     # -- saved tools: functions kept per namespace, defined in its later jobs ---
     def save_tool(fn, source=None):
         """Saves function fn (a top-level def) for this namespace's later jobs:
@@ -1026,6 +1047,7 @@ def _api(runner):
         "get_memory_info": get_memory_info,
         "update_memory": update_memory,
         "job_result": job_result,
+        "job_file": job_file,
         "save_tool": save_tool,
         "list_saved_tools": list_saved_tools,
         "delete_saved_tool": delete_saved_tool,
