@@ -157,6 +157,22 @@ open("out/summary.csv", "w").write("rows,%d\n" % len(rows))`
 			"files": []map[string]string{{"name": "x.csv", "uri": "mcpexec://jobs/summarize/files/summary.csv"}}}); st != 400 || !bytes.Contains(got, []byte("no such job")) {
 			t.Fatalf("spy input by URI: %d %s", st, got)
 		}
+		// A session keeps its workspace: files one call wrote are there for the
+		// next, and files given with a call add to them.
+		if st, got := do("POST", "/api/jobs", a, map[string]any{"id": "s1", "session": "keep", "code": `open("notes.txt", "w").write("from call 1")`,
+			"files": []map[string]string{{"name": "a.txt", "text": "A"}}}); st != 201 {
+			t.Fatalf("session call 1: %d %s", st, got)
+		}
+		if st, got := do("GET", "/api/jobs/s1/wait?timeout=2m", a, nil); st != 200 || !bytes.Contains(got, []byte(`"status":"success"`)) {
+			t.Fatalf("session call 1: %d %s", st, got)
+		}
+		if st, got := do("POST", "/api/jobs", a, map[string]any{"id": "s2", "session": "keep", "code": `print(open("notes.txt").read(), open("a.txt").read(), open("b.txt").read())`,
+			"files": []map[string]string{{"name": "b.txt", "text": "B"}}}); st != 201 {
+			t.Fatalf("session call 2: %d %s", st, got)
+		}
+		if st, got := do("GET", "/api/jobs/s2/wait?timeout=2m", a, nil); st != 200 || !bytes.Contains(got, []byte(`"stdout":"from call 1 A B\n"`)) {
+			t.Fatalf("session call 2: %d %s", st, got)
+		}
 		if st, got := do("POST", "/api/jobs", a, map[string]any{"code": "print(1)",
 			"files": []map[string]string{{"name": "../escape", "text": "x"}}}); st != 400 || !bytes.Contains(got, []byte("files[0].name")) {
 			t.Fatalf("bad input name: %d %s", st, got)
