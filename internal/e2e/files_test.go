@@ -137,6 +137,16 @@ open("out/summary.csv", "w").write("rows,%d\n" % len(rows))`
 		if st, got := do("GET", "/api/jobs/summarize/files/summary.csv", b, nil); st != 404 || !bytes.Contains(got, []byte("no such job")) {
 			t.Fatalf("another namespace's GET: %d %s", st, got)
 		}
+		// A re-run takes its parent's input files.
+		if st, got := do("POST", "/api/jobs/summarize/retry", a, map[string]string{"id": "summarize-again"}); st != 201 {
+			t.Fatalf("retry: %d %s", st, got)
+		}
+		if st, got := do("GET", "/api/jobs/summarize-again/wait?timeout=2m", a, nil); st != 200 || !bytes.Contains(got, []byte(`"status":"success"`)) {
+			t.Fatalf("the re-run: %d %s", st, got)
+		}
+		if st, got := do("GET", "/api/jobs/summarize-again/files/summary.csv", a, nil); st != 200 || string(got) != "rows,3\n" {
+			t.Fatalf("the re-run's file: %d %q", st, got)
+		}
 		// A later job reads it with job_file, and takes it as an input by URI.
 		later := `print(job_file("summarize", "summary.csv").decode(), open("prev.csv").read(), end="")`
 		if st, got := do("POST", "/api/jobs", a, map[string]any{"id": "later", "code": later,

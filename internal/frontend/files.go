@@ -17,6 +17,12 @@ import (
 func (f *Frontend) stageFiles(ctx context.Context, job *jobs.Job, ns string) error {
 	l := f.policyFor(ns).FileLimits()
 	job.FileLimits = &l
+	if len(job.Files) > 0 && len(job.Inputs) == 0 {
+		return f.copyInputs(ctx, job, ns)
+	}
+	if len(job.Files) > 0 {
+		return &jobs.InvalidError{Field: "input_files", Message: "input files are listed by the front-end: give files instead"}
+	}
 	if len(job.Inputs) == 0 {
 		return nil
 	}
@@ -54,6 +60,32 @@ func (f *Frontend) stageFiles(ctx context.Context, job *jobs.Job, ns string) err
 		infos = append(infos, info)
 	}
 	job.Files, job.Inputs = infos, nil
+	return job.CheckFiles()
+}
+
+// copyInputs stores a re-run's input files (job.Files, its parent's) under
+// its own id, read from the parent (job.RetryOf) within namespace ns.
+func (f *Frontend) copyInputs(ctx context.Context, job *jobs.Job, ns string) error {
+	if job.RetryOf == "" {
+		return &jobs.InvalidError{Field: "input_files", Message: "input files are listed by the front-end: give files instead"}
+	}
+	infos := make([]jobs.FileInfo, 0, len(job.Files))
+	for _, in := range job.Files {
+		data, err := f.state.InputOf(ctx, ns, job.RetryOf, in.Name)
+		if errors.Is(err, state.ErrNotFound) {
+			return &jobs.InvalidError{Field: "input_files", Message: fmt.Sprintf("input file %s of job %s has expired: submit the job again with its files", in.Name, job.RetryOf)}
+		}
+		if err != nil {
+			return fmt.Errorf("%w: read input file %s of job %s: %w", ErrUnavailable, in.Name, job.RetryOf, err)
+		}
+		info, err := f.state.PutFile(ctx, state.FilePut{Job: job.ID, Capability: jobs.Capability(f.key, job.ID), Name: in.Name,
+			Namespace: ns, QuotaBytes: job.FileLimits.QuotaBytes}, data)
+		if err != nil {
+			return fmt.Errorf("%w: store input file %s: %w", ErrUnavailable, in.Name, err)
+		}
+		infos = append(infos, info)
+	}
+	job.Files = infos
 	return job.CheckFiles()
 }
 

@@ -64,6 +64,9 @@ type FileGet struct {
 	Name       string `json:"name"`
 	Namespace  string `json:"namespace,omitempty"`
 	Capability string `json:"capability,omitempty"`
+	// Input asks a file.get for one of the job's input files (a re-run
+	// takes its parent's), not one it wrote.
+	Input bool `json:"input,omitempty"`
 }
 
 // ErrNoSuchFile is the error of a file.get that finds no file a namespace
@@ -265,12 +268,16 @@ func (s *Service) handleFileGet(req micro.Request) {
 		return
 	}
 	rec, err := s.store.Job(r.Job)
-	if errors.Is(err, ErrNotFound) || (err == nil && (jobs.NamespaceOf(rec.Job.Namespace) != jobs.NamespaceOf(r.Namespace) || rec.Result == nil)) {
+	if errors.Is(err, ErrNotFound) || (err == nil && (jobs.NamespaceOf(rec.Job.Namespace) != jobs.NamespaceOf(r.Namespace) || (rec.Result == nil && !r.Input))) {
 		s.respond(req, nil, fmt.Errorf("%w: no such job", ErrNoSuchFile))
 		return
 	}
 	if err != nil {
 		s.respond(req, nil, err)
+		return
+	}
+	if r.Input {
+		s.sendFile(req, rec.Job.Files, r.Job, 0, r.Name)
 		return
 	}
 	s.sendFile(req, rec.Result.Files, r.Job, rec.Result.Attempt, r.Name)
@@ -340,6 +347,13 @@ func (c *Client) File(ctx context.Context, ns, job, name string) (jobs.FileInfo,
 	var info jobs.FileInfo
 	data, err := c.fileCall(ctx, OpFileGet, FileGet{Job: job, Name: name, Namespace: ns}, nil, &info)
 	return info, data, err
+}
+
+// InputOf returns input file name of job (a wire id), read for namespace
+// ns: ErrNotFound unless the job is ns's and was given that file.
+func (c *Client) InputOf(ctx context.Context, ns, job, name string) ([]byte, error) {
+	var info jobs.FileInfo
+	return c.fileCall(ctx, OpFileGet, FileGet{Job: job, Name: name, Namespace: ns, Input: true}, nil, &info)
 }
 
 // fileCall makes a file request, retried like every other while the fleet
