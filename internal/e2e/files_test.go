@@ -156,6 +156,15 @@ open("out/summary.csv", "w").write("rows,%d\n" % len(rows))`
 		if st, got := do("GET", "/api/jobs/later/wait?timeout=2m", a, nil); st != 200 || !bytes.Contains(got, []byte(`"stdout":"rows,3\n rows,3\n"`)) {
 			t.Fatalf("later job: %d %s", st, got)
 		}
+		// JavaScript reads it too, when the image runs JavaScript.
+		if st, got := do("POST", "/api/jobs", a, map[string]any{"id": "later-js", "language": "javascript",
+			"code": `process.stdout.write((await jobFile("summarize", "summary.csv")).toString())`}); st == 201 {
+			if st, got := do("GET", "/api/jobs/later-js/wait?timeout=2m", a, nil); st != 200 || !bytes.Contains(got, []byte(`"stdout":"rows,3\n"`)) {
+				t.Fatalf("JavaScript job: %d %s", st, got)
+			}
+		} else if !bytes.Contains(got, []byte("javascript")) {
+			t.Fatalf("submit the JavaScript job: %d %s", st, got)
+		}
 		// Another namespace can neither read it from code nor name it as an input.
 		if st, got := do("POST", "/api/jobs", b, map[string]any{"id": "spy", "code": `print(job_file("summarize", "summary.csv"))`}); st != 201 {
 			t.Fatalf("submit spy: %d %s", st, got)

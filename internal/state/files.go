@@ -268,6 +268,13 @@ func (s *Service) handleFileGet(req micro.Request) {
 		return
 	}
 	rec, err := s.store.Job(r.Job)
+	if errors.Is(err, ErrNotFound) || (err == nil && rec.Result == nil && !r.Input) {
+		// The asker may have seen the job end (its finished event) before
+		// this replica applied it: catch up with the events stream once.
+		if s.catchUpEvents() == nil {
+			rec, err = s.store.Job(r.Job)
+		}
+	}
 	if errors.Is(err, ErrNotFound) || (err == nil && (jobs.NamespaceOf(rec.Job.Namespace) != jobs.NamespaceOf(r.Namespace) || (rec.Result == nil && !r.Input))) {
 		s.respond(req, nil, fmt.Errorf("%w: no such job", ErrNoSuchFile))
 		return
@@ -281,6 +288,18 @@ func (s *Service) handleFileGet(req micro.Request) {
 		return
 	}
 	s.sendFile(req, rec.Result.Files, r.Job, rec.Result.Attempt, r.Name)
+}
+
+// catchUpEvents waits (within catchUpWait) until this replica has applied
+// everything the events stream holds now.
+func (s *Service) catchUpEvents() error {
+	ctx, cancel := context.WithTimeout(context.Background(), catchUpWait)
+	defer cancel()
+	last, err := s.lastSeq(ctx, s.sub.EventsStream())
+	if err != nil {
+		return err
+	}
+	return s.applied.wait(ctx, last, 0, catchUpWait, false)
 }
 
 // sendFile answers the file name of list, read from the store and checked
