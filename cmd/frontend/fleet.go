@@ -25,6 +25,7 @@ func registerFleetFlags(fs *flag.FlagSet) *fleetFlags {
 	fs.Int64Var(&f.policy.MaxQueuedBytes, "ns-max-queued-bytes", d.MaxQueuedBytes, "refuse a namespace's submissions while its waiting jobs' code passes this many bytes (0: no cap; counted per front-end)")
 	fs.IntVar(&f.policy.MaxSessions, "ns-max-sessions", d.MaxSessions, "sessions a namespace may hold at once (0: no cap)")
 	fs.Int64Var(&f.policy.MemoryBytes, "ns-memory-bytes", d.MemoryBytes, "bytes of memory (keys, values, metadata) a namespace may store (0: no cap)")
+	fs.Int64Var(&f.policy.FilesBytes, "ns-files-bytes", d.FilesBytes, "bytes a namespace's jobs' files (in and out) may hold in the file store (0: no cap)")
 	return f
 }
 
@@ -32,8 +33,8 @@ func (f *fleetFlags) validate() error {
 	switch {
 	case f.grace < 0:
 		return cli.Usagef("--grace must not be negative, got %s", f.grace)
-	case f.policy.MaxQueued < 0, f.policy.MaxActive < 0, f.policy.MaxQueuedBytes < 0, f.policy.MaxSessions < 0, f.policy.MemoryBytes < 0:
-		return cli.Usagef("--ns-max-queued, --ns-max-active, --ns-max-queued-bytes, --ns-max-sessions and --ns-memory-bytes must be 0 (no cap) or more")
+	case f.policy.MaxQueued < 0, f.policy.MaxActive < 0, f.policy.MaxQueuedBytes < 0, f.policy.MaxSessions < 0, f.policy.MemoryBytes < 0, f.policy.FilesBytes < 0:
+		return cli.Usagef("--ns-max-queued, --ns-max-active, --ns-max-queued-bytes, --ns-max-sessions, --ns-memory-bytes and --ns-files-bytes must be 0 (no cap) or more")
 	}
 	return f.nats.Validate()
 }

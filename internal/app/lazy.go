@@ -227,6 +227,15 @@ func (l *Lazy) Get(ctx context.Context, ns, id string) (*jobs.Record, error) {
 	return fe.Get(ctx, ns, id)
 }
 
+// File implements mcpserver.FileReader.
+func (l *Lazy) File(ctx context.Context, ns, id, name string) (jobs.FileInfo, []byte, error) {
+	fe, err := l.frontend()
+	if err != nil {
+		return jobs.FileInfo{}, nil, err
+	}
+	return fe.File(ctx, ns, id, name)
+}
+
 // List implements mcpserver.TaskBackend.
 func (l *Lazy) List(ctx context.Context, ns string, f jobs.Filter) ([]*jobs.Record, string, error) {
 	fe, err := l.frontend()

@@ -25,8 +25,10 @@ import (
 var static embed.FS
 
 // CSP is the Content-Security-Policy of every console page: scripts,
-// styles and connections from the front-end itself only, no inline code.
-const CSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+// styles and connections from the front-end itself only, no inline code;
+// pictures also from blob: URLs, which the console makes of job files it
+// fetched with the caller's token.
+const CSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
 // Backend is what the console needs of a front-end beyond the jobs API;
 // *frontend.Frontend is one. Namespaces are the caller's.

@@ -116,6 +116,31 @@ func TestConsole(t *testing.T) {
 		p.noErrors()
 	})
 
+	t.Run("Pictures", func(t *testing.T) {
+		p.on(t)
+		// A 3x2 PNG written by the code, and a CSV: the job page shows the
+		// picture (fetched with the token) and offers both for download.
+		code := `import os, struct, zlib
+def chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+raw = b"".join(b"\x00" + b"\xff\x00\x00" * 3 for _ in range(2))
+png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 3, 2, 8, 2, 0, 0, 0)) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+os.makedirs("out", exist_ok=True)
+open("out/chart.png", "wb").write(png)
+open("out/table.csv", "w").write("a,b\n1,2\n")`
+		id := f.submit(t, tokA, map[string]any{"code": code})
+		if rec := f.wait(t, tokA, id); rec.Result == nil || len(rec.Result.Files) != 2 {
+			t.Fatalf("job %+v", rec.Result)
+		}
+		p.hash("#/job/" + id)
+		p.until("the picture", `(() => { const i = document.querySelector('#files img[data-file="chart.png"]'); return i !== null && i.complete && i.naturalWidth === 3 && i.naturalHeight === 2; })()`)
+		p.until("the downloads", `document.querySelectorAll('#files button[data-file]').length === 2`)
+		p.noErrors()
+		if st, body := f.call(t, tokB, "GET", "/api/jobs/"+id+"/files/chart.png", nil); st != http.StatusNotFound {
+			t.Errorf("b reads a's picture: %d %s", st, body)
+		}
+	})
+
 	t.Run("Memory", func(t *testing.T) {
 		p.on(t)
 		if rec := f.wait(t, tokA, f.submit(t, tokA, map[string]any{"code": "save_memory('greeting', 'hello')"})); rec.Status != jobs.StatusSuccess {

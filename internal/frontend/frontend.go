@@ -221,6 +221,9 @@ func (f *Frontend) Run(ctx context.Context, job *jobs.Job, progress func(jobs.Ev
 	if err := f.checkSessions(ctx, []*jobs.Job{job})[0]; err != nil {
 		return nil, err
 	}
+	if err := f.stageFiles(ctx, job, ns); err != nil {
+		return nil, err
+	}
 	ctx, span := f.startSubmit(ctx, job)
 	rec, err := f.run(ctx, job, progress)
 	endSubmit(span, rec, err)

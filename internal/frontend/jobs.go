@@ -102,6 +102,15 @@ func (f *Frontend) submit(ctx context.Context, js []*jobs.Job, ns string, all bo
 		byID[r.Job.ID] = r
 	}
 	f.checkParents(js, order, out, inBatch, byID, ns)
+	// Input files are stored before anything is submitted (a workflow is
+	// refused whole when one step's files are).
+	for _, i := range order {
+		if out[i].Err == nil && byID[js[i].ID] == nil {
+			if err := f.stageFiles(ctx, js[i], ns); err != nil {
+				out[i].Err = err
+			}
+		}
+	}
 	if all {
 		if bad := slices.IndexFunc(out, func(s Submitted) bool { return s.Err != nil }); bad >= 0 {
 			for i := range out {

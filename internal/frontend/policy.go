@@ -38,13 +38,25 @@ type Policy struct {
 	MaxSessions int `json:"max_sessions,omitempty"`
 	// MemoryBytes caps the bytes of its memory (keys, values and metadata).
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	// FilesBytes caps what its jobs' files (in and out) hold in the file
+	// store; MaxFileBytes, MaxJobFilesBytes and MaxFiles bound one file, the
+	// files of one job (in, or out) and their count.
+	FilesBytes       int64 `json:"files_bytes,omitempty"`
+	MaxFileBytes     int64 `json:"max_file_bytes,omitempty"`
+	MaxJobFilesBytes int64 `json:"max_job_files_bytes,omitempty"`
+	MaxFiles         int   `json:"max_files,omitempty"`
+}
+
+// FileLimits returns the bounds of a job's files under p.
+func (p Policy) FileLimits() jobs.FileLimits {
+	return jobs.FileLimits{MaxFileBytes: p.MaxFileBytes, MaxJobBytes: p.MaxJobFilesBytes, MaxFiles: p.MaxFiles, QuotaBytes: p.FilesBytes}.Or()
 }
 
 // DefaultPolicy is the policy of namespaces the configuration does not name:
 // on by default, with room for batch work but not for one tenant to take the
 // fleet.
 func DefaultPolicy() Policy {
-	return Policy{MaxQueued: 10_000, MaxActive: 10_000, MaxQueuedBytes: 256 << 20, MaxSessions: 16, MemoryBytes: 64 << 20}
+	return Policy{MaxQueued: 10_000, MaxActive: 10_000, MaxQueuedBytes: 256 << 20, MaxSessions: 16, MemoryBytes: 64 << 20, FilesBytes: 1 << 30}
 }
 
 // Inherit returns p with the fields it leaves zero taken from def: a named
@@ -64,6 +76,10 @@ func (p Policy) Inherit(def Policy) Policy {
 	p.MaxQueuedBytes = cmp.Or(p.MaxQueuedBytes, def.MaxQueuedBytes)
 	p.MaxSessions = cmp.Or(p.MaxSessions, def.MaxSessions)
 	p.MemoryBytes = cmp.Or(p.MemoryBytes, def.MemoryBytes)
+	p.FilesBytes = cmp.Or(p.FilesBytes, def.FilesBytes)
+	p.MaxFileBytes = cmp.Or(p.MaxFileBytes, def.MaxFileBytes)
+	p.MaxJobFilesBytes = cmp.Or(p.MaxJobFilesBytes, def.MaxJobFilesBytes)
+	p.MaxFiles = cmp.Or(p.MaxFiles, def.MaxFiles)
 	return p
 }
 
@@ -73,10 +89,17 @@ func (p Policy) Enabled() bool { return p.MaxQueued > 0 || p.MaxActive > 0 || p.
 // Validate reports the first field out of range.
 func (p Policy) Validate() error {
 	switch {
-	case p.MaxTimeout < 0, p.MaxQueued < 0, p.MaxActive < 0, p.MaxQueuedBytes < 0, p.MaxSessions < 0, p.MemoryBytes < 0, p.MaxMemoryMB < 0, p.MaxCPUs < 0:
+	case p.MaxTimeout < 0, p.MaxQueued < 0, p.MaxActive < 0, p.MaxQueuedBytes < 0, p.MaxSessions < 0, p.MemoryBytes < 0, p.MaxMemoryMB < 0, p.MaxCPUs < 0,
+		p.FilesBytes < 0, p.MaxFileBytes < 0, p.MaxJobFilesBytes < 0, p.MaxFiles < 0:
 		return fmt.Errorf("policy caps must not be negative: %+v", p)
 	case p.MaxTimeout > 24*3600:
 		return fmt.Errorf("policy max_timeout %d is over a day", p.MaxTimeout)
+	case p.MaxFileBytes > jobs.HardMaxFileBytes:
+		return fmt.Errorf("policy max_file_bytes %d is over %d (a file travels in one message)", p.MaxFileBytes, jobs.HardMaxFileBytes)
+	case p.MaxJobFilesBytes > jobs.HardMaxJobBytes:
+		return fmt.Errorf("policy max_job_files_bytes %d is over %d", p.MaxJobFilesBytes, jobs.HardMaxJobBytes)
+	case p.MaxFiles > jobs.HardMaxFiles:
+		return fmt.Errorf("policy max_files %d is over %d", p.MaxFiles, jobs.HardMaxFiles)
 	}
 	for _, pool := range p.Pools {
 		if !jobs.ValidID(pool) {

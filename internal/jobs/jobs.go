@@ -87,6 +87,22 @@ type Job struct {
 	// traceparent when one came, else a trace id derived from the job id);
 	// a caller's own value is never taken. See ValidTraceParent.
 	TraceParent string `json:"traceparent,omitempty"`
+	// Files are the job's input files, placed under /workspace before its
+	// code starts; their bytes are in the file store (see FileInput).
+	Files []FileInfo `json:"input_files,omitempty"`
+	// Inputs are the input files as the caller gave them: the front-end
+	// stores them and lists them in Files; they never travel.
+	Inputs []FileInput `json:"-"`
+	// FileLimits bound its files in and out (nil: DefaultFileLimits).
+	FileLimits *FileLimits `json:"file_limits,omitempty"`
+}
+
+// FilesLimits returns the job's file limits, defaults filled in.
+func (j *Job) FilesLimits() FileLimits {
+	if j.FileLimits == nil {
+		return DefaultFileLimits()
+	}
+	return j.FileLimits.Or()
 }
 
 // Languages the sandbox runs.
@@ -132,6 +148,11 @@ type Result struct {
 	// SandboxFailed says the sandbox itself failed (not the user's code): the job
 	// is kept as a dead letter.
 	SandboxFailed bool `json:"sandbox_failed,omitempty"`
+	// Files are what the code wrote under /workspace/out (and the figures
+	// it drew), kept in the file store.
+	Files []FileInfo `json:"files,omitempty"`
+	// Notes say what of the code's files was not kept, and why.
+	Notes []string `json:"notes,omitempty"`
 }
 
 var (
@@ -265,6 +286,9 @@ func (j *Job) Normalize(l Limits, now time.Time) error {
 	if j.TraceParent != "" && !ValidTraceParent(j.TraceParent) {
 		return invalid("traceparent", "%q is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>, lower case)", errs.Clip(j.TraceParent, 60))
 	}
+	if err := j.CheckFiles(); err != nil {
+		return err
+	}
 	if j.Pool == "" {
 		j.Pool = DefaultPool
 	} else if !ValidID(j.Pool) {
@@ -299,6 +323,32 @@ func (j *Job) checkParents(l Limits) error {
 			return invalid(field, "parent %s is named twice", p)
 		}
 		seen[p] = true
+	}
+	return nil
+}
+
+// CheckFiles checks the job's input files against its file limits.
+func (j *Job) CheckFiles() error {
+	l := j.FilesLimits()
+	if len(j.Files) > l.MaxFiles {
+		return invalid("files", "%d files given, at most %d allowed", len(j.Files), l.MaxFiles)
+	}
+	seen := map[string]bool{}
+	var total int64
+	for i, f := range j.Files {
+		if err := CheckFileName(f.Name); err != nil {
+			return invalid(fmt.Sprintf("files[%d].name", i), "%v", err)
+		}
+		if seen[f.Name] {
+			return invalid(fmt.Sprintf("files[%d].name", i), "%q is given twice", f.Name)
+		}
+		seen[f.Name] = true
+		if f.Size < 0 || f.Size > l.MaxFileBytes {
+			return invalid(fmt.Sprintf("files[%d]", i), "the file is %d bytes, over the limit of %d bytes", f.Size, l.MaxFileBytes)
+		}
+		if total += f.Size; total > l.MaxJobBytes {
+			return invalid("files", "the files are over %d bytes together", l.MaxJobBytes)
+		}
 	}
 	return nil
 }

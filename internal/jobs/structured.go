@@ -16,6 +16,18 @@ type Structured struct {
 	Error          string   `json:"error,omitempty"`
 	TimeoutSeconds int      `json:"timeoutSeconds"`
 	JobID          string   `json:"jobId"`
+	// Files are what the code wrote under /workspace/out (and its figures);
+	// Notes say what of them was not kept.
+	Files []StructuredFile `json:"files,omitempty"`
+	Notes []string         `json:"notes,omitempty"`
+}
+
+// StructuredFile is one file of a job's result, with the URI it is read at.
+type StructuredFile struct {
+	Name     string `json:"name"`
+	Size     int64  `json:"size"`
+	MimeType string `json:"mimeType"`
+	URI      string `json:"uri"`
 }
 
 // Structured returns the record's outcome (its status alone while it has no
@@ -34,7 +46,20 @@ func (r *Record) Structured() Structured {
 		Error:          res.Error,
 		TimeoutSeconds: r.Job.Timeout,
 		JobID:          r.Job.ID,
+		Files:          r.structuredFiles(),
+		Notes:          res.Notes,
 	}
+}
+
+func (r *Record) structuredFiles() []StructuredFile {
+	if r.Result == nil || len(r.Result.Files) == 0 {
+		return nil
+	}
+	out := make([]StructuredFile, len(r.Result.Files))
+	for i, f := range r.Result.Files {
+		out[i] = StructuredFile{Name: f.Name, Size: f.Size, MimeType: f.MimeType, URI: FileURI(r.Job.ID, f.Name)}
+	}
+	return out
 }
 
 func summary(r *Result) string {

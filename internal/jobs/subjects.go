@@ -143,6 +143,19 @@ func (s Subjects) SessionsBucket() string { return strings.ToUpper(s.p()) + "_SE
 // holds a session.
 func (s Subjects) WorkerSessions(worker string) string { return s.p() + ".wsession." + worker }
 
+// FilesBucket is the object store of jobs' files (inputs and what they
+// wrote): only the broker's state service reads and writes it.
+func (s Subjects) FilesBucket() string { return strings.ToUpper(s.p()) + "_FILES" }
+
+// FileObject is the name, in FilesBucket, of job's input file name
+// (attempt 0) or of a file attempt wrote.
+func FileObject(job string, attempt int, name string) string {
+	if attempt == 0 {
+		return job + "/in/" + name
+	}
+	return fmt.Sprintf("%s/out/%d/%s", job, attempt, name)
+}
+
 // SecretsBucket is the key-value bucket of the fleet's secrets (the proxy key):
 // only front-ends and the broker may read it.
 func (s Subjects) SecretsBucket() string { return strings.ToUpper(s.p()) + "_SECRETS" }

@@ -87,6 +87,7 @@ func New(cfg Config) http.Handler {
 	mux.HandleFunc("POST /api/jobs/{id}/cancel", a.cancel)
 	mux.HandleFunc("GET /api/jobs/{id}/wait", a.wait)
 	mux.HandleFunc("POST /api/jobs/{id}/retry", a.retry)
+	mux.HandleFunc("GET /api/jobs/{id}/files/{name...}", a.file)
 	mux.HandleFunc("GET /api/deadletters", a.deadLetters)
 	mux.HandleFunc("POST /api/workflows", a.submitWorkflow)
 	mux.HandleFunc("GET /api/workflows/{id}", a.getWorkflow)
@@ -126,12 +127,14 @@ type JobRequest struct {
 	CPUs     float64 `json:"cpus,omitempty"`
 	// Language is the code's: python (the default) or javascript.
 	Language string `json:"language,omitempty"`
+	// Files are placed under /workspace before the code starts.
+	Files []jobs.FileInput `json:"files,omitempty"`
 }
 
 // job is the request's job.
 func (q JobRequest) job() *jobs.Job {
 	return &jobs.Job{ID: q.ID, Code: q.Code, Servers: q.Servers, Timeout: q.Timeout, MaxAttempts: q.MaxAttempts,
-		Labels: q.Labels, Session: q.Session, Pool: q.Pool, After: q.After, AfterAny: q.AfterAny, MemoryMB: q.MemoryMB, CPUs: q.CPUs, Language: q.Language}
+		Labels: q.Labels, Session: q.Session, Pool: q.Pool, After: q.After, AfterAny: q.AfterAny, MemoryMB: q.MemoryMB, CPUs: q.CPUs, Language: q.Language, Inputs: q.Files}
 }
 
 // Item is the answer for one submitted job: its record, flagged when the id

@@ -99,6 +99,7 @@ func TestOpenAPIDescribesRealResponses(t *testing.T) {
 	check("GET", "/api/jobs/one/wait?timeout=10s", "tok-a", nil, 200)
 	check("GET", "/api/jobs/one", "tok-a", nil, 200)
 	check("GET", "/api/jobs/missing", "tok-a", nil, 404)
+	check("GET", "/api/jobs/one/files/none.csv", "tok-a", nil, 404)
 	check("GET", "/api/jobs?status=success&label=k=v&limit=10", "tok-a", nil, 200)
 	check("GET", "/api/jobs?limit=0", "tok-a", nil, 400)
 	check("POST", "/api/jobs/one/cancel", "tok-a", nil, 409)

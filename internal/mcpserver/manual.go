@@ -92,6 +92,16 @@ columns that fit, its dimensions); a DataFrame left as the code's last expressio
 the same way, as in a notebook. (A worker may run a slim image without them: ` + "`doctor`" + `
 lists an image's libraries.)
 
+## Files and pictures
+Files given with the call (` + "`files`" + `: {name, text | base64 | uri}) are in /workspace (the
+working directory) when the code starts. What the code writes under /workspace/out comes
+back: pictures (PNG, JPEG, GIF, WebP) as images, other files as links
+(mcpexec://jobs/{id}/files/{name}, readable with resources/read); every matplotlib figure
+shown with ` + "`plt.show()`" + ` or left open is saved there as a PNG. A later job reads a file
+with ` + "`job_file(id, name)`" + ` (bytes), or is given it by its URI in ` + "`files`" + `. A session keeps
+/workspace between calls. Limits: 100 files, 8 MiB each, 32 MiB together (the
+namespace's policy may differ); what is not kept gets a note in the result.
+
 ## Outcome
 status is success, error (an exception: traceback in stderr; or a non-zero exit code),
 timeout or cancelled. stdout and stderr are each capped at 1 MiB; the result says when
@@ -124,7 +134,8 @@ Every helper returns a promise; ` + "`await`" + ` it.
   ` + "`getMemoryInfo(key)`" + `, ` + "`deleteMemory(key)`" + `, ` + "`listMemories(prefix)`" + `,
   ` + "`updateMemory(key, fn, fallback)`" + ` (fn may be async; compare-and-set, retried). The memory
   is Python's: a value saved from one language is read from the other.
-- ` + "`jobResult(id)`" + `: an ended job's outcome, as Python's job_result.
+- ` + "`jobResult(id)`" + `: an ended job's outcome, as Python's job_result; ` + "`jobFile(id, name)`" + ` a
+  file it wrote (a Buffer), as Python's job_file.
 Errors from tools and the host are ` + "`MCPError`" + `s (an Error subclass).
 ` + "`process.exit(n)`" + ` ends the job with exit code n (0 is success). An uncaught error is the
 job's error, its stack in stderr.

@@ -187,6 +187,11 @@ func NewServer(r Runner, opts Options) (*server.MCPServer, *Tools) {
 		h.addCatalogTools(s)
 	}
 	tools := &Tools{s: s, h: h}
+	if fr, ok := r.(FileReader); ok {
+		s.AddResourceTemplate(mcp.NewResourceTemplate(FileURITemplate, "job file",
+			mcp.WithTemplateDescription("A file a job of your namespace wrote under /workspace/out (or a figure it drew).")),
+			h.readFile(fr))
+	}
 	for _, uri := range []string{CapabilitiesURI, BridgeCapabilitiesURI} {
 		s.AddResource(mcp.NewResource(uri, "mcpexec capabilities",
 			mcp.WithResourceDescription("The manual of the sandbox's API (Python, and JavaScript where offered): proxied MCP servers, tool docs, memory."),
@@ -260,7 +265,11 @@ func (h *handler) toolWith(lang string, names []string) mcp.Tool {
 		mcp.WithArray("servers", serverOpts...),
 		mcp.WithInteger("timeout", mcp.Min(1), mcp.Max(l.MaxTimeout),
 			mcp.Description(fmt.Sprintf("Seconds before the run is stopped (default %d).", l.DefaultTimeout))),
-		mcp.WithString("session", mcp.Description("Optional name: calls with the same session share "+shares+".")),
+		mcp.WithString("session", mcp.Description("Optional name: calls with the same session share "+shares+" and /workspace.")),
+		mcp.WithArray("files", mcp.Description("Input files placed under /workspace before the code starts: {name, text} or {name, base64}, or {name, uri} for a file an earlier job wrote (mcpexec://jobs/{id}/files/{name}). What the code writes under /workspace/out, and matplotlib figures, come back."),
+			mcp.Items(map[string]any{"type": "object", "required": []string{"name"}, "properties": map[string]any{
+				"name": map[string]any{"type": "string"}, "text": map[string]any{"type": "string"},
+				"base64": map[string]any{"type": "string"}, "uri": map[string]any{"type": "string"}}})),
 		mcp.WithTaskSupport(h.taskSupport()),
 	)
 }
@@ -285,17 +294,18 @@ func (h *handler) namespace(ctx context.Context) string {
 
 // args is run_python's input.
 type args struct {
-	Code    *string         `json:"code"`
-	Servers []string        `json:"servers"`
-	Timeout json.RawMessage `json:"timeout"`
-	Session string          `json:"session"`
+	Code    *string          `json:"code"`
+	Servers []string         `json:"servers"`
+	Timeout json.RawMessage  `json:"timeout"`
+	Session string           `json:"session"`
+	Files   []jobs.FileInput `json:"files"`
 }
 
 // parseArgs decodes and checks the arguments of tool (run_python or
 // run_javascript), saying exactly what was wrong.
 func parseArgs(tool string, raw any) (*jobs.Job, error) {
 	var a args
-	if err := decodeArgs(raw, &a, "code: string, servers: [string], timeout: integer, session: string"); err != nil {
+	if err := decodeArgs(raw, &a, "code: string, servers: [string], timeout: integer, session: string, files: [{name, text | base64 | uri}]"); err != nil {
 		return nil, err
 	}
 	if a.Code == nil {
@@ -305,7 +315,7 @@ func parseArgs(tool string, raw any) (*jobs.Job, error) {
 	if lang == jobs.LangPython {
 		lang = "" // the default
 	}
-	job := &jobs.Job{Code: *a.Code, Servers: a.Servers, Session: a.Session, Language: lang}
+	job := &jobs.Job{Code: *a.Code, Servers: a.Servers, Session: a.Session, Language: lang, Inputs: a.Files}
 	if len(a.Timeout) > 0 && string(a.Timeout) != "null" {
 		var t float64
 		if err := json.Unmarshal(a.Timeout, &t); err != nil || t != float64(int(t)) {
@@ -381,7 +391,9 @@ func (h *handler) call(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	}
 	log.Info(req.Params.Name+" finished", "status", rec.Status)
 	h.clientLog(ctx, mcp.LoggingLevelDebug, map[string]any{"event": "finished", "tool": req.Params.Name, "job": job.ID, "status": rec.Status})
-	return resultOf(rec, h.opts.OutputMode), nil
+	out := resultOf(rec, h.opts.OutputMode)
+	h.attachFiles(ctx, job.Namespace, rec, out)
+	return out, nil
 }
 
 // clientLog sends the calling session a log message, when its level lets it
@@ -566,6 +578,12 @@ func resultOf(rec *jobs.Record, mode string) *mcp.CallToolResult {
 		if res.Error != "" {
 			fmt.Fprintf(&b, "\nerror: %s", res.Error)
 		}
+	}
+	if len(st.Files) > 0 || len(st.Notes) > 0 {
+		if b.Len() > 0 {
+			b.WriteString("\n")
+		}
+		writeFiles(&b, st)
 	}
 	if b.Len() == 0 {
 		b.WriteString("(no output)")

@@ -295,6 +295,7 @@ func (t *Tasks) result(ctx context.Context, ns string, params json.RawMessage) (
 		return nil, &rpcError{Code: mcp.INTERNAL_ERROR, Message: fmt.Sprintf("task %s failed: %s", id, msg)}
 	}
 	res := resultOf(rec, t.h.opts.OutputMode)
+	t.h.attachFiles(ctx, ns, rec, res)
 	res.Meta = mcp.WithRelatedTask(id)
 	return res, nil
 }

@@ -111,6 +111,11 @@ func For(id Identity, pubKey string, s jobs.Subjects) (Permissions, error) {
 			// last attempt: the state service answers for the job whose
 			// capability the worker holds (a direct get would read any job's).
 			s.State(state.OpJobHistory),
+			// Files of the job it holds, proven with its capability: its
+			// inputs to read, what its attempt wrote to store. The file store
+			// itself is the state service's alone.
+			s.State(state.OpFileInput),
+			s.State(state.OpFilePut),
 			s.Output("*"),
 			s.AllProxy(),
 			s.WorkerJobs("*"), // a session's job forwarded to the worker holding it (as signed)

@@ -58,6 +58,19 @@ type Frame struct {
 	// runner's pre-imported parent, and ends that process with the job (not
 	// a session's job, whose process and globals last).
 	Fresh bool `json:"fresh,omitempty"`
+	// MaxFiles, MaxFileBytes and MaxJobBytes bound the files the runner
+	// collects from /workspace/out after the job (exec).
+	MaxFiles     int   `json:"max_files,omitempty"`
+	MaxFileBytes int64 `json:"max_file_bytes,omitempty"`
+	MaxJobBytes  int64 `json:"max_job_bytes,omitempty"`
+
+	// file (host → runner before an exec: an input file placed under the
+	// workspace; runner → host before a done: a file the job wrote under
+	// /workspace/out): its name, relative to the workspace or to out, and
+	// its bytes in standard base64 (Data).
+	Name string `json:"name,omitempty"`
+	// Notes (done) say what of the job's files the runner did not send, and why.
+	Notes []string `json:"notes,omitempty"`
 
 	// done (runner → host); Last says the runner takes no further job (the
 	// code's process is gone). Out, call and done frames name the job (Job) they
@@ -75,6 +88,7 @@ const (
 	TypeReply = "reply"
 	TypeExec  = "exec"
 	TypeDone  = "done"
+	TypeFile  = "file"
 )
 
 // Writer encodes frames onto a stream. It is not safe for concurrent use.
@@ -155,6 +169,10 @@ func DecodeFrame(body []byte) (*Frame, error) {
 	case TypeOut:
 		if f.Stream != "stdout" && f.Stream != "stderr" {
 			return nil, fmt.Errorf("%w: out frame with stream %q", ErrBadFrame, f.Stream)
+		}
+	case TypeFile:
+		if f.Name == "" {
+			return nil, fmt.Errorf("%w: file frame needs a name", ErrBadFrame)
 		}
 	case TypeCall:
 		if f.ID == 0 || f.Method == "" {

@@ -31,6 +31,8 @@ const (
 	MethodMemoryDelete      = "memory_delete"
 	MethodMemoryList        = "memory_list"
 	MethodJobResult         = "job_result"
+	// MethodJobFile reads a file an ended job of the namespace wrote.
+	MethodJobFile = "job_file"
 	// Saved tools: functions kept per namespace and defined in its later jobs.
 	MethodSavedToolPut    = "saved_tool_put"
 	MethodSavedToolDelete = "saved_tool_delete"
@@ -45,7 +47,7 @@ var knownMethods = map[string]bool{
 	MethodCallTool: true, MethodListServers: true, MethodDiscoveredServers: true,
 	MethodListTools: true, MethodQueryToolDocs: true, MethodSearchToolDocs: true,
 	MethodCapabilitySummary: true, MethodMemoryGet: true, MethodMemoryPut: true,
-	MethodMemoryDelete: true, MethodMemoryList: true, MethodJobResult: true,
+	MethodMemoryDelete: true, MethodMemoryList: true, MethodJobResult: true, MethodJobFile: true,
 	MethodSavedToolPut: true, MethodSavedToolDelete: true, MethodSavedToolList: true,
 	MethodCatalogFind: true, MethodCatalogEnable: true, MethodCatalogDisable: true,
 }

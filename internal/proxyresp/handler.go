@@ -156,6 +156,15 @@ func (r *Responder) dispatch(ctx context.Context, rj *runningJob, method string,
 			return nil, err
 		}
 		return r.jobResult(ctx, rj, p.ID)
+	case proxy.MethodJobFile:
+		var p struct {
+			ID   string `json:"id"`
+			Name string `json:"name"`
+		}
+		if err := decode(params, &p); err != nil {
+			return nil, err
+		}
+		return r.jobFile(ctx, rj, p.ID, p.Name)
 	}
 	return nil, fmt.Errorf("unknown proxy method %q", method)
 }

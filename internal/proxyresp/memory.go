@@ -2,6 +2,7 @@ package proxyresp
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -116,4 +117,41 @@ func (r *Responder) jobResult(ctx context.Context, rj *runningJob, id string) (a
 		return nil, fmt.Errorf("job_result: job %s has not ended (it is %s): name it in this job's after or after_any to wait for it", id, rec.Status)
 	}
 	return rec.View(ns).Structured(), nil
+}
+
+// FileSource reads jobs' files for a namespace; *state.Client is one.
+type FileSource interface {
+	File(ctx context.Context, ns, job, name string) (jobs.FileInfo, []byte, error)
+}
+
+// JobFile is the answer of job_file.
+type JobFile struct {
+	Name     string `json:"name"`
+	Size     int64  `json:"size"`
+	MimeType string `json:"mimeType"`
+	Base64   string `json:"base64"`
+}
+
+// jobFile answers job_file: a file an ended job of the calling job's
+// namespace wrote (another namespace's job is "no such job").
+func (r *Responder) jobFile(ctx context.Context, rj *runningJob, id, name string) (any, error) {
+	fs, ok := r.cfg.Records.(FileSource)
+	if !ok {
+		return nil, errors.New("job_file: this front-end keeps no job files")
+	}
+	ns := rj.namespace()
+	if !jobs.ValidUserID(id) {
+		return nil, fmt.Errorf("job_file: %.40q is not a job id", id)
+	}
+	if err := jobs.CheckFileName(name); err != nil {
+		return nil, fmt.Errorf("job_file: %w", err)
+	}
+	info, data, err := fs.File(ctx, ns, jobs.ScopedID(ns, id), name)
+	if errors.Is(err, state.ErrNotFound) {
+		return nil, fmt.Errorf("job_file: no such job or file in this namespace: job %s, file %s", id, name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("job_file: %w", err)
+	}
+	return JobFile{Name: info.Name, Size: info.Size, MimeType: info.MimeType, Base64: base64.StdEncoding.EncodeToString(data)}, nil
 }

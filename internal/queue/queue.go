@@ -34,8 +34,11 @@ type Config struct {
 	EventsMaxBytes int64
 	// MemoryMaxBytes bounds the memory stream (writes over it are refused).
 	MemoryMaxBytes int64
-	DedupeWindow   time.Duration // JetStream duplicate window for job ids
-	EventsMaxAge   time.Duration // how long lifecycle events are kept in the stream
+	// FilesMaxBytes bounds the file store (jobs' files in and out); its
+	// objects live as long as the events (EventsMaxAge), as records do.
+	FilesMaxBytes int64
+	DedupeWindow  time.Duration // JetStream duplicate window for job ids
+	EventsMaxAge  time.Duration // how long lifecycle events are kept in the stream
 	// QueuedMaxAge is the jobs stream's MaxAge: a job message older than
 	// this (counted from its enqueue, a running job's included) is deleted
 	// by JetStream, and the state service ends the record of a job still
@@ -66,6 +69,7 @@ func DefaultConfig() Config {
 		JobsMaxBytes:   1 << 30,
 		EventsMaxBytes: 8 << 30,
 		MemoryMaxBytes: 8 << 30,
+		FilesMaxBytes:  8 << 30,
 		DedupeWindow:   10 * time.Minute,
 		EventsMaxAge:   7 * 24 * time.Hour,
 		QueuedMaxAge:   DefaultQueuedMaxAge,
@@ -88,6 +92,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("queue EventsMaxBytes must be at least 1 MiB, got %d", c.EventsMaxBytes)
 	case c.MemoryMaxBytes < 1<<20:
 		return fmt.Errorf("queue MemoryMaxBytes must be at least 1 MiB, got %d", c.MemoryMaxBytes)
+	case c.FilesMaxBytes != 0 && c.FilesMaxBytes < 1<<20:
+		return fmt.Errorf("queue FilesMaxBytes must be at least 1 MiB, got %d", c.FilesMaxBytes)
 	case c.DedupeWindow <= 0:
 		return fmt.Errorf("queue DedupeWindow must be positive, got %s", c.DedupeWindow)
 	case c.EventsMaxAge < c.DedupeWindow:
@@ -188,7 +194,32 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	if _, err := SecretsBucket(ctx, js, cfg); err != nil {
 		return err
 	}
+	if _, err := FilesBucket(ctx, js, cfg); err != nil {
+		return err
+	}
 	return nil
+}
+
+// FilesBucket creates or updates the object store of jobs' files,
+// replicated like the streams, its objects kept as long as the events.
+func FilesBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.ObjectStore, error) {
+	limit := cfg.FilesMaxBytes
+	if limit == 0 {
+		limit = DefaultConfig().FilesMaxBytes
+	}
+	oc := jetstream.ObjectStoreConfig{
+		Bucket:      cfg.Subjects.FilesBucket(),
+		Description: "mcpexec jobs' files: inputs and what the code wrote",
+		TTL:         cfg.EventsMaxAge,
+		MaxBytes:    limit,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(cfg.Replicas, 1),
+	}
+	obs, err := js.CreateOrUpdateObjectStore(ctx, oc)
+	if err != nil {
+		return nil, fmt.Errorf("create object store %s: %w", oc.Bucket, err)
+	}
+	return obs, nil
 }
 
 // WorkerConsumer creates or updates the durable consumer shared by pool's

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"crypto/subtle"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/errs"
+	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/proxy"
 )
 
@@ -300,11 +302,32 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 		return r
 	}
 
+	fl := job.FileLimits.Or()
+	for _, in := range job.Files {
+		if err := jobs.CheckFileName(in.Name); err != nil {
+			return result(Result{Status: StatusError, ExitCode: -1, Error: fmt.Sprintf("input file: %v", err)}), nil
+		}
+	}
 	c.reusable.Store(false)
-	err := c.write(&proxy.Frame{
-		Type: proxy.TypeExec, Job: job.ID, Code: job.Code, Lang: job.Language, Servers: job.Servers,
-		TimeoutMS: job.Timeout.Milliseconds(), OutputCap: limit, Fresh: job.Fresh,
-	})
+	var err error
+	for _, in := range job.Files {
+		if err = c.write(&proxy.Frame{Type: proxy.TypeFile, Job: job.ID, Name: in.Name, Data: base64.StdEncoding.EncodeToString(in.Data)}); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		err = c.write(&proxy.Frame{
+			Type: proxy.TypeExec, Job: job.ID, Code: job.Code, Lang: job.Language, Servers: job.Servers,
+			TimeoutMS: job.Timeout.Milliseconds(), OutputCap: limit, Fresh: job.Fresh,
+			MaxFiles: fl.MaxFiles, MaxFileBytes: fl.MaxFileBytes, MaxJobBytes: fl.MaxJobBytes,
+		})
+	}
+	if errors.Is(err, proxy.ErrFrameTooLarge) && len(job.Files) > 0 {
+		// An input frame went out before: the runner holds part of the job.
+		_ = c.Close() // err is what the caller hears
+		return result(Result{Status: StatusError, ExitCode: -1,
+			Error: fmt.Sprintf("an input file is too large for the sandbox channel (%v)", err)}), nil
+	}
 	if errors.Is(err, proxy.ErrFrameTooLarge) {
 		// Nothing was written: the runner is untouched and may serve another job.
 		c.reusable.Store(true)
@@ -317,6 +340,7 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 	}
 
 	calls := newCallGate(ctx)
+	out := newFilesOut(fl)
 	clean := false
 	defer func() {
 		// A runner that did not end its job cleanly may go on sending: cut it
@@ -364,6 +388,8 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 				}
 			case proxy.TypeCall:
 				c.call(calls, host, f)
+			case proxy.TypeFile:
+				out.add(f.Name, f.Data)
 			case proxy.TypeDone:
 				st := Status(f.Status)
 				if st != StatusSuccess && st != StatusError {
@@ -374,7 +400,8 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 				}
 				clean = true
 				c.reusable.Store(!f.Last)
-				return result(Result{Status: st, ExitCode: f.ExitCode, Error: errs.Clip(f.Error, 64<<10)}), nil
+				out.notes(f.Notes)
+				return result(Result{Status: st, ExitCode: f.ExitCode, Error: errs.Clip(f.Error, 64<<10), Files: out.files, Notes: out.kept}), nil
 			default:
 				return result(Result{Status: StatusError, ExitCode: -1,
 					Error: fmt.Sprintf("sandbox sent an unexpected %q frame", errs.Clip(f.Type, 40))}), nil

@@ -150,6 +150,8 @@ class Runner:
             traceback.print_exc()
             status, code = "error", 1
             err = "%s: %s" % (type(e).__name__, e)
+        if "matplotlib.pyplot" in sys.modules:
+            _save_figures()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -205,6 +207,19 @@ def display(*objs):
         else:
             text = repr(obj)
         print(text)
+
+
+def _save_figures():
+    """Saves the figures the job left open (as plt.show() would)."""
+    try:
+        plt = sys.modules["matplotlib.pyplot"]
+        if not plt.get_fignums():
+            return
+        import mcpexec_mplbackend
+
+        mcpexec_mplbackend.save_open_figures()
+    except BaseException as e:  # the job's figures, not the job, failed
+        print("mcpexec: could not save the open figures: %s: %s" % (type(e).__name__, e), file=sys.stderr)
 
 
 # -- saved tools ------------------------------------------------------------------
@@ -992,6 +1007,27 @@ def _api(runner):
             raise TypeError("job ids are non-empty strings, got %r" % (job_id,))
         return _AwaitableDict(runner.rpc_sync("job_result", {"id": job_id}))
 
+    def job_file(job_id, name=None):
+        """The bytes of a file an ended job of the same namespace wrote under
+        /workspace/out (or a figure it drew): job_file(id, "summary.csv"), or
+        job_file("mcpexec://jobs/{id}/files/{name}")."""
+        if name is None and isinstance(job_id, str) and job_id.startswith("mcpexec://jobs/"):
+            rest = job_id[len("mcpexec://jobs/"):]
+            job_id, sep, name = rest.partition("/files/")
+            if not sep:
+                raise ValueError("not a file URI: mcpexec://jobs/{id}/files/{name}")
+            import urllib.parse
+
+            name = urllib.parse.unquote(name)
+        if not isinstance(job_id, str) or not job_id:
+            raise TypeError("job ids are non-empty strings, got %r" % (job_id,))
+        if not isinstance(name, str) or not name:
+            raise TypeError("file names are non-empty strings, got %r" % (name,))
+        import base64
+
+        got = runner.rpc_sync("job_file", {"id": job_id, "name": name})
+        return base64.b64decode(got["base64"])
+
     # -- saved tools: functions kept per namespace, defined in its later jobs ---
     def save_tool(fn, source=None):
         """Saves function fn (a top-level def) for this namespace's later jobs:
@@ -1092,6 +1128,7 @@ def _api(runner):
         "update_memory": update_memory,
         "job_result": job_result,
         "display": display,
+        "job_file": job_file,
         "save_tool": save_tool,
         "list_saved_tools": list_saved_tools,
         "delete_saved_tool": delete_saved_tool,

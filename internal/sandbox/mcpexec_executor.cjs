@@ -355,6 +355,14 @@ const api = {
     }
     return rpc("job_result", { id });
   },
+  // jobFile returns a Buffer of a file an ended job of the namespace wrote.
+  async jobFile(id, name) {
+    if (typeof id !== "string" || id === "" || typeof name !== "string" || name === "") {
+      throw new TypeError("jobFile(id, name) takes a job id and a file name");
+    }
+    const got = await rpc("job_file", { id, name });
+    return Buffer.from(got.base64, "base64");
+  },
   // The server catalog: servers the operator lists but a namespace enables.
   async findServers(query = "", limit = 5) {
     return (await rpc("catalog_find", { query: String(query), limit: Math.trunc(Number(limit)) || 5 })) || [];

@@ -25,7 +25,7 @@ MAX_PENDING_TO_EXECUTOR = 32 << 20
 KNOWN_METHODS = frozenset((
     "call_tool", "list_servers", "discovered_servers", "list_tools", "query_tool_docs",
     "search_tool_docs", "capability_summary", "memory_get", "memory_put", "memory_delete",
-    "memory_list", "job_result", "saved_tool_put", "saved_tool_delete", "saved_tool_list",
+    "memory_list", "job_result", "job_file", "saved_tool_put", "saved_tool_delete", "saved_tool_list",
     "catalog_find", "catalog_enable", "catalog_disable",
 ))
 SECRET_ENV = "MCPEXEC_RUNNER_SECRET"

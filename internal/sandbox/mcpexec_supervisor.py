@@ -2,13 +2,17 @@
 connection, relays and checks the code's frames, and sweeps the container
 between fresh jobs. Standard library only."""
 
+import base64
+import binascii
 import codecs
+import errno
 import fcntl
 import json
 import os
 import select
 import signal
 import socket
+import stat
 
 from mcpexec_protocol import KNOWN_METHODS, MAX_CALL, MAX_FRAME, MAX_PENDING_TO_EXECUTOR, _FrameBuffer, _encode, _fork_child, _set_pdeathsig
 
@@ -95,6 +99,10 @@ class _Supervisor:
         self.sent = {}
         self.decoders = {}
         self.hello = None  # sent to the host when the zygote is ready
+        self.workspace = os.getcwd()  # /workspace in a container
+        self.in_errors = []  # input files of the next job that could not be placed
+        self.limits = (0, 0, 0)  # the job's (max files, max file bytes, max total bytes) out
+        self.collected = {}  # a session's files sent already: name -> (ino, size, mtime)
 
     def send_host(self, frame):
         self.host.sendall(_encode(frame))
@@ -139,7 +147,11 @@ class _Supervisor:
     # -- frames -------------------------------------------------------------------
     def on_host(self, frame):
         kind = frame.get("type")
-        if kind == "exec" and self.job is None:
+        if kind == "file" and self.job is None:
+            err = _place(self.workspace, frame.get("name"), frame.get("data"))
+            if err:
+                self.in_errors.append(err)
+        elif kind == "exec" and self.job is None:
             job = frame.get("job")
             self.job = job if isinstance(job, str) else ""
             cap = frame.get("output_cap")
@@ -148,6 +160,13 @@ class _Supervisor:
             self.decoders = {n: codecs.getincrementaldecoder("utf-8")("replace") for n in ("stdout", "stderr")}
             self.fresh = frame.get("fresh") is True
             self.result = None
+            self.limits = (_int(frame.get("max_files")), _int(frame.get("max_file_bytes")), _int(frame.get("max_job_bytes")))
+            if self.fresh:
+                self.collected = {}
+            if self.in_errors:
+                errs, self.in_errors = self.in_errors, []
+                self.finish({"status": "error", "exit_code": -1, "error": "could not place the input files: " + "; ".join(errs[:5])})
+                return
             exec_frame = {"type": "exec", "code": frame.get("code", ""), "servers": frame.get("servers") or [], "persist": not self.fresh}
             lang = frame.get("lang") or "python"
             if lang == "javascript":
@@ -237,12 +256,18 @@ class _Supervisor:
             if self.fresh:
                 self.result = done  # sent once the job's process is gone and swept
             else:
-                self.finish(done)
+                self.finish(done, files=self.collect())
         else:
             self.fail("the code sent an unexpected %r frame" % (str(kind)[:40],))
 
-    def finish(self, done, last=False):
+    def finish(self, done, last=False, files=None):
         self.drain()
+        if files is not None:
+            sent, notes = files
+            for name, data in sent:
+                self.send_host({"type": "file", "job": self.job, "name": name, "data": base64.b64encode(data).decode("ascii")})
+            if notes:
+                done = dict(done, notes=notes)
         frame = {"type": "done", "job": self.job}
         frame.update(done)
         if last:
@@ -300,9 +325,10 @@ class _Supervisor:
         self.end_executor()
         if done is None:
             return
+        files = self.collect() if self.job is not None else None
         clean = self.result is not None and self.fresh and self.sweep()
         self.result = None
-        self.finish(done, last=not clean)
+        self.finish(done, last=not clean, files=files)
         if not clean:
             self.exit()
         if self.js_seen:
@@ -334,6 +360,119 @@ class _Supervisor:
             self.on_executor(frame)
             if self.ex is not ex:
                 return
+
+    # -- files out ----------------------------------------------------------------
+    def collect(self):
+        """The files the job wrote under out/ of the workspace (a session's: the
+        new or changed ones), within the job's bounds, and a note for each thing
+        not kept. The code is hostile: names are bytes, nothing is followed,
+        only regular files are opened (without blocking), and no more is read
+        of one than its bound."""
+        max_files, max_file, max_total = self.limits
+        max_files = max_files or 100
+        max_file = max_file or (8 << 20)
+        max_total = max_total or (32 << 20)
+        files, notes = [], []
+        total = [0]
+        looked = [0]
+        stop = [None]  # why the walk ended early
+        now_seen = {}
+
+        def note(text):
+            if len(notes) < MAX_NOTES:
+                notes.append(text[:300])
+            elif len(notes) == MAX_NOTES:
+                notes.append("more files were not kept: only the first %d reasons are listed" % MAX_NOTES)
+
+        def walk(dfd, prefix, depth):
+            try:
+                it = os.scandir(dfd)
+            except OSError as e:
+                note("out/%s could not be listed: %s" % (prefix, e.strerror))
+                return
+            with it:
+                for entry in it:
+                    looked[0] += 1
+                    if looked[0] > MAX_SCAN:
+                        stop[0] = "out/ holds more than %d entries: the rest were not looked at" % MAX_SCAN
+                        return
+                    raw = os.fsencode(entry.name)
+                    try:
+                        part = raw.decode("utf-8")
+                    except UnicodeDecodeError:
+                        note("out/%s%r: the name is not UTF-8, so the file was not kept" % (prefix, raw))
+                        continue
+                    name = prefix + part
+                    if any(ord(c) < 32 or ord(c) == 127 for c in part) or len(name.encode()) > 255:
+                        note("out/%r: the name holds control characters or is too long, so the file was not kept" % name)
+                        continue
+                    try:
+                        st = os.stat(entry.name, dir_fd=dfd, follow_symlinks=False)
+                    except OSError as e:
+                        note("out/%s: %s" % (name, e.strerror))
+                        continue
+                    mode = st.st_mode
+                    if stat.S_ISLNK(mode):
+                        note("out/%s is a symbolic link: links are not followed, so it was not kept" % name)
+                        continue
+                    if stat.S_ISDIR(mode):
+                        if depth >= 7:
+                            note("out/%s is nested too deep: it was not looked into" % name)
+                            continue
+                        try:
+                            sub = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
+                        except OSError as e:
+                            note("out/%s could not be opened: %s" % (name, e.strerror))
+                            continue
+                        try:
+                            walk(sub, name + "/", depth + 1)
+                        finally:
+                            os.close(sub)
+                        if stop[0]:
+                            return
+                        continue
+                    if not stat.S_ISREG(mode):
+                        note("out/%s is a %s, not a regular file: it was not kept" % (name, _kind(mode)))
+                        continue
+                    key = (st.st_ino, st.st_size, st.st_mtime_ns)
+                    now_seen[name] = key
+                    if not self.fresh and self.collected.get(name) == key:
+                        continue  # a session's file sent by an earlier job, unchanged
+                    if len(files) >= max_files:
+                        stop[0] = "the job wrote more than %d files under out/: the rest were not kept" % max_files
+                        return
+                    if st.st_size > max_file:
+                        note("out/%s is %d bytes, over the limit of %d bytes per file: it was not kept" % (name, st.st_size, max_file))
+                        continue
+                    if total[0] + st.st_size > max_total:
+                        note("out/%s: the files would be over %d bytes together, so it was not kept" % (name, max_total))
+                        continue
+                    data = _read_regular(dfd, entry.name, st, max_file)
+                    if isinstance(data, str):
+                        note("out/%s: %s" % (name, data))
+                        continue
+                    total[0] += len(data)
+                    files.append((name, data))
+
+        try:
+            top = os.open(os.path.join(self.workspace, "out"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return files, notes
+        except OSError as e:
+            if e.errno == errno.ENOTDIR or e.errno == errno.ELOOP:
+                note("out is not a directory: nothing was kept")
+            else:
+                note("out could not be opened: %s" % e.strerror)
+            return files, notes
+        try:
+            walk(top, "", 0)
+        finally:
+            os.close(top)
+        if stop[0]:
+            notes.append(stop[0])
+        if not self.fresh:
+            self.collected = now_seen
+        return files, notes
 
     # -- between jobs -------------------------------------------------------------
     def strangers(self):
@@ -467,6 +606,91 @@ class _Supervisor:
                     self.from_executor(ex, data)
                 else:
                     self.drain([fd])
+
+
+# Bounds of the files collected after a job (the host checks them again).
+MAX_SCAN = 10000  # entries of out/ looked at
+MAX_NOTES = 20
+
+
+def _int(v):
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+
+def _kind(mode):
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device node"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "special file"
+
+
+def _read_regular(dfd, name, st, limit):
+    """Reads a regular file without following links or blocking; returns its
+    bytes, or why not (a str)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+    except OSError as e:
+        return "could not be opened: %s" % e.strerror
+    try:
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode) or now.st_ino != st.st_ino:
+            return "changed while it was read: it was not kept"
+        chunks, n = [], 0
+        while n <= limit:
+            b = os.read(fd, min(1 << 20, limit + 1 - n))
+            if not b:
+                break
+            chunks.append(b)
+            n += len(b)
+        if n > limit:
+            return "grew over the limit of %d bytes while it was read: it was not kept" % limit
+        return b"".join(chunks)
+    except OSError as e:
+        return "could not be read: %s" % e.strerror
+    finally:
+        os.close(fd)
+
+
+def _place(workspace, name, data):
+    """Writes an input file under the workspace, creating its directories,
+    following no link; returns why not (a str), or None."""
+    if not isinstance(name, str) or not isinstance(data, str):
+        return "a file frame without a name or data"
+    parts = name.split("/")
+    if name.startswith("/") or any(p in ("", ".", "..") for p in parts) or len(parts) > 8:
+        return "%r is not a relative path" % name[:80]
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        return "%s: its data is not base64" % name
+    try:
+        fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        return "the workspace: %s" % e.strerror
+    try:
+        for p in parts[:-1]:
+            try:
+                os.mkdir(p, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            sub = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+        try:
+            os.unlink(parts[-1], dir_fd=fd)  # a session's earlier file, or a link left there
+        except FileNotFoundError:
+            pass
+        out = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=fd)
+        with os.fdopen(out, "wb") as f:
+            f.write(raw)
+        return None
+    except OSError as e:
+        return "%s: %s" % (name, e.strerror or e)
+    finally:
+        os.close(fd)
 
 
 def _remove(path):

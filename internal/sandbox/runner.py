@@ -38,6 +38,9 @@ import threading
 
 # The other modules sit next to this script (python3 -I leaves it off the path).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# matplotlib, if the code (or a preload) imports it, draws with mcpexec's
+# backend: plt.show() saves the figures to /workspace/out.
+os.environ["MPLBACKEND"] = "module://mcpexec_mplbackend"
 
 from mcpexec_protocol import PROTOCOL_VERSION, SECRET_ENV, _Channel, _fork_child, _set_nondumpable, _set_pdeathsig  # noqa: E402
 from mcpexec_api import Runner  # noqa: E402

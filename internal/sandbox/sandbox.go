@@ -70,10 +70,57 @@ type Job struct {
 	// code's). An error from it aborts the run: Run returns it wrapped in
 	// ErrNotStarted, and the sandbox has not seen the code.
 	BeforeExec func() error
+	// Files are placed under the workspace (/workspace) before the code
+	// starts; FileLimits bound the files the job writes under
+	// /workspace/out, which come back in Result.Files.
+	Files      []File
+	FileLimits FileLimits
 	// OnSandbox, when set, is told the short id of the container the job
 	// runs in, before BeforeExec (runtimes with containers; the worker puts
 	// it on the job's spans).
 	OnSandbox func(id string)
+}
+
+// File is one file of a job: an input placed under /workspace, or one it
+// wrote under /workspace/out (Name is then relative to out).
+type File struct {
+	Name string
+	Data []byte
+}
+
+// FileLimits bound the files a job sends back. Zero fields take
+// DefaultFileLimits'; no field may exceed HardFileLimits'.
+type FileLimits struct {
+	MaxFiles     int
+	MaxFileBytes int64
+	MaxJobBytes  int64
+}
+
+// DefaultFileLimits are 100 files of up to 8 MiB, 32 MiB together.
+func DefaultFileLimits() FileLimits {
+	return FileLimits{MaxFiles: 100, MaxFileBytes: 8 << 20, MaxJobBytes: 32 << 20}
+}
+
+// HardFileLimits hold whatever a job asks: a file travels in one frame
+// (base64, within proxy.DefaultMaxFrame).
+func HardFileLimits() FileLimits {
+	return FileLimits{MaxFiles: 1000, MaxFileBytes: 10 << 20, MaxJobBytes: 256 << 20}
+}
+
+// Or fills l's zero fields from DefaultFileLimits and holds it to HardFileLimits.
+func (l FileLimits) Or() FileLimits {
+	d, h := DefaultFileLimits(), HardFileLimits()
+	if l.MaxFiles <= 0 {
+		l.MaxFiles = d.MaxFiles
+	}
+	if l.MaxFileBytes <= 0 {
+		l.MaxFileBytes = d.MaxFileBytes
+	}
+	if l.MaxJobBytes <= 0 {
+		l.MaxJobBytes = d.MaxJobBytes
+	}
+	l.MaxFiles, l.MaxFileBytes, l.MaxJobBytes = min(l.MaxFiles, h.MaxFiles), min(l.MaxFileBytes, h.MaxFileBytes), min(l.MaxJobBytes, h.MaxJobBytes)
+	return l
 }
 
 // ErrNotStarted wraps the error of a BeforeExec hook that aborted a run.
@@ -142,6 +189,10 @@ type Result struct {
 	StderrTruncated bool
 	Error           string
 	Duration        time.Duration
+	// Files are what the job wrote under /workspace/out (and its figures),
+	// checked against its FileLimits; Notes say what was not kept, and why.
+	Files []File
+	Notes []string
 }
 
 // Runtime runs jobs in sandboxes. Run returns an error only when the sandbox itself

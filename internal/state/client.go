@@ -104,10 +104,29 @@ func (c *Client) once(ctx context.Context, op string, data []byte, resp any) err
 	if op == OpMemoryPut || op == OpMemoryDelete {
 		d = writeAttempt
 	}
+	reply, err := c.onceMsg(ctx, op, data, nil, d)
+	if err != nil {
+		return err
+	}
+	if resp == nil {
+		return nil
+	}
+	if err := json.Unmarshal(reply.Data, resp); err != nil {
+		return fmt.Errorf("decode %s answer: %w", op, err)
+	}
+	return nil
+}
+
+// onceMsg makes one request with the headers given, within d, and returns
+// the answer, or the error it carries.
+func (c *Client) onceMsg(ctx context.Context, op string, data []byte, hdr nats.Header, d time.Duration) (*nats.Msg, error) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	msg := nats.NewMsg(c.sub.State(op))
 	msg.Data = data
+	for k, v := range hdr {
+		msg.Header[k] = v
+	}
 	ev := c.events.Load()
 	if c.EventsFloor != nil {
 		ev = max(ev, c.EventsFloor())
@@ -123,7 +142,7 @@ func (c *Client) once(ctx context.Context, op string, data []byte, resp any) err
 	if err != nil {
 		// The cause stays text: it is often this attempt's own timeout, which callers
 		// must not take for their context's deadline.
-		return fmt.Errorf("%w: %s: %v (is the broker running?)", ErrUnavailable, op, err) //nolint:errorlint // see above
+		return nil, fmt.Errorf("%w: %s: %v (is the broker running?)", ErrUnavailable, op, err) //nolint:errorlint // see above
 	}
 	storeMax(&c.events, seqHeader(reply.Header, HeaderEventsSeq))
 	storeMax(&c.memory, seqHeader(reply.Header, HeaderMemorySeq))
@@ -131,23 +150,17 @@ func (c *Client) once(ctx context.Context, op string, data []byte, resp any) err
 		text := reply.Header.Get(micro.ErrorHeader)
 		switch code {
 		case CodeNotFound:
-			return wrapText(ErrNotFound, text)
+			return nil, wrapText(ErrNotFound, text)
 		case CodeConflict:
-			return wrapText(ErrConflict, text)
+			return nil, wrapText(ErrConflict, text)
 		case CodeBadRequest:
-			return wrapText(ErrInvalid, text)
+			return nil, wrapText(ErrInvalid, text)
 		case CodeUnavailable:
-			return fmt.Errorf("%w: %s", ErrUnavailable, text)
+			return nil, fmt.Errorf("%w: %s", ErrUnavailable, text)
 		}
-		return fmt.Errorf("state service %s failed (%s): %s", op, code, text)
+		return nil, fmt.Errorf("state service %s failed (%s): %s", op, code, text)
 	}
-	if resp == nil {
-		return nil
-	}
-	if err := json.Unmarshal(reply.Data, resp); err != nil {
-		return fmt.Errorf("decode %s answer: %w", op, err)
-	}
-	return nil
+	return reply, nil
 }
 
 // codedError keeps the service's message while matching its sentinel.

@@ -45,6 +45,9 @@ type Store interface {
 	Children(id string) ([]string, error)
 	// WithStatus returns the ids of the records in status st.
 	WithStatus(st jobs.Status) ([]string, error)
+	// FilesUsage returns the bytes the files of namespace ns's records hold
+	// (Record.StoredBytes, summed as records are folded and pruned).
+	FilesUsage(ns string) (int64, error)
 	// Prune deletes the finished records r does not keep, and counts them.
 	Prune(r Retention, now time.Time) (int, error)
 

@@ -102,6 +102,11 @@ type Service struct {
 	writes  chan struct{}  // bounds concurrent write handlers
 	reads   chan struct{}  // bounds concurrent read handlers
 	lookups chan struct{}  // bounds concurrent job.history handlers
+	fileOps chan struct{}  // bounds concurrent file handlers (each holds a file)
+
+	filesMu sync.Mutex // guards obs
+	obs     jetstream.ObjectStore
+	tally   fileTally
 }
 
 // NewService returns a Service; Start begins its work.
@@ -114,7 +119,7 @@ func NewService(nc *nats.Conn, store Store, sub jobs.Subjects, logger *slog.Logg
 		logger = slog.New(slog.DiscardHandler)
 	}
 	return &Service{nc: nc, js: js, store: store, sub: sub, logger: logger,
-		Retention: DefaultRetention, writes: make(chan struct{}, 64), reads: make(chan struct{}, MaxReads), lookups: make(chan struct{}, 64), quota: newReservations()}, nil
+		Retention: DefaultRetention, writes: make(chan struct{}, 64), reads: make(chan struct{}, MaxReads), lookups: make(chan struct{}, 64), fileOps: make(chan struct{}, 16), quota: newReservations()}, nil
 }
 
 // Start follows the streams from where the store left off, waits until it has
@@ -196,6 +201,10 @@ func (s *Service) Start(ctx context.Context) error {
 		{OpMemoryDelete, s.concurrently(s.writes, s.tracedWrite("delete", s.consistentMemory(s.handleMemoryDelete)))},
 		// Every delivery of a job asks: its direct gets overlap.
 		{OpJobHistory, s.concurrently(s.lookups, s.handleJobHistory)},
+		// Each holds a file of up to 10 MiB: at most cap(s.fileOps) at once.
+		{OpFilePut, s.concurrently(s.fileOps, s.consistent(s.handleFilePut))},
+		{OpFileInput, s.concurrently(s.fileOps, s.consistent(s.handleFileInput))},
+		{OpFileGet, s.concurrently(s.fileOps, s.consistent(s.handleFileGet))},
 	}
 	for _, e := range endpoints {
 		name := endpointName(e.op)

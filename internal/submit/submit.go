@@ -107,7 +107,7 @@ func ReadJobs(r io.Reader) ([]jobsapi.JobRequest, error) {
 		dec := json.NewDecoder(bytes.NewReader(b))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&j); err != nil {
-			return nil, fmt.Errorf("jobs file line %d: %w (want a JSON object with code, and optionally id, servers, timeout, max_attempts, labels, session, pool, after, after_any, memory_mb, cpus, language)", line, err)
+			return nil, fmt.Errorf("jobs file line %d: %w (want a JSON object with code, and optionally id, servers, timeout, max_attempts, labels, session, pool, after, after_any, memory_mb, cpus, language, files)", line, err)
 		}
 		if j.ID == "" {
 			j.ID = jobs.NewID()

@@ -35,6 +35,10 @@ type outcome struct {
 	started     bool // this attempt's start is recorded (the code was sent)
 	result      sandbox.Result
 	err         error
+	// files are those of result stored in the file store, notes what of
+	// them was not kept (the runner's and the worker's).
+	files []jobs.FileInfo
+	notes []string
 }
 
 // action is what happens to a job message.
@@ -74,6 +78,7 @@ func decide(o outcome, retryDelay time.Duration) verdict {
 	switch o.kind {
 	case ranToEnd:
 		r := resultOf(o.result)
+		r.Files, r.Notes = o.files, o.notes
 		return verdict{action: actAck, result: &r}
 	case cancelledRunning:
 		return verdict{action: actAck, result: &jobs.Result{Status: jobs.StatusCancelled, Error: "cancelled while running",

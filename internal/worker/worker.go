@@ -339,9 +339,22 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 		o.kind, o.err = transient, err
 		return o
 	}
+	if sj.Files, err = w.inputFiles(runCtx, d); err != nil {
+		if !inputsFailed(err) {
+			o.kind, o.err = transient, err
+			return o
+		}
+		o.kind, o.result = ranToEnd, sandbox.Result{Status: sandbox.StatusError, ExitCode: -1, Error: err.Error()}
+		return o
+	}
+	fl := d.job.FilesLimits()
+	sj.FileLimits = sandbox.FileLimits{MaxFiles: fl.MaxFiles, MaxFileBytes: fl.MaxFileBytes, MaxJobBytes: fl.MaxJobBytes}
 	res, runErr := w.runSandbox(runCtx, &d.job, sj, host)
 	spans.end(res, runErr)
 	o.started, o.result = started, res
+	if runErr == nil && (len(res.Files) > 0 || len(res.Notes) > 0) {
+		o.files, o.notes = w.storeFiles(context.WithoutCancel(ctx), d, o.attempt, res)
+	}
 	switch {
 	case errors.Is(context.Cause(runCtx), errCancelled):
 		o.kind = cancelledRunning

@@ -1,5 +1,5 @@
 // The console's router, sign-in and the jobs pages.
-import { h, api, follow, store, fmtTime, fmtDur, badge, scroller, notice, TERMINAL, STATUSES } from './lib.js';
+import { h, api, blobURL, follow, store, fmtTime, fmtDur, badge, scroller, notice, TERMINAL, STATUSES } from './lib.js';
 import { highlight } from './hl.js';
 import { fleetPage, memoryPage, chartsPage, sessionsPage } from './pages.js';
 
@@ -230,6 +230,7 @@ async function jobPage(show, id, signal) {
           ['Worker', res.worker || ''], ['Attempt', res.attempt || '']])) : null,
       res ? out('stdout', res.stdout, res.stdout_truncated) : null,
       res ? out('stderr', res.stderr, res.stderr_truncated) : null,
+      res && ((res.files && res.files.length) || (res.notes && res.notes.length)) ? filesSection(path, res, signal) : null,
       h('section', { 'aria-labelledby': 'h-timeline' }, h('h2', { id: 'h-timeline' }, 'Timeline'), tl, t.note ? h('p', { class: 'muted' }, t.note) : null));
     return rec;
   };
@@ -241,6 +242,39 @@ async function jobPage(show, id, signal) {
     // A moment later: the spans of the step end just after its event.
     pending = setTimeout(() => { pending = null; render().catch(() => {}); }, 300);
   }, () => {}, signal);
+}
+
+const PICTURES = new Set(['image/png', 'image/jpeg', 'image/gif', 'image/webp']);
+
+// filesSection shows what a job wrote under /workspace/out: its pictures,
+// and a download for every file (fetched with the token: links cannot send it).
+function filesSection(path, res, signal) {
+  const fileURL = (f) => path + '/files/' + f.name.split('/').map(encodeURIComponent).join('/');
+  const figs = [];
+  const items = (res.files || []).map((f) => {
+    if (PICTURES.has(f.mimeType)) {
+      const img = h('img', { alt: f.name, 'data-file': f.name });
+      figs.push(h('figure', {}, img, h('figcaption', {}, f.name)));
+      blobURL(fileURL(f), signal).then((u) => { img.src = u; }).catch((e) => { img.replaceWith(notice(f.name + ': ' + e.message, 'error')); });
+    }
+    const b = h('button', { type: 'button', class: 'link', 'data-file': f.name, onclick: async () => {
+      b.disabled = true;
+      try {
+        const a = h('a', { href: await blobURL(fileURL(f), signal), download: f.name.split('/').pop() });
+        document.body.append(a);
+        a.click();
+        a.remove();
+      } catch (e) {
+        b.after(notice(e.message, 'error'));
+      }
+      b.disabled = false;
+    } }, 'Download ' + f.name);
+    return h('li', {}, b, h('span', { class: 'muted' }, ' ' + f.size + ' bytes, ' + f.mimeType));
+  });
+  return h('section', { 'aria-labelledby': 'h-files', id: 'files' }, h('h2', { id: 'h-files' }, 'Files'),
+    figs.length ? h('div', { class: 'figures' }, figs) : null,
+    items.length ? h('ul', { class: 'files' }, items) : null,
+    res.notes && res.notes.length ? h('ul', { class: 'notes muted' }, res.notes.map((n) => h('li', {}, n))) : null);
 }
 
 function curlOf(j) {

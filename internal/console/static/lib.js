@@ -42,6 +42,14 @@ export class APIError extends Error {
   }
 }
 
+// blobURL fetches a file with the caller's token and returns an object URL of
+// its bytes (images and downloads cannot send the token themselves).
+export async function blobURL(path, signal) {
+  const r = await fetch(path, { headers: headers({ Accept: '*/*' }), signal });
+  if (!r.ok) throw new APIError(r.status, null, r.status + ' ' + r.statusText);
+  return URL.createObjectURL(await r.blob());
+}
+
 // api calls the front-end's JSON API; it throws APIError on a failed answer.
 export async function api(path, opts = {}) {
   const init = { method: opts.method || 'GET', headers: headers(), signal: opts.signal };

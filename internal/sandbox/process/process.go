@@ -90,6 +90,7 @@ type proc struct {
 	ln     net.Listener
 	sock   string
 	rc     *sandbox.RunnerConn
+	ws     string // its workspace directory
 }
 
 func (p *proc) kill() {
@@ -98,8 +99,9 @@ func (p *proc) kill() {
 	if p.rc != nil {
 		_ = p.rc.Close() // the runner is dead: closing only frees the connection
 	}
-	_ = p.ln.Close()      // nothing may connect any more; a failure leaves nothing to do
-	_ = os.Remove(p.sock) // best effort: the socket lives in the runtime's own directory
+	_ = p.ln.Close()       // nothing may connect any more; a failure leaves nothing to do
+	_ = os.Remove(p.sock)  // best effort: the socket lives in the runtime's own directory
+	_ = os.RemoveAll(p.ws) // best effort, likewise
 }
 
 // start starts a runner and waits for its hello.
@@ -122,7 +124,16 @@ func (r *Runtime) start(ctx context.Context) (*proc, error) {
 	}
 	cmd := exec.Command(python, filepath.Join(r.dir, "runner.py"), sock)
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + r.dir, "PYTHONDONTWRITEBYTECODE=1", sandbox.SecretEnv + "=" + secret}
-	cmd.Dir = r.dir
+	// Its workspace (the runner places input files and collects /workspace/out there).
+	ws := filepath.Join(r.dir, fmt.Sprintf("w%d", r.seq.Add(1)))
+	if err := os.Mkdir(ws, 0o700); err != nil {
+		_ = ln.Close() // err is what the caller hears
+		return nil, fmt.Errorf("make the runner's workspace: %w", err)
+	}
+	if os.Geteuid() == 0 {
+		_ = os.Chown(ws, nobody, nobody) // without it, writes fail and say so
+	}
+	cmd.Dir = ws
 	// Its own process group, so that kill ends whatever the code started.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if os.Geteuid() == 0 {
@@ -135,9 +146,10 @@ func (r *Runtime) start(ctx context.Context) (*proc, error) {
 	if err := cmd.Start(); err != nil {
 		_ = ln.Close()      // err is what the caller hears
 		_ = os.Remove(sock) // best effort: the socket lives in the runtime's own directory
+		_ = os.RemoveAll(ws)
 		return nil, fmt.Errorf("start runner: %w", err)
 	}
-	p := &proc{cmd: cmd, exited: make(chan struct{}), ln: ln, sock: sock}
+	p := &proc{cmd: cmd, exited: make(chan struct{}), ln: ln, sock: sock, ws: ws}
 	go func() {
 		_ = cmd.Wait() // killed or ended: how it exited tells nothing here
 		close(p.exited)

@@ -125,6 +125,7 @@ raise ValueError("real outcome")`
 	})
 	runHostileProtocol(t, rt, run)
 	runHostileRunner(t, rt, run)
+	t.Run("Files", func(t *testing.T) { runFiles(t, rt, run) })
 	t.Run("JavaScript", func(t *testing.T) { runJavaScript(t, rt, opts) })
 	if srt, ok := rt.(sandbox.SessionRuntime); ok {
 		t.Run("Sessions", func(t *testing.T) { runSessions(t, srt, opts) })
@@ -133,6 +134,7 @@ raise ValueError("real outcome")`
 		return
 	}
 	runIsolation(t, run)
+	runFigures(t, rt, run)
 }
 
 // forgeControl is Python that finds the runner's control socket among the
@@ -312,6 +314,7 @@ func runSessions(t *testing.T, rt sandbox.SessionRuntime, opts Options) {
 	if !opts.Isolated {
 		return
 	}
+	t.Run("KeepsWorkspace", func(t *testing.T) { runSessionFiles(t, rt, key()) })
 	t.Run("SessionsDoNotShareFiles", func(t *testing.T) {
 		a, b := key(), key()
 		t.Cleanup(func() { _ = rt.EndSession(a); _ = rt.EndSession(b) })

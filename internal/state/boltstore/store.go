@@ -31,6 +31,7 @@ var (
 	bucketFinished    = []byte("finished")    // finish time (8 bytes, big-endian ns) + job id → empty
 	bucketMemory      = []byte("memory")      // 'n' + namespace → nested bucket: key → state.Memory (JSON)
 	bucketMemoryUsage = []byte("memusage")    // namespace → bytes its memory holds (8 bytes, big-endian)
+	bucketFilesUsage  = []byte("filesusage")  // namespace → bytes its jobs' files hold in the file store (8 bytes)
 	// 'n' + namespace + 0 + key → sequence of the key's last write (put or delete)
 	bucketMemoryWrites = []byte("memwrites")
 	bucketMeta         = []byte("meta") // metaEventsSeq, metaMemorySeq → applied stream sequence (8 bytes)
@@ -126,7 +127,7 @@ func Open(path string) (*Store, error) {
 	err = db.Update(func(tx *bolt.Tx) error {
 		fresh = tx.Bucket(bucketJobs) == nil
 		unindexed := !fresh && tx.Bucket(bucketByStatus) == nil
-		for _, name := range [][]byte{bucketJobs, bucketDeadLetters, bucketFinished, bucketMemory, bucketMemoryUsage, bucketMemoryWrites, bucketMeta, bucketByStatus, bucketByLabel, bucketByParent, bucketWriteIDs, bucketWriteIDsByTime} {
+		for _, name := range [][]byte{bucketJobs, bucketDeadLetters, bucketFinished, bucketMemory, bucketMemoryUsage, bucketMemoryWrites, bucketMeta, bucketByStatus, bucketByLabel, bucketByParent, bucketWriteIDs, bucketWriteIDsByTime, bucketFilesUsage} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
@@ -320,6 +321,13 @@ func index(tx *bolt.Tx, old, rec *jobs.Record) error {
 			return err
 		}
 	}
+	var was int64
+	if old != nil {
+		was = old.StoredBytes()
+	}
+	if err := addFilesUsage(tx, rec.Job.Namespace, rec.StoredBytes()-was); err != nil {
+		return err
+	}
 	if old == nil || len(old.Job.Labels) != len(rec.Job.Labels) {
 		bl := tx.Bucket(bucketByLabel)
 		for k, v := range rec.Job.Labels {
@@ -372,6 +380,9 @@ func unindex(tx *bolt.Tx, rec *jobs.Record) error {
 	if err := tx.Bucket(bucketByStatus).Delete(statusKey(rec.Status, id)); err != nil {
 		return err
 	}
+	if err := addFilesUsage(tx, rec.Job.Namespace, -rec.StoredBytes()); err != nil {
+		return err
+	}
 	bl := tx.Bucket(bucketByLabel)
 	for k, v := range rec.Job.Labels {
 		if err := bl.Delete(append(labelPrefix(k, v), id...)); err != nil {
@@ -385,6 +396,35 @@ func unindex(tx *bolt.Tx, rec *jobs.Record) error {
 		}
 	}
 	return nil
+}
+
+// addFilesUsage adds delta to the bytes ns's files hold.
+func addFilesUsage(tx *bolt.Tx, ns string, delta int64) error {
+	if delta == 0 {
+		return nil
+	}
+	b := tx.Bucket(bucketFilesUsage)
+	key := []byte(jobs.NamespaceOf(ns))
+	var n int64
+	if v := b.Get(key); len(v) == 8 {
+		n = int64(binary.BigEndian.Uint64(v))
+	}
+	if n += delta; n <= 0 {
+		return b.Delete(key)
+	}
+	return b.Put(key, binary.BigEndian.AppendUint64(nil, uint64(n)))
+}
+
+// FilesUsage returns the bytes the files of ns's retained jobs hold.
+func (s *Store) FilesUsage(ns string) (int64, error) {
+	var n int64
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketFilesUsage).Get([]byte(jobs.NamespaceOf(ns))); len(v) == 8 {
+			n = int64(binary.BigEndian.Uint64(v))
+		}
+		return nil
+	})
+	return n, err
 }
 
 var _ state.Store = (*Store)(nil)

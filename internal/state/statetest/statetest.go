@@ -21,6 +21,7 @@ func Run(t *testing.T, open func(t *testing.T) state.Store) {
 	t.Run("Jobs", func(t *testing.T) { testJobs(t, open(t)) })
 	t.Run("List", func(t *testing.T) { testList(t, open(t)) })
 	t.Run("Prune", func(t *testing.T) { testPrune(t, open(t)) })
+	t.Run("FilesUsage", func(t *testing.T) { testFilesUsage(t, open(t)) })
 	t.Run("Memory", func(t *testing.T) { testMemory(t, open(t)) })
 	t.Run("Backup", func(t *testing.T) { testBackup(t, open(t)) })
 	t.Run("Resync", func(t *testing.T) { testResync(t, open(t)) })
@@ -171,6 +172,45 @@ func testPrune(t *testing.T, s state.Store) {
 		if _, err := s.Job(id); err != nil {
 			t.Fatalf("%s: %v", id, err)
 		}
+	}
+}
+
+// testFilesUsage checks the bytes a namespace's files hold: inputs counted at
+// the submission, outputs at the finish (once, whatever the events' order
+// and repeats), all of a record dropped when retention deletes it.
+func testFilesUsage(t *testing.T, s state.Store) {
+	usage := func(ns string) int64 {
+		t.Helper()
+		n, err := s.FilesUsage(ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	sub := func(id, ns string, in int64) jobs.Event {
+		ev := submitted(id, nil)
+		ev.Spec.Namespace = ns
+		ev.Spec.Files = []jobs.FileInfo{{Name: "in.csv", Size: in}}
+		return ev
+	}
+	fin := func(id string, out int64, at time.Time) jobs.Event {
+		ev := finished(id, 1, jobs.StatusSuccess, at)
+		ev.Result.Files = []jobs.FileInfo{{Name: "out.csv", Size: out}}
+		return ev
+	}
+	apply(t, s, 1, sub("a1", "a", 10), sub("b1", "b", 100))
+	if usage("a") != 10 || usage("b") != 100 || usage("c") != 0 {
+		t.Fatalf("after submissions: a %d b %d", usage("a"), usage("b"))
+	}
+	apply(t, s, 2, fin("a1", 5, t0.Add(-48*time.Hour)), fin("a1", 7, t0), sub("a1", "a", 10))
+	if usage("a") != 15 {
+		t.Fatalf("after the finish (and a late repeat): a %d, want 15", usage("a"))
+	}
+	if _, err := s.Prune(state.Retention{MaxAge: 24 * time.Hour}, t0); err != nil {
+		t.Fatal(err)
+	}
+	if usage("a") != 0 || usage("b") != 100 {
+		t.Fatalf("after retention: a %d b %d", usage("a"), usage("b"))
 	}
 }
 

@@ -1,0 +1,44 @@
+"""mcpexec's matplotlib backend: Agg, whose show() saves every open figure as
+a PNG under /workspace/out (figure-1.png, ...) and closes it, as a notebook
+shows it. The runner selects it (MPLBACKEND=module://mcpexec_mplbackend) and,
+at the end of a job that imported pyplot, saves the figures still open the
+same way. Nothing here is imported unless the code uses matplotlib."""
+
+import os
+
+from matplotlib.backend_bases import FigureManagerBase
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+FigureCanvas = FigureCanvasAgg
+FigureManager = FigureManagerBase
+
+_OUT = "out"  # relative to the workspace (the working directory)
+
+
+def save_open_figures():
+    """Saves each open pyplot figure as out/figure-N.png (N not yet taken)
+    and closes it; returns the paths written."""
+    import sys
+
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return []
+    written = []
+    for num in list(plt.get_fignums()):
+        fig = plt.figure(num)
+        os.makedirs(_OUT, exist_ok=True)
+        n = 1
+        while os.path.lexists(os.path.join(_OUT, "figure-%d.png" % n)):
+            n += 1
+        path = os.path.join(_OUT, "figure-%d.png" % n)
+        try:
+            fig.savefig(path, format="png")
+            written.append(path)
+        finally:
+            plt.close(fig)
+    return written
+
+
+def show(*args, **kwargs):
+    """pyplot.show(): saves and closes every open figure."""
+    save_open_figures()
