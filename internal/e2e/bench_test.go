@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mark3labs/mcp-go/mcp"
+
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
@@ -204,14 +206,23 @@ func podmanRunCode(b *testing.B, image, code string) time.Duration {
 	return time.Since(start)
 }
 
-// plotCode is a small data job: a DataFrame and its chart, drawn to PNG.
-const plotCode = `import io
+// plotCode is a small data job: a DataFrame and its chart, shown as in a
+// notebook (the fleet returns it as a PNG image).
+const plotCode = `import pandas as pd, matplotlib.pyplot as plt
+df = pd.DataFrame({"x": range(20), "y": [i * i for i in range(20)]})
+plt.plot(df["x"], df["y"])
+plt.title("squares")
+plt.show()
+print(1)`
+
+// plotCodeAlone is plotCode for a plain python3 of the image, where show()
+// draws nothing: the chart is rendered to PNG in memory instead.
+const plotCodeAlone = `import io
 import pandas as pd, matplotlib.pyplot as plt
 df = pd.DataFrame({"x": range(20), "y": [i * i for i in range(20)]})
 plt.plot(df["x"], df["y"])
 plt.title("squares")
 plt.savefig(io.BytesIO(), format="png")
-plt.close("all")
 print(1)`
 
 // BenchmarkRunData is the data issue's figure, in one run through a real fleet
@@ -227,24 +238,30 @@ func BenchmarkRunData(b *testing.B) {
 	testutil.Worker(b, bk, rt, worker.DefaultConfig("bench-worker"))
 	fe := testutil.Frontend(b, bk, "bench-fe")
 	c := testutil.MCPClient(b, fe)
-	call := func(code string) time.Duration {
+	call := func(code string, images int) time.Duration {
 		start := time.Now()
 		res := testutil.CallRunPython(b, c, map[string]any{"code": code})
 		el := time.Since(start)
-		if res.IsError || !strings.HasPrefix(testutil.Text(res), "1") {
-			b.Fatalf("run_python: %q", testutil.Text(res))
+		n := 0
+		for _, c := range res.Content {
+			if _, ok := c.(mcp.ImageContent); ok {
+				n++
+			}
+		}
+		if res.IsError || !strings.HasPrefix(testutil.Text(res), "1") || n != images {
+			b.Fatalf("run_python: %q with %d images, want %d", testutil.Text(res), n, images)
 		}
 		return el
 	}
 	for range 3 {
-		call("print(1)")
-		call(plotCode)
+		call("print(1)", 0)
+		call(plotCode, 1)
 	}
 	var one, plot, baseline samples
 	b.ResetTimer()
 	for range b.N {
-		one = append(one, call("print(1)"))
-		plot = append(plot, call(plotCode))
+		one = append(one, call("print(1)", 0))
+		plot = append(plot, call(plotCode, 1))
 	}
 	b.StopTimer()
 	image := os.Getenv("MCPEXEC_IMAGE")
@@ -252,7 +269,7 @@ func BenchmarkRunData(b *testing.B) {
 		image = podman.DefaultImage
 	}
 	for range 10 {
-		baseline = append(baseline, podmanRunCode(b, image, plotCode))
+		baseline = append(baseline, podmanRunCode(b, image, plotCodeAlone))
 	}
 	for _, m := range []struct {
 		name string
