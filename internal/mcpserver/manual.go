@@ -88,8 +88,8 @@ timeoutSeconds, jobId} of a job of the same caller.
 The default image has numpy, pandas, matplotlib (headless, Agg), scipy, Pillow and
 openpyxl, imported ahead of your code (` + "`import pandas as pd`" + ` costs nothing).
 ` + "`display(obj)`" + ` prints a DataFrame or Series as a compact table (first and last rows, the
-columns that fit, its dimensions); a DataFrame left as the code's last expression is shown
-the same way, as in a notebook. (A worker may run a slim image without them: ` + "`doctor`" + `
+columns that fit, its dimensions) and a matplotlib figure as a picture of the result; a
+DataFrame left as the code's last expression is shown the same way, as in a notebook. (A worker may run a slim image without them: ` + "`doctor`" + `
 lists an image's libraries.)
 
 ## Files and pictures

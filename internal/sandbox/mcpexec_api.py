@@ -196,17 +196,29 @@ def _is_table(obj):
 
 
 def display(*objs):
-    """Shows each object as a notebook would, on stdout: a pandas DataFrame or
-    Series as a compact table (at most 20 rows and 12 columns, 120 characters
-    wide, with its dimensions when cut), anything else as its repr."""
+    """Shows each object as a notebook would: a pandas DataFrame or Series as a
+    compact table on stdout (at most 20 rows and 12 columns, 120 characters
+    wide, with its dimensions when cut), a matplotlib figure as a picture of
+    the result (saved to out/ and closed, so it is not shown twice), anything
+    else as its repr."""
     for obj in objs:
         if _is_table(obj):
             pd = sys.modules["pandas"]
             with pd.option_context(*_TABLE_OPTIONS):
                 text = repr(obj)
+        elif _is_figure(obj):
+            import mcpexec_mplbackend
+
+            mcpexec_mplbackend.save_figure(obj)
+            continue
         else:
             text = repr(obj)
         print(text)
+
+
+def _is_figure(obj):
+    figure = sys.modules.get("matplotlib.figure")
+    return figure is not None and isinstance(obj, figure.Figure)
 
 
 def _save_figures():

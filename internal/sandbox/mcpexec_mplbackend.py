@@ -23,20 +23,26 @@ def save_open_figures():
     plt = sys.modules.get("matplotlib.pyplot")
     if plt is None:
         return []
-    written = []
-    for num in list(plt.get_fignums()):
-        fig = plt.figure(num)
-        os.makedirs(_OUT, exist_ok=True)
-        n = 1
-        while os.path.lexists(os.path.join(_OUT, "figure-%d.png" % n)):
-            n += 1
-        path = os.path.join(_OUT, "figure-%d.png" % n)
-        try:
-            fig.savefig(path, format="png")
-            written.append(path)
-        finally:
+    return [save_figure(plt.figure(num)) for num in list(plt.get_fignums())]
+
+
+def save_figure(fig):
+    """Saves fig as out/figure-N.png (N not yet taken), closes it (if pyplot
+    holds it) and returns the path written."""
+    import sys
+
+    os.makedirs(_OUT, exist_ok=True)
+    n = 1
+    while os.path.lexists(os.path.join(_OUT, "figure-%d.png" % n)):
+        n += 1
+    path = os.path.join(_OUT, "figure-%d.png" % n)
+    try:
+        fig.savefig(path, format="png")
+    finally:
+        plt = sys.modules.get("matplotlib.pyplot")
+        if plt is not None:
             plt.close(fig)
-    return written
+    return path
 
 
 def show(*args, **kwargs):

@@ -46,6 +46,15 @@ df[["x", "y"]].describe()`)
 	if !strings.Contains(described, "mean") || !strings.Contains(described, "49.5") {
 		t.Fatalf("a trailing DataFrame was not shown: %q", described)
 	}
+	// display(fig) shows the figure once, as a picture of the result.
+	pics := run(`import matplotlib.pyplot as plt
+fig, ax = plt.subplots()
+ax.plot([1, 2, 3], [3, 1, 2])
+display(fig)
+print(len(plt.get_fignums()))`)
+	if strings.TrimSpace(pics.Stdout) != "0" || len(pics.Files) != 1 || pics.Files[0].Name != "figure-1.png" {
+		t.Fatalf("display(fig): stdout %q, files %+v, notes %v", pics.Stdout, pics.Files, pics.Notes)
+	}
 	second := run("import socket\nprint(socket.gethostname())\n1 + 1")
 	if got := strings.TrimSpace(second.Stdout); got != host {
 		t.Fatalf("the next job of the namespace ran in %q, not in %q: the container was retired (memory held after the sweep?); or a trailing value was printed", got, host)
