@@ -230,9 +230,12 @@ func instructions(langs []string) string {
 	return "Run Python with " + ToolName + "; read " + CapabilitiesURI + " for the in-sandbox API."
 }
 
-const toolDescription = `Run Python 3 code in an isolated sandbox (no network, read-only filesystem, time and memory limits) and return its stdout, stderr and status. Top-level await works. The code can call the tools of the MCP servers named in "servers" without loading their schemas: await mcp_<server>.<tool>(**kwargs) or await call_tool(server, tool, {...}); results come back as text, JSON-decoded when possible; errors raise MCPError. Find tools with list_servers(), query_tool_docs(server) and search_tool_docs("what you need"). save_memory/load_memory/update_memory keep data across calls. Print what you need: only printed output comes back. Calls with the same "session" share Python globals. Read resource ` + CapabilitiesURI + ` for the full API.`
+// The run tools' descriptions are short: every agent reads them before its
+// first question, on every connection (TestToolListIsSmall bounds tools/list).
+// The manual (CapabilitiesURI) has the rest.
+const toolDescription = `Run Python 3 in a sandbox; returns what it prints, its status, and the files and charts (plt.show()) it writes to /workspace/out. It calls tools of the MCP servers in "servers" as await mcp_SERVER.TOOL(**kwargs); search_tool_docs("...") finds them. API: ` + CapabilitiesURI
 
-const jsToolDescription = `Run JavaScript (Node.js) in an isolated sandbox (no network, read-only filesystem, time and memory limits) and return its stdout, stderr and status. Top-level await works. The code can call the tools of the MCP servers named in "servers" without loading their schemas: await mcp_<server>.<tool>({...}) or await callTool(server, tool, {...}); results come back JSON-decoded when possible; errors throw MCPError. Find tools with listServers(), queryToolDocs(server) and searchToolDocs("what you need"). saveMemory/loadMemory/updateMemory keep data across calls (shared with Python). console.log what you need: only printed output comes back. Calls with the same "session" share globals (var, function, globalThis). Read resource ` + CapabilitiesURI + ` for the full API.`
+const jsToolDescription = `As run_python, in JavaScript (Node.js): await mcp_SERVER.TOOL({...}); console.log output.`
 
 // tool is the run tool of lang, its servers enum the configured servers.
 func (h *handler) tool(lang string) mcp.Tool {
@@ -247,29 +250,25 @@ func (h *handler) tool(lang string) mcp.Tool {
 // string).
 func (h *handler) toolWith(lang string, names []string) mcp.Tool {
 	l := h.r.Limits()
-	serverOpts := []mcp.PropertyOption{
-		mcp.Description("MCP servers the code may call."),
-		mcp.WithStringItems(),
-	}
+	serverOpts := []mcp.PropertyOption{mcp.WithStringItems()}
 	if len(names) > 0 {
-		serverOpts = []mcp.PropertyOption{mcp.Description("MCP servers the code may call."), mcp.WithStringEnumItems(names)}
+		serverOpts = []mcp.PropertyOption{mcp.WithStringEnumItems(names)}
 	}
-	name, desc, source, shares := ToolName, toolDescription, "Python source to run.", "Python globals"
+	name, desc := ToolName, toolDescription
 	if lang == jobs.LangJavaScript {
-		name, desc, source, shares = JSToolName, jsToolDescription, "JavaScript source to run (a script; top-level await works).", "globals"
+		name, desc = JSToolName, jsToolDescription
 	}
 	return mcp.NewTool(name,
 		mcp.WithDescription(desc),
-		mcp.WithString("code", mcp.Required(), mcp.MaxLength(l.MaxCodeBytes),
-			mcp.Description(source)),
+		// The spec's defaults (not read-only, may be destructive, open world)
+		// are what mcp-go would spell out: leave them implied.
+		mcp.WithToolAnnotation(mcp.ToolAnnotation{}),
+		mcp.WithString("code", mcp.Required()), // its cap is checked, and told, on the call
 		mcp.WithArray("servers", serverOpts...),
-		mcp.WithInteger("timeout", mcp.Min(1), mcp.Max(l.MaxTimeout),
-			mcp.Description(fmt.Sprintf("Seconds before the run is stopped (default %d).", l.DefaultTimeout))),
-		mcp.WithString("session", mcp.Description("Optional name: calls with the same session share "+shares+" and /workspace.")),
-		mcp.WithArray("files", mcp.Description("Input files placed under /workspace before the code starts: {name, text} or {name, base64}, or {name, uri} for a file an earlier job wrote (mcpexec://jobs/{id}/files/{name}). What the code writes under /workspace/out, and matplotlib figures, come back."),
-			mcp.Items(map[string]any{"type": "object", "required": []string{"name"}, "properties": map[string]any{
-				"name": map[string]any{"type": "string"}, "text": map[string]any{"type": "string"},
-				"base64": map[string]any{"type": "string"}, "uri": map[string]any{"type": "string"}}})),
+		mcp.WithInteger("timeout", mcp.Min(1), mcp.Max(l.MaxTimeout), mcp.DefaultNumber(float64(l.DefaultTimeout))),
+		mcp.WithString("session", mcp.Description("Share globals and /workspace across calls.")),
+		mcp.WithArray("files", mcp.Description("Put in /workspace: {name, text|base64|uri}."),
+			mcp.Items(map[string]any{"type": "object", "required": []string{"name"}})),
 		mcp.WithTaskSupport(h.taskSupport()),
 	)
 }
