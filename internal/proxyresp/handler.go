@@ -86,7 +86,7 @@ func writeID(req proxy.Request) string {
 
 func (r *Responder) dispatch(ctx context.Context, rj *runningJob, method string, params json.RawMessage) (any, error) {
 	switch method {
-	case "call_tool":
+	case proxy.MethodCallTool:
 		var p struct {
 			Server    string         `json:"server"`
 			Tool      string         `json:"tool"`
@@ -98,9 +98,9 @@ func (r *Responder) dispatch(ctx context.Context, rj *runningJob, method string,
 			return nil, err
 		}
 		return r.callTool(ctx, rj, p.Server, p.Tool, p.Arguments, p.Raw, p.Timeout)
-	case "list_servers":
+	case proxy.MethodListServers:
 		return r.jobServers(rj), nil
-	case "discovered_servers":
+	case proxy.MethodDiscoveredServers:
 		var p struct {
 			Detailed bool `json:"detailed"`
 		}
@@ -108,7 +108,7 @@ func (r *Responder) dispatch(ctx context.Context, rj *runningJob, method string,
 			return nil, err
 		}
 		return r.discovered(ctx, rj, p.Detailed)
-	case "list_tools":
+	case proxy.MethodListTools:
 		var p struct {
 			Server string `json:"server"`
 		}
@@ -116,7 +116,7 @@ func (r *Responder) dispatch(ctx context.Context, rj *runningJob, method string,
 			return nil, err
 		}
 		return r.listTools(ctx, rj, p.Server)
-	case "query_tool_docs":
+	case proxy.MethodQueryToolDocs:
 		var p struct {
 			Server string  `json:"server"`
 			Tool   *string `json:"tool"`
@@ -126,7 +126,7 @@ func (r *Responder) dispatch(ctx context.Context, rj *runningJob, method string,
 			return nil, err
 		}
 		return r.queryDocs(ctx, rj, p.Server, p.Tool, p.Detail)
-	case "search_tool_docs":
+	case proxy.MethodSearchToolDocs:
 		var p struct {
 			Query  string `json:"query"`
 			Limit  int    `json:"limit"`
@@ -136,9 +136,9 @@ func (r *Responder) dispatch(ctx context.Context, rj *runningJob, method string,
 			return nil, err
 		}
 		return r.searchDocs(ctx, rj, p.Query, p.Limit, p.Detail)
-	case "capability_summary":
+	case proxy.MethodCapabilitySummary:
 		return r.summary(ctx, rj), nil
-	case "memory_get", "memory_put", "memory_delete", "memory_list":
+	case proxy.MethodMemoryGet, proxy.MethodMemoryPut, proxy.MethodMemoryDelete, proxy.MethodMemoryList:
 		return r.memory(ctx, rj, method, params)
 	case proxy.MethodSavedToolPut, proxy.MethodSavedToolDelete, proxy.MethodSavedToolList:
 		return r.savedTools(ctx, rj, method, params)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/state"
 )
 
@@ -43,14 +44,14 @@ func (r *Responder) memory(ctx context.Context, rj *runningJob, method string, p
 	if err := decode(params, &p); err != nil {
 		return nil, err
 	}
-	if method != "memory_list" && p.Key == "" {
+	if method != proxy.MethodMemoryList && p.Key == "" {
 		return nil, errors.New("a memory key must be a non-empty string")
 	}
-	if method != "memory_list" && strings.HasPrefix(p.Key, ReservedMemoryPrefix) {
+	if method != proxy.MethodMemoryList && strings.HasPrefix(p.Key, ReservedMemoryPrefix) {
 		return nil, fmt.Errorf("memory keys starting with %q are reserved (saved tools and enabled catalog servers live there: use save_tool, delete_saved_tool, enable_server, disable_server)", ReservedMemoryPrefix)
 	}
 	switch method {
-	case "memory_get":
+	case proxy.MethodMemoryGet:
 		m, err := store.MemoryGet(ctx, ns, p.Key)
 		if errors.Is(err, state.ErrNotFound) {
 			return nil, nil
@@ -59,7 +60,7 @@ func (r *Responder) memory(ctx context.Context, rj *runningJob, method string, p
 			return nil, memErr(err)
 		}
 		return view(m), nil
-	case "memory_put":
+	case proxy.MethodMemoryPut:
 		if len(p.Value) == 0 {
 			p.Value = json.RawMessage("null")
 		}
@@ -75,7 +76,7 @@ func (r *Responder) memory(ctx context.Context, rj *runningJob, method string, p
 			return nil, memErr(err)
 		}
 		return view(m), nil
-	case "memory_delete":
+	case proxy.MethodMemoryDelete:
 		ok, err := store.MemoryDelete(ctx, ns, p.Key)
 		if err != nil {
 			return nil, memErr(err)
