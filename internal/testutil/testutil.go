@@ -6,11 +6,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -27,16 +24,21 @@ import (
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/sandbox/process"
+	"github.com/mcpexec/mcpexec/internal/testutil/testenv"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
-// Logger returns a logger that writes to the test log when -v is given.
-func Logger(t testing.TB) *slog.Logger {
-	if testing.Verbose() {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.DiscardHandler)
-}
+// The environment helpers live in the leaf package testenv (runtime test
+// packages use it without importing the fleet); these names keep the tests
+// that reach them through testutil working.
+var (
+	Logger           = testenv.Logger
+	RequirePodman    = testenv.RequirePodman
+	SkipOrFail       = testenv.SkipOrFail
+	RequireDocker    = testenv.RequireDocker
+	SkipOrFailDocker = testenv.SkipOrFailDocker
+	DockerHost       = testenv.DockerHost
+)
 
 // Broker starts a broker with a TCP listener on a free loopback port in dir
 // (t.TempDir() when dir is ""); each mutate function may change its
@@ -133,48 +135,6 @@ func Structured(t testing.TB, res *mcp.CallToolResult) mcpserver.Structured {
 	}
 	return st
 }
-
-// RequirePodman reports whether tests needing Podman must fail rather than skip
-// (CI sets MCPEXEC_REQUIRE_PODMAN=1).
-func RequirePodman() bool { return os.Getenv(requirePodmanEnv) == "1" }
-
-// SkipOrFail skips the test with reason, or fails it when Podman is required.
-func SkipOrFail(t testing.TB, reason string, args ...any) {
-	t.Helper()
-	skipOrFail(t, requirePodmanEnv, fmt.Sprintf(reason, args...))
-}
-
-// The variables that make tests needing an engine fail rather than skip.
-const (
-	requirePodmanEnv = "MCPEXEC_REQUIRE_PODMAN"
-	requireDockerEnv = "MCPEXEC_REQUIRE_DOCKER"
-)
-
-// skipOrFail skips the test with msg, or fails it when $env is 1.
-func skipOrFail(t testing.TB, env, msg string) {
-	t.Helper()
-	if os.Getenv(env) == "1" {
-		t.Fatalf("%s=1 but %s", env, msg)
-	}
-	t.Skip(msg)
-}
-
-// RequireDocker reports whether tests needing the Docker engine must fail
-// rather than skip (make test sets MCPEXEC_REQUIRE_DOCKER=1 once it started
-// the engine).
-func RequireDocker() bool { return os.Getenv(requireDockerEnv) == "1" }
-
-// SkipOrFailDocker skips the test with reason, or fails it when Docker is
-// required.
-func SkipOrFailDocker(t testing.TB, reason string, args ...any) {
-	t.Helper()
-	skipOrFail(t, requireDockerEnv, fmt.Sprintf(reason, args...))
-}
-
-// DockerHost is the engine the Docker tests use: $MCPEXEC_DOCKER (make test
-// points it at the engine deploy/docker/start-dockerd.sh starts), else ""
-// ($DOCKER_HOST, else the default socket).
-func DockerHost() string { return os.Getenv("MCPEXEC_DOCKER") }
 
 // WaitRecord waits until the broker's state holds job id (an id of the
 // default namespace, or a wire id) with status; it fails the test after 30 s

@@ -10,7 +10,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/sandbox/sandboxtest"
-	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/testutil/testenv"
 )
 
 // New starts a Runtime with its own worker id for one test; it is closed when the
@@ -19,7 +19,7 @@ import (
 func New(tb testing.TB, cfg podman.Config) *podman.Runtime {
 	tb.Helper()
 	if _, err := exec.LookPath("podman"); err != nil {
-		testutil.SkipOrFail(tb, "podman is not installed (make deps)")
+		testenv.SkipOrFail(tb, "podman is not installed (make deps)")
 	}
 	if cfg.Image == "" {
 		cfg.Image = os.Getenv("MCPEXEC_IMAGE")
@@ -31,13 +31,13 @@ func New(tb testing.TB, cfg podman.Config) *podman.Runtime {
 		cfg.WorkerID = sandboxtest.WorkerID(tb)
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = testutil.Logger(tb)
+		cfg.Logger = testenv.Logger(tb)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rt, err := podman.New(ctx, cfg)
 	if err != nil {
-		testutil.SkipOrFail(tb, "Podman sandbox unavailable: %v", err)
+		testenv.SkipOrFail(tb, "Podman sandbox unavailable: %v", err)
 	}
 	tb.Cleanup(func() {
 		if err := rt.Close(); err != nil {
