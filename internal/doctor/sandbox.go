@@ -269,8 +269,10 @@ func limitChecksFor(l sandbox.Limits, p probe, fx fixes) []Check {
 	var leaked []string
 	for _, k := range p.Env {
 		switch k {
-		// LC_CTYPE is set by Python itself (PEP 538 locale coercion).
-		case "PATH", "HOME", "PYTHONDONTWRITEBYTECODE", "HOSTNAME", "TERM", "container", "LC_CTYPE":
+		// LC_CTYPE is set by Python itself (PEP 538 locale coercion);
+		// MPLBACKEND by the runner (its matplotlib backend saves figures),
+		// MPLCONFIGDIR by the data image.
+		case "PATH", "HOME", "PYTHONDONTWRITEBYTECODE", "HOSTNAME", "TERM", "container", "LC_CTYPE", "MPLBACKEND", "MPLCONFIGDIR":
 		default:
 			leaked = append(leaked, k)
 		}
