@@ -316,9 +316,10 @@ func limitChecksFor(l sandbox.Limits, p probe, fx fixes) []Check {
 	var leaked []string
 	for _, k := range p.Env {
 		switch k {
-		// LC_CTYPE is set by Python itself (PEP 538 locale coercion); the
-		// data image and the runner's preload set matplotlib's and the
-		// numeric libraries' settings (no secret in any of them).
+		// LC_CTYPE is set by Python itself (PEP 538 locale coercion); MPLBACKEND
+		// the runner (its matplotlib backend saves figures); the data image
+		// and the runner's preload set matplotlib's config dir and the
+		// numeric libraries' threads (no secret in any of them).
 		case "PATH", "HOME", "PYTHONDONTWRITEBYTECODE", "HOSTNAME", "TERM", "container", "LC_CTYPE",
 			"MPLBACKEND", "MPLCONFIGDIR", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS":
 		default:

@@ -194,32 +194,29 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	if _, err := SecretsBucket(ctx, js, cfg); err != nil {
 		return err
 	}
-	if _, err := FilesBucket(ctx, js, cfg); err != nil {
-		return err
-	}
 	return nil
 }
 
-// FilesBucket creates or updates the object store of jobs' files,
-// replicated like the streams, its objects kept as long as the events.
-func FilesBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.ObjectStore, error) {
+// FilesBucketConfig is the object store of jobs' files: replicated like the
+// streams, its objects kept as long as the events (the records' retention).
+// The state service, its only user, makes it when a job first has files.
+func FilesBucketConfig(cfg Config) jetstream.ObjectStoreConfig {
 	limit := cfg.FilesMaxBytes
 	if limit == 0 {
 		limit = DefaultConfig().FilesMaxBytes
 	}
-	oc := jetstream.ObjectStoreConfig{
+	age := cfg.EventsMaxAge
+	if age == 0 {
+		age = DefaultConfig().EventsMaxAge
+	}
+	return jetstream.ObjectStoreConfig{
 		Bucket:      cfg.Subjects.FilesBucket(),
 		Description: "mcpexec jobs' files: inputs and what the code wrote",
-		TTL:         cfg.EventsMaxAge,
+		TTL:         age,
 		MaxBytes:    limit,
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(cfg.Replicas, 1),
 	}
-	obs, err := js.CreateOrUpdateObjectStore(ctx, oc)
-	if err != nil {
-		return nil, fmt.Errorf("create object store %s: %w", oc.Bucket, err)
-	}
-	return obs, nil
 }
 
 // WorkerConsumer creates or updates the durable consumer shared by pool's

@@ -133,13 +133,25 @@ func (t *fileTally) undo(key, name string, size int64) {
 	}
 }
 
-func (s *Service) files(ctx context.Context) (jetstream.ObjectStore, error) {
+// errNoFileStore: no job has had files yet.
+var errNoFileStore = errors.New("the file store does not exist yet")
+
+// files returns the file store, made first (by a put: create) from
+// s.FilesBucket when it does not exist: a fleet whose jobs never have files
+// holds none.
+func (s *Service) files(ctx context.Context, create bool) (jetstream.ObjectStore, error) {
 	s.filesMu.Lock()
 	defer s.filesMu.Unlock()
 	if s.obs != nil {
 		return s.obs, nil
 	}
 	obs, err := s.js.ObjectStore(ctx, s.sub.FilesBucket())
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		if !create || s.FilesBucket.Bucket == "" {
+			return nil, errNoFileStore
+		}
+		obs, err = s.js.CreateOrUpdateObjectStore(ctx, s.FilesBucket)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: file store %s: %w", ErrUnavailable, s.sub.FilesBucket(), err)
 	}
@@ -225,7 +237,7 @@ func (s *Service) putFile(r FilePut, data []byte) (*jobs.FileInfo, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), writeWait)
 	defer cancel()
-	obs, err := s.files(ctx)
+	obs, err := s.files(ctx, true)
 	if err == nil {
 		_, err = obs.PutBytes(ctx, jobs.FileObject(r.Job, r.Attempt, r.Name), data)
 	}
@@ -317,12 +329,12 @@ func (s *Service) sendFile(req micro.Request, list []jobs.FileInfo, job string, 
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), writeWait)
 	defer cancel()
-	obs, err := s.files(ctx)
+	obs, err := s.files(ctx, false)
 	var data []byte
 	if err == nil {
 		data, err = obs.GetBytes(ctx, jobs.FileObject(job, attempt, name))
 	}
-	if errors.Is(err, jetstream.ErrObjectNotFound) {
+	if errors.Is(err, jetstream.ErrObjectNotFound) || errors.Is(err, errNoFileStore) {
 		s.respond(req, nil, fmt.Errorf("%w: file %.300q of the job has expired", ErrNoSuchFile, name))
 		return
 	}

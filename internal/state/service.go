@@ -82,6 +82,10 @@ type Service struct {
 	// Metadata, set before Start, is added to the micro service's metadata
 	// ($SRV.INFO), e.g. the broker's sync policy that doctor reports.
 	Metadata map[string]string
+	// FilesBucket, when set before Start, is the file store's configuration
+	// (queue.FilesBucketConfig), made when a job first has files; zero: the
+	// store must exist already.
+	FilesBucket jetstream.ObjectStoreConfig
 	// Tracing, when set before Start, receives a span per job event applied
 	// and per memory write.
 	Tracing trace.TracerProvider

@@ -6,11 +6,17 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/state"
 )
+
+// storeFilesWait bounds the storing of one attempt's files: a state service
+// that does not answer costs the result its files (each noted), not the
+// result itself.
+const storeFilesWait = 2 * time.Minute
 
 // inputFiles reads the job's input files from the file store (with its
 // capability) and checks each against what the job message says of it.

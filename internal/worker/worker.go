@@ -353,7 +353,9 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 	spans.end(res, runErr)
 	o.started, o.result = started, res
 	if runErr == nil && (len(res.Files) > 0 || len(res.Notes) > 0) {
-		o.files, o.notes = w.storeFiles(context.WithoutCancel(ctx), d, o.attempt, res)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeFilesWait)
+		o.files, o.notes = w.storeFiles(sctx, d, o.attempt, res)
+		cancel()
 	}
 	switch {
 	case errors.Is(context.Cause(runCtx), errCancelled):
