@@ -41,6 +41,7 @@ type fileKey struct{ dev, ino uint64 }
 // truncated to (backing bytes at and beyond it read as zeros; -1: none), and
 // the writes since the last fsync, in order.
 type pending struct {
+	path   string // where the file was when first written since its sync
 	size   int64
 	trunc  int64
 	writes []extent
@@ -128,6 +129,18 @@ func (f *FS) Unsynced() int {
 	return n
 }
 
+// UnsyncedFiles is the number of unsynced writes of each file that has
+// some, by its path relative to the mount when it was first written.
+func (f *FS) UnsyncedFiles() map[string]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]int{}
+	for _, p := range f.pending {
+		out[p.path] += len(p.writes)
+	}
+	return out
+}
+
 // Unmount unmounts the file system; after a Cut, what was unsynced is gone
 // for good. It retries while the mount is busy, then detaches it lazily.
 func (f *FS) Unmount() error {
@@ -168,7 +181,7 @@ func (f *FS) drop(k fileKey) {
 
 // get returns k's pending changes, creating them (at the backing size of
 // fd) when create is set; f.mu must be held.
-func (f *FS) get(k fileKey, fd int, create bool) (*pending, syscall.Errno) {
+func (f *FS) get(k fileKey, fd int, path string, create bool) (*pending, syscall.Errno) {
 	if p := f.pending[k]; p != nil || !create {
 		return p, 0
 	}
@@ -176,7 +189,8 @@ func (f *FS) get(k fileKey, fd int, create bool) (*pending, syscall.Errno) {
 	if err := syscall.Fstat(fd, &st); err != nil {
 		return nil, fs.ToErrno(err)
 	}
-	p := &pending{size: st.Size, trunc: -1}
+	rel, _ := filepath.Rel(f.backing, path)
+	p := &pending{path: rel, size: st.Size, trunc: -1}
 	f.pending[k] = p
 	return p, 0
 }
@@ -282,7 +296,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	if err != nil {
 		return nil, 0, fs.ToErrno(err)
 	}
-	return n.fs.newFile(fd, trunc)
+	return n.fs.newFile(fd, n.path(), trunc)
 }
 
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
@@ -303,7 +317,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if err != nil {
 		return nil, nil, 0, fs.ToErrno(err)
 	}
-	fh, _, e := n.fs.newFile(fd, trunc)
+	fh, _, e := n.fs.newFile(fd, filepath.Join(n.path(), name), trunc)
 	if e != 0 {
 		return nil, nil, 0, e
 	}
@@ -351,7 +365,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		if err != nil {
 			return fs.ToErrno(err)
 		}
-		e := n.fs.truncate(fd, int64(sz))
+		e := n.fs.truncate(fd, n.path(), int64(sz))
 		_ = syscall.Close(fd) // read-only: nothing to lose
 		if e != 0 {
 			return e
@@ -380,7 +394,7 @@ func (f *FS) fixSize(path string, a *fuse.Attr) {
 }
 
 // truncate records a truncate of the file open as fd.
-func (f *FS) truncate(fd int, size int64) syscall.Errno {
+func (f *FS) truncate(fd int, path string, size int64) syscall.Errno {
 	var st syscall.Stat_t
 	if err := syscall.Fstat(fd, &st); err != nil {
 		return fs.ToErrno(err)
@@ -390,7 +404,7 @@ func (f *FS) truncate(fd int, size int64) syscall.Errno {
 	if e := f.check(); e != 0 {
 		return e
 	}
-	p, e := f.get(keyOf(&st), fd, true)
+	p, e := f.get(keyOf(&st), fd, path, true)
 	if e != 0 {
 		return e
 	}
@@ -481,9 +495,10 @@ func (p *pending) flush(fd int) error {
 
 // file is an open file: its reads and writes go through the pending changes.
 type file struct {
-	fs  *FS
-	fd  int
-	key fileKey
+	fs   *FS
+	fd   int
+	key  fileKey
+	path string // in the backing dir, when opened
 }
 
 var (
@@ -495,15 +510,15 @@ var (
 	_ fs.FileGetattrer = (*file)(nil)
 )
 
-func (f *FS) newFile(fd int, trunc bool) (fs.FileHandle, uint32, syscall.Errno) {
+func (f *FS) newFile(fd int, path string, trunc bool) (fs.FileHandle, uint32, syscall.Errno) {
 	var st syscall.Stat_t
 	if err := syscall.Fstat(fd, &st); err != nil {
 		_ = syscall.Close(fd) // failed open: nothing written
 		return nil, 0, fs.ToErrno(err)
 	}
-	h := &file{fs: f, fd: fd, key: keyOf(&st)}
+	h := &file{fs: f, fd: fd, key: keyOf(&st), path: path}
 	if trunc {
-		if e := f.truncate(fd, 0); e != 0 {
+		if e := f.truncate(fd, path, 0); e != 0 {
 			_ = syscall.Close(fd) // failed open: nothing written
 			return nil, 0, e
 		}
@@ -539,7 +554,7 @@ func (h *file) Write(ctx context.Context, data []byte, off int64) (uint32, sysca
 	if e := h.fs.check(); e != 0 {
 		return 0, e
 	}
-	p, e := h.fs.get(h.key, h.fd, true)
+	p, e := h.fs.get(h.key, h.fd, h.path, true)
 	if e != 0 {
 		return 0, e
 	}
