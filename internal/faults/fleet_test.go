@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net"
 	"net/http/httptest"
@@ -35,6 +36,20 @@ const (
 	token = "tok-faults"
 	ns    = "faults"
 )
+
+// logEnv makes the fleet's processes log to stderr (with -v).
+const logEnv = "MCPEXEC_FAULTS_LOG"
+
+func logging() bool { return os.Getenv(logEnv) == "1" && testing.Verbose() }
+
+// logger is the fleet's processes' logger: silent unless logging, so that
+// `make faults` (-v) prints the schedule and the results table.
+func logger(t *testing.T) *slog.Logger {
+	if logging() {
+		return testutil.Logger(t)
+	}
+	return slog.New(slog.DiscardHandler)
+}
 
 // fleet is three brokers, each with its JetStream files on a lazy file
 // system and a proxy in front of its route and client listeners, and the
@@ -101,7 +116,7 @@ func startFleet(t *testing.T, o fleetOptions) *fleet {
 			DataDir:    dir,
 			Listen:     fmt.Sprintf("127.0.0.1:%d", ports[2*i]),
 			Queue:      q,
-			Logger:     testutil.Logger(t).With("node", i),
+			Logger:     logger(t).With("node", i),
 			ServerName: fmt.Sprintf("node%d", i),
 			Sync:       o.sync,
 			Cluster: broker.ClusterConfig{
@@ -153,7 +168,7 @@ func (n *node) down(mode downMode) (dropped int) {
 		return 0
 	}
 	if mode == cutPower {
-		if testing.Verbose() {
+		if logging() {
 			fmt.Fprintf(os.Stderr, "node %d: power cut drops unsynced writes of %v\n", n.i, fs.UnsyncedFiles())
 		}
 		dropped = fs.Cut()
@@ -254,7 +269,7 @@ func (f *fleet) addWorker(t *testing.T) {
 	nc := f.connect(t, name, f.serial%3)
 	cfg := worker.DefaultConfig(name)
 	cfg.Queue, cfg.Grace, cfg.FetchWait, cfg.RetryDelay = f.q, 200*time.Millisecond, 500*time.Millisecond, 100*time.Millisecond
-	cfg.Logger = testutil.Logger(t)
+	cfg.Logger = logger(t)
 	w := testutil.WorkerOn(t, nc, testutil.ProcessRuntime(t), cfg)
 	f.mu.Lock()
 	f.workers = append(f.workers, &member{name: name, nc: nc, stop: w.Stop})
@@ -269,7 +284,7 @@ func (f *fleet) addFrontend(t *testing.T) {
 	name := fmt.Sprint("fe", f.serial)
 	f.mu.Unlock()
 	nc := f.connect(t, name, f.serial%3)
-	fe := testutil.FrontendOnWith(t, nc, frontend.Config{ID: name})
+	fe := testutil.FrontendOnWith(t, nc, frontend.Config{ID: name, Logger: logger(t)})
 	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})
 	hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{}),
 		mcpserver.HTTPOptions{API: api, Tokens: map[string]string{token: ns}}))
