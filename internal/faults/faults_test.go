@@ -62,6 +62,19 @@ func killLeader(hold time.Duration) fault {
 	}}
 }
 
+// killConsumers kill -9s the node leading the most consumers, and restarts it.
+func killConsumers(hold time.Duration) fault {
+	return fault{name: "kill -9 most consumers", hold: hold, inject: func(t *testing.T, f *fleet) func(*testing.T) {
+		i := f.mostConsumers()
+		if i < 0 {
+			i = 0
+		}
+		f.down(i, kill)
+		t.Logf("killed node %d", i)
+		return func(t *testing.T) { f.up(t, i) }
+	}}
+}
+
 // partition isolates the jobs stream's leader from the two other nodes.
 func partition(hold time.Duration) fault {
 	return fault{name: "partition jobs leader", hold: hold, inject: func(t *testing.T, f *fleet) func(*testing.T) {
@@ -123,6 +136,7 @@ func longSchedule() []fault {
 		partition(10 * time.Second),
 		pause(10 * time.Second),
 		workerAndFrontend(4 * time.Second),
+		killConsumers(4 * time.Second),
 		powerCut("power cut all three", 3*time.Second, nodes(0, 1, 2)),
 		killLeader(2 * time.Second),
 		partition(10 * time.Second),

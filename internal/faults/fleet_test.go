@@ -583,3 +583,50 @@ func (f *fleet) diagnose(t *testing.T, lost []string) {
 		break
 	}
 }
+
+// mostConsumers is the index of the node leading the most consumers (of
+// every stream), or -1.
+func (f *fleet) mostConsumers() int {
+	for _, n := range f.nodes {
+		if b := n.broker(); b != nil {
+			if count, err := consumerLeaders(b); err == nil {
+				best := 0
+				for _, m := range f.nodes {
+					if count[m.cfg.ServerName] > count[f.nodes[best].cfg.ServerName] {
+						best = m.i
+					}
+				}
+				return best
+			}
+		}
+	}
+	return -1
+}
+
+// consumerLeaders counts the consumers each server leads, asking b.
+func consumerLeaders(b *broker.Broker) (map[string]int, error) {
+	nc, err := b.Connect("faults-admin")
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	count := map[string]int{}
+	for name := range js.StreamNames(ctx).Name() {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			continue
+		}
+		for ci := range s.ListConsumers(ctx).Info() {
+			if ci.Cluster != nil && ci.Cluster.Leader != "" {
+				count[ci.Cluster.Leader]++
+			}
+		}
+	}
+	return count, nil
+}

@@ -152,7 +152,7 @@ func (f *FS) Unmount() error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	if out, lerr := exec.Command("umount", "-l", f.dir).CombinedOutput(); lerr != nil {
-		return fmt.Errorf("unmount lazyfs %s: %w; lazy unmount: %v: %s", f.dir, err, lerr, out)
+		return fmt.Errorf("unmount lazyfs %s: %w; lazy unmount: %w: %s", f.dir, err, lerr, out)
 	}
 	return nil
 }
@@ -312,7 +312,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	// The loopback handle owns a descriptor; take our own and let it go.
 	fd, err := syscall.Open(filepath.Join(n.path(), name), int(flags&^(syscall.O_CREAT|syscall.O_EXCL))|syscall.O_CLOEXEC, 0)
 	if rel, ok := lfh.(fs.FileReleaser); ok {
-		rel.Release(ctx)
+		_ = rel.Release(ctx) // a duplicate descriptor of a file just created: nothing written through it
 	}
 	if err != nil {
 		return nil, nil, 0, fs.ToErrno(err)
@@ -614,7 +614,7 @@ var ErrNoFUSE = errors.New("FUSE is not available")
 // fusermount3.
 func Available() error {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
-		return fmt.Errorf("%w: %v", ErrNoFUSE, err)
+		return fmt.Errorf("%w: %w", ErrNoFUSE, err)
 	}
 	if os.Geteuid() != 0 {
 		if _, err := exec.LookPath("fusermount3"); err != nil {
