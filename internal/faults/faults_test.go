@@ -215,7 +215,7 @@ func TestSyncOffLosesWrites(t *testing.T) {
 		t.Logf("the fleet did not come back (detected): %v", err)
 		return
 	}
-	recs := readAll(h, f.apiURLs(), 20*time.Second)
+	recs := readAll(h, f.apiURLs(), 10*time.Second)
 	counter, err := readCounter(f)
 	v := check(h, recs, counter, err)
 	t.Logf("results:\n%s", v.table())
