@@ -59,6 +59,10 @@ run: image build ## start the embedded default: MCP on http://$(HTTP)/mcp
 test: image docker-engine ## install what tests need, then run all tests (race detector on) on Podman and Docker
 	CGO_ENABLED=1 MCPEXEC_REQUIRE_PODMAN=1 MCPEXEC_REQUIRE_DOCKER=1 MCPEXEC_DOCKER=unix://$(DOCKER_SOCK) $(GO) test -race -tags "$(TAGS)" -timeout 30m -p 1 ./...
 
+.PHONY: faults
+faults: ## the fault suite's long schedule: power cuts (lazyfs), kill -9, pause, partition under jobs and update_memory; prints a Jepsen-style table (MCPEXEC_FAULTS_LOG=1 for the fleet's logs)
+	MCPEXEC_FAULTS=long $(GO) test -tags "$(TAGS)" -count=1 -timeout 30m -v -run '^(TestFaults|TestSyncOffLosesWrites)$$' ./internal/faults/ 2>&1 | grep -vE '^(=== (RUN|PAUSE|CONT)|PASS$$)'; exit $${PIPESTATUS[0]}
+
 .PHONY: test-short
 test-short: ## run the tests that need no Podman or Docker
 	CGO_ENABLED=1 $(GO) test -race -tags "$(TAGS)" -short ./...

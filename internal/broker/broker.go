@@ -94,6 +94,7 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("configure NATS server: %w", err)
 	}
+	ns.SetLoggerV2(natsLog{cfg.Logger}, false, false, false)
 	ns.Start()
 	if !ns.ReadyForConnections(10 * time.Second) {
 		ns.Shutdown()

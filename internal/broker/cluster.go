@@ -27,6 +27,9 @@ type ClusterConfig struct {
 	Name   string   // cluster name, the same on every node; "" means no cluster
 	Listen string   // host:port of this node's route listener
 	Routes []string // nats-route://host:port of the other nodes (this node's own is ignored)
+	// Advertise is the host:port the other nodes reach this one at when it is
+	// not Listen (a proxy or NAT between them); "" means Listen.
+	Advertise string
 }
 
 // Enabled reports whether the node is part of a cluster.
@@ -62,6 +65,9 @@ func (c ClusterConfig) Size() int {
 		return 1
 	}
 	seen := map[string]bool{normalHostPort(c.Listen): true}
+	if c.Advertise != "" {
+		seen[normalHostPort(c.Advertise)] = true
+	}
 	n := 1
 	for _, r := range c.Routes {
 		u, err := url.Parse(r)
@@ -173,6 +179,7 @@ func fleetOptions(base *server.Options, cfg Config) (*server.Options, error) {
 		return nil, fmt.Errorf("--cluster-listen %q: %w", c.Listen, err)
 	}
 	opts.Cluster.Name, opts.Cluster.Host, opts.Cluster.Port = c.Name, host, port
+	opts.Cluster.Advertise = c.Advertise
 	if cfg.ServerName == "" {
 		// JetStream clustering needs a distinct name per node, also when the
 		// nodes share a host.

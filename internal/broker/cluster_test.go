@@ -34,6 +34,7 @@ func TestClusterSize(t *testing.T) {
 		{"single node", broker.ClusterConfig{}, 1, 1},
 		{"others only", broker.ClusterConfig{Name: "c", Listen: "10.0.0.1:6222", Routes: []string{"nats-route://10.0.0.2:6222", "nats-route://10.0.0.3:6222"}}, 3, 3},
 		{"self listed", broker.ClusterConfig{Name: "c", Listen: "0.0.0.0:6222", Routes: []string{"nats-route://127.0.0.1:6222", "nats-route://127.0.0.1:6223", "nats-route://127.0.0.1:6224"}}, 3, 3},
+		{"self advertised", broker.ClusterConfig{Name: "c", Listen: "127.0.0.1:7000", Advertise: "127.0.0.1:6222", Routes: []string{"nats-route://127.0.0.1:6222", "nats-route://127.0.0.1:6223", "nats-route://127.0.0.1:6224"}}, 3, 3},
 		{"five nodes", broker.ClusterConfig{Name: "c", Listen: "a:1", Routes: []string{"nats-route://b:1", "nats-route://c:1", "nats-route://d:1", "nats-route://e:1"}}, 5, 3},
 		{"two nodes", broker.ClusterConfig{Name: "c", Listen: "a:1", Routes: []string{"nats-route://b:1", "nats-route://b:1"}}, 2, 2},
 	} {

@@ -129,6 +129,18 @@ func (f *Frontend) submit(ctx context.Context, js []*jobs.Job, ns string, all bo
 			continue
 		}
 		if r := byID[j.ID]; r != nil {
+			if r.Status == jobs.StatusQueued && sameJob(&r.Job, j) {
+				// Claimed, and perhaps never enqueued: the first submission
+				// may have failed between its claim and its enqueue (a stream
+				// leader lost; its caller answered 503, or gone). Answering
+				// with the record would acknowledge a job no worker will see.
+				// Submit the recorded job again: its claim is a duplicate,
+				// the queue republishes its message (the jobs stream drops it
+				// if the first one landed), and the answer is the record.
+				rj := r.Job
+				todo, at = append(todo, &rj), append(at, i)
+				continue
+			}
 			out[i] = existing(r, j)
 			continue
 		}

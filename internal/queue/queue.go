@@ -318,6 +318,9 @@ func Transient(err error) bool {
 	if err == nil || errors.Is(err, ErrDuplicate) || errors.Is(err, ErrQueueFull) || errors.Is(err, context.Canceled) {
 		return false
 	}
+	if errors.Is(err, errUnsure) {
+		return true
+	}
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		return apiErr.Code == 503 || apiErr.Code == 408

@@ -153,8 +153,20 @@ func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, k
 		if kind == jobs.EventSubmitted && job.Waits() {
 			continue
 		}
-		if errs[i] != nil && !(errors.Is(errs[i], ErrDuplicate) && c.mayBeUnqueued(ctx, job.ID, kind)) {
-			continue
+		if errs[i] != nil {
+			if !errors.Is(errs[i], ErrDuplicate) {
+				continue
+			}
+			repair, err := c.mayBeUnqueued(ctx, job.ID, kind)
+			if err != nil {
+				// Whether its message is queued is unknown: taking the
+				// duplicate for done would acknowledge a job no worker sees.
+				errs[i] = fmt.Errorf("%w: job %s: %w", errUnsure, job.ID, err)
+				continue
+			}
+			if !repair {
+				continue
+			}
 		}
 		subject, done, rerr := c.route(ctx, job)
 		if done {
@@ -180,7 +192,11 @@ func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, k
 			continue
 		}
 		_, err := waitAck(ctx, f)
-		if err == nil || errors.Is(errs[i], ErrDuplicate) {
+		if err == nil {
+			continue
+		}
+		if errors.Is(errs[i], ErrDuplicate) {
+			errs[i] = fmt.Errorf("%w: republish job %s: %w", errUnsure, js[i].ID, err)
 			continue
 		}
 		if !isFull(err) {
@@ -207,29 +223,44 @@ func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, k
 	}
 }
 
+// errUnsure is the error of a duplicate claim whose job may not be queued:
+// checking, or republishing its message, failed. Submitting again is safe
+// (and needed): it is transient.
+var errUnsure = errors.New("the job was claimed before, and whether its message is queued could not be checked")
+
 // mayBeUnqueued reports whether a duplicate claim (of kind) of id should
 // republish the job message: the first claim is recent enough for the jobs
 // stream to deduplicate the republish, and the job has not already finished or
-// been rejected.
-func (c *Client) mayBeUnqueued(ctx context.Context, id string, kind jobs.EventKind) bool {
+// been rejected. It returns an error when the events stream could not tell.
+func (c *Client) mayBeUnqueued(ctx context.Context, id string, kind jobs.EventKind) (bool, error) {
 	window := c.DedupeWindow
 	if window == 0 {
 		window = DefaultConfig().DedupeWindow
 	}
 	stream, err := c.js.Stream(ctx, c.sub.EventsStream())
 	if err != nil {
-		return false
+		return false, err
 	}
 	m, err := stream.GetLastMsgForSubject(ctx, c.sub.Event(id, kind))
-	if err != nil || time.Since(m.Time) > window*9/10 {
-		return false
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if time.Since(m.Time) > window*9/10 {
+		return false, nil
 	}
 	for _, k := range []jobs.EventKind{jobs.EventFinished, jobs.EventCancelled} {
-		if _, err := stream.GetLastMsgForSubject(ctx, c.sub.Event(id, k)); !errors.Is(err, jetstream.ErrMsgNotFound) {
-			return false
+		_, err := stream.GetLastMsgForSubject(ctx, c.sub.Event(id, k))
+		if err == nil {
+			return false, nil
+		}
+		if !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return false, err
 		}
 	}
-	return true
+	return true, nil
 }
 
 func waitAck(ctx context.Context, f jetstream.PubAckFuture) (*jetstream.PubAck, error) {
