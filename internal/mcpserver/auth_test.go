@@ -6,6 +6,8 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -164,6 +166,28 @@ func TestOAuthBesideStaticTokens(t *testing.T) {
 		_ = resp.Body.Close() // read
 		if err != nil || m.Resource != aud || len(m.AuthorizationServers) != 1 || m.AuthorizationServers[0] != is.URL {
 			t.Fatalf("%s: %+v, %v", p, m, err)
+		}
+	}
+}
+
+func TestTokensFileOAuthNamespaces(t *testing.T) {
+	dir := t.TempDir()
+	for body, ok := range map[string]bool{
+		`{"oauth_namespaces": {"auth0|64f": "alice"}}`:                              true,
+		`{"tokens": {"tenant-token-1": "a"}, "oauth_namespaces": {"svc": "batch"}}`: true,
+		`{"oauth_namespaces": {"svc": "a/b"}}`:                                      false,
+		`{"oauth_namespaces": {}}`:                                                  false,
+	} {
+		p := filepath.Join(dir, "tokens.json")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		f, err := LoadTokensFile(p)
+		if (err == nil) != ok {
+			t.Errorf("%s: %v", body, err)
+		}
+		if ok && err == nil && len(f.OAuthNamespaces) != 1 {
+			t.Errorf("%s: read %+v", body, f.OAuthNamespaces)
 		}
 	}
 }

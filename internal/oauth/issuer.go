@@ -195,3 +195,22 @@ func (is *issuer) introspection() string {
 	}
 	return is.meta.IntrospectionEndpoint
 }
+
+// Probe reads issuer iss's metadata and JWKS as validation would (doctor's
+// check) and returns how many signing keys it publishes that are usable.
+func Probe(ctx context.Context, iss string) (int, error) {
+	cfg := Config{Issuers: []string{iss}, Audience: "https://probe.invalid/mcp"}
+	if err := cfg.Validate(); err != nil {
+		return 0, err
+	}
+	is := &issuer{url: iss, cfg: &cfg}
+	is.mu.Lock()
+	defer is.mu.Unlock()
+	if err := is.refresh(ctx); err != nil {
+		return 0, err
+	}
+	if len(is.keys) == 0 {
+		return 0, fmt.Errorf("issuer %s publishes no usable signing key (jwks_uri %q): JWT access tokens cannot be checked", iss, is.meta.JWKSURI)
+	}
+	return len(is.keys), nil
+}
