@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -275,4 +277,41 @@ func payload(t *testing.T, raw string) []byte {
 		t.Fatal(err)
 	}
 	return sig.UnsafePayloadWithoutVerification()
+}
+
+// TestOfficialSDKOAuthClient: the official TypeScript SDK's OAuth client
+// starts without a token, follows the challenge to the metadata and to
+// Hydra, gets a token with client credentials and runs code.
+func TestOfficialSDKOAuthClient(t *testing.T) {
+	f := setup(t)
+	npm := testutil.NodeModules(t)
+	script, err := os.ReadFile(filepath.Join("testdata", "oauth_client.mjs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// ESM resolves packages from the script's directory: run it from there.
+	path := filepath.Join(npm, fmt.Sprintf("oauth_client_%d.mjs", os.Getpid()))
+	if err := os.WriteFile(path, script, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(path) }) // a temporary file
+	f.service(t, "sdk-svc", "mcpexec:run")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "node", path, f.aud, "sdk-svc", "sdk-svc-secret-0123456789", f.aud).CombinedOutput()
+	if err != nil {
+		t.Fatalf("node client: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	var r struct {
+		Text       string `json:"text"`
+		IsError    bool   `json:"isError"`
+		Challenged bool   `json:"challenged"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+		t.Fatalf("client output %s: %v", out, err)
+	}
+	if r.IsError || !strings.Contains(r.Text, "42") || !r.Challenged {
+		t.Fatalf("SDK client: %+v (%s)", r, out)
+	}
 }
