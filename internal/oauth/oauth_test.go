@@ -40,7 +40,7 @@ type fakeIssuer struct {
 	bigJWKS    bool
 }
 
-func newIssuer(t *testing.T) *fakeIssuer {
+func newIssuer(t testing.TB) *fakeIssuer {
 	t.Helper()
 	f := &fakeIssuer{}
 	mux := http.NewServeMux()
@@ -74,7 +74,7 @@ func newIssuer(t *testing.T) *fakeIssuer {
 }
 
 // key makes a signing key; published adds its public half to the JWKS.
-func (f *fakeIssuer) key(t *testing.T, kid string, published bool) jose.JSONWebKey {
+func (f *fakeIssuer) key(t testing.TB, kid string, published bool) jose.JSONWebKey {
 	t.Helper()
 	priv, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
@@ -90,7 +90,7 @@ func (f *fakeIssuer) key(t *testing.T, kid string, published bool) jose.JSONWebK
 }
 
 // mint signs claims with k.
-func mint(t *testing.T, k jose.JSONWebKey, alg jose.SignatureAlgorithm, c any) string {
+func mint(t testing.TB, k jose.JSONWebKey, alg jose.SignatureAlgorithm, c any) string {
 	t.Helper()
 	s, err := jose.NewSigner(jose.SigningKey{Algorithm: alg, Key: k}, (&jose.SignerOptions{}).WithType("at+jwt"))
 	if err != nil {
