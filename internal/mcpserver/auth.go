@@ -74,6 +74,9 @@ var _ Authenticator = OAuthTokens{}
 // Authenticate implements Authenticator.
 func (o OAuthTokens) Authenticate(ctx context.Context, tok string) (Caller, error) {
 	t, err := o.V.Validate(ctx, tok)
+	if errors.Is(err, oauth.ErrOpaque) {
+		return Caller{}, fmt.Errorf("%w: unknown token (neither a token of the tokens file nor a JWT access token)", ErrUnauthenticated)
+	}
 	if err != nil {
 		return Caller{}, fmt.Errorf("%w: %s", ErrUnauthenticated, reason(err))
 	}

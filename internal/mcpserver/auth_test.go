@@ -120,6 +120,7 @@ func TestOAuthBesideStaticTokens(t *testing.T) {
 		{"OAuthIgnoresHeader", "/api/x", is.Mint(t, is.Claims(aud, "carol", "mcpexec:jobs")), "alice", 200, nil, seen{"carol", false}},
 		{"OAuthAdmin", "/api/x", is.Mint(t, is.Claims(aud, "root", "mcpexec:admin")), "alice", 200, nil, seen{"alice", true}},
 		{"NoToken", "/mcp", "", "", 401, []string{meta, `scope="mcpexec:run"`}, seen{}},
+		{"UnknownStatic", "/api/x", "nope-token-1", "", 401, []string{meta, `error="invalid_token"`, "unknown token"}, seen{}},
 		{"Expired", "/api/x", is.Mint(t, expired), "", 401, []string{meta, `error="invalid_token"`, `expired`, `scope="mcpexec:jobs"`}, seen{}},
 		{"OtherAudience", "/mcp", is.Mint(t, is.Claims("https://elsewhere/mcp", "carol", "mcpexec:run")), "", 401, []string{meta, `error="invalid_token"`, "another audience"}, seen{}},
 		{"UnknownKey", "/mcp", oauthtest.Sign(t, oauthtest.NewKey(t, "test-key"), is.Claims(aud, "carol", "mcpexec:run")), "", 401, []string{meta, `error="invalid_token"`}, seen{}},

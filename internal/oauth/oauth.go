@@ -143,6 +143,11 @@ func (t Token) Has(scope string) bool {
 // answers 401 with error="invalid_token".
 var ErrInvalidToken = errors.New("invalid_token")
 
+// ErrOpaque is wrapped (with ErrInvalidToken) by the refusal of a token that
+// is not a JWT when no introspection client is configured: a caller that
+// has other kinds of tokens may say so instead.
+var ErrOpaque = errors.New("not a JWT")
+
 func invalid(format string, a ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidToken, fmt.Sprintf(format, a...))
 }
@@ -325,7 +330,7 @@ type introspection struct {
 // token; the first that calls it active decides.
 func (v *Validator) introspect(ctx context.Context, raw string) (Token, error) {
 	if v.cfg.ClientID == "" {
-		return Token{}, invalid("not a JWT (opaque tokens need introspection: configure an OAuth client id and secret)")
+		return Token{}, fmt.Errorf("%w: %w (opaque access tokens need introspection: configure an OAuth client id and secret)", ErrInvalidToken, ErrOpaque)
 	}
 	for _, is := range v.issuers {
 		if err := is.ensure(ctx, false); err != nil {

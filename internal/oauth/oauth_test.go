@@ -312,6 +312,10 @@ func TestIntrospection(t *testing.T) {
 			t.Errorf("%s: %v, want %q", raw, err, want)
 		}
 	}
+	noClient := validator(t, oauth.Config{Issuers: []string{f.URL}})
+	if _, err := noClient.Validate(ctx, "good-opaque"); !errors.Is(err, oauth.ErrInvalidToken) || !errors.Is(err, oauth.ErrOpaque) {
+		t.Errorf("opaque without a client: %v", err)
+	}
 }
 
 func TestMetadataAndChallenge(t *testing.T) {
