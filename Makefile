@@ -56,8 +56,8 @@ run: image build ## start the embedded default: MCP on http://$(HTTP)/mcp
 	./bin/frontend --http $(HTTP)
 
 .PHONY: test
-test: image docker-engine ## install what tests need, then run all tests (race detector on) on Podman and Docker
-	CGO_ENABLED=1 MCPEXEC_REQUIRE_PODMAN=1 MCPEXEC_REQUIRE_DOCKER=1 MCPEXEC_DOCKER=unix://$(DOCKER_SOCK) $(GO) test -race -tags "$(TAGS)" -timeout 30m -p 1 ./...
+test: image docker-engine ## install what tests need, then run all tests (race detector on) on Podman and Docker, OAuth against Ory Hydra (built from tools/oauth)
+	CGO_ENABLED=1 MCPEXEC_REQUIRE_PODMAN=1 MCPEXEC_REQUIRE_DOCKER=1 MCPEXEC_REQUIRE_OAUTH=1 MCPEXEC_DOCKER=unix://$(DOCKER_SOCK) $(GO) test -race -tags "$(TAGS)" -timeout 30m -p 1 ./...
 
 .PHONY: faults
 faults: ## the fault suite's long schedule: power cuts (lazyfs), kill -9, pause, partition under jobs and update_memory; prints a Jepsen-style table (MCPEXEC_FAULTS_LOG=1 for the fleet's logs)

@@ -41,6 +41,7 @@ type config struct {
 	sandbox        *sandboxflags.Flags
 	servers        *serverFlags
 	fleet          *fleetFlags
+	oauth          *oauthFlags
 }
 
 func parse(args []string, stderr io.Writer) (*config, error) {
@@ -67,6 +68,7 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	c.sandbox = sandboxflags.Register(fs)
 	c.servers = registerServerFlags(fs)
 	c.fleet = registerFleetFlags(fs)
+	c.oauth = registerOAuthFlags(fs)
 	if err := cli.Parse(fs, args, aliases()); err != nil {
 		return nil, err
 	}
@@ -111,14 +113,17 @@ func (c *config) validate() error {
 		if _, _, err := net.SplitHostPort(c.httpAddr); err != nil {
 			return cli.Usagef("--http %q: want HOST:PORT, e.g. 127.0.0.1:8080", c.httpAddr)
 		}
-		if !mcpserver.IsLoopback(c.httpAddr) && c.authToken == "" && c.servers.authTokensFile == "" {
-			return cli.Usagef("--http %s listens beyond loopback: set --auth-token (or MCPEXEC_AUTH_TOKEN) or --auth-tokens-file so strangers cannot run code", c.httpAddr)
+		if !mcpserver.IsLoopback(c.httpAddr) && c.authToken == "" && c.servers.authTokensFile == "" && len(c.oauth.issuers) == 0 {
+			return cli.Usagef("--http %s listens beyond loopback: set --auth-token (or MCPEXEC_AUTH_TOKEN), --auth-tokens-file or --oauth-issuer so strangers cannot run code", c.httpAddr)
 		}
 	}
 	if err := c.servers.validate(); err != nil {
 		return err
 	}
 	if err := c.fleet.validate(); err != nil {
+		return err
+	}
+	if err := c.oauth.validate(c.httpAddr, c.servers.oauthNamespaces); err != nil {
 		return err
 	}
 	if c.nats == "" {

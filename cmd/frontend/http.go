@@ -16,6 +16,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/metrics"
+	"github.com/mcpexec/mcpexec/internal/oauth"
 	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
@@ -23,7 +24,7 @@ import (
 // jobs API, the console (/ui/ and /api/console/), /healthz and /metrics,
 // behind the configured tokens and origins. stop ends the console's metric
 // sampling.
-func httpHandler(ctx context.Context, c *config, srv *server.MCPServer, tasks *mcpserver.Tasks, lazy *app.Lazy, m *metrics.Metrics, spans *tracing.Recorder, late *lateTools, log *slog.Logger) (h http.Handler, stop func()) {
+func httpHandler(ctx context.Context, c *config, srv *server.MCPServer, tasks *mcpserver.Tasks, lazy *app.Lazy, m *metrics.Metrics, spans *tracing.Recorder, late *lateTools, rs *oauth.Validator, log *slog.Logger) (h http.Handler, stop func()) {
 	history := console.NewHistory(m.Registry, 0)
 	history.Start(ctx)
 	late.history.Store(history)
@@ -50,6 +51,7 @@ func httpHandler(ctx context.Context, c *config, srv *server.MCPServer, tasks *m
 		opts.Tokens[c.authToken] = jobs.DefaultNamespace
 	}
 	opts.AllowedHosts = discovery.ParseList(c.servers.allowedHosts)
+	opts.OAuth = rs
 	for _, o := range strings.Split(c.allowedOrigins, ",") {
 		if o = strings.TrimSpace(o); o != "" {
 			opts.AllowedOrigins = append(opts.AllowedOrigins, o)

@@ -133,7 +133,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return fmt.Errorf("listen on %s: %w (is another process using the port? choose another with --http)", c.httpAddr, err)
 	}
 	log.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp", "frontend", c.id, "mode", mode, "languages", langs)
-	h, stopConsole := httpHandler(ctx, c, srv, tasks, lazy, m, spans, &late, log)
+	rs, err := c.oauth.validator(ln.Addr().String(), log)
+	if err != nil {
+		_ = ln.Close() // not served yet
+		return cli.Usagef("--oauth-*: %v", err)
+	}
+	h, stopConsole := httpHandler(ctx, c, srv, tasks, lazy, m, spans, &late, rs, log)
 	defer stopConsole()
 	return mcpserver.ServeHTTP(ctx, ln, h, lazy.Drain, c.fleet.grace, log)
 }

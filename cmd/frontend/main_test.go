@@ -37,6 +37,10 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{[]string{"--container-user", "nobody"}, "numeric uid:gid"},
 		{[]string{"--sync", "sometimes"}, "want always or interval:D"},
 		{[]string{"--sync", "interval:0s"}, "positive duration"},
+		{[]string{"--oauth-issuer", "https://as.example"}, "set --http too"},
+		{[]string{"--http", "0.0.0.0:8080", "--oauth-issuer", "https://as.example"}, "--oauth-audience"},
+		{[]string{"--http", "127.0.0.1:8080", "--oauth-issuer", "as.example"}, "not an issuer URL"},
+		{[]string{"--http", "127.0.0.1:8080", "--oauth-issuer", "https://as.example", "--oauth-client-id", "rs"}, "set both"},
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

@@ -44,6 +44,8 @@ type serverFlags struct {
 	policies      map[string]frontend.Policy
 	metricsTokens []string
 	adminTokens   []string // act in any namespace (the console's admin view)
+	// oauthNamespaces maps an OAuth namespace claim's values to namespaces.
+	oauthNamespaces map[string]string
 }
 
 // fileList is a repeatable flag; one value may hold several paths separated by
@@ -104,6 +106,7 @@ func (sf *serverFlags) validate() error {
 			return cli.Usagef("--auth-tokens-file: %v", err)
 		}
 		sf.tokens, sf.metricsTokens, sf.adminTokens = f.Tokens, f.MetricsTokens, f.AdminTokens
+		sf.oauthNamespaces = f.OAuthNamespaces
 		if len(f.DefaultPolicy) > 0 {
 			p, err := decodePolicy(f.DefaultPolicy)
 			if err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/oauth"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox/docker"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
@@ -71,6 +72,9 @@ type Config struct {
 	// embedded broker would run with (--sync): it is reported instead of the
 	// one the fleet's state replicas announce.
 	EmbeddedSync string
+	// OAuthIssuers are the front-end's OAuth issuers (--oauth-issuer): each
+	// one's metadata and signing keys must be readable.
+	OAuthIssuers []string
 }
 
 // ErrFailed is returned by Report when a check failed.
@@ -102,7 +106,20 @@ func Run(ctx context.Context, cfg Config) []Check {
 			out = append(out, syncCheck(map[string][]string{cfg.EmbeddedSync: {"the embedded broker"}}, "restart the front-end with --sync always (the default; unset MCPEXEC_SYNC)"))
 		}
 	}
+	for _, iss := range cfg.OAuthIssuers {
+		out = append(out, checkIssuer(ctx, iss))
+	}
 	return out
+}
+
+// checkIssuer reads an OAuth issuer's metadata and keys as the front-end will.
+func checkIssuer(ctx context.Context, iss string) Check {
+	n, err := oauth.Probe(ctx, iss)
+	if err != nil {
+		return Check{Name: "oauth issuer " + iss, Status: Fail, Detail: err.Error(),
+			Fix: "check the issuer URL (its /.well-known/openid-configuration must name it as issuer) and that this host reaches it and its jwks_uri"}
+	}
+	return Check{Name: "oauth issuer " + iss, Status: OK, Detail: fmt.Sprintf("metadata and %d signing keys read", n)}
 }
 
 // Report writes checks to w, one line each with the fix under it, and returns

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/oauth"
 	"github.com/mcpexec/mcpexec/internal/slots"
 	"github.com/mcpexec/mcpexec/internal/tracing"
 )
@@ -46,6 +47,9 @@ type HTTPOptions struct {
 	// API, when set, is served under /api/ behind the same Origin, auth and size
 	// checks as /mcp.
 	API http.Handler
+	// OAuth, when set, also accepts its issuers' access tokens (beside
+	// Tokens and AdminTokens) and serves the protected resource metadata.
+	OAuth *oauth.Validator
 	// Extra handlers mounted as given (e.g. "/metrics", "/"), without auth.
 	Extra map[string]http.Handler
 	// Tasks, when set, answers the task methods in front of s (NewTasks).
@@ -136,9 +140,14 @@ func Handler(s *server.MCPServer, opts HTTPOptions) http.Handler {
 	}
 	opts.inFlight = &slots.Keyed{Max: opts.MaxRequestsPerToken}
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", guard(mcpHandler, opts))
+	mux.Handle("/mcp", guard(mcpHandler, opts, oauth.ScopeRun))
 	if opts.API != nil {
-		mux.Handle("/api/", guard(opts.API, opts))
+		mux.Handle("/api/", guard(opts.API, opts, oauth.ScopeJobs))
+	}
+	if opts.OAuth != nil {
+		for _, p := range oauth.MetadataPaths(opts.OAuth.Config().Audience) {
+			mux.Handle(p, opts.OAuth.MetadataHandler())
+		}
 	}
 	for pattern, h := range opts.Extra {
 		mux.Handle(pattern, h)
@@ -157,9 +166,9 @@ func Handler(s *server.MCPServer, opts HTTPOptions) http.Handler {
 	return mux
 }
 
-// guard applies the Origin check (DNS rebinding), bearer-token auth and the body
-// size limit.
-func guard(next http.Handler, opts HTTPOptions) http.Handler {
+// guard applies the Origin check (DNS rebinding), bearer-token auth (the
+// caller must hold scope) and the body size limit.
+func guard(next http.Handler, opts HTTPOptions, scope string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !hostAllowed(r, opts.AllowedHosts) {
 			httpError(w, http.StatusForbidden, "forbidden_host", "Host "+r.Host+" is not allowed on a loopback listener (DNS rebinding protection): connect as localhost or 127.0.0.1, or add the name to --allowed-hosts")
@@ -169,12 +178,24 @@ func guard(next http.Handler, opts HTTPOptions) http.Handler {
 			httpError(w, http.StatusForbidden, "forbidden_origin", "Origin "+o+" is not allowed: browsers may reach this server only from localhost pages (or add the origin to --allowed-origins)")
 			return
 		}
-		if len(opts.Tokens) > 0 || len(opts.AdminTokens) > 0 {
+		if ways := opts.authenticators(); len(ways) > 0 {
 			tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 			tok = strings.TrimSpace(tok)
-			ns, found := lookupToken(opts.Tokens, tok)
-			if ok && !found && isAdminToken(opts.AdminTokens, tok) {
-				ns, found = jobs.DefaultNamespace, true
+			if !ok {
+				tok = ""
+			}
+			caller, err := authenticate(r.Context(), ways, tok)
+			if err != nil {
+				unauthorized(w, opts, tok != "", reason(err), scope)
+				return
+			}
+			if !caller.Can(scope) {
+				forbiddenScope(w, opts, scope)
+				return
+			}
+			ns := caller.Namespace
+			if caller.Admin {
+				ns = jobs.DefaultNamespace
 				if h := r.Header.Get(NamespaceHeader); h != "" {
 					if !namespacePattern.MatchString(h) {
 						httpError(w, http.StatusBadRequest, "bad_namespace", NamespaceHeader+" must be 1-128 letters, digits, '.', '_' or '-'")
@@ -184,14 +205,9 @@ func guard(next http.Handler, opts HTTPOptions) http.Handler {
 				}
 				r = r.WithContext(context.WithValue(r.Context(), adminKey{}, true))
 			}
-			if !ok || !found {
-				w.Header().Set("WWW-Authenticate", `Bearer realm="mcpexec"`)
-				httpError(w, http.StatusUnauthorized, "unauthorized", "a valid bearer token is required: send Authorization: Bearer <token>")
-				return
-			}
 			r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, ns))
 			if opts.inFlight != nil {
-				release, ok := opts.inFlight.Take(tokenKey(tok))
+				release, ok := opts.inFlight.Take(caller.Key)
 				if !ok {
 					w.Header().Set("Retry-After", "1")
 					httpError(w, http.StatusTooManyRequests, "too_many_requests", fmt.Sprintf("this token already has %d requests in flight on this front-end: wait for some to finish (use tasks or /api/jobs for many jobs at once)", opts.MaxRequestsPerToken))
@@ -208,6 +224,39 @@ func guard(next http.Handler, opts HTTPOptions) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// unauthorized answers 401 with the challenge that tells a client how to
+// get a token: with OAuth, the resource metadata and the scope needed.
+func unauthorized(w http.ResponseWriter, opts HTTPOptions, sent bool, why, scope string) {
+	msg := "a valid bearer token is required: send Authorization: Bearer <token>"
+	if !sent {
+		why = ""
+	}
+	if opts.OAuth != nil {
+		code := ""
+		if sent {
+			code = "invalid_token"
+		}
+		w.Header().Set("WWW-Authenticate", opts.OAuth.Challenge(code, why, scope))
+		msg = "a valid bearer token is required: send Authorization: Bearer <token>, a token of the tokens file or an access token from " + strings.Join(opts.OAuth.Config().Issuers, " or ") + " for " + opts.OAuth.Config().Audience
+	} else {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="mcpexec"`)
+	}
+	if why != "" {
+		msg += " (" + why + ")"
+	}
+	httpError(w, http.StatusUnauthorized, "unauthorized", msg)
+}
+
+// forbiddenScope answers 403 insufficient_scope (RFC 6750 §3.1).
+func forbiddenScope(w http.ResponseWriter, opts HTTPOptions, scope string) {
+	if opts.OAuth != nil {
+		w.Header().Set("WWW-Authenticate", opts.OAuth.Challenge("insufficient_scope", "this needs scope "+scope, scope))
+	} else {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="mcpexec", error="insufficient_scope", scope="`+scope+`"`)
+	}
+	httpError(w, http.StatusForbidden, "insufficient_scope", "this token lacks scope "+scope+": ask the authorisation server for it")
 }
 
 // hostAllowed applies the DNS-rebinding check: a request that reached a
@@ -303,6 +352,9 @@ type TokensFile struct {
 	// AdminTokens act in any namespace (the console's admin view); see
 	// HTTPOptions.AdminTokens.
 	AdminTokens []string `json:"admin_tokens,omitempty"`
+	// OAuthNamespaces maps values of the OAuth namespace claim to
+	// namespaces (a value not listed is its own namespace).
+	OAuthNamespaces map[string]string `json:"oauth_namespaces,omitempty"`
 }
 
 // LoadTokens reads a tokens file mapping bearer tokens to memory namespaces:
@@ -330,11 +382,11 @@ func LoadTokensFile(path string) (*TokensFile, error) {
 		if err := json.Unmarshal(t, &probe); err != nil {
 			return nil, fmt.Errorf("tokens file %s: not a JSON object: %w", path, err)
 		}
-		if raw, ok := probe["tokens"]; ok && len(bytes.TrimSpace(raw)) > 0 && bytes.TrimSpace(raw)[0] == '{' {
+		if raw, ok := probe["tokens"]; (ok && len(bytes.TrimSpace(raw)) > 0 && bytes.TrimSpace(raw)[0] == '{') || probe["oauth_namespaces"] != nil {
 			dec := json.NewDecoder(bytes.NewReader(t))
 			dec.DisallowUnknownFields()
 			if err := dec.Decode(out); err != nil {
-				return nil, fmt.Errorf("tokens file %s: want {\"tokens\": {...}, \"default_policy\": {...}, \"namespaces\": {...}, \"metrics_tokens\": [...], \"admin_tokens\": [...]}: %w", path, err)
+				return nil, fmt.Errorf("tokens file %s: want {\"tokens\": {...}, \"default_policy\": {...}, \"namespaces\": {...}, \"metrics_tokens\": [...], \"admin_tokens\": [...], \"oauth_namespaces\": {...}}: %w", path, err)
 			}
 		} else if err := json.Unmarshal(t, &out.Tokens); err != nil {
 			return nil, fmt.Errorf("tokens file %s: not a JSON object of token to namespace: %w", path, err)
@@ -373,7 +425,12 @@ func LoadTokensFile(path string) (*TokensFile, error) {
 			return nil, fmt.Errorf("tokens file %s: an admin token is also a namespace's token: give admins tokens of their own", path)
 		}
 	}
-	if len(out.Tokens) == 0 {
+	for v, ns := range out.OAuthNamespaces {
+		if !namespacePattern.MatchString(ns) {
+			return nil, fmt.Errorf("tokens file %s: oauth_namespaces maps %q to %q, which is not 1-128 letters, digits, '.', '_' or '-'", path, v, ns)
+		}
+	}
+	if len(out.Tokens) == 0 && len(out.OAuthNamespaces) == 0 {
 		return nil, fmt.Errorf("tokens file %s holds no tokens", path)
 	}
 	return out, nil

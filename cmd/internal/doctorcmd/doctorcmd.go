@@ -7,6 +7,7 @@ import (
 	"context"
 	"flag"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -38,8 +39,10 @@ func Main(ctx context.Context, role string, args []string, stdout, stderr io.Wri
 	sb := sandboxflags.Register(fs)
 	nf := natsflags.Register(fs)
 	var syncPolicy broker.SyncPolicy
+	var issuers issuerList
 	if role == "frontend" {
 		fs.Var(&syncPolicy, "sync", "embedded mode: "+broker.SyncUsage)
+		fs.Var(&issuers, "oauth-issuer", "OAuth issuer URL the front-end trusts: check its metadata and keys; repeatable")
 	}
 	if err := cli.Parse(fs, args, sandboxflags.Aliases); err != nil {
 		return err
@@ -57,7 +60,7 @@ func Main(ctx context.Context, role string, args []string, stdout, stderr io.Wri
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	cfg := doctor.Config{NATSURL: *natsURL, NATSOpts: auth, Queue: queue.DefaultConfig()}
+	cfg := doctor.Config{NATSURL: *natsURL, NATSOpts: auth, Queue: queue.DefaultConfig(), OAuthIssuers: issuers}
 	var sandboxCfg *podman.Config
 	var dockerCfg *docker.Config
 	choice := sb.Choose(ctx)
@@ -79,4 +82,18 @@ func Main(ctx context.Context, role string, args []string, stdout, stderr io.Wri
 		cfg.SkipSandboxReason = "a front-end of a fleet runs no sandboxes: run `worker doctor` on the worker hosts"
 	}
 	return doctor.Report(stdout, "mcpexec "+role+" doctor", doctor.Run(ctx, cfg))
+}
+
+// issuerList is a repeatable flag of URLs (commas separate several).
+type issuerList []string
+
+func (l *issuerList) String() string { return strings.Join(*l, ",") }
+
+func (l *issuerList) Set(v string) error {
+	for _, u := range strings.Split(v, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			*l = append(*l, u)
+		}
+	}
+	return nil
 }
