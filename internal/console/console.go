@@ -14,8 +14,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mcpexec/mcpexec/internal/errs"
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httperr"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/state"
 	"github.com/mcpexec/mcpexec/internal/tracing"
@@ -150,7 +150,7 @@ func API(cfg Config) http.Handler {
 	mux.HandleFunc("POST /api/console/sessions/{name}/end", a.endSession)
 	mux.HandleFunc("GET /api/console/tools", a.savedTools)
 	mux.HandleFunc("/api/console/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no console route %s %s", r.Method, r.URL.Path))
+		httperr.Write(w, http.StatusNotFound, "not_found", fmt.Sprintf("no console route %s %s", r.Method, r.URL.Path))
 	})
 	return mux
 }
@@ -176,13 +176,13 @@ func (a *api) whoami(w http.ResponseWriter, r *http.Request) {
 	if me.Admin {
 		me.Namespaces = slices.Clone(a.cfg.Namespaces)
 	}
-	writeJSON(w, http.StatusOK, me)
+	httperr.WriteJSON(w, http.StatusOK, me)
 }
 
 func (a *api) timeline(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if !jobs.ValidUserID(id) {
-		writeError(w, http.StatusBadRequest, "bad_id", fmt.Sprintf("%.40q is not a job id", id))
+		httperr.Write(w, http.StatusBadRequest, "bad_id", fmt.Sprintf("%.40q is not a job id", id))
 		return
 	}
 	ns := jobs.NamespaceOf(a.cfg.Namespace(r.Context()))
@@ -191,7 +191,7 @@ func (a *api) timeline(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err, fmt.Sprintf("no job with id %q", id))
 		return
 	}
-	writeJSON(w, http.StatusOK, BuildTimeline(rec, jobs.ScopedID(ns, id), a.cfg.Spans.Trace(rec.TraceID)))
+	httperr.WriteJSON(w, http.StatusOK, BuildTimeline(rec, jobs.ScopedID(ns, id), a.cfg.Spans.Trace(rec.TraceID)))
 }
 
 // MaxMemoryValue bounds a memory value written from the console.
@@ -200,7 +200,7 @@ const MaxMemoryValue = 1 << 20
 func (a *api) memoryList(w http.ResponseWriter, r *http.Request) {
 	prefix := r.URL.Query().Get("prefix")
 	if len(prefix) > state.MaxMemoryKeyBytes {
-		writeError(w, http.StatusBadRequest, "bad_prefix", fmt.Sprintf("prefix is over %d bytes", state.MaxMemoryKeyBytes))
+		httperr.Write(w, http.StatusBadRequest, "bad_prefix", fmt.Sprintf("prefix is over %d bytes", state.MaxMemoryKeyBytes))
 		return
 	}
 	ms, err := a.cfg.Backend.MemoryList(r.Context(), a.cfg.Namespace(r.Context()), prefix)
@@ -211,12 +211,12 @@ func (a *api) memoryList(w http.ResponseWriter, r *http.Request) {
 	if ms == nil {
 		ms = []state.Memory{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"memories": ms})
+	httperr.WriteJSON(w, http.StatusOK, map[string]any{"memories": ms})
 }
 
 func memoryKey(w http.ResponseWriter, key string) bool {
 	if key == "" || len(key) > state.MaxMemoryKeyBytes {
-		writeError(w, http.StatusBadRequest, "bad_key", fmt.Sprintf("a memory key is 1-%d bytes", state.MaxMemoryKeyBytes))
+		httperr.Write(w, http.StatusBadRequest, "bad_key", fmt.Sprintf("a memory key is 1-%d bytes", state.MaxMemoryKeyBytes))
 		return false
 	}
 	return true
@@ -232,7 +232,7 @@ func (a *api) memoryGet(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err, fmt.Sprintf("no memory %.60q", key))
 		return
 	}
-	writeJSON(w, http.StatusOK, m)
+	httperr.WriteJSON(w, http.StatusOK, m)
 }
 
 // PutRequest is the body of PUT /api/console/memory/entry.
@@ -250,27 +250,27 @@ func (a *api) memoryPut(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 2*MaxMemoryValue))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		writeError(w, http.StatusBadRequest, "bad_json", `the body must be {"key": ..., "value": <JSON>, "if_version": n}: `+err.Error())
+		httperr.Write(w, http.StatusBadRequest, "bad_json", `the body must be {"key": ..., "value": <JSON>, "if_version": n}: `+err.Error())
 		return
 	}
 	if !memoryKey(w, req.Key) {
 		return
 	}
 	if len(req.Value) > MaxMemoryValue || len(req.Metadata) > MaxMemoryValue {
-		writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("a value from the console is at most %d bytes", MaxMemoryValue))
+		httperr.Write(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("a value from the console is at most %d bytes", MaxMemoryValue))
 		return
 	}
 	m, err := a.cfg.Backend.MemoryPut(r.Context(), a.cfg.Namespace(r.Context()), req.Key, req.Value, req.Metadata, req.IfVersion)
 	if errors.Is(err, state.ErrConflict) {
 		cur, _ := a.cfg.Backend.MemoryGet(r.Context(), a.cfg.Namespace(r.Context()), req.Key) // nil when deleted meanwhile: the answer says so
-		writeJSON(w, http.StatusConflict, map[string]any{"error": errorBody{Code: "conflict", Message: "the key changed since you read it: reload it and edit again"}, "current": cur})
+		httperr.WriteJSON(w, http.StatusConflict, map[string]any{"error": httperr.Body{Code: "conflict", Message: "the key changed since you read it: reload it and edit again"}, "current": cur})
 		return
 	}
 	if err != nil {
 		writeErr(w, err, "")
 		return
 	}
-	writeJSON(w, http.StatusOK, m)
+	httperr.WriteJSON(w, http.StatusOK, m)
 }
 
 func (a *api) memoryDelete(w http.ResponseWriter, r *http.Request) {
@@ -283,7 +283,7 @@ func (a *api) memoryDelete(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err, "")
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]bool{"deleted": ok})
+	httperr.WriteJSON(w, http.StatusOK, map[string]bool{"deleted": ok})
 }
 
 func (a *api) sessions(w http.ResponseWriter, r *http.Request) {
@@ -295,20 +295,20 @@ func (a *api) sessions(w http.ResponseWriter, r *http.Request) {
 	if ss == nil {
 		ss = []frontend.Session{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"sessions": ss})
+	httperr.WriteJSON(w, http.StatusOK, map[string]any{"sessions": ss})
 }
 
 func (a *api) endSession(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	if !jobs.ValidUserID(name) {
-		writeError(w, http.StatusBadRequest, "bad_session", fmt.Sprintf("%.40q is not a session name", name))
+		httperr.Write(w, http.StatusBadRequest, "bad_session", fmt.Sprintf("%.40q is not a session name", name))
 		return
 	}
 	if err := a.cfg.Backend.EndSession(r.Context(), a.cfg.Namespace(r.Context()), name); err != nil {
 		writeErr(w, err, fmt.Sprintf("no live session %q", name))
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]bool{"ended": true})
+	httperr.WriteJSON(w, http.StatusOK, map[string]bool{"ended": true})
 }
 
 func (a *api) savedTools(w http.ResponseWriter, r *http.Request) {
@@ -317,46 +317,23 @@ func (a *api) savedTools(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err, "")
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"tools": ts})
+	httperr.WriteJSON(w, http.StatusOK, map[string]any{"tools": ts})
 }
 
 func (a *api) metrics(w http.ResponseWriter, _ *http.Request) {
 	if a.cfg.History == nil {
-		writeJSON(w, http.StatusOK, Series{})
+		httperr.WriteJSON(w, http.StatusOK, Series{})
 		return
 	}
-	writeJSON(w, http.StatusOK, a.cfg.History.Series())
+	httperr.WriteJSON(w, http.StatusOK, a.cfg.History.Series())
 }
 
-type errorBody struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v) // the client went away: nothing to tell it
-}
-
-func writeError(w http.ResponseWriter, status int, code, msg string) {
-	writeJSON(w, status, map[string]errorBody{"error": {Code: code, Message: msg}})
-}
-
-// writeErr maps err by its kind; notFound replaces a not-found message.
+// writeErr answers err as httperr classifies it; notFound replaces a
+// not-found message.
 func writeErr(w http.ResponseWriter, err error, notFound string) {
-	switch {
-	case errors.Is(err, state.ErrNotFound) || errs.Is(err, errs.NotFound):
-		if notFound == "" {
-			notFound = err.Error()
-		}
-		writeError(w, http.StatusNotFound, "not_found", notFound)
-	case errs.Is(err, errs.Invalid) || errs.Is(err, errs.Quota):
-		writeError(w, http.StatusBadRequest, "invalid", err.Error())
-	case errs.Is(err, errs.Unavailable) || errs.Is(err, errs.ShuttingDown):
-		writeError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
-	default:
-		writeError(w, http.StatusInternalServerError, "internal", err.Error())
+	status, code, msg := httperr.Classify(err)
+	if status == http.StatusNotFound && notFound != "" {
+		msg = notFound
 	}
+	httperr.Write(w, status, code, msg)
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httperr"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
@@ -107,7 +108,7 @@ func (a *api) fleet(w http.ResponseWriter, r *http.Request) {
 	if !a.cfg.IsAdmin(r.Context()) {
 		f.hideCounts()
 	}
-	writeJSON(w, http.StatusOK, f)
+	httperr.WriteJSON(w, http.StatusOK, f)
 }
 
 // frontends asks every front-end of the fleet for its status and adds

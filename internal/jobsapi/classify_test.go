@@ -6,10 +6,13 @@ import (
 	"testing"
 
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httperr"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/state"
 )
 
+// TestClassify: the front-end's, queue's and state's errors answer with the
+// status and code the API documents.
 func TestClassify(t *testing.T) {
 	cases := []struct {
 		err    error
@@ -24,9 +27,9 @@ func TestClassify(t *testing.T) {
 		{fmt.Errorf("boom"), http.StatusInternalServerError, "internal"},
 	}
 	for _, tc := range cases {
-		status, code, msg := classify(tc.err)
+		status, code, msg := httperr.Classify(tc.err)
 		if status != tc.status || code != tc.code || msg == "" {
-			t.Errorf("classify(%v) = %d %s %q, want %d %s", tc.err, status, code, msg, tc.status, tc.code)
+			t.Errorf("httperr.Classify(%v) = %d %s %q, want %d %s", tc.err, status, code, msg, tc.status, tc.code)
 		}
 	}
 }

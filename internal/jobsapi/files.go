@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/mcpexec/mcpexec/internal/errs"
+	"github.com/mcpexec/mcpexec/internal/httperr"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
@@ -38,7 +39,7 @@ func (a *api) file(w http.ResponseWriter, r *http.Request) {
 	}
 	info, data, err := fb.File(r.Context(), a.cfg.Namespace(r.Context()), id, name)
 	if err != nil {
-		status, code, msg := classify(err)
+		status, code, msg := httperr.Classify(err)
 		if errs.KindOf(err) == errs.NotFound {
 			msg = fmt.Sprintf("no such job or file: job %q, file %q", id, name)
 		}

@@ -27,7 +27,7 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/errs"
-
+	"github.com/mcpexec/mcpexec/internal/httperr"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/slots"
 )
@@ -146,10 +146,7 @@ type Item struct {
 }
 
 // ErrorBody is the error object of every failed answer.
-type ErrorBody struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
+type ErrorBody = httperr.Body
 
 // ErrorResponse is the body of a failed answer; Job is set where a record is
 // relevant (a conflicting or rejected job).
@@ -216,7 +213,7 @@ func (a *api) submit(w http.ResponseWriter, r *http.Request) {
 	for i, s := range res {
 		items[i] = Item{Record: s.Record, Existing: s.Existing}
 		if s.Err != nil {
-			_, code, msg := classify(s.Err)
+			_, code, msg := httperr.Classify(s.Err)
 			items[i].Error = &ErrorBody{Code: code, Message: msg}
 			if errs.Is(s.Err, errs.Unavailable) {
 				unavailable++
@@ -227,12 +224,12 @@ func (a *api) submit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "unavailable", res[0].Err.Error(), nil)
 		return
 	}
-	writeJSON(w, http.StatusOK, items)
+	httperr.WriteJSON(w, http.StatusOK, items)
 }
 
 func (a *api) submitOne(w http.ResponseWriter, s jobs.Submitted) {
 	if s.Err != nil {
-		status, code, msg := classify(s.Err)
+		status, code, msg := httperr.Classify(s.Err)
 		if status == http.StatusServiceUnavailable && errs.Is(s.Err, errs.QueueFull) {
 			w.Header().Set("Retry-After", "5")
 		}
@@ -243,7 +240,7 @@ func (a *api) submitOne(w http.ResponseWriter, s jobs.Submitted) {
 	if s.Existing {
 		status = http.StatusOK
 	}
-	writeJSON(w, status, Item{Record: s.Record, Existing: s.Existing})
+	httperr.WriteJSON(w, status, Item{Record: s.Record, Existing: s.Existing})
 }
 
 func (a *api) lookup(w http.ResponseWriter, r *http.Request) (*jobs.Record, bool) {
@@ -254,7 +251,7 @@ func (a *api) lookup(w http.ResponseWriter, r *http.Request) (*jobs.Record, bool
 	}
 	rec, err := a.be.Get(r.Context(), a.cfg.Namespace(r.Context()), id)
 	if err != nil {
-		status, code, msg := classify(err)
+		status, code, msg := httperr.Classify(err)
 		if status == http.StatusNotFound {
 			msg = fmt.Sprintf("no job with id %q", id)
 		}
@@ -266,7 +263,7 @@ func (a *api) lookup(w http.ResponseWriter, r *http.Request) (*jobs.Record, bool
 
 func (a *api) get(w http.ResponseWriter, r *http.Request) {
 	if rec, ok := a.lookup(w, r); ok {
-		writeJSON(w, http.StatusOK, rec)
+		httperr.WriteJSON(w, http.StatusOK, rec)
 	}
 }
 
@@ -281,7 +278,7 @@ func (a *api) cancel(w http.ResponseWriter, r *http.Request) {
 	}
 	ns := a.cfg.Namespace(r.Context())
 	if err := a.be.Cancel(r.Context(), ns, rec.Job.ID, "cancelled through the jobs API"); err != nil {
-		status, code, msg := classify(err)
+		status, code, msg := httperr.Classify(err)
 		writeError(w, status, code, msg, nil)
 		return
 	}
@@ -290,7 +287,7 @@ func (a *api) cancel(w http.ResponseWriter, r *http.Request) {
 	if got, err := a.be.Wait(ctx, ns, rec.Job.ID); got != nil && (err == nil || ctx.Err() != nil) {
 		rec = got
 	}
-	writeJSON(w, http.StatusOK, rec)
+	httperr.WriteJSON(w, http.StatusOK, rec)
 }
 
 func (a *api) wait(w http.ResponseWriter, r *http.Request) {
@@ -316,7 +313,7 @@ func (a *api) wait(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 		got, err := a.be.Wait(ctx, a.cfg.Namespace(r.Context()), rec.Job.ID)
 		if err != nil && ctx.Err() == nil {
-			status, code, msg := classify(err)
+			status, code, msg := httperr.Classify(err)
 			writeError(w, status, code, msg, nil)
 			return
 		}
@@ -324,7 +321,7 @@ func (a *api) wait(w http.ResponseWriter, r *http.Request) {
 			rec = got
 		}
 	}
-	writeJSON(w, http.StatusOK, rec)
+	httperr.WriteJSON(w, http.StatusOK, rec)
 }
 
 // RetryRequest is the optional body of POST /api/jobs/{id}/retry.
@@ -402,38 +399,11 @@ func (a *api) listWith(w http.ResponseWriter, r *http.Request, fn func(context.C
 	}
 	recs, next, err := fn(r.Context(), a.cfg.Namespace(r.Context()), f)
 	if err != nil {
-		status, code, msg := classify(err)
+		status, code, msg := httperr.Classify(err)
 		writeError(w, status, code, msg, nil)
 		return
 	}
-	writeJSON(w, http.StatusOK, ListResponse{Jobs: recs, Next: next})
-}
-
-// classify is the one mapping of errors to HTTP: status, code and message,
-// by the error's kind.
-func classify(err error) (int, string, string) {
-	k := errs.KindOf(err)
-	switch k {
-	case errs.Invalid:
-		var inv *jobs.InvalidError
-		if errors.As(err, &inv) {
-			return http.StatusBadRequest, "invalid_job", err.Error()
-		}
-		return http.StatusBadRequest, "invalid", err.Error()
-	case errs.Quota:
-		return http.StatusBadRequest, k.String(), err.Error()
-	case errs.NotFound:
-		return http.StatusNotFound, k.String(), err.Error()
-	case errs.Conflict:
-		return http.StatusConflict, k.String(), err.Error()
-	case errs.OverCap:
-		return http.StatusTooManyRequests, k.String(), err.Error()
-	case errs.QueueFull:
-		return http.StatusServiceUnavailable, k.String(), "the job queue is full, so the job was rejected: retry later with a new id, or add workers"
-	case errs.ShuttingDown, errs.Unavailable:
-		return http.StatusServiceUnavailable, k.String(), err.Error()
-	}
-	return http.StatusInternalServerError, "internal", err.Error()
+	httperr.WriteJSON(w, http.StatusOK, ListResponse{Jobs: recs, Next: next})
 }
 
 func decodeStrict(data []byte, v any) error {
@@ -448,12 +418,6 @@ func decodeStrict(data []byte, v any) error {
 	return nil
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v) // the client went away: nothing to tell it
-}
-
 func writeError(w http.ResponseWriter, status int, code, msg string, rec *jobs.Record) {
-	writeJSON(w, status, ErrorResponse{Error: ErrorBody{Code: code, Message: msg}, Job: rec})
+	httperr.WriteJSON(w, status, ErrorResponse{Error: ErrorBody{Code: code, Message: msg}, Job: rec})
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 
+	"github.com/mcpexec/mcpexec/internal/httperr"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
@@ -82,7 +83,7 @@ func (a *api) submitWorkflow(w http.ResponseWriter, r *http.Request) {
 	for i, s := range res {
 		out.Jobs[i] = Item{Record: s.Record, Existing: s.Existing}
 		if s.Err != nil {
-			_, code, msg := classify(s.Err)
+			_, code, msg := httperr.Classify(s.Err)
 			out.Jobs[i].Error = &ErrorBody{Code: code, Message: msg}
 			if first == nil {
 				first = s.Err
@@ -95,10 +96,10 @@ func (a *api) submitWorkflow(w http.ResponseWriter, r *http.Request) {
 		// answer lists each job's fate.
 		status = http.StatusMultiStatus
 	} else if first != nil {
-		st, code, msg := classify(first)
+		st, code, msg := httperr.Classify(first)
 		out = summarize(out)
 		out.Status = "refused"
-		writeJSON(w, st, struct {
+		httperr.WriteJSON(w, st, struct {
 			Error ErrorBody `json:"error"`
 			Workflow
 		}{ErrorBody{Code: code, Message: "the workflow was not submitted: " + msg}, out})
@@ -106,7 +107,7 @@ func (a *api) submitWorkflow(w http.ResponseWriter, r *http.Request) {
 	} else if created {
 		status = http.StatusCreated
 	}
-	writeJSON(w, status, summarize(out))
+	httperr.WriteJSON(w, status, summarize(out))
 }
 
 // summarize fills the workflow's status and counts from its jobs.
@@ -143,7 +144,7 @@ func (a *api) getWorkflow(w http.ResponseWriter, r *http.Request) {
 	for {
 		recs, next, err := a.be.List(r.Context(), a.cfg.Namespace(r.Context()), f)
 		if err != nil {
-			status, code, msg := classify(err)
+			status, code, msg := httperr.Classify(err)
 			writeError(w, status, code, msg, nil)
 			return
 		}
@@ -159,5 +160,5 @@ func (a *api) getWorkflow(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no workflow %q in this namespace (or its jobs ended longer ago than the retention)", id), nil)
 		return
 	}
-	writeJSON(w, http.StatusOK, summarize(wf))
+	httperr.WriteJSON(w, http.StatusOK, summarize(wf))
 }

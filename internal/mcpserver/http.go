@@ -19,6 +19,7 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mcpexec/mcpexec/internal/httperr"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/oauth"
 	"github.com/mcpexec/mcpexec/internal/slots"
@@ -85,7 +86,7 @@ func tokenKey(tok string) string {
 func ownSessionsOnly(ids *sessionIDs, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if sid := r.Header.Get(server.HeaderKeySessionID); sid != "" && !ids.sessionOwned(r.Context(), sid) {
-			httpError(w, http.StatusNotFound, "unknown_session", "no such MCP session for this token: start a new one with initialize")
+			httperr.Write(w, http.StatusNotFound, "unknown_session", "no such MCP session for this token: start a new one with initialize")
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -171,11 +172,11 @@ func Handler(s *server.MCPServer, opts HTTPOptions) http.Handler {
 func guard(next http.Handler, opts HTTPOptions, scope string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !hostAllowed(r, opts.AllowedHosts) {
-			httpError(w, http.StatusForbidden, "forbidden_host", "Host "+r.Host+" is not allowed on a loopback listener (DNS rebinding protection): connect as localhost or 127.0.0.1, or add the name to --allowed-hosts")
+			httperr.Write(w, http.StatusForbidden, "forbidden_host", "Host "+r.Host+" is not allowed on a loopback listener (DNS rebinding protection): connect as localhost or 127.0.0.1, or add the name to --allowed-hosts")
 			return
 		}
 		if o := r.Header.Get("Origin"); o != "" && !originAllowed(o, opts.AllowedOrigins) {
-			httpError(w, http.StatusForbidden, "forbidden_origin", "Origin "+o+" is not allowed: browsers may reach this server only from localhost pages (or add the origin to --allowed-origins)")
+			httperr.Write(w, http.StatusForbidden, "forbidden_origin", "Origin "+o+" is not allowed: browsers may reach this server only from localhost pages (or add the origin to --allowed-origins)")
 			return
 		}
 		if ways := opts.authenticators(); len(ways) > 0 {
@@ -198,7 +199,7 @@ func guard(next http.Handler, opts HTTPOptions, scope string) http.Handler {
 				ns = jobs.DefaultNamespace
 				if h := r.Header.Get(NamespaceHeader); h != "" {
 					if !namespacePattern.MatchString(h) {
-						httpError(w, http.StatusBadRequest, "bad_namespace", NamespaceHeader+" must be 1-128 letters, digits, '.', '_' or '-'")
+						httperr.Write(w, http.StatusBadRequest, "bad_namespace", NamespaceHeader+" must be 1-128 letters, digits, '.', '_' or '-'")
 						return
 					}
 					ns = h
@@ -210,7 +211,7 @@ func guard(next http.Handler, opts HTTPOptions, scope string) http.Handler {
 				release, ok := opts.inFlight.Take(caller.Key)
 				if !ok {
 					w.Header().Set("Retry-After", "1")
-					httpError(w, http.StatusTooManyRequests, "too_many_requests", fmt.Sprintf("this token already has %d requests in flight on this front-end: wait for some to finish (use tasks or /api/jobs for many jobs at once)", opts.MaxRequestsPerToken))
+					httperr.Write(w, http.StatusTooManyRequests, "too_many_requests", fmt.Sprintf("this token already has %d requests in flight on this front-end: wait for some to finish (use tasks or /api/jobs for many jobs at once)", opts.MaxRequestsPerToken))
 					return
 				}
 				defer release()
@@ -246,7 +247,7 @@ func unauthorized(w http.ResponseWriter, opts HTTPOptions, sent bool, why, scope
 	if why != "" {
 		msg += " (" + why + ")"
 	}
-	httpError(w, http.StatusUnauthorized, "unauthorized", msg)
+	httperr.Write(w, http.StatusUnauthorized, "unauthorized", msg)
 }
 
 // forbiddenScope answers 403 insufficient_scope (RFC 6750 §3.1).
@@ -256,7 +257,7 @@ func forbiddenScope(w http.ResponseWriter, opts HTTPOptions, scope string) {
 	} else {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="mcpexec", error="insufficient_scope", scope="`+scope+`"`)
 	}
-	httpError(w, http.StatusForbidden, "insufficient_scope", "this token lacks scope "+scope+": ask the authorisation server for it")
+	httperr.Write(w, http.StatusForbidden, "insufficient_scope", "this token lacks scope "+scope+": ask the authorisation server for it")
 }
 
 // hostAllowed applies the DNS-rebinding check: a request that reached a
@@ -328,12 +329,6 @@ func originAllowed(origin string, extra []string) bool {
 		}
 	}
 	return false
-}
-
-func httpError(w http.ResponseWriter, status int, code, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": code, "message": msg}}) // the client went away: nothing to tell it
 }
 
 // IsLoopback reports whether a listen address binds only loopback.
@@ -456,7 +451,7 @@ func MetricsGuard(next http.Handler, tokens []string) http.Handler {
 		tok, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if _, ok := lookupToken(allowed, strings.TrimSpace(tok)); !ok {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="mcpexec-metrics"`)
-			httpError(w, http.StatusUnauthorized, "unauthorized", "/metrics from beyond loopback needs a metrics token: list it under metrics_tokens in the tokens file and send Authorization: Bearer <token>")
+			httperr.Write(w, http.StatusUnauthorized, "unauthorized", "/metrics from beyond loopback needs a metrics token: list it under metrics_tokens in the tokens file and send Authorization: Bearer <token>")
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -18,6 +18,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
 
+	"github.com/mcpexec/mcpexec/internal/httperr"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/slots"
 	"github.com/mcpexec/mcpexec/internal/tracing"
@@ -398,10 +399,10 @@ func (t *Tasks) HTTP(next http.Handler) http.Handler {
 		if err != nil {
 			var tooBig *http.MaxBytesError
 			if errors.As(err, &tooBig) {
-				httpError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("the request body is over %d bytes: send less code", tooBig.Limit))
+				httperr.Write(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("the request body is over %d bytes: send less code", tooBig.Limit))
 				return
 			}
-			httpError(w, http.StatusBadRequest, "bad_body", "reading the request body: "+err.Error())
+			httperr.Write(w, http.StatusBadRequest, "bad_body", "reading the request body: "+err.Error())
 			return
 		}
 		req, ok := t.claims(body)
