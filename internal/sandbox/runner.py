@@ -102,7 +102,7 @@ def _warm_up():
             ax.plot([0, 1, 2], [0.5, 1.5, 1.0], label="warm-up")
             ax.set_title("warm-up")
         ax.legend()
-        fig.savefig(io.BytesIO(), format="png")
+        fig.savefig(io.BytesIO(), format="png", pil_kwargs={"compress_level": 1})  # as the backend saves
         plt.close("all")
     except BaseException:  # noqa: BLE001 (a warm-up that fails costs only time)
         pass
