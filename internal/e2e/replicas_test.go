@@ -125,7 +125,11 @@ func loseBroker(t *testing.T, victim int) {
 		t.Errorf("two jobs saw the same counter value (a lost update): %v", printed)
 	}
 	stopWatch()
-	if gap, id := w.maxGap(); gap > 5*time.Second {
+	// A lost broker's replicas hand over in a few seconds (leader election
+	// and reconnects: 2-6 s here, more under heavy load); the bound catches
+	// the failure this guards against, the state service unreachable for
+	// its 30 s request deadline, without failing on a loaded machine.
+	if gap, id := w.maxGap(); gap > 15*time.Second {
 		t.Errorf("job %s's record did not answer for %s", id, gap.Round(time.Millisecond))
 	} else {
 		t.Logf("longest time a job's record did not answer: %s (job %s)", gap.Round(time.Millisecond), id)
