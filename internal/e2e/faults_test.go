@@ -68,22 +68,6 @@ func waitTerminal(t *testing.T, b *broker.Broker, ids []string, limit time.Durat
 	}
 }
 
-// streamLeader returns the server name leading stream.
-func streamLeader(ctx context.Context, js jetstream.JetStream, stream string) (string, error) {
-	s, err := js.Stream(ctx, stream)
-	if err != nil {
-		return "", err
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return "", err
-	}
-	if info.Cluster == nil || info.Cluster.Leader == "" {
-		return "", errors.New("no leader")
-	}
-	return info.Cluster.Leader, nil
-}
-
 // TestBrokerNodeLostUnderLoad kills one of three clustered brokers (one that
 // leads the jobs stream, not the state service's node) while jobs are being
 // submitted and run: every accepted job reaches a recorded terminal status.
@@ -108,7 +92,7 @@ func TestBrokerNodeLostUnderLoad(t *testing.T) {
 	}
 	victim := -1
 	for victim <= 0 {
-		leader, err := streamLeader(ctx, js, q.Subjects.JobsStream())
+		leader, err := testutil.StreamLeader(ctx, js, q.Subjects.JobsStream())
 		if err == nil {
 			victim = c.Index(leader)
 		}

@@ -184,25 +184,7 @@ func sameContents(t *testing.T, a, b *broker.Broker, limit time.Duration) {
 }
 
 func apiDo(method, url string, body any) (int, []byte) {
-	var rd *bytes.Reader
-	if body != nil {
-		data, _ := json.Marshal(body)
-		rd = bytes.NewReader(data)
-	} else {
-		rd = bytes.NewReader(nil)
-	}
-	req, _ := http.NewRequest(method, url, rd)
-	req.Header.Set("Authorization", "Bearer "+replicaToken)
-	req.Header.Set("Content-Type", "application/json")
-	hc := &http.Client{Timeout: 30 * time.Second}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, []byte(err.Error())
-	}
-	defer func() { _ = resp.Body.Close() }() // read or abandoned: nothing to report
-	var buf bytes.Buffer
-	_, _ = buf.ReadFrom(resp.Body)
-	return resp.StatusCode, buf.Bytes()
+	return testutil.APIDo(replicaToken, method, url, body, 30*time.Second)
 }
 
 // watcher reads every accepted job's record over and over, noting the

@@ -371,18 +371,7 @@ func streamLeader(nc *nats.Conn, stream string) (string, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	s, err := js.Stream(ctx, stream)
-	if err != nil {
-		return "", err
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return "", err
-	}
-	if info.Cluster == nil || info.Cluster.Leader == "" {
-		return "", errors.New("no leader")
-	}
-	return info.Cluster.Leader, nil
+	return testutil.StreamLeader(ctx, js, stream)
 }
 
 // down takes node i down as mode says. Its network is cut first, so the

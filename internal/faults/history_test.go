@@ -1,7 +1,6 @@
 package faults_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/testutil"
 )
 
 // incrementCode is every job's code: one update_memory increment of the
@@ -122,25 +122,7 @@ func waitResult(ctx context.Context, urls func() []string, id string, limit time
 }
 
 func apiDo(method, url string, body any, timeout time.Duration) (int, []byte) {
-	var rd *bytes.Reader
-	if body != nil {
-		data, _ := json.Marshal(body)
-		rd = bytes.NewReader(data)
-	} else {
-		rd = bytes.NewReader(nil)
-	}
-	req, _ := http.NewRequest(method, url, rd)
-	req.Header.Set("Authorization", "Bearer "+token)
-	req.Header.Set("Content-Type", "application/json")
-	hc := &http.Client{Timeout: timeout}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, []byte(err.Error())
-	}
-	defer func() { _ = resp.Body.Close() }() // read or abandoned: nothing to report
-	var buf bytes.Buffer
-	_, _ = buf.ReadFrom(resp.Body)
-	return resp.StatusCode, buf.Bytes()
+	return testutil.APIDo(token, method, url, body, timeout)
 }
 
 // row is the result of one fault window, as Jepsen reports one.

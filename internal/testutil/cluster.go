@@ -3,6 +3,7 @@ package testutil
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/frontend"
@@ -240,4 +242,21 @@ func AnnouncePool(t testing.TB, nc *nats.Conn, pool string) {
 		t.Fatalf("announce pool %s: %v", pool, err)
 	}
 	t.Cleanup(func() { _ = sub.Unsubscribe() }) // the connection may be closed first
+}
+
+// StreamLeader returns the server name leading stream, or an error when it
+// has none now.
+func StreamLeader(ctx context.Context, js jetstream.JetStream, stream string) (string, error) {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return "", err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return "", err
+	}
+	if info.Cluster == nil || info.Cluster.Leader == "" {
+		return "", errors.New("no leader")
+	}
+	return info.Cluster.Leader, nil
 }

@@ -241,3 +241,32 @@ func HTTPCall(t testing.TB, token, method, url string, body any) (int, []byte) {
 	data, _ := io.ReadAll(resp.Body)         // a short body is what the test then sees
 	return resp.StatusCode, data
 }
+
+// APIDo sends an HTTP request with a bearer token and body as JSON, and
+// answers the status and body. Unlike HTTPCall it fails no test (it may run
+// outside the test's goroutine, while a fault is injected): a request that
+// gets no answer within timeout answers status 0 and the error's text.
+func APIDo(token, method, url string, body any, timeout time.Duration) (int, []byte) {
+	var rd *bytes.Reader
+	if body != nil {
+		data, _ := json.Marshal(body)
+		rd = bytes.NewReader(data)
+	} else {
+		rd = bytes.NewReader(nil)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		return 0, []byte(err.Error())
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	hc := &http.Client{Timeout: timeout}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, []byte(err.Error())
+	}
+	defer func() { _ = resp.Body.Close() }() // read or abandoned: nothing to report
+	var buf bytes.Buffer
+	_, _ = buf.ReadFrom(resp.Body)
+	return resp.StatusCode, buf.Bytes()
+}
