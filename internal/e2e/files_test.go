@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"image/png"
 	"io"
 	"net/http"
@@ -33,16 +32,7 @@ func TestFilesInAndOut(t *testing.T) {
 	if _, err := exec.LookPath("podman"); err != nil {
 		testutil.SkipOrFail(t, "podman is not installed (make deps)")
 	}
-	npm := testutil.NodeModules(t)
-	script, err := os.ReadFile(filepath.Join("testdata", "files_client.mjs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	scriptPath := filepath.Join(npm, fmt.Sprintf("files_client_%d.mjs", os.Getpid()))
-	if err := os.WriteFile(scriptPath, script, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.Remove(scriptPath) }) // a temporary file: what is left harms no test
+	scriptPath := testutil.NodeScript(t, "files_client.mjs")
 	bin := buildFrontend(t)
 	dir := t.TempDir()
 	tokens := filepath.Join(dir, "tokens")

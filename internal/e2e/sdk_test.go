@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -49,17 +48,7 @@ func TestOfficialTypeScriptSDK(t *testing.T) {
 	if _, err := exec.LookPath("podman"); err != nil {
 		testutil.SkipOrFail(t, "podman is not installed (make deps)")
 	}
-	npm := testutil.NodeModules(t)
-	script, err := os.ReadFile(filepath.Join("testdata", "sdk_client.mjs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// ESM resolves packages from the script's directory: run it from there.
-	scriptPath := filepath.Join(npm, fmt.Sprintf("sdk_client_%d.mjs", os.Getpid()))
-	if err := os.WriteFile(scriptPath, script, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.Remove(scriptPath) }) // a temporary file: what is left harms no test
+	scriptPath := testutil.NodeScript(t, "sdk_client.mjs")
 	bin := buildFrontend(t)
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "servers.json")

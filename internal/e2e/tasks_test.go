@@ -3,12 +3,10 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -75,23 +73,6 @@ func (p *frontendProc) kill(t *testing.T) {
 
 func (p *frontendProc) url() string { return "http://" + p.addr + "/mcp" }
 
-// nodeScript copies testdata/name next to the npm packages (ESM resolves
-// packages from the script's directory) and returns its path.
-func nodeScript(t *testing.T, name string) string {
-	t.Helper()
-	npm := testutil.NodeModules(t)
-	script, err := os.ReadFile(filepath.Join("testdata", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(npm, fmt.Sprintf("%d_%s", os.Getpid(), name))
-	if err := os.WriteFile(path, script, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.Remove(path) }) // a temporary file: what is left harms no test
-	return path
-}
-
 // runNode runs a node script and decodes the JSON line it prints into out.
 func runNode(t *testing.T, out any, args ...string) {
 	t.Helper()
@@ -118,7 +99,7 @@ func TestTasksOfficialSDK(t *testing.T) {
 	if _, err := exec.LookPath("podman"); err != nil {
 		testutil.SkipOrFail(t, "podman is not installed (make deps)")
 	}
-	script := nodeScript(t, "tasks_client.mjs")
+	script := testutil.NodeScript(t, "tasks_client.mjs")
 	bin := buildFrontend(t)
 	b := testutil.Broker(t, "", queue.DefaultConfig())
 	// No warm pool: the only running container of the worker is a job's.

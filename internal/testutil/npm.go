@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -64,4 +65,22 @@ func NodeModules(t testing.TB) string {
 		t.Fatalf("npm stamp: %v", err)
 	}
 	return base
+}
+
+// NodeScript copies the test package's testdata/name next to the npm
+// packages (ESM resolves packages from the script's directory), removes it
+// when the test ends, and returns its path.
+func NodeScript(t testing.TB, name string) string {
+	t.Helper()
+	npm := NodeModules(t)
+	script, err := os.ReadFile(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(npm, fmt.Sprintf("%d_%s", os.Getpid(), name))
+	if err := os.WriteFile(path, script, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(path) }) // a temporary file: what is left harms no test
+	return path
 }

@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -284,17 +283,7 @@ func payload(t *testing.T, raw string) []byte {
 // Hydra, gets a token with client credentials and runs code.
 func TestOfficialSDKOAuthClient(t *testing.T) {
 	f := setup(t)
-	npm := testutil.NodeModules(t)
-	script, err := os.ReadFile(filepath.Join("testdata", "oauth_client.mjs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// ESM resolves packages from the script's directory: run it from there.
-	path := filepath.Join(npm, fmt.Sprintf("oauth_client_%d.mjs", os.Getpid()))
-	if err := os.WriteFile(path, script, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.Remove(path) }) // a temporary file
+	path := testutil.NodeScript(t, "oauth_client.mjs")
 	f.service(t, "sdk-svc", "mcpexec:run")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
