@@ -321,8 +321,11 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 	spans := w.attemptSpans(ctx, d, host)
 	started := false
 	recordStart := func() error {
-		err := w.client.PublishEvent(d.traced(ctx), jobs.Event{Job: d.job.ID, Kind: jobs.EventStarted, Attempt: o.attempt, Worker: w.cfg.ID,
-			Proof: jobs.EventProof(d.capability, jobs.EventStarted, o.attempt)})
+		// Retried like the outcome: a start that landed but whose ack was
+		// lost in a failover would otherwise count as an attempt whose
+		// worker was lost, and end a job of max_attempts 1 worker_lost.
+		err := w.publishEvent(ctx, d, jobs.Event{Job: d.job.ID, Kind: jobs.EventStarted, Attempt: o.attempt, Worker: w.cfg.ID,
+			Proof: jobs.EventProof(d.capability, jobs.EventStarted, o.attempt)}, nil)
 		started = err == nil
 		if started {
 			spans.running()
@@ -420,29 +423,33 @@ func (w *Worker) record(ctx context.Context, d *delivery, attempt int, res jobs.
 	res.Worker, res.Attempt = w.cfg.ID, attempt
 	ev := jobs.Event{Job: d.job.ID, Kind: jobs.EventFinished, Attempt: attempt, Worker: w.cfg.ID, Result: &res,
 		Proof: jobs.EventProof(d.capability, jobs.EventFinished, attempt)}
-	// While the cluster fails over, publishing is retried (the event's
-	// Nats-Msg-Id makes a retry of one that landed a no-op): an outcome not
-	// recorded would cost the job an attempt.
-	deadline := time.Now().Add(queue.DefaultPatience)
-	var err error
-	for {
-		pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 4*time.Second)
-		err = w.client.PublishEvent(d.traced(pubCtx), ev)
-		if err != nil && isTooLarge(err) {
-			shrinkOutput(&res, int(w.nc.MaxPayload())/4)
-			err = w.client.PublishEvent(d.traced(pubCtx), ev)
-		}
-		cancel()
-		if !queue.Transient(err) || time.Now().After(deadline) {
-			break
-		}
-		d.log.Warn("record result: retrying", "err", err)
-		time.Sleep(250 * time.Millisecond)
-	}
+	err := w.publishEvent(ctx, d, ev, func() { shrinkOutput(&res, int(w.nc.MaxPayload())/4) })
 	if err == nil {
 		w.cfg.Metrics.WorkerJob(string(res.Status))
 	}
 	return err
+}
+
+// publishEvent records ev, retrying while the cluster fails over (the
+// event's Nats-Msg-Id makes a retry of one that landed a no-op): a start or an
+// outcome not recorded would cost the job an attempt. shrink, when set, is
+// called once if ev is too large for a message, before publishing it again.
+func (w *Worker) publishEvent(ctx context.Context, d *delivery, ev jobs.Event, shrink func()) error {
+	deadline := time.Now().Add(queue.DefaultPatience)
+	for {
+		pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 4*time.Second)
+		err := w.client.PublishEvent(d.traced(pubCtx), ev)
+		if err != nil && shrink != nil && isTooLarge(err) {
+			shrink()
+			err = w.client.PublishEvent(d.traced(pubCtx), ev)
+		}
+		cancel()
+		if !queue.Transient(err) || time.Now().After(deadline) {
+			return err
+		}
+		d.log.Warn("record event: retrying", "event", ev.Kind, "err", err)
+		time.Sleep(250 * time.Millisecond)
+	}
 }
 
 func isTooLarge(err error) bool {
