@@ -1,6 +1,7 @@
 package faults_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -146,6 +147,12 @@ func longSchedule() []fault {
 	}
 }
 
+// partitionSchedule (MCPEXEC_FAULTS=partition) repeats the fault that once
+// lost an acknowledged job, to check its fix many times over.
+func partitionSchedule() []fault {
+	return []fault{partition(10 * time.Second), partition(5 * time.Second), partition(10 * time.Second)}
+}
+
 // TestFaults runs a schedule of faults under a steady load of jobs through
 // the jobs API, each an update_memory increment run by a real Python
 // runner, and checks the history: nothing acknowledged lost (every fault
@@ -157,8 +164,11 @@ func TestFaults(t *testing.T) {
 		t.Skip("fault suite")
 	}
 	schedule := shortSchedule()
-	if os.Getenv(scheduleEnv) == "long" {
+	switch os.Getenv(scheduleEnv) {
+	case "long":
 		schedule = longSchedule()
+	case "partition":
+		schedule = partitionSchedule()
 	}
 	f := startFleet(t, fleetOptions{})
 	v := runSchedule(t, f, schedule)
@@ -176,10 +186,7 @@ func TestFaults(t *testing.T) {
 }
 
 func scheduleName() string {
-	if os.Getenv(scheduleEnv) == "long" {
-		return "long"
-	}
-	return "short"
+	return cmp.Or(os.Getenv(scheduleEnv), "short")
 }
 
 // TestSyncOffLosesWrites is the negative control: with JetStream syncing

@@ -71,6 +71,13 @@ func (s Subjects) DirectGet(stream, subject string) string {
 	return "$JS.API.DIRECT.GET." + stream + "." + subject
 }
 
+// MsgGet is the JetStream API subject that reads a message of stream
+// through its leader: unlike a direct get, which any replica answers, it
+// never answers from a replica that lags behind.
+func (s Subjects) MsgGet(stream string) string {
+	return "$JS.API.STREAM.MSG.GET." + stream
+}
+
 // JobEvents matches every event of job.
 func (s Subjects) JobEvents(job string) string { return s.p() + ".events." + job + ".*" }
 

@@ -5,6 +5,7 @@ package queue
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -232,35 +233,72 @@ var errUnsure = errors.New("the job was claimed before, and whether its message 
 // republish the job message: the first claim is recent enough for the jobs
 // stream to deduplicate the republish, and the job has not already finished or
 // been rejected. It returns an error when the events stream could not tell.
+//
+// It reads through the events stream's leader, never by direct get: any
+// replica answers a direct get, and one lagging behind (a node just cut off
+// by a partition) says the claim is not there, which taken for "nothing to
+// repair" acknowledged a job that was never queued (the fault suite's
+// partition of the jobs leader found it). A claim the leader has not got
+// either, although the claim was refused as a duplicate, is an error too:
+// the caller retries, as for any answer it cannot trust.
 func (c *Client) mayBeUnqueued(ctx context.Context, id string, kind jobs.EventKind) (bool, error) {
 	window := c.DedupeWindow
 	if window == 0 {
 		window = DefaultConfig().DedupeWindow
 	}
-	stream, err := c.js.Stream(ctx, c.sub.EventsStream())
+	claimed, found, err := c.lastEvent(ctx, id, kind)
 	if err != nil {
 		return false, err
 	}
-	m, err := stream.GetLastMsgForSubject(ctx, c.sub.Event(id, kind))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return false, nil
+	if !found {
+		return false, fmt.Errorf("the %s event of %s was refused as a duplicate but the events stream's leader does not hold it yet", kind, id)
 	}
-	if err != nil {
-		return false, err
-	}
-	if time.Since(m.Time) > window*9/10 {
+	if time.Since(claimed) > window*9/10 {
 		return false, nil
 	}
 	for _, k := range []jobs.EventKind{jobs.EventFinished, jobs.EventCancelled} {
-		_, err := stream.GetLastMsgForSubject(ctx, c.sub.Event(id, k))
-		if err == nil {
-			return false, nil
-		}
-		if !errors.Is(err, jetstream.ErrMsgNotFound) {
+		_, found, err := c.lastEvent(ctx, id, k)
+		if err != nil {
 			return false, err
+		}
+		if found {
+			return false, nil
 		}
 	}
 	return true, nil
+}
+
+// lastEvent reads the time of job id's last event of kind through the events
+// stream's leader; found is false when there is none.
+func (c *Client) lastEvent(ctx context.Context, id string, kind jobs.EventKind) (at time.Time, found bool, err error) {
+	req, err := json.Marshal(map[string]string{"last_by_subj": c.sub.Event(id, kind)})
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	m, err := c.nc.RequestWithContext(rctx, c.sub.MsgGet(c.sub.EventsStream()), req)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("look up the %s event of %s: %w", kind, id, err)
+	}
+	var resp struct {
+		Error   *jetstream.APIError `json:"error"`
+		Message *struct {
+			Time time.Time `json:"time"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return time.Time{}, false, fmt.Errorf("look up the %s event of %s: undecodable answer: %w", kind, id, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return time.Time{}, false, nil
+	case resp.Error != nil:
+		return time.Time{}, false, fmt.Errorf("look up the %s event of %s: %w", kind, id, resp.Error)
+	case resp.Message == nil:
+		return time.Time{}, false, fmt.Errorf("look up the %s event of %s: an answer without a message", kind, id)
+	}
+	return resp.Message.Time, true, nil
 }
 
 func waitAck(ctx context.Context, f jetstream.PubAckFuture) (*jetstream.PubAck, error) {
