@@ -170,11 +170,16 @@ func TestFaults(t *testing.T) {
 	case "partition":
 		schedule = partitionSchedule()
 	}
-	f := startFleet(t, fleetOptions{})
+	// One worker on Podman, one on the process runtime: the suite holds on
+	// both.
+	f := startFleet(t, fleetOptions{podman: true})
 	v := runSchedule(t, f, schedule)
 	t.Logf("results (%s schedule):\n%s", scheduleName(), v.table())
 	for _, p := range v.problems {
 		t.Error(p)
+	}
+	if v.byWorker[f.podmanWorker] == 0 {
+		t.Errorf("the worker on Podman, %s, recorded no job's outcome: the suite did not run on Podman", f.podmanWorker)
 	}
 	if len(v.problems) > 0 {
 		f.diagnose(t, v.lost)

@@ -27,6 +27,9 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
+	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
@@ -57,6 +60,7 @@ func logger(t *testing.T) *slog.Logger {
 type fleet struct {
 	t     *testing.T
 	q     queue.Config
+	opts  fleetOptions
 	nodes []*node
 
 	mu      sync.Mutex // guards the fields below
@@ -64,6 +68,10 @@ type fleet struct {
 	fes     []*member
 	urls    []string // jobs API base URL of each running front-end
 	serial  int      // names the next worker or front-end
+	// podmanStarted: the worker on Podman (opts.podman) is started, under
+	// the name podmanWorker.
+	podmanStarted bool
+	podmanWorker  string
 }
 
 // node is one broker and what it runs on.
@@ -90,6 +98,9 @@ type member struct {
 // fleetOptions configure a fleet.
 type fleetOptions struct {
 	sync broker.SyncPolicy
+	// podman runs the fleet's first worker on Podman (the others, and the
+	// workers started again after a fault, on the process runtime).
+	podman bool
 }
 
 func startFleet(t *testing.T, o fleetOptions) *fleet {
@@ -101,7 +112,7 @@ func startFleet(t *testing.T, o fleetOptions) *fleet {
 	// Redelivery after 10 s without a heartbeat, as in production: a worker
 	// that lost its node for a moment keeps its job.
 	q.AckWait, q.BackOff, q.MaxDeliver, q.Replicas = 10*time.Second, nil, 5, 3
-	f := &fleet{t: t, q: q}
+	f := &fleet{t: t, q: q, opts: o}
 	ports := freePorts(t, 6)
 	var routes []string
 	for i := range 3 {
@@ -273,12 +284,23 @@ func (f *fleet) addWorker(t *testing.T) {
 	f.mu.Lock()
 	f.serial++
 	name := fmt.Sprint("w", f.serial)
+	onPodman := f.opts.podman && !f.podmanStarted
+	f.podmanStarted = f.podmanStarted || onPodman
+	if onPodman {
+		f.podmanWorker = name
+	}
 	f.mu.Unlock()
 	nc := f.connect(t, name, f.serial%3)
 	cfg := worker.DefaultConfig(name)
 	cfg.Queue, cfg.Grace, cfg.FetchWait, cfg.RetryDelay = f.q, 200*time.Millisecond, 500*time.Millisecond, 100*time.Millisecond
 	cfg.Logger = logger(t)
-	w := testutil.WorkerOn(t, nc, testutil.ProcessRuntime(t), cfg)
+	var rt sandbox.Runtime
+	if onPodman {
+		rt = podmantest.New(t, podman.Config{Pool: 2})
+	} else {
+		rt = testutil.ProcessRuntime(t)
+	}
+	w := testutil.WorkerOn(t, nc, rt, cfg)
 	f.mu.Lock()
 	f.workers = append(f.workers, &member{name: name, nc: nc, stop: w.Stop})
 	f.mu.Unlock()

@@ -143,6 +143,8 @@ type verdict struct {
 	counter   int // the final value of the shared counter
 	successes int // jobs whose increment was acknowledged (success)
 	extra     int // increments no success explains (ran twice, or failed after)
+	// byWorker counts the jobs each worker recorded an outcome of.
+	byWorker map[string]int
 }
 
 func (v *verdict) problem(format string, args ...any) {
@@ -157,6 +159,7 @@ func (v *verdict) table() string {
 		fmt.Fprintf(&b, "%-26s %9d %6d %5d %10d %10s\n", r.fault, r.attempted, r.acked, r.lost, r.duplicated, r.refusal.Round(100*time.Millisecond))
 	}
 	fmt.Fprintf(&b, "counter %d, acknowledged increments %d, increments of unacknowledged attempts %d\n", v.counter, v.successes, v.extra)
+	fmt.Fprintf(&b, "outcomes recorded by worker: %v\n", v.byWorker)
 	return b.String()
 }
 
@@ -176,7 +179,7 @@ type records map[string][]*jobs.Record
 func check(h *history, recs records, counter int, counterErr error) *verdict {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	v := &verdict{counter: counter}
+	v := &verdict{counter: counter, byWorker: map[string]int{}}
 	rows := make([]row, len(h.names))
 	for i, n := range h.names {
 		rows[i] = row{fault: n, refusal: h.refusal[i]}
@@ -196,6 +199,9 @@ func check(h *history, recs records, counter int, counterErr error) *verdict {
 			}
 			if first == nil {
 				first = rec
+				if rec.Result != nil && rec.Result.Worker != "" {
+					v.byWorker[rec.Result.Worker]++
+				}
 			} else if rec.Status != first.Status || rec.Attempt != first.Attempt || stdout(rec) != stdout(first) {
 				v.problem("job %s recorded two ways: %s attempt %d %q and %s attempt %d %q", o.id, first.Status, first.Attempt, stdout(first), rec.Status, rec.Attempt, stdout(rec))
 				r.duplicated++
