@@ -83,8 +83,8 @@ func (c *Client) call(ctx context.Context, op string, req, resp any) error {
 		return fmt.Errorf("encode %s request: %w", op, err)
 	}
 	deadline := time.Now().Add(c.Patience)
-	for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
-		err := c.once(ctx, op, data, resp)
+	for try, delay := 0, 50*time.Millisecond; ; try, delay = try+1, min(2*delay, time.Second) {
+		err := c.once(ctx, op, data, resp, try)
 		if err == nil || !errors.Is(err, ErrUnavailable) || time.Now().Add(delay).After(deadline) || ctx.Err() != nil {
 			return err
 		}
@@ -96,14 +96,19 @@ func (c *Client) call(ctx context.Context, op string, req, resp any) error {
 	}
 }
 
-// once makes one request.
-func (c *Client) once(ctx context.Context, op string, data []byte, resp any) error {
+// once makes one request, the try-th (from 0) of a call.
+func (c *Client) once(ctx context.Context, op string, data []byte, resp any, try int) error {
 	// One attempt waits at most readAttempt or writeAttempt: a request that went to a
 	// node as it died gets no answer, and the next attempt reaches another.
+	// Each retry waits twice as long as the one before (up to four times):
+	// on a loaded machine a large answer (a page of big records) may take
+	// longer than the first attempt's bound, and asking again with the same
+	// bound would only repeat the work.
 	d := readAttempt
 	if op == OpMemoryPut || op == OpMemoryDelete {
 		d = writeAttempt
 	}
+	d <<= min(try, 2)
 	reply, err := c.onceMsg(ctx, op, data, nil, d)
 	if err != nil {
 		return err
