@@ -96,6 +96,11 @@ type Request struct {
 	// (at most MaxCallID bytes): a memory write retried after its answer was
 	// lost is applied once.
 	CallID string `json:"call_id,omitempty"`
+	// StartedSeq is the events stream's sequence the worker had written up
+	// to once this attempt's start was recorded: the responder reads the
+	// job's record from a replica that has applied it, instead of polling
+	// until one has. A worker's word only: the wait it buys is bounded.
+	StartedSeq uint64 `json:"started_seq,omitempty"`
 }
 
 // MaxCallID bounds Request.CallID.

@@ -51,8 +51,10 @@ func newAccessCache(records Records, maxCalls int) *accessCache {
 
 // acquire returns the running job id as attempt sees it, holding one of its
 // call slots until release is called. It fails, saying why, unless the job's
-// record shows that attempt running.
-func (a *accessCache) acquire(ctx context.Context, id string, attempt int) (_ *runningJob, release func(), err error) {
+// record shows that attempt running. startedSeq is the events sequence the
+// worker says the attempt's start is at (proxy.Request.StartedSeq; 0: not
+// said).
+func (a *accessCache) acquire(ctx context.Context, id string, attempt int, startedSeq uint64) (_ *runningJob, release func(), err error) {
 	now := time.Now()
 	var rj *runningJob // e.rj as of this call: e's fields are read under a.mu only
 	a.mu.Lock()
@@ -64,7 +66,7 @@ func (a *accessCache) acquire(ctx context.Context, id string, attempt int) (_ *r
 	}
 	a.mu.Unlock()
 	if !fresh {
-		rec, err := a.lookup(ctx, id, attempt)
+		rec, err := a.lookup(ctx, id, attempt, startedSeq)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -110,11 +112,20 @@ func newRunningJob(rec *jobs.Record, deadline time.Time) *runningJob {
 }
 
 // lookup returns job id's record once it shows attempt running, waiting up to
-// startedWait for the state service to catch up with the worker.
-func (a *accessCache) lookup(ctx context.Context, id string, attempt int) (*jobs.Record, error) {
+// startedWait for the state service to catch up with the worker. With the
+// sequence of the attempt's start (startedSeq), the first read asks a
+// replica that has applied it, so a worker's first call needs one read, not
+// a poll; the poll stays for workers that do not say it. The sequence is the
+// worker's word: the read it shapes is bounded by the same startedWait.
+func (a *accessCache) lookup(ctx context.Context, id string, attempt int, startedSeq uint64) (*jobs.Record, error) {
 	deadline := time.Now().Add(startedWait)
-	for {
-		rec, err := a.records.Job(ctx, id)
+	for first := true; ; first = false {
+		rctx, cancel := ctx, context.CancelFunc(func() {})
+		if first && startedSeq > 0 {
+			rctx, cancel = context.WithDeadline(state.WithEventsFloor(ctx, startedSeq), deadline)
+		}
+		rec, err := a.records.Job(rctx, id)
+		cancel()
 		behind := errors.Is(err, state.ErrNotFound) ||
 			(err == nil && !rec.Status.Terminal() && (rec.Status == jobs.StatusQueued || rec.Attempt < attempt))
 		if !behind || time.Now().After(deadline) {

@@ -78,6 +78,19 @@ func TestProxyCallsAreCheckedAgainstTheRecord(t *testing.T) {
 	if err := call(jobs.ScopedID("a", "live"), 1, "call_tool", `{"server":"other","tool":"echo"}`); err == nil {
 		t.Fatal("call for a server the job was not given was answered")
 	}
+	// A worker's word on where the attempt's start is in the events stream
+	// shapes one read only: a sequence far past the stream's end gets an
+	// error (the replicas never reach it), not a call held open, and the
+	// next call with no word is answered as before.
+	time.Sleep(1100 * time.Millisecond) // the front-end's view of the job is older than its 1 s: it reads the record again
+	_, err = proxy.Call(ctx, nc, jobs.Subjects{}.ProxyAny(), proxy.Request{Job: jobs.ScopedID("a", "live"), Attempt: 1,
+		Capability: jobs.Capability(key, jobs.ScopedID("a", "live")), Method: "memory_get", Params: json.RawMessage(`{"key":"k"}`), StartedSeq: 1 << 62})
+	if err == nil || !strings.Contains(err.Error(), "look up job") {
+		t.Fatalf("a call claiming a start past the events stream's end: %v", err)
+	}
+	if err := call(jobs.ScopedID("a", "live"), 1, "memory_get", `{"key":"k"}`); err != nil {
+		t.Fatalf("the running attempt's call after the hostile one: %v", err)
+	}
 	// A forged capability (another job's) is refused.
 	_, err = proxy.Call(ctx, nc, jobs.Subjects{}.ProxyAny(), proxy.Request{Job: jobs.ScopedID("a", "live"), Attempt: 1, Capability: jobs.Capability(key, jobs.ScopedID("a", "done")),
 		Method: "memory_get", Params: json.RawMessage(`{"key":"k"}`)})

@@ -50,7 +50,7 @@ func (r *Responder) Handle(ctx context.Context, req proxy.Request) (json.RawMess
 	// From here on the call's span speaks for its job (the console's
 	// timelines show only such spans).
 	trace.SpanFromContext(ctx).SetAttributes(tracing.AttrAdmitted.Bool(true))
-	rj, release, err := r.access.acquire(ctx, req.Job, req.Attempt)
+	rj, release, err := r.access.acquire(ctx, req.Job, req.Attempt, req.StartedSeq)
 	if err != nil {
 		return nil, err
 	}

@@ -132,7 +132,7 @@ func (c *Client) onceMsg(ctx context.Context, op string, data []byte, hdr nats.H
 	for k, v := range hdr {
 		msg.Header[k] = v
 	}
-	ev := c.events.Load()
+	ev := max(c.events.Load(), eventsFloorOf(ctx))
 	if c.EventsFloor != nil {
 		ev = max(ev, c.EventsFloor())
 	}
@@ -312,4 +312,24 @@ func (c *Client) MemoryDelete(ctx context.Context, ns, key string) (bool, error)
 		return false, err
 	}
 	return r.Deleted, nil
+}
+
+// eventsFloorKey is the context key of WithEventsFloor.
+type eventsFloorKey struct{}
+
+// WithEventsFloor returns ctx carrying an events-stream sequence that the
+// requests made with it must see: the replica that answers has applied the
+// events stream at least that far (it waits for it briefly, else another
+// replica answers). It serves a reader who knows of a write this client
+// did not make, such as the worker's start of an attempt.
+func WithEventsFloor(ctx context.Context, seq uint64) context.Context {
+	if seq == 0 {
+		return ctx
+	}
+	return context.WithValue(ctx, eventsFloorKey{}, seq)
+}
+
+func eventsFloorOf(ctx context.Context) uint64 {
+	seq, _ := ctx.Value(eventsFloorKey{}).(uint64)
+	return seq
 }

@@ -352,3 +352,33 @@ func TestLargeRecordsAnswerInParts(t *testing.T) {
 	}
 	t.Logf("%d records of %d KiB: %d list pages", n, len(code)>>10, pages)
 }
+
+// TestEventsFloorReadsAnotherClientsWrite: a reader told where another
+// client's write is in the events stream (WithEventsFloor) sees it on its
+// first read, as the proxy responder reads a job's record at the sequence
+// of the worker's start.
+func TestEventsFloorReadsAnotherClientsWrite(t *testing.T) {
+	t.Parallel()
+	b := testutil.Broker(t, "", queue.DefaultConfig())
+	qc, err := queue.NewClient(testutil.Connect(t, b, "writer"), jobs.Subjects{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader := state.NewClient(testutil.Connect(t, b, "reader"), jobs.Subjects{})
+	reader.Patience = time.Nanosecond // one attempt: no retry hides a stale answer
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i := range 20 {
+		j := &jobs.Job{ID: fmt.Sprint("floor", i), Code: "pass", Pool: "nobody-serves-this", SubmittedAt: time.Now().UTC()}
+		if err := j.Normalize(jobs.DefaultLimits(), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		if err := qc.Submit(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+		rec, err := reader.Job(state.WithEventsFloor(ctx, qc.EventsSeq()), j.ID)
+		if err != nil || rec.Job.ID != j.ID {
+			t.Fatalf("job %d, read at the writer's sequence %d: %+v, %v", i, qc.EventsSeq(), rec, err)
+		}
+	}
+}

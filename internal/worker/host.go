@@ -33,6 +33,9 @@ type natsHost struct {
 	attempt    int
 	capability string
 	outSeq     atomic.Uint64 // the last output chunk's sequence number
+	// startedSeq is the events sequence its client had written up to once
+	// the attempt's start was recorded (proxy.Request.StartedSeq).
+	startedSeq atomic.Uint64
 	tracer     trace.Tracer
 	parent     atomic.Pointer[trace.SpanContext] // the span proxy calls are children of
 
@@ -130,7 +133,8 @@ func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessa
 	}
 	ctx, span := h.startCall(ctx, method, server, tool)
 	start := time.Now()
-	req := proxy.Request{Job: h.job.ID, Attempt: h.attempt, Capability: h.capability, Method: method, Params: params, CallID: newCallID()}
+	req := proxy.Request{Job: h.job.ID, Attempt: h.attempt, Capability: h.capability, Method: method, Params: params, CallID: newCallID(),
+		StartedSeq: h.startedSeq.Load()}
 	hdr := nats.Header{}
 	if !tracing.Inject(ctx, hdr) {
 		hdr.Set(jobs.TraceHeader, h.job.Trace())

@@ -328,6 +328,7 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 			Proof: jobs.EventProof(d.capability, jobs.EventStarted, o.attempt)}, nil)
 		started = err == nil
 		if started {
+			host.startedSeq.Store(w.client.EventsSeq())
 			spans.running()
 		}
 		return err
