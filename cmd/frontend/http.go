@@ -27,7 +27,6 @@ import (
 func httpHandler(ctx context.Context, c *config, srv *server.MCPServer, tasks *mcpserver.Tasks, lazy *app.Lazy, m *metrics.Metrics, spans *tracing.Recorder, late *lateTools, rs *oauth.Validator, log *slog.Logger) (h http.Handler, stop func()) {
 	history := console.NewHistory(m.Registry, 0)
 	history.Start(ctx)
-	late.history.Store(history)
 	opts := mcpserver.HTTPOptions{Health: lazy.Health, Tokens: map[string]string{}, Tasks: tasks, AdminTokens: c.servers.adminTokens,
 		Extra: map[string]http.Handler{"GET /metrics": mcpserver.MetricsGuard(m.Handler(), c.servers.metricsTokens)}}
 	console.Mount(opts.Extra)

@@ -58,6 +58,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	defer pool.Stop()
 	m := metrics.New("frontend")
+	late.metrics = m
 	wcfg := worker.DefaultConfig(c.workerID)
 	wcfg.Slots, wcfg.Logger, wcfg.Grace, wcfg.Metrics, wcfg.Tracing = c.slots, log, c.fleet.grace, m, tp
 	wcfg.Queue.QueuedMaxAge = c.queuedMaxAge // the embedded broker's streams follow the worker's queue settings

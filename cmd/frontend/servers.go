@@ -16,12 +16,12 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mcpexec/mcpexec/internal/app"
 	"github.com/mcpexec/mcpexec/internal/cli"
-	"github.com/mcpexec/mcpexec/internal/console"
 	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/mcpclients"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
+	"github.com/mcpexec/mcpexec/internal/metrics"
 )
 
 // serverFlags are the flags about proxied MCP servers and the MCP surface.
@@ -221,23 +221,21 @@ func serversChanged(lazy *app.Lazy, tools *mcpserver.Tools, log *slog.Logger) fu
 }
 
 // lateTools holds what the hooks made before them need: the MCP server's
-// Tools and the console's metric history (until set, the hooks leave them
-// out), and the client pool.
+// Tools (until set, the hooks leave it out), the client pool and the
+// process's metrics.
 type lateTools struct {
 	tools   atomic.Pointer[mcpserver.Tools]
-	history atomic.Pointer[console.History]
 	pool    *mcpclients.Pool
+	metrics *metrics.Metrics
 }
 
-// describe completes the front-end's status answers: its servers and, with
-// the HTTP surface, its proxy calls per minute.
+// describe completes the front-end's status answers: its servers and its
+// proxy calls over the last minute.
 func (f *lateTools) describe(st *jobs.FrontendStatus) {
 	for _, name := range f.pool.Names() {
 		st.Servers = append(st.Servers, jobs.ServerState{Name: name, Running: f.pool.Running(name)})
 	}
-	if h := f.history.Load(); h != nil {
-		st.CallsPerMinute = h.CallsPerMinute()
-	}
+	st.CallsPerMinute = f.metrics.ProxyCallsPerMinute()
 }
 
 // catalogChanged is the front-end's catalog hook: a namespace's servers

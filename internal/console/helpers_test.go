@@ -77,7 +77,7 @@ func startFleet(t testing.TB, rt sandbox.Runtime, servers bool) *fleet {
 			for _, name := range pool.Names() {
 				st.Servers = append(st.Servers, jobs.ServerState{Name: name, Running: pool.Running(name)})
 			}
-			st.CallsPerMinute = history.CallsPerMinute()
+			st.CallsPerMinute = m.ProxyCallsPerMinute()
 		}
 	}
 	fe := testutil.FrontendWith(t, b, fc)

@@ -34,7 +34,6 @@ type sample struct {
 	at       time.Time
 	finished map[string]float64 // cumulative jobs finished, by status
 	depth    float64            // queue depth (NaN: not in this process)
-	calls    float64            // cumulative proxy calls
 	buckets  []bucket           // cumulative job latency histogram
 }
 
@@ -98,10 +97,6 @@ func (h *History) Sample() {
 		case "mcpexec_queue_depth":
 			for _, m := range mf.GetMetric() {
 				s.depth = m.GetGauge().GetValue()
-			}
-		case "mcpexec_proxy_call_seconds":
-			for _, m := range mf.GetMetric() {
-				s.calls += float64(m.GetHistogram().GetSampleCount())
 			}
 		case "mcpexec_job_total_seconds":
 			byLE := map[float64]float64{} // summed over the label sets
@@ -174,22 +169,6 @@ func (h *History) Series() Series {
 		out.P90 = append(out.P90, num(quantile(0.9, old.buckets, cur.buckets)))
 	}
 	return out
-}
-
-// CallsPerMinute is the rate of proxy calls over the last minute.
-func (h *History) CallsPerMinute() float64 {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if len(h.samples) < 2 {
-		return 0
-	}
-	cur := h.samples[len(h.samples)-1]
-	old := h.samples[max(0, len(h.samples)-1-int(time.Minute/h.interval))]
-	dt := cur.at.Sub(old.at).Minutes()
-	if dt <= 0 {
-		return 0
-	}
-	return math.Max(0, (cur.calls-old.calls)/dt)
 }
 
 func num(v float64) *float64 {

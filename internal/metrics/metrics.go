@@ -29,6 +29,8 @@ type Metrics struct {
 	// applied more of the stream than the stream holds (the stream lost its
 	// last writes) and resynchronised.
 	StateResyncs *prometheus.CounterVec
+
+	proxyRate rate // the proxy calls over the last minute (ProxyCallsPerMinute)
 }
 
 // New returns a registry with Go and process collectors and every metric
@@ -151,6 +153,7 @@ func (m *Metrics) ProxyCall(method string, err error, d time.Duration) {
 		outcome = "error"
 	}
 	m.ProxyCalls.WithLabelValues(method, outcome).Observe(d.Seconds())
+	m.proxyRate.add(time.Now())
 }
 
 // StateResync counts a state replica's resynchronisation with stream.
