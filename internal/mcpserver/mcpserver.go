@@ -66,6 +66,11 @@ type Options struct {
 	// jobs.LangPython, run_javascript for jobs.LangJavaScript. Empty offers
 	// Python alone.
 	Languages []string
+	// ClientNeeds are the client capabilities a tool cannot run without: a
+	// 2026-07-28 call that does not declare them is refused with -32021
+	// before the tool runs (answered by the task layer, so NewTasks must
+	// get the same Options).
+	ClientNeeds ClientNeeds
 }
 
 // Output modes of run_python's text content.
