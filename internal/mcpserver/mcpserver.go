@@ -176,6 +176,10 @@ func NewServer(r Runner, opts Options) (*server.MCPServer, *Tools) {
 		server.WithLogging(),
 		server.WithToolCapabilities(true), // the servers enum and the languages may change
 		server.WithResourceCapabilities(false, false),
+		// No prompts, but an answer to prompts/list (empty, with the
+		// caching hints 2026-07-28 asks of every list) rather than
+		// "method not found": clients and the conformance suite ask.
+		server.WithPromptCapabilities(false),
 		server.WithInstructions(instructions(opts.Languages)),
 		server.WithToolFilter(h.namespaceServers),
 	}
