@@ -1,6 +1,7 @@
 package mcpserver_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -156,4 +157,40 @@ func legacyPost(t *testing.T, url, sid, body string) (int, string, string) {
 	defer func() { _ = resp.Body.Close() }() // read below
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, resp.Header.Get(server.HeaderKeySessionID), string(b)
+}
+
+// TestMissingClientCapabilityOverStdio: the same refusal on stdio, where the
+// task layer filters the client's lines.
+func TestMissingClientCapabilityOverStdio(t *testing.T) {
+	b := testutil.Broker(t, "", queue.DefaultConfig())
+	fe := testutil.Frontend(t, b, "fe1")
+	opts := mcpserver.Options{ClientNeeds: mcpserver.ClientNeeds{"asks": {"sampling": map[string]any{}}}}
+	srv := mcpserver.New(fe, opts)
+	tasks := mcpserver.NewTasks(srv, fe, opts, 0)
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	_, _ = tasks.Stdio(inR, outW) // only claimed lines are sent: nothing reaches mcp-go
+	t.Cleanup(func() {
+		_ = inW.Close() // ends the filter
+		tasks.Close()
+	})
+	line := `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"asks","arguments":{},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"elicitation":{}}}}}` + "\n"
+	go func() { _, _ = io.WriteString(inW, line) }() // a pipe: the reader below takes it
+	reply, err := bufio.NewReader(outR).ReadBytes('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		ID    int `json:"id"`
+		Error struct {
+			Code int `json:"code"`
+			Data struct {
+				RequiredCapabilities map[string]any `json:"requiredCapabilities"`
+			} `json:"data"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(reply, &r); err != nil || r.ID != 3 || r.Error.Code != mcp.MISSING_REQUIRED_CLIENT_CAPABILITY ||
+		r.Error.Data.RequiredCapabilities["sampling"] == nil || len(r.Error.Data.RequiredCapabilities) != 1 {
+		t.Fatalf("reply %s: %v", reply, err)
+	}
 }
