@@ -59,8 +59,8 @@ type conformanceCheck struct {
 // TestConformance runs the official MCP conformance suite's server scenarios
 // of both requirement sets (2025-11-25 and 2026-07-28) against the
 // front-end's streamable HTTP surface, built as cmd/frontend builds it on an
-// embedded broker and worker (sandboxes as plain processes: the scenarios
-// run no code), and fails on any failed check of an applicable scenario.
+// embedded broker and worker started behind app.Lazy (sandboxes as plain
+// processes: the scenarios run no code), and fails on any failed check of an applicable scenario.
 //
 // server-stateless needs diagnostic tools for five of its checks to be
 // testable (test_logging_tool, test_missing_capability,
@@ -167,7 +167,9 @@ func startConformanceFrontend(t *testing.T) string {
 	t.Helper()
 	wcfg := worker.DefaultConfig("conformance-worker")
 	wcfg.Logger = testutil.Logger(t)
-	stack, err := app.StartFrontend(context.Background(), app.FrontendConfig{
+	// As cmd/frontend: the stack starts in the background behind app.Lazy,
+	// which is the tools' runner and the task layer's backend.
+	lazy := app.StartLazily(app.FrontendConfig{
 		DataDir:  t.TempDir(),
 		Frontend: frontend.Config{ID: "conformance-fe", Limits: jobs.DefaultLimits()},
 		Worker:   wcfg,
@@ -175,11 +177,8 @@ func startConformanceFrontend(t *testing.T) string {
 			return process.New()
 		},
 		Logger: testutil.Logger(t),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stack.Close)
+	}, nil)
+	t.Cleanup(lazy.Close)
 	opts := mcpserver.Options{
 		Namespace: mcpserver.NamespaceFromContext,
 		Languages: []string{jobs.LangPython},
@@ -188,11 +187,17 @@ func startConformanceFrontend(t *testing.T) string {
 		// the suite expects.
 		ClientNeeds: mcpserver.ClientNeeds{"test_missing_capability": {"sampling": map[string]any{}}},
 	}
-	srv, tools := mcpserver.NewServer(stack.Frontend, opts)
+	srv, tools := mcpserver.NewServer(lazy, opts)
 	addDiagnosticTools(srv, tools)
-	tasks := mcpserver.NewTasks(srv, stack.Frontend, opts, 0)
+	tasks := mcpserver.NewTasks(srv, lazy, opts, 0)
 	t.Cleanup(tasks.Close)
-	h := mcpserver.Handler(srv, mcpserver.HTTPOptions{Tasks: tasks, Health: stack.Frontend.Health})
+	h := mcpserver.Handler(srv, mcpserver.HTTPOptions{Tasks: tasks, Health: lazy.Health})
+	select { // the languages offered are known once the runtime runs
+	case <-lazy.Ready():
+		tools.SetLanguages(sandbox.Languages(mustStack(t, lazy).Runtime))
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the embedded stack did not start in 2 minutes")
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -247,4 +252,14 @@ func addDiagnosticTools(srv *server.MCPServer, tools *mcpserver.Tools) {
 				RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{}},
 			}).ToolResult(), nil
 		})
+}
+
+// mustStack returns lazy's running stack.
+func mustStack(t *testing.T, lazy *app.Lazy) *app.Stack {
+	t.Helper()
+	s, err := lazy.Stack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
