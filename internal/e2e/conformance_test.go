@@ -127,6 +127,7 @@ func runConformance(t *testing.T, node, cli, url, req string) map[string][]confo
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, cli, "server", "--url", url, "--requirements", req, "-o", out, "--timeout", "20000")
 	cmd.Env = append(os.Environ(), "NO_COLOR=1")
+	cmd.Dir = out // whatever else it writes lands there, never in the repository
 	log, err := cmd.CombinedOutput()
 	var exit *exec.ExitError
 	if err != nil && !errors.As(err, &exit) { // it exits 1 when a check fails
