@@ -118,3 +118,58 @@ func TestOfficialTypeScriptSDK(t *testing.T) {
 		}
 	})
 }
+
+// TestOfficialTypeScriptSDKv2 connects clients built on the SDK's v2
+// (@modelcontextprotocol/client) to the real front-end binary in both
+// protocol eras, 2026-07-28 (stateless, pinned) and 2025-11-25 (initialize),
+// over stdio and over streamable HTTP, and runs code in Podman sandboxes.
+func TestOfficialTypeScriptSDKv2(t *testing.T) {
+	if _, err := exec.LookPath("podman"); err != nil {
+		testutil.SkipOrFail(t, "podman is not installed (make deps)")
+	}
+	scriptPath := testutil.NodeScript(t, "sdk_v2_client.mjs")
+	bin := buildFrontend(t)
+	dir := t.TempDir()
+	common := []string{"--discover=false", "--pool", "1", "--log-level", "warn", "--languages", "python"}
+	type result struct {
+		Era      string   `json:"era"`
+		Tools    []string `json:"tools"`
+		Prompts  int      `json:"prompts"`
+		Text     string   `json:"text"`
+		IsError  bool     `json:"isError"`
+		Status   string   `json:"status"`
+		Progress []string `json:"progress"`
+		Manual   bool     `json:"manual"`
+	}
+	check := func(t *testing.T, era string, r result) {
+		t.Helper()
+		if r.Era != era || !slices.Equal(r.Tools, []string{"run_python"}) || r.Prompts != 0 || !r.Manual {
+			t.Errorf("surface: %+v", r)
+		}
+		if r.IsError || r.Status != "success" || r.Text != "hello from the v2 SDK" {
+			t.Errorf("run_python: %+v", r)
+		}
+		if !slices.Contains(r.Progress, "queued") {
+			t.Errorf("progress %v", r.Progress)
+		}
+	}
+	tokens := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(tokens, []byte("sdk-v2-token-0123 sdk\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fe := startFrontend(t, bin, append(common, "--data", filepath.Join(dir, "http"), "--worker-id", "sdk-v2-http",
+		"--auth-tokens-file", tokens)...)
+	for _, era := range []string{"modern", "legacy"} {
+		t.Run(era+"/stdio", func(t *testing.T) {
+			var r result
+			runNode(t, &r, append([]string{scriptPath, era, "stdio", bin}, append(common,
+				"--data", filepath.Join(dir, "stdio-"+era), "--worker-id", "sdk-v2-stdio-"+era)...)...)
+			check(t, era, r)
+		})
+		t.Run(era+"/http", func(t *testing.T) {
+			var r result
+			runNode(t, &r, scriptPath, era, "http", fe.url(), "sdk-v2-token-0123")
+			check(t, era, r)
+		})
+	}
+}

