@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mcpexec/mcpexec/internal/auditlog"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/proxyresp"
@@ -79,6 +80,8 @@ type Frontend struct {
 	adm       *admission            // namespace caps and shutdown
 	pools     *servedPools          // the pools live workers serve
 	statusSub *nats.Subscription
+	audit     *auditlog.Writer // the proxied tool calls' audit entries
+	redactors sync.Map         // namespace → *audit.Redactor
 }
 
 // New returns a Frontend on nc.
@@ -103,17 +106,20 @@ func New(nc *nats.Conn, cfg Config) (*Frontend, error) {
 	if f.memory == nil {
 		f.memory = f.state
 	}
+	if f.audit, err = auditlog.New(nc, auditlog.Config{Subjects: cfg.Subjects, Logger: f.log.With("component", "audit")}); err != nil {
+		return nil, err
+	}
 	f.resp = proxyresp.New(nc, proxyresp.Config{ID: cfg.ID, Subjects: cfg.Subjects, Logger: f.log,
 		Tools: cfg.Tools, Memory: f.memory, Records: f.state, Policy: f.proxyPolicy,
 		CallTimeout: cfg.CallTimeout, MaxCallsPerJob: cfg.MaxCallsPerJob, Metrics: cfg.Metrics,
-		Tracing: cfg.Tracing, OnCatalogChange: cfg.OnCatalogChange})
+		Tracing: cfg.Tracing, OnCatalogChange: cfg.OnCatalogChange, Audit: f.audit})
 	return f, nil
 }
 
 // proxyPolicy is namespace ns's policy as the proxy responder goes by it.
 func (f *Frontend) proxyPolicy(ns string) proxyresp.Policy {
 	p := f.policyFor(ns)
-	return proxyresp.Policy{Servers: p.Servers, MemoryBytes: p.MemoryBytes}
+	return proxyresp.Policy{Servers: p.Servers, MemoryBytes: p.MemoryBytes, Redact: f.redactor(ns)}
 }
 
 // Running returns the number of run_python calls in flight on this front-end.
@@ -131,6 +137,7 @@ func (f *Frontend) Start(ctx context.Context) error {
 	if err := f.adm.start(); err != nil {
 		return err
 	}
+	f.audit.Start(key)
 	if err := f.resp.Start(key); err != nil {
 		return err
 	}
@@ -166,6 +173,7 @@ func (f *Frontend) Stop() {
 			_ = f.statusSub.Unsubscribe() // the connection may be closing: it ends the subscription too
 		}
 		f.resp.Stop()
+		f.audit.Stop() // after the calls: it writes what they recorded
 		f.adm.close()
 	})
 }
@@ -212,6 +220,7 @@ var timeNow = time.Now
 // *jobs.InvalidError and never reach a worker.
 func (f *Frontend) Run(ctx context.Context, job *jobs.Job, progress func(jobs.Event)) (*jobs.Record, error) {
 	ns := jobs.NamespaceOf(job.Namespace)
+	job.SubmittedBy = jobs.SubmitterOf(ctx)
 	if err := f.prepare(job, ns); err != nil {
 		return nil, err
 	}
