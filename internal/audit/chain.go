@@ -55,10 +55,10 @@ func Next(last *Record, base string, seq uint64, entry []byte) Record {
 
 // BrokenError names the first entry of a chain that does not fit.
 type BrokenError struct {
-	Namespace string
-	Index     uint64 // the entry's place (as stored, or as expected when missing)
-	Seq       uint64
-	Reason    string
+	Namespace string `json:"namespace"`
+	Index     uint64 `json:"index"` // the entry's place (as stored, or as expected when missing)
+	Seq       uint64 `json:"seq"`
+	Reason    string `json:"reason"`
 }
 
 func (e *BrokenError) Error() string {
