@@ -1,7 +1,8 @@
 // Package auditlog writes a front-end's audit entries (package audit) to the
 // audit stream, off the proxied call's path: a call hands its entry to a
 // bounded queue and goes on; one goroutine digests the arguments, signs the
-// entry with the audit key and publishes it, many at a time. Entries are
+// entry with the audit key and publishes it: the entries of a namespace
+// gathered within Config.Linger go in one message, a JSON object a line. Entries are
 // never dropped silently: a full queue makes the call wait (up to
 // Config.Block), and an entry that could not be queued or published after
 // its retries is logged at ERROR and counted (Dropped).
@@ -10,6 +11,7 @@ package auditlog
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"log/slog"
@@ -38,6 +40,10 @@ type Config struct {
 	// dropped, logged and counted (default DefaultAttempts, a second apart
 	// and more).
 	Attempts int
+	// Linger is how long entries are gathered before they are published
+	// (default DefaultLinger): an entry is in the stream within about
+	// Linger of its call's end.
+	Linger time.Duration
 }
 
 // Defaults of Config.
@@ -45,9 +51,13 @@ const (
 	DefaultQueue    = 4096
 	DefaultBlock    = 5 * time.Second
 	DefaultAttempts = 5
-	// batch is how many entries are published before their acks are
-	// awaited.
-	batch = 256
+	// DefaultLinger is how long the writer gathers entries before it
+	// publishes them: calls in quick succession share a message, and the
+	// replicas a commit.
+	DefaultLinger = 100 * time.Millisecond
+	// batch bounds the entries of one gathering, maxMessage a message.
+	batch      = 256
+	maxMessage = 1 << 20
 	// ackWait bounds the wait for a batch's acknowledgements.
 	ackWait = 10 * time.Second
 )
@@ -97,6 +107,9 @@ func New(nc *nats.Conn, cfg Config) (*Writer, error) {
 	}
 	if cfg.Attempts <= 0 {
 		cfg.Attempts = DefaultAttempts
+	}
+	if cfg.Linger <= 0 {
+		cfg.Linger = DefaultLinger
 	}
 	return &Writer{cfg: cfg, log: cfg.Logger, js: js, queue: make(chan Call, cfg.Queue), done: make(chan struct{})}, nil
 }
@@ -176,8 +189,9 @@ func (w *Writer) drop(e audit.Entry, why string) {
 	w.log.Error("audit entry not written", "reason", why, "job", e.JobID, "server", e.Server, "tool", e.Tool, "dropped_total", n)
 }
 
-// run publishes queued entries in batches until the queue is closed and
-// empty.
+// run publishes queued entries until the queue is closed and empty: it
+// gathers what arrives within Linger of the first (at most batch entries),
+// and publishes each namespace's as one message.
 func (w *Writer) run() {
 	defer close(w.done)
 	for {
@@ -186,6 +200,7 @@ func (w *Writer) run() {
 			return
 		}
 		calls := []Call{c}
+		linger := time.NewTimer(w.cfg.Linger)
 	more:
 		for len(calls) < batch {
 			select {
@@ -194,19 +209,27 @@ func (w *Writer) run() {
 					break more
 				}
 				calls = append(calls, c)
-			default:
+			case <-linger.C:
 				break more
 			}
 		}
+		linger.Stop()
 		w.publish(calls)
 	}
 }
 
-// publish digests, signs and publishes calls, retrying those the stream
-// did not acknowledge.
-func (w *Writer) publish(calls []Call) {
-	msgs := make([]*nats.Msg, 0, len(calls))
-	entries := make([]audit.Entry, 0, len(calls))
+// message is one audit message: a namespace's entries, one JSON object a
+// line (encoding/json never writes a raw newline), and the entries it holds.
+type message struct {
+	msg     *nats.Msg
+	entries []audit.Entry
+}
+
+// messages digests and signs calls and groups them by namespace, at most
+// maxMessage bytes a message.
+func (w *Writer) messages(calls []Call) []*message {
+	var out []*message
+	open := map[string]*message{}
 	for _, c := range calls {
 		e := c.Entry
 		c.Redactor.Digest(&e, c.Args)
@@ -216,21 +239,44 @@ func (w *Writer) publish(calls []Call) {
 			w.drop(e, "encode: "+err.Error())
 			continue
 		}
-		m := nats.NewMsg(w.cfg.Subjects.Audit(e.Namespace))
-		m.Data = data
-		m.Header.Set(jetstream.MsgIDHeader, w.cfg.Subjects.AuditMsgID(e.ID))
-		msgs, entries = append(msgs, m), append(entries, e)
+		m := open[e.Namespace]
+		if m != nil && len(m.msg.Data)+1+len(data) > maxMessage {
+			m = nil
+		}
+		if m == nil {
+			m = &message{msg: nats.NewMsg(w.cfg.Subjects.Audit(e.Namespace))}
+			open[e.Namespace] = m
+			out = append(out, m)
+		} else {
+			m.msg.Data = append(m.msg.Data, '\n')
+		}
+		m.msg.Data = append(m.msg.Data, data...)
+		m.entries = append(m.entries, e)
 	}
+	for _, m := range out {
+		// A retried publish is stored once: the id names its entries.
+		h := sha256.New()
+		for _, e := range m.entries {
+			h.Write([]byte(e.ID))
+		}
+		m.msg.Header.Set(jetstream.MsgIDHeader, w.cfg.Subjects.AuditMsgID(hex.EncodeToString(h.Sum(nil)[:16])))
+	}
+	return out
+}
+
+// publish publishes calls' entries, retrying the messages the stream did
+// not acknowledge.
+func (w *Writer) publish(calls []Call) {
+	msgs := w.messages(calls)
 	delay := 250 * time.Millisecond
 	for attempt := 1; len(msgs) > 0; attempt++ {
-		var failed []*nats.Msg
-		var failedEntries []audit.Entry
+		var failed []*message
 		var lastErr error
 		futures := make([]jetstream.PubAckFuture, len(msgs))
 		for i, m := range msgs {
-			f, err := w.js.PublishMsgAsync(m)
+			f, err := w.js.PublishMsgAsync(m.msg)
 			if err != nil {
-				failed, failedEntries, lastErr = append(failed, m), append(failedEntries, entries[i]), err
+				failed, lastErr = append(failed, m), err
 				continue
 			}
 			futures[i] = f
@@ -242,11 +288,11 @@ func (w *Writer) publish(calls []Call) {
 			}
 			select {
 			case <-f.Ok():
-				w.written.Add(1)
+				w.written.Add(uint64(len(msgs[i].entries)))
 			case err := <-f.Err():
-				failed, failedEntries, lastErr = append(failed, msgs[i]), append(failedEntries, entries[i]), err
+				failed, lastErr = append(failed, msgs[i]), err
 			case <-ctx.Done():
-				failed, failedEntries, lastErr = append(failed, msgs[i]), append(failedEntries, entries[i]), ctx.Err()
+				failed, lastErr = append(failed, msgs[i]), ctx.Err()
 			}
 		}
 		cancel()
@@ -254,14 +300,16 @@ func (w *Writer) publish(calls []Call) {
 			return
 		}
 		if attempt >= w.cfg.Attempts {
-			for _, e := range failedEntries {
-				w.drop(e, "the audit stream did not take it after "+strconv.Itoa(attempt)+" attempts: "+lastErr.Error())
+			for _, m := range failed {
+				for _, e := range m.entries {
+					w.drop(e, "the audit stream did not take it after "+strconv.Itoa(attempt)+" attempts: "+lastErr.Error())
+				}
 			}
 			return
 		}
-		w.log.Warn("audit entries not acknowledged: retrying", "count", len(failed), "attempt", attempt, "err", lastErr)
+		w.log.Warn("audit entries not acknowledged: retrying", "messages", len(failed), "attempt", attempt, "err", lastErr)
 		time.Sleep(delay)
 		delay = min(2*delay, 2*time.Second)
-		msgs, entries = failed, failedEntries
+		msgs = failed
 	}
 }

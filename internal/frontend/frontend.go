@@ -62,6 +62,9 @@ type Config struct {
 	// Tracing receives the front-end's spans (submissions, proxy calls
 	// answered); nil: none.
 	Tracing trace.TracerProvider
+	// Audit records the proxied tool calls; nil: the front-end's own
+	// writer to the audit stream (auditlog), which it starts and stops.
+	Audit proxyresp.Auditor
 }
 
 // Frontend submits jobs and waits for them.
@@ -80,7 +83,7 @@ type Frontend struct {
 	adm       *admission            // namespace caps and shutdown
 	pools     *servedPools          // the pools live workers serve
 	statusSub *nats.Subscription
-	audit     *auditlog.Writer // the proxied tool calls' audit entries
+	audit     *auditlog.Writer // the proxied tool calls' audit entries (nil: Config.Audit's)
 	redactors sync.Map         // namespace → *audit.Redactor
 }
 
@@ -106,13 +109,16 @@ func New(nc *nats.Conn, cfg Config) (*Frontend, error) {
 	if f.memory == nil {
 		f.memory = f.state
 	}
-	if f.audit, err = auditlog.New(nc, auditlog.Config{Subjects: cfg.Subjects, Logger: f.log.With("component", "audit")}); err != nil {
-		return nil, err
+	if cfg.Audit == nil {
+		if f.audit, err = auditlog.New(nc, auditlog.Config{Subjects: cfg.Subjects, Logger: f.log.With("component", "audit")}); err != nil {
+			return nil, err
+		}
+		cfg.Audit = f.audit
 	}
 	f.resp = proxyresp.New(nc, proxyresp.Config{ID: cfg.ID, Subjects: cfg.Subjects, Logger: f.log,
 		Tools: cfg.Tools, Memory: f.memory, Records: f.state, Policy: f.proxyPolicy,
 		CallTimeout: cfg.CallTimeout, MaxCallsPerJob: cfg.MaxCallsPerJob, Metrics: cfg.Metrics,
-		Tracing: cfg.Tracing, OnCatalogChange: cfg.OnCatalogChange, Audit: f.audit})
+		Tracing: cfg.Tracing, OnCatalogChange: cfg.OnCatalogChange, Audit: cfg.Audit})
 	return f, nil
 }
 
@@ -137,7 +143,9 @@ func (f *Frontend) Start(ctx context.Context) error {
 	if err := f.adm.start(); err != nil {
 		return err
 	}
-	f.audit.Start(key)
+	if f.audit != nil {
+		f.audit.Start(key)
+	}
 	if err := f.resp.Start(key); err != nil {
 		return err
 	}
@@ -173,7 +181,9 @@ func (f *Frontend) Stop() {
 			_ = f.statusSub.Unsubscribe() // the connection may be closing: it ends the subscription too
 		}
 		f.resp.Stop()
-		f.audit.Stop() // after the calls: it writes what they recorded
+		if f.audit != nil {
+			f.audit.Stop() // after the calls: it writes what they recorded
+		}
 		f.adm.close()
 	})
 }

@@ -24,6 +24,12 @@ type Auditor interface {
 
 var _ Auditor = (*auditlog.Writer)(nil)
 
+// AuditorFunc is a function that is an Auditor.
+type AuditorFunc func(auditlog.Call)
+
+// Record implements Auditor.
+func (f AuditorFunc) Record(c auditlog.Call) { f(c) }
+
 // toolCall is one call_tool as the audit records it: what was decided about
 // it, by whom, and when it began. callTool fills the decision; the deferred
 // audit records the entry whatever the call's end.

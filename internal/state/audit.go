@@ -1,6 +1,7 @@
 package state
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -51,8 +52,11 @@ const (
 	// matches little answers fewer entries and a cursor to go on from.
 	MaxAuditScan = 20_000
 	// maxAuditEntry bounds an entry received (its preview is 1 KiB; the
-	// rest is names and digests).
-	maxAuditEntry = 16 << 10
+	// rest is names and digests), maxAuditMessage and maxAuditLines a
+	// message of entries (a front-end's gathering, one entry a line).
+	maxAuditEntry   = 16 << 10
+	maxAuditMessage = 2 << 20
+	maxAuditLines   = 1024
 )
 
 // AuditFilter selects a namespace's audit entries.
@@ -175,8 +179,18 @@ func (s *Service) drainAudit(ctx context.Context, as AuditStore, cons jetstream.
 				continue
 			}
 			last = md.Sequence.Stream
-			if e, ok := s.auditEntry(m); ok {
-				in = append(in, AuditIn{Namespace: e.Namespace, JobID: e.JobID, At: e.At, Seq: md.Sequence.Stream, Data: m.Data()})
+			if len(m.Data()) > maxAuditMessage {
+				s.logger.Warn("skipping an oversized audit message", "subject", m.Subject(), "bytes", len(m.Data()))
+				continue
+			}
+			for i, line := range bytes.Split(m.Data(), []byte("\n")) {
+				if i == maxAuditLines {
+					s.logger.Warn("skipping the rest of an audit message of too many entries", "subject", m.Subject(), "kept", i)
+					break
+				}
+				if e, ok := s.auditEntry(m.Subject(), line); ok {
+					in = append(in, AuditIn{Namespace: e.Namespace, JobID: e.JobID, At: e.At, Seq: md.Sequence.Stream, Data: line})
+				}
 			}
 		}
 		if last == from {
@@ -191,26 +205,26 @@ func (s *Service) drainAudit(ctx context.Context, as AuditStore, cons jetstream.
 	}
 }
 
-// auditEntry decodes an audit message and reports whether it is kept: a
-// front-end's entry, proven with the audit key, on its namespace's subject.
-// Anything else (a forged entry from a worker host of a fleet without NATS
-// permissions, a malformed one) is skipped and logged.
-func (s *Service) auditEntry(m jetstream.Msg) (audit.Entry, bool) {
+// auditEntry decodes one line of an audit message and reports whether it
+// is kept: a front-end's entry, proven with the audit key, on its
+// namespace's subject. Anything else (a forged entry from a worker host of
+// a fleet without NATS permissions, a malformed one) is skipped and logged.
+func (s *Service) auditEntry(subject string, line []byte) (audit.Entry, bool) {
 	var e audit.Entry
-	if len(m.Data()) > maxAuditEntry {
-		s.logger.Warn("skipping an oversized audit entry", "subject", m.Subject(), "bytes", len(m.Data()))
+	if len(line) > maxAuditEntry {
+		s.logger.Warn("skipping an oversized audit entry", "subject", subject, "bytes", len(line))
 		return e, false
 	}
-	if err := json.Unmarshal(m.Data(), &e); err != nil {
-		s.logger.Warn("skipping a malformed audit entry", "subject", m.Subject(), "err", err)
+	if err := json.Unmarshal(line, &e); err != nil {
+		s.logger.Warn("skipping a malformed audit entry", "subject", subject, "err", err)
 		return e, false
 	}
 	if !audit.Check(s.auditKey, e) {
-		s.logger.Warn("skipping an audit entry without a front-end's proof (forged?)", "subject", m.Subject(), "job", audit.Clip(e.JobID, 160), "namespace", audit.Clip(e.Namespace, 160))
+		s.logger.Warn("skipping an audit entry without a front-end's proof (forged?)", "subject", subject, "job", audit.Clip(e.JobID, 160), "namespace", audit.Clip(e.Namespace, 160))
 		return e, false
 	}
-	if m.Subject() != s.sub.Audit(e.Namespace) {
-		s.logger.Warn("skipping an audit entry on another namespace's subject", "subject", m.Subject(), "namespace", audit.Clip(e.Namespace, 160))
+	if subject != s.sub.Audit(e.Namespace) {
+		s.logger.Warn("skipping an audit entry on another namespace's subject", "subject", subject, "namespace", audit.Clip(e.Namespace, 160))
 		return e, false
 	}
 	return e, true
