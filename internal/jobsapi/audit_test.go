@@ -1,11 +1,14 @@
 package jobsapi_test
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/mcpexec/mcpexec/internal/audit"
 	"github.com/mcpexec/mcpexec/internal/frontend"
@@ -15,6 +18,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/tracing"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
@@ -39,7 +43,10 @@ func TestAuditListsEveryCall(t *testing.T) {
 	testutil.Worker(t, b, testutil.ProcessRuntime(t), worker.DefaultConfig("w"))
 	pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
 	def := frontend.DefaultPolicy()
-	fe := testutil.FrontendWith(t, b, frontend.Config{ID: "fe", Tools: pool, Policy: def,
+	spans := tracing.NewRecorder(1000, 0)
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) }) // in memory: nothing to lose
+	fe := testutil.FrontendWith(t, b, frontend.Config{ID: "fe", Tools: pool, Policy: def, Tracing: tp,
 		Policies: map[string]frontend.Policy{"a": frontend.Policy{Redact: &audit.Redaction{Names: []string{"ssn"}, Patterns: []string{`ghp_[A-Za-z0-9]+`}}}.Inherit(def)}})
 	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})
 	hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{}),
@@ -130,5 +137,19 @@ func TestAuditListsEveryCall(t *testing.T) {
 	}
 	if st, _ = e.call(t, "", "GET", "/api/audit", nil); st != http.StatusUnauthorized {
 		t.Errorf("no token: %d", st)
+	}
+	// The front-end's span of each call names server, tool and decision.
+	seen := map[string]bool{}
+	for _, s := range spans.Trace(rec.TraceID) {
+		if s.Name == tracing.SpanProxyHandle && s.Attrs[string(tracing.AttrMethod)] == "call_tool" {
+			a := s.Attrs
+			if a[string(tracing.AttrServer)] != "ts" || a[string(tracing.AttrDecision)] != audit.DecisionAllow || a[string(tracing.AttrDecidedBy)] != audit.DecidedByPolicy {
+				t.Errorf("span attributes %v", a)
+			}
+			seen[a[string(tracing.AttrTool)]] = true
+		}
+	}
+	if !seen["echo"] || !seen["fail"] || !seen["add"] {
+		t.Errorf("call spans of tools %v", seen)
 	}
 }
