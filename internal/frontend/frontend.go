@@ -114,6 +114,11 @@ func New(nc *nats.Conn, cfg Config) (*Frontend, error) {
 			return nil, err
 		}
 		cfg.Audit = f.audit
+		if m := cfg.Metrics; m != nil {
+			w := f.audit
+			m.Counter("mcpexec_audit_entries_written_total", "Audit entries of proxied tool calls the audit stream acknowledged.", func() float64 { return float64(w.Written()) })
+			m.Counter("mcpexec_audit_entries_dropped_total", "Audit entries of proxied tool calls not written (queue full, stream refused them): each is logged at ERROR.", func() float64 { return float64(w.Dropped()) })
+		}
 	}
 	f.resp = proxyresp.New(nc, proxyresp.Config{ID: cfg.ID, Subjects: cfg.Subjects, Logger: f.log,
 		Tools: cfg.Tools, Memory: f.memory, Records: f.state, Policy: f.proxyPolicy,
