@@ -34,6 +34,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "backup" {
 		return backupCmd(ctx, args[1:], os.Stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "audit" {
+		return auditCmd(args[1:], os.Stdout, stderr)
+	}
 	fs := flag.NewFlagSet("broker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	data := fs.String("data", "./data/broker", "directory of the JetStream store and the state file")
@@ -41,6 +44,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	httpAddr := fs.String("http", "", "serve /healthz and /metrics on HOST:PORT (optional)")
 	maxQueued := fs.Int64("max-queued", queue.DefaultConfig().MaxQueued, "pending jobs held before new ones are rejected")
 	queuedMaxAge := fs.Duration("queued-max-age", queue.DefaultQueuedMaxAge, "a job no worker took within this is removed from the queue and recorded as rejected (at least 10m, at most 168h)")
+	auditRetention := fs.Duration("audit-retention", queue.DefaultAuditRetention, "how long the audit trail of proxied tool calls keeps an entry (the audit stream's max age; replicas prune theirs too); at least 10m")
 	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	fl := registerFleetFlags(fs)
 	if err := cli.Parse(fs, args, nil); err != nil {
@@ -59,9 +63,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return cli.Usagef("--max-queued must be at least 1")
 	}
 	qcfg := queue.DefaultConfig()
-	qcfg.MaxQueued, qcfg.QueuedMaxAge = *maxQueued, *queuedMaxAge
+	qcfg.MaxQueued, qcfg.QueuedMaxAge, qcfg.AuditMaxAge = *maxQueued, *queuedMaxAge, *auditRetention
 	if err := qcfg.Validate(); err != nil {
-		return cli.Usagef("--queued-max-age %s: %v", *queuedMaxAge, err)
+		return cli.Usagef("--queued-max-age %s, --audit-retention %s: %v", *queuedMaxAge, *auditRetention, err)
 	}
 	m := metrics.New("broker")
 	bcfg := broker.Config{DataDir: *data, Listen: *listen, Queue: qcfg, Logger: log, Metrics: m, Tracing: tp}

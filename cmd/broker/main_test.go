@@ -32,6 +32,7 @@ func TestCommandLine(t *testing.T) {
 		{"sync interval zero", []string{"--data", filepath.Join(dir, "d5"), "--sync", "interval:0s"}, cli.ExitUsage, "positive duration"},
 		{"unexpected argument", []string{"--data", filepath.Join(dir, "d2"), "serve"}, cli.ExitUsage, `unexpected argument "serve"`},
 		{"queued max age under the dedupe window", []string{"--data", filepath.Join(dir, "d2"), "--queued-max-age", "1m"}, cli.ExitUsage, "QueuedMaxAge (1m0s) must be at least DedupeWindow"},
+		{"audit retention under the dedupe window", []string{"--data", filepath.Join(dir, "d2"), "--audit-retention", "1m"}, cli.ExitUsage, "AuditMaxAge (the audit retention, 1m0s) must be at least DedupeWindow"},
 		{"queued max age over the events' age", []string{"--data", filepath.Join(dir, "d2"), "--queued-max-age", "200h"}, cli.ExitUsage, "must not exceed EventsMaxAge"},
 		{"auth without init", []string{"auth"}, cli.ExitUsage, "broker auth init DIR"},
 		{"auth init without a dir", []string{"auth", "init"}, cli.ExitUsage, "exactly one directory"},

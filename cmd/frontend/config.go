@@ -35,6 +35,7 @@ type config struct {
 	allowedOrigins string
 	slots          int
 	queuedMaxAge   time.Duration // embedded broker's jobs stream MaxAge
+	auditRetention time.Duration // embedded broker's audit trail retention
 	limits         jobs.Limits
 	level          string
 	languages      []string // nil: auto
@@ -60,6 +61,7 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.allowedOrigins, "allowed-origins", "", "comma-separated extra Origin hosts allowed on /mcp besides localhost")
 	fs.IntVar(&c.slots, "slots", 4, "embedded worker: jobs run at once")
 	fs.DurationVar(&c.queuedMaxAge, "queued-max-age", queue.DefaultQueuedMaxAge, "embedded broker: a job no worker took within this is removed from the queue and recorded as rejected (at least 10m, at most 168h)")
+	fs.DurationVar(&c.auditRetention, "audit-retention", queue.DefaultAuditRetention, "embedded broker: how long the audit trail of proxied tool calls keeps an entry (at least 10m)")
 	fs.IntVar(&c.limits.DefaultTimeout, "timeout", c.limits.DefaultTimeout, "default run_python timeout in seconds")
 	fs.IntVar(&c.limits.MaxTimeout, "max-timeout", c.limits.MaxTimeout, "largest run_python timeout in seconds")
 	fs.IntVar(&c.limits.MaxCodeBytes, "max-code-bytes", c.limits.MaxCodeBytes, "largest accepted code in bytes")
@@ -105,9 +107,9 @@ func (c *config) validate() error {
 		return cli.Usagef("--slots must be at least 1, got %d", c.slots)
 	}
 	q := queue.DefaultConfig()
-	q.QueuedMaxAge = c.queuedMaxAge
+	q.QueuedMaxAge, q.AuditMaxAge = c.queuedMaxAge, c.auditRetention
 	if err := q.Validate(); err != nil {
-		return cli.Usagef("--queued-max-age %s: %v", c.queuedMaxAge, err)
+		return cli.Usagef("--queued-max-age %s, --audit-retention %s: %v", c.queuedMaxAge, c.auditRetention, err)
 	}
 	if c.httpAddr != "" {
 		if _, _, err := net.SplitHostPort(c.httpAddr); err != nil {

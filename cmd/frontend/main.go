@@ -62,6 +62,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	wcfg := worker.DefaultConfig(c.workerID)
 	wcfg.Slots, wcfg.Logger, wcfg.Grace, wcfg.Metrics, wcfg.Tracing = c.slots, log, c.fleet.grace, m, tp
 	wcfg.Queue.QueuedMaxAge = c.queuedMaxAge // the embedded broker's streams follow the worker's queue settings
+	wcfg.Queue.AuditMaxAge = c.auditRetention
 	if err := c.sandbox.ConfigureWorker(&wcfg); err != nil {
 		return err
 	}

@@ -47,6 +47,7 @@ func TestEmbeddedMetrics(t *testing.T) {
 		`mcpexec_jobs_finished_total{component="frontend",status="success"} 1`,
 		`mcpexec_job_total_seconds_count{component="frontend"} 1`,
 		`mcpexec_queue_depth 0`,
+		`mcpexec_audit_entries_dropped_total 0`,
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {

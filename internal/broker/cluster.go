@@ -264,6 +264,7 @@ func (b *Broker) startState(ctx context.Context) error {
 		svc.Metrics, svc.Node, svc.Tracing = b.cfg.Metrics, b.ns.Name(), b.cfg.Tracing
 		svc.Metadata = map[string]string{SyncMetadata: b.cfg.Sync.String()}
 		svc.QueuedMaxAge = b.cfg.Queue.QueuedMaxAge
+		svc.AuditRetention = b.cfg.Queue.AuditMaxAge
 		svc.FilesBucket = queue.FilesBucketConfig(b.cfg.Queue)
 		if err := svc.Start(ctx); err != nil {
 			svc.Stop()

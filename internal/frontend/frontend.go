@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mcpexec/mcpexec/internal/auditlog"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/proxyresp"
@@ -61,6 +62,9 @@ type Config struct {
 	// Tracing receives the front-end's spans (submissions, proxy calls
 	// answered); nil: none.
 	Tracing trace.TracerProvider
+	// Audit records the proxied tool calls; nil: the front-end's own
+	// writer to the audit stream (auditlog), which it starts and stops.
+	Audit proxyresp.Auditor
 }
 
 // Frontend submits jobs and waits for them.
@@ -79,6 +83,8 @@ type Frontend struct {
 	adm       *admission            // namespace caps and shutdown
 	pools     *servedPools          // the pools live workers serve
 	statusSub *nats.Subscription
+	audit     *auditlog.Writer // the proxied tool calls' audit entries (nil: Config.Audit's)
+	redactors sync.Map         // namespace → *audit.Redactor
 }
 
 // New returns a Frontend on nc.
@@ -103,17 +109,28 @@ func New(nc *nats.Conn, cfg Config) (*Frontend, error) {
 	if f.memory == nil {
 		f.memory = f.state
 	}
+	if cfg.Audit == nil {
+		if f.audit, err = auditlog.New(nc, auditlog.Config{Subjects: cfg.Subjects, Logger: f.log.With("component", "audit")}); err != nil {
+			return nil, err
+		}
+		cfg.Audit = f.audit
+		if m := cfg.Metrics; m != nil {
+			w := f.audit
+			m.Counter("mcpexec_audit_entries_written_total", "Audit entries of proxied tool calls the audit stream acknowledged.", func() float64 { return float64(w.Written()) })
+			m.Counter("mcpexec_audit_entries_dropped_total", "Audit entries of proxied tool calls not written (queue full, stream refused them): each is logged at ERROR.", func() float64 { return float64(w.Dropped()) })
+		}
+	}
 	f.resp = proxyresp.New(nc, proxyresp.Config{ID: cfg.ID, Subjects: cfg.Subjects, Logger: f.log,
 		Tools: cfg.Tools, Memory: f.memory, Records: f.state, Policy: f.proxyPolicy,
 		CallTimeout: cfg.CallTimeout, MaxCallsPerJob: cfg.MaxCallsPerJob, Metrics: cfg.Metrics,
-		Tracing: cfg.Tracing, OnCatalogChange: cfg.OnCatalogChange})
+		Tracing: cfg.Tracing, OnCatalogChange: cfg.OnCatalogChange, Audit: cfg.Audit})
 	return f, nil
 }
 
 // proxyPolicy is namespace ns's policy as the proxy responder goes by it.
 func (f *Frontend) proxyPolicy(ns string) proxyresp.Policy {
 	p := f.policyFor(ns)
-	return proxyresp.Policy{Servers: p.Servers, MemoryBytes: p.MemoryBytes}
+	return proxyresp.Policy{Servers: p.Servers, MemoryBytes: p.MemoryBytes, Redact: f.redactor(ns)}
 }
 
 // Running returns the number of run_python calls in flight on this front-end.
@@ -130,6 +147,9 @@ func (f *Frontend) Start(ctx context.Context) error {
 	f.client.UseKey(key) // the outcomes it records itself carry their proof
 	if err := f.adm.start(); err != nil {
 		return err
+	}
+	if f.audit != nil {
+		f.audit.Start(key)
 	}
 	if err := f.resp.Start(key); err != nil {
 		return err
@@ -166,6 +186,9 @@ func (f *Frontend) Stop() {
 			_ = f.statusSub.Unsubscribe() // the connection may be closing: it ends the subscription too
 		}
 		f.resp.Stop()
+		if f.audit != nil {
+			f.audit.Stop() // after the calls: it writes what they recorded
+		}
 		f.adm.close()
 	})
 }
@@ -212,6 +235,7 @@ var timeNow = time.Now
 // *jobs.InvalidError and never reach a worker.
 func (f *Frontend) Run(ctx context.Context, job *jobs.Job, progress func(jobs.Event)) (*jobs.Record, error) {
 	ns := jobs.NamespaceOf(job.Namespace)
+	job.SubmittedBy = jobs.SubmitterOf(ctx)
 	if err := f.prepare(job, ns); err != nil {
 		return nil, err
 	}

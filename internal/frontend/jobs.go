@@ -55,6 +55,7 @@ func (f *Frontend) submit(ctx context.Context, js []*jobs.Job, ns string, all bo
 	mine := make([]*jobs.Job, len(js))
 	for i, j := range js {
 		c := *j
+		c.SubmittedBy = jobs.SubmitterOf(ctx) // the authenticated caller, never the caller's word
 		mine[i] = &c
 	}
 	js = mine

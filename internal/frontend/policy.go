@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/mcpexec/mcpexec/internal/audit"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
@@ -45,6 +46,9 @@ type Policy struct {
 	MaxFileBytes     int64 `json:"max_file_bytes,omitempty"`
 	MaxJobFilesBytes int64 `json:"max_job_files_bytes,omitempty"`
 	MaxFiles         int   `json:"max_files,omitempty"`
+	// Redact is what the audit trail hides of its tool calls' arguments
+	// (argument names and patterns, over audit.DefaultNames).
+	Redact *audit.Redaction `json:"redact,omitempty"`
 }
 
 // FileLimits returns the bounds of a job's files under p.
@@ -67,6 +71,9 @@ func (p Policy) Inherit(def Policy) Policy {
 	}
 	if p.Pools == nil {
 		p.Pools = def.Pools
+	}
+	if p.Redact == nil {
+		p.Redact = def.Redact
 	}
 	p.MaxTimeout = cmp.Or(p.MaxTimeout, def.MaxTimeout)
 	p.MaxMemoryMB = cmp.Or(p.MaxMemoryMB, def.MaxMemoryMB)
@@ -101,6 +108,11 @@ func (p Policy) Validate() error {
 	case p.MaxFiles > jobs.HardMaxFiles:
 		return fmt.Errorf("policy max_files %d is over %d", p.MaxFiles, jobs.HardMaxFiles)
 	}
+	if p.Redact != nil {
+		if err := p.Redact.Validate(); err != nil {
+			return fmt.Errorf("policy %w", err)
+		}
+	}
 	for _, pool := range p.Pools {
 		if !jobs.ValidID(pool) {
 			return fmt.Errorf("policy pool %q: use letters, digits, '-' or '_'", pool)
@@ -117,6 +129,22 @@ func (p Policy) allowsServer(server string) bool {
 // allowsPool reports whether the namespace may send jobs to pool.
 func (p Policy) allowsPool(pool string) bool {
 	return len(p.Pools) == 0 || slices.Contains(p.Pools, pool)
+}
+
+// redactor returns namespace ns's compiled redaction (compiled once per
+// namespace: policies do not change while the front-end runs).
+func (f *Frontend) redactor(ns string) *audit.Redactor {
+	if x, ok := f.redactors.Load(ns); ok {
+		return x.(*audit.Redactor)
+	}
+	x := audit.DefaultRedactor
+	if r := f.policyFor(ns).Redact; r != nil {
+		if c, err := r.Compile(); err == nil { // Validate checked it at start
+			x = c
+		}
+	}
+	f.redactors.Store(ns, x)
+	return x
 }
 
 // policyFor returns namespace ns's policy.

@@ -95,6 +95,11 @@ type Job struct {
 	Inputs []FileInput `json:"-"`
 	// FileLimits bound its files in and out (nil: DefaultFileLimits).
 	FileLimits *FileLimits `json:"file_limits,omitempty"`
+	// SubmittedBy is who submitted the job as the front-end authenticated
+	// them (WithSubmitter: a token's fingerprint, an OAuth subject; empty
+	// without auth), for the audit trail. The front-end sets it; a
+	// caller's own value is never taken.
+	SubmittedBy string `json:"submitted_by,omitempty"`
 }
 
 // FilesLimits returns the job's file limits, defaults filled in.

@@ -194,6 +194,22 @@ func (s Subjects) Memory(ns, key string) string {
 	return s.p() + ".memory." + strings.TrimSuffix(NamespaceTag(ns), "-") + "." + hex.EncodeToString(sum[:20])
 }
 
+// AuditStream is the stream of audit entries of proxied tool calls.
+func (s Subjects) AuditStream() string { return strings.ToUpper(s.p()) + "_AUDIT" }
+
+// AllAudit matches every audit entry.
+func (s Subjects) AllAudit() string { return s.p() + ".audit.>" }
+
+// Audit is the subject of namespace ns's audit entries (its tag: the
+// entry itself names the namespace).
+func (s Subjects) Audit(ns string) string {
+	return s.p() + ".audit." + strings.TrimSuffix(NamespaceTag(ns), "-")
+}
+
+// AuditMsgID is the message id of the audit entry id: a retried publish
+// is stored once.
+func (s Subjects) AuditMsgID(id string) string { return "audit." + id }
+
 // AdminBackup is the subject an operator asks one broker node (by server name)
 // to write a snapshot of its state file on.
 func (s Subjects) AdminBackup(server string) string { return s.p() + ".admin.backup." + server }

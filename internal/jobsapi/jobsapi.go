@@ -10,6 +10,7 @@
 //	GET  /api/jobs/{id}/wait?timeout=30s → record, terminal unless the timeout passed
 //	POST /api/jobs/{id}/retry      {"id": optional new id} → record of the re-run
 //	GET  /api/deadletters?limit=&cursor= → {"jobs": [...], "next": ...}
+//	GET  /api/audit?job=&server=&tool=&decision=&limit=&cursor= → {"entries": [...], "next": ...}
 package jobsapi
 
 import (
@@ -92,6 +93,7 @@ func New(cfg Config) http.Handler {
 	mux.HandleFunc("POST /api/workflows", a.submitWorkflow)
 	mux.HandleFunc("GET /api/workflows/{id}", a.getWorkflow)
 	mux.HandleFunc("GET /api/events", a.events)
+	mux.HandleFunc("GET /api/audit", a.audit)
 	mux.HandleFunc("GET /api/openapi.json", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(OpenAPI) // the client went away: nothing to tell it

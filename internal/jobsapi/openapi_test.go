@@ -108,6 +108,8 @@ func TestOpenAPIDescribesRealResponses(t *testing.T) {
 	check("POST", "/api/jobs/one/retry", "tok-a", map[string]string{"id": "one-again"}, 201)
 	check("POST", "/api/jobs/blocked/retry", "tok-a", nil, 201)
 	check("GET", "/api/deadletters", "tok-a", nil, 200)
+	check("GET", "/api/audit?server=ts&limit=10", "tok-a", nil, 200)
+	check("GET", "/api/audit?limit=0", "tok-a", nil, 400)
 	wf := jobsapi.WorkflowRequest{ID: "wf", Labels: map[string]string{"team": "x"}, Jobs: []jobsapi.JobRequest{{ID: "p", Code: "ok"}, {ID: "c", Code: "sleep x", After: []string{"p"}}, {ID: "s", Code: "ok", After: []string{"c"}}}}
 	check("POST", "/api/workflows", "tok-a", wf, 201)
 	check("POST", "/api/workflows", "tok-a", wf, 200)

@@ -2,6 +2,8 @@ package mcpserver
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -24,6 +26,11 @@ type Caller struct {
 	// Key groups the caller's requests for the in-flight bound (no secret:
 	// a hash).
 	Key string
+	// Who names the caller in job records and the audit trail, never with
+	// a secret: "token:" and a fingerprint of a tokens-file token (the
+	// file gives tokens no names), "admin-token:" and one of an admin
+	// token, "oauth:" and the issuer and subject of an OAuth token.
+	Who string
 }
 
 // Can reports whether the caller holds scope.
@@ -56,10 +63,10 @@ var staticScopes = []string{oauth.ScopeRun, oauth.ScopeJobs}
 // Authenticate implements Authenticator.
 func (s StaticTokens) Authenticate(_ context.Context, tok string) (Caller, error) {
 	if ns, ok := lookupToken(s.Tokens, tok); ok {
-		return Caller{Namespace: ns, Scopes: staticScopes, Key: tokenKey(tok)}, nil
+		return Caller{Namespace: ns, Scopes: staticScopes, Key: tokenKey(tok), Who: "token:" + fingerprint(tok)}, nil
 	}
 	if isAdminToken(s.AdminTokens, tok) {
-		return Caller{Namespace: jobs.DefaultNamespace, Admin: true, Scopes: []string{oauth.ScopeAdmin}, Key: tokenKey(tok)}, nil
+		return Caller{Namespace: jobs.DefaultNamespace, Admin: true, Scopes: []string{oauth.ScopeAdmin}, Key: tokenKey(tok), Who: "admin-token:" + fingerprint(tok)}, nil
 	}
 	return Caller{}, fmt.Errorf("%w: unknown token", ErrUnauthenticated)
 }
@@ -80,11 +87,19 @@ func (o OAuthTokens) Authenticate(ctx context.Context, tok string) (Caller, erro
 	if err != nil {
 		return Caller{}, fmt.Errorf("%w: %s", ErrUnauthenticated, reason(err))
 	}
-	c := Caller{Namespace: t.Namespace, Scopes: t.Scopes, Key: tokenKey("oauth\x00" + t.Issuer + "\x00" + t.Subject)}
+	c := Caller{Namespace: t.Namespace, Scopes: t.Scopes, Key: tokenKey("oauth\x00" + t.Issuer + "\x00" + t.Subject), Who: "oauth:" + t.Issuer + "#" + t.Subject}
 	if t.Has(oauth.ScopeAdmin) {
 		c.Admin = true
 	}
 	return c, nil
+}
+
+// fingerprint names a static token without revealing it: the first 12 hex
+// digits of its SHA-256 under a label of its own (so it is not a prefix of
+// tokenKey).
+func fingerprint(tok string) string {
+	sum := sha256.Sum256([]byte("mcpexec token fingerprint\x00" + tok))
+	return hex.EncodeToString(sum[:6])
 }
 
 // reason is an authentication error's text without its code.

@@ -125,6 +125,9 @@ func Handler(s *server.MCPServer, opts HTTPOptions) http.Handler {
 			if sc := trace.SpanContextFromContext(r.Context()); sc.IsValid() {
 				ctx = trace.ContextWithRemoteSpanContext(ctx, sc) // the caller's traceparent (guard)
 			}
+			if who := jobs.SubmitterOf(r.Context()); who != "" {
+				ctx = jobs.WithSubmitter(ctx, who) // guard's
+			}
 			if ns, ok := r.Context().Value(ctxKey{}).(string); ok {
 				return context.WithValue(ctx, ctxKey{}, ns)
 			}
@@ -206,7 +209,7 @@ func guard(next http.Handler, opts HTTPOptions, scope string) http.Handler {
 				}
 				r = r.WithContext(context.WithValue(r.Context(), adminKey{}, true))
 			}
-			r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, ns))
+			r = r.WithContext(jobs.WithSubmitter(context.WithValue(r.Context(), ctxKey{}, ns), caller.Who))
 			if opts.inFlight != nil {
 				release, ok := opts.inFlight.Take(caller.Key)
 				if !ok {

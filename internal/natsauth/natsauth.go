@@ -137,6 +137,9 @@ func For(id Identity, pubKey string, s jobs.Subjects) (Permissions, error) {
 			s.Event("*", jobs.EventCancelled),
 			s.Event("*", jobs.EventFinished), // rejections, sessions that are gone
 			s.Cancel("*"),
+			// Audit entries of the tool calls it answers (proven with the
+			// audit key: the state replicas keep only those).
+			s.AllAudit(),
 			p + ".state.>",
 			s.WorkerSessions("*"), s.WorkerStatus(), s.FrontendStatus(),
 			"$SRV.PING", "$SRV.PING.>", "$SRV.INFO.>",

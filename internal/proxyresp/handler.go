@@ -16,6 +16,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mcpexec/mcpexec/internal/audit"
 	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/proxy"
@@ -66,6 +67,7 @@ func (r *Responder) Handle(ctx context.Context, req proxy.Request) (json.RawMess
 	if req.CallID != "" {
 		ctx = context.WithValue(ctx, writeIDKey{}, writeID(req))
 	}
+	ctx = withCallRef(ctx, req.Job, req.Attempt, req.CallID) // the audit's
 	res, err := r.dispatch(ctx, rj, req.Method, req.Params)
 	if err != nil {
 		return nil, err
@@ -224,8 +226,11 @@ func (r *Responder) jobServers(rj *runningJob) []string {
 	return out
 }
 
-func (r *Responder) callTool(ctx context.Context, rj *runningJob, server, tool string, args map[string]any, raw bool, timeout float64) (any, error) {
+func (r *Responder) callTool(ctx context.Context, rj *runningJob, server, tool string, args map[string]any, raw bool, timeout float64) (_ any, err error) {
+	call := newToolCall(ctx)
+	defer func() { r.audit(ctx, rj, call, server, tool, args, err) }() // every end, refusals too (audit.go)
 	if err := r.server(ctx, rj, server); err != nil {
+		call.deny(audit.DecidedByPolicy)
 		return nil, err
 	}
 	if tool == "" {

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mcpexec/mcpexec/internal/audit"
 	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/metrics"
@@ -59,6 +60,9 @@ type Policy struct {
 	Servers []string
 	// MemoryBytes caps the bytes of its memory (0: no cap).
 	MemoryBytes int64
+	// Redact hides secrets in the audit's previews of its calls' arguments
+	// (nil: audit.DefaultRedactor).
+	Redact *audit.Redactor
 }
 
 // allowsServer reports whether the namespace may use server.
@@ -103,6 +107,8 @@ type Config struct {
 	// OnCatalogChange, when set, is told of a namespace that enabled or
 	// disabled a catalog server.
 	OnCatalogChange func(ns string)
+	// Audit, when set, records every call_tool (package audit).
+	Audit Auditor
 }
 
 // Responder answers the proxy calls of every running job of the fleet.

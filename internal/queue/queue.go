@@ -56,7 +56,16 @@ type Config struct {
 	// MaxAckPending bounds the deliveries in flight across the pool's workers.
 	MaxAckPending int
 	Replicas      int // stream replicas (1, or 3 in a cluster)
+	// AuditMaxAge is the audit trail's retention: the audit stream keeps an
+	// entry this long, and the state replicas prune theirs past it.
+	// AuditMaxBytes bounds the stream (entries over it are refused, and the
+	// front-end that wrote them logs and counts them).
+	AuditMaxAge   time.Duration
+	AuditMaxBytes int64
 }
+
+// DefaultAuditRetention is how long the audit trail keeps an entry.
+const DefaultAuditRetention = 30 * 24 * time.Hour
 
 // DefaultQueuedMaxAge is how long a job may wait in the jobs stream.
 const DefaultQueuedMaxAge = 24 * time.Hour
@@ -78,6 +87,8 @@ func DefaultConfig() Config {
 		MaxDeliver:     10, // attempts (at most 4), and deliveries whose sandbox could not be made
 		MaxAckPending:  10_000,
 		Replicas:       1,
+		AuditMaxAge:    DefaultAuditRetention,
+		AuditMaxBytes:  8 << 30,
 	}
 }
 
@@ -116,6 +127,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("queue MaxAckPending must be at least 1, got %d", c.MaxAckPending)
 	case c.Replicas < 1:
 		return fmt.Errorf("queue Replicas must be at least 1, got %d", c.Replicas)
+	case c.AuditMaxAge < c.DedupeWindow:
+		// JetStream refuses a duplicate window longer than the stream's MaxAge.
+		return fmt.Errorf("queue AuditMaxAge (the audit retention, %s) must be at least DedupeWindow (%s)", c.AuditMaxAge, c.DedupeWindow)
+	case c.AuditMaxBytes < 1<<20:
+		return fmt.Errorf("queue AuditMaxBytes must be at least 1 MiB, got %d", c.AuditMaxBytes)
 	}
 	for i, d := range c.BackOff {
 		if d < c.AckWait {
@@ -182,6 +198,19 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 			Duplicates:        cfg.DedupeWindow,
 			Replicas:          cfg.Replicas,
 			AllowDirect:       true,
+		},
+		{
+			Name:        s.AuditStream(),
+			Description: "mcpexec audit trail of proxied tool calls",
+			Subjects:    []string{s.AllAudit()},
+			Retention:   jetstream.LimitsPolicy,
+			Storage:     jetstream.FileStorage,
+			MaxAge:      cfg.AuditMaxAge,
+			MaxBytes:    cfg.AuditMaxBytes,
+			// A full trail refuses new entries rather than lose old ones.
+			Discard:    jetstream.DiscardNew,
+			Duplicates: cfg.DedupeWindow,
+			Replicas:   cfg.Replicas,
 		},
 	} {
 		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {

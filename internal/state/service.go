@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mcpexec/mcpexec/internal/audit"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/periodic"
@@ -70,6 +71,9 @@ type Service struct {
 	// Start.
 	Retention      Retention
 	RetentionEvery time.Duration
+	// AuditRetention, when set before Start, deletes audit entries older
+	// than it (with the job records' retention pass).
+	AuditRetention time.Duration
 	// QueuedMaxAge, when set before Start, ends as rejected the record of a
 	// job still queued this long after it was enqueued (the jobs stream's
 	// MaxAge, queue.Config.QueuedMaxAge, deletes its message).
@@ -91,10 +95,11 @@ type Service struct {
 	Tracing trace.TracerProvider
 	tracer  trace.Tracer // from Tracing, by Start; nil: no spans
 
-	key     []byte   // the fleet's proxy key, which proves workers' events; set by Start
-	applied *applied // set by Start
-	quota   *reservations
-	sched   *scheduler // releases waiting jobs; set by Start
+	key      []byte   // the fleet's proxy key, which proves workers' events; set by Start
+	auditKey []byte   // audit.Key(key): proves front-ends' audit entries
+	applied  *applied // set by Start
+	quota    *reservations
+	sched    *scheduler // releases waiting jobs; set by Start
 
 	mu      sync.Mutex // guards cancel, svc, advSub, admSubs, stopped, and wg.Add of write handlers
 	stopped bool
@@ -136,7 +141,7 @@ func (s *Service) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("state service: %w", err)
 	}
-	s.key = key
+	s.key, s.auditKey = key, audit.Key(key)
 	ev, mem, err := s.store.Applied()
 	if err != nil {
 		return err
@@ -173,6 +178,17 @@ func (s *Service) Start(ctx context.Context) error {
 		defer s.wg.Done()
 		s.follow(runCtx, s.sub.MemoryStream(), mem, s.applyMemory)
 	}()
+	if as, ok := s.store.(AuditStore); ok {
+		from, err := as.AuditApplied()
+		if err != nil {
+			return fmt.Errorf("state service: %w", err) // Stop ends the followers
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.followAudit(runCtx, as, from)
+		}()
+	}
 	if err := s.catchUp(ctx); err != nil {
 		return fmt.Errorf("state replica: %w", err)
 	}
@@ -209,6 +225,8 @@ func (s *Service) Start(ctx context.Context) error {
 		{OpFilePut, s.concurrently(s.fileOps, s.consistent(s.handleFilePut))},
 		{OpFileInput, s.concurrently(s.fileOps, s.consistent(s.handleFileInput))},
 		{OpFileGet, s.concurrently(s.fileOps, s.consistent(s.handleFileGet))},
+		// Audit entries are written asynchronously: no read-your-writes.
+		{OpAuditList, s.concurrently(s.reads, s.handleAuditList)},
 	}
 	for _, e := range endpoints {
 		name := endpointName(e.op)
@@ -309,6 +327,7 @@ func (s *Service) retentionLoop(ctx context.Context) {
 		every = time.Hour
 	}
 	periodic.Run(ctx, every, func() {
+		s.pruneAudit(time.Now())
 		if s.Retention == (Retention{}) {
 			return
 		}

@@ -51,7 +51,9 @@ const (
 	AttrTool         = attribute.Key("mcpexec.proxy.tool")
 	AttrOutcome      = attribute.Key("mcpexec.proxy.outcome") // ok, error
 	AttrDurationMS   = attribute.Key("mcpexec.proxy.duration_ms")
-	AttrAdmitted     = attribute.Key("mcpexec.proxy.admitted") // the call carried its job's capability
+	AttrAdmitted     = attribute.Key("mcpexec.proxy.admitted")   // the call carried its job's capability
+	AttrDecision     = attribute.Key("mcpexec.proxy.decision")   // a tool call's: allow, deny
+	AttrDecidedBy    = attribute.Key("mcpexec.proxy.decided_by") // policy, or who answered
 	AttrQueueOutcome = attribute.Key("mcpexec.queue.outcome")
 )
 
