@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,6 +130,9 @@ func TestOpenAPIDescribesRealResponses(t *testing.T) {
 		t.Fatalf("first event %+v", ev)
 	}
 	covered["GET /api/events"] = true
+	// Approvals: none waits here (the jobs call no tool), so an id is unknown.
+	check("GET", "/api/approvals", "tok-a", nil, 200)
+	check("POST", "/api/approvals/"+strings.Repeat("ab", 16), "tok-a", map[string]string{"decision": "approve"}, 404)
 	for path, item := range doc.Paths.Map() {
 		for method := range item.Operations() {
 			if !covered[method+" "+path] && path != "/mcp" && path != "/metrics" && path != "/healthz" && path != "/api/openapi.json" {

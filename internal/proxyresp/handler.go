@@ -231,6 +231,10 @@ func (r *Responder) callTool(ctx context.Context, rj *runningJob, server, tool s
 	if tool == "" {
 		return nil, errors.New("name the tool to call")
 	}
+	// Per-tool rules and approval (rules.go): a denied call ends here.
+	if _, err := r.authorize(ctx, rj, server, tool, args); err != nil {
+		return nil, err
+	}
 	d := r.cfg.CallTimeout
 	if timeout > 0 {
 		d = time.Duration(timeout * float64(time.Second))

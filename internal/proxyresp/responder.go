@@ -25,6 +25,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/state"
+	"github.com/mcpexec/mcpexec/internal/toolrules"
 	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
@@ -59,6 +60,10 @@ type Policy struct {
 	Servers []string
 	// MemoryBytes caps the bytes of its memory (0: no cap).
 	MemoryBytes int64
+	// Tools are its compiled tool rules; nil allows every call.
+	Tools *toolrules.Rules
+	// Approvals bound its calls waiting for approval (zero: the defaults).
+	Approvals ApprovalLimits
 }
 
 // allowsServer reports whether the namespace may use server.
@@ -112,6 +117,7 @@ type Responder struct {
 	tracer    trace.Tracer
 	key       []byte // the fleet's proxy key, set by Start
 	access    *accessCache
+	approvals *approvals
 	responder *proxy.Responder
 }
 
@@ -130,7 +136,7 @@ func New(nc *nats.Conn, cfg Config) *Responder {
 		cfg.Policy = func(string) Policy { return Policy{} }
 	}
 	r := &Responder{cfg: cfg, log: cfg.Logger, tracer: tracing.Tracer(cfg.Tracing),
-		access: newAccessCache(cfg.Records, cfg.MaxCallsPerJob)}
+		access: newAccessCache(cfg.Records, cfg.MaxCallsPerJob), approvals: newApprovals(nc, cfg.Subjects, cfg.ID)}
 	var h proxy.Handler = r
 	if m := cfg.Metrics; m != nil {
 		h = proxy.HandlerFunc(func(ctx context.Context, req proxy.Request) (json.RawMessage, error) {
