@@ -17,6 +17,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/toolrules"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
@@ -108,12 +109,15 @@ func (f *approvalFleet) pending(t *testing.T, i int, token string, n int, job st
 	}
 }
 
-var rulesA = map[string]frontend.Policy{"a": {Tools: map[string]string{"ts/fail": "deny", "ts/add": "ask"}}}
+// rulesA: the test server's tools carry mcp-go's default annotations
+// (destructiveHint true), so tool_defaults.destructive decides ts/echo.
+var rulesA = map[string]frontend.Policy{"a": {Tools: map[string]string{"ts/fail": "deny", "ts/add": "ask"},
+	ToolDefaults: &toolrules.Defaults{Destructive: "allow"}}}
 
 // TestToolRulesAndApprovals: the issue's end-to-end case through two
 // front-ends of one fleet. A job of namespace a is denied ts/fail (its code
-// catches MCPError and goes on), calls ts/echo (read-only: allowed by the
-// annotation defaults), and asks for ts/add: the call is listed by the other
+// catches MCPError and goes on), calls ts/echo (allowed by the annotation
+// defaults), and asks for ts/add: the call is listed by the other
 // front-end, approved there, and the job ends with the tool's answer. A
 // second job's ask is denied with a reason, which its code handles. The
 // same rules hold for JavaScript.
@@ -124,7 +128,7 @@ func TestToolRulesAndApprovals(t *testing.T) {
     await mcp_ts.fail(message="x")
 except MCPError as e:
     print("MCPError:", e)
-print(await mcp_ts.echo(text="read-only"))
+print(await mcp_ts.echo(text="by annotations"))
 r = await mcp_ts.add(a=2, b=3)
 print("sum", r["sum"])`)
 	list := f.pending(t, 1, "tok-a", 1, "asks")
@@ -141,7 +145,7 @@ print("sum", r["sum"])`)
 		t.Fatalf("approve: %d %s", st, body)
 	}
 	rec := f.result(t, "tok-a", "asks")
-	want := "MCPError: ts/fail is denied by namespace \"a\"'s tool rule \"ts/fail\"\nread-only\nsum 5"
+	want := "MCPError: ts/fail is denied by namespace \"a\"'s tool rule \"ts/fail\"\nby annotations\nsum 5"
 	if rec.Status != jobs.StatusSuccess || strings.TrimSpace(rec.Result.Stdout) != want {
 		t.Fatalf("job: %s\n%s\nwant:\n%s\nstderr: %s", rec.Status, rec.Result.Stdout, want, rec.Result.Stderr)
 	}

@@ -23,7 +23,7 @@ func main() {
 		os.Exit(4)
 	}
 	s := server.NewMCPServer(*name, "1.0.0", server.WithToolCapabilities(true))
-	s.AddTool(mcp.NewTool("echo", mcp.WithDescription("Echo the provided message back unchanged."), mcp.WithReadOnlyHintAnnotation(true),
+	s.AddTool(mcp.NewTool("echo", mcp.WithDescription("Echo the provided message back unchanged."),
 		mcp.WithString("text", mcp.Required(), mcp.Description("The message to echo."))),
 		func(_ context.Context, r mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 			return mcp.NewToolResultText(r.GetString("text", "")), nil
