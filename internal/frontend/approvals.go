@@ -56,3 +56,9 @@ func (f *Frontend) Approvals(ctx context.Context, ns string) ([]proxyresp.Approv
 func (f *Frontend) DecideApproval(ctx context.Context, ns, id, decision, by, reason string) (proxyresp.Approval, error) {
 	return f.resp.DecideApproval(ctx, ns, id, decision, by, reason)
 }
+
+// FollowApprovals calls fn with each approval of namespace ns asked or
+// answered from now on, until ctx ends or fn fails.
+func (f *Frontend) FollowApprovals(ctx context.Context, ns string, fn func(jobs.ApprovalEvent) error) error {
+	return f.resp.FollowApprovals(ctx, ns, fn)
+}

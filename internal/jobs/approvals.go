@@ -49,3 +49,21 @@ func approvalNS(ns string) string {
 	sum := sha256.Sum256([]byte(NamespaceOf(ns)))
 	return hex.EncodeToString(sum[:16])
 }
+
+// ApprovalEvent tells that a call was parked for approval (Kind
+// ApprovalAsked, State "pending") or that it stopped waiting (Kind
+// ApprovalAnswered; State "approved", "denied", "timed_out" or
+// "withdrawn", with who decided and why).
+type ApprovalEvent struct {
+	Kind      string `json:"kind"`
+	State     string `json:"state"`
+	DecidedBy string `json:"decided_by,omitempty"`
+	Reason    string `json:"reason,omitempty"`
+	Approval
+}
+
+// Kinds of ApprovalEvent.
+const (
+	ApprovalAsked    = "approval_asked"
+	ApprovalAnswered = "approval_answered"
+)

@@ -2,10 +2,13 @@ package jobsapi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
+	"time"
 
 	"github.com/mcpexec/mcpexec/internal/httperr"
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -45,6 +48,89 @@ const maxDecisionBody = 16 << 10
 func (a *api) approvalRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/approvals", a.listApprovals)
 	mux.HandleFunc("POST /api/approvals/{id}", a.decideApproval)
+	mux.HandleFunc("GET /api/approvals/events", a.approvalEvents)
+}
+
+// ApprovalFollower is the optional ability to stream approvals as they are
+// asked and answered; *frontend.Frontend has it.
+type ApprovalFollower interface {
+	FollowApprovals(ctx context.Context, namespace string, fn func(jobs.ApprovalEvent) error) error
+}
+
+// approvalEvents serves GET /api/approvals/events: a Server-Sent Events
+// stream of the namespace's approvals, "approval_asked" when a call is
+// parked and "approval_answered" when it stops waiting (approved, denied,
+// timed out or withdrawn), from the moment it is opened (GET
+// /api/approvals gives the ones already waiting).
+func (a *api) approvalEvents(w http.ResponseWriter, r *http.Request) {
+	ap := a.approvalsBackend(w)
+	if ap == nil {
+		return
+	}
+	fol, ok := ap.(ApprovalFollower)
+	if !ok {
+		writeError(w, http.StatusNotImplemented, "unsupported", "this front-end does not stream approvals", nil)
+		return
+	}
+	ns := a.cfg.Namespace(r.Context())
+	release, ok := a.streams.Take(ns)
+	if !ok {
+		w.Header().Set("Retry-After", "5")
+		writeError(w, http.StatusTooManyRequests, "too_many_streams", fmt.Sprintf("namespace %q already has %d event streams open on this front-end, or the front-end serves %d: close one", ns, MaxNSStreams, MaxEventStreams), nil)
+		return
+	}
+	defer release()
+	ctx, cancel := context.WithCancel(r.Context())
+	evs := make(chan jobs.ApprovalEvent, 64)
+	errc := make(chan error, 1)
+	followed := make(chan struct{})
+	defer func() { cancel(); <-followed }()
+	go func() {
+		defer close(followed)
+		errc <- fol.FollowApprovals(ctx, ns, func(ev jobs.ApprovalEvent) error {
+			select {
+			case evs <- ev:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+	}()
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	write := func(text string) bool {
+		_ = rc.SetWriteDeadline(time.Now().Add(eventWriteWithin)) // a connection that refuses deadlines fails its next read or write
+		if _, err := fmt.Fprint(w, text); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	if !write(": mcpexec approvals\n\n") {
+		return
+	}
+	keep := time.NewTicker(eventKeepalive)
+	defer keep.Stop()
+	for {
+		select {
+		case ev := <-evs:
+			data, _ := json.Marshal(ev)
+			if !write(fmt.Sprintf("event: %s\ndata: %s\n\n", ev.Kind, data)) {
+				return
+			}
+		case <-keep.C:
+			if !write(": keepalive\n\n") {
+				return
+			}
+		case err := <-errc:
+			if err != nil && !errors.Is(err, context.Canceled) {
+				write(fmt.Sprintf("event: error\ndata: %s\n\n", strings.ReplaceAll(err.Error(), "\n", " ")))
+			}
+			return
+		}
+	}
 }
 
 // approvalsBackend is the configured Approvals, else the Backend when it is

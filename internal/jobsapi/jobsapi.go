@@ -12,6 +12,7 @@
 //	GET  /api/deadletters?limit=&cursor= → {"jobs": [...], "next": ...}
 //	GET  /api/approvals            → {"approvals": [...]}: calls waiting for a person
 //	POST /api/approvals/{id}       {"decision": "approve"|"deny", "reason"} → the answer
+//	GET  /api/approvals/events     SSE: approval_asked, approval_answered
 package jobsapi
 
 import (

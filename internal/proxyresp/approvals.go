@@ -275,3 +275,47 @@ func (r *Responder) Approvals(ctx context.Context, ns string) ([]Approval, error
 func (r *Responder) DecideApproval(ctx context.Context, ns, id, decision, by, reason string) (Approval, error) {
 	return r.approvals.Decide(ctx, ns, id, decision, by, reason)
 }
+
+// FollowApprovals calls fn with each approval of namespace ns asked or
+// answered from now on, anywhere in the fleet, until ctx ends or fn fails.
+func (r *Responder) FollowApprovals(ctx context.Context, ns string, fn func(jobs.ApprovalEvent) error) error {
+	return r.approvals.Follow(ctx, ns, fn)
+}
+
+// Follow implements Responder.FollowApprovals.
+func (a *approvals) Follow(ctx context.Context, ns string, fn func(jobs.ApprovalEvent) error) error {
+	ns = jobs.NamespaceOf(ns)
+	kv, err := a.bucket(ctx)
+	if err != nil {
+		return err
+	}
+	w, err := kv.Watch(ctx, a.sub.ApprovalKeys(ns), jetstream.UpdatesOnly())
+	if err != nil {
+		return &errs.Error{Kind: errs.Unavailable, Msg: "follow approvals", Err: err}
+	}
+	defer func() { _ = w.Stop() }() // a watch of a closed connection is gone anyway
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return &errs.Error{Kind: errs.Unavailable, Msg: "the approvals watch ended: reconnect"}
+			}
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			var ent approvalEntry
+			if json.Unmarshal(e.Value(), &ent) != nil || ent.Namespace != ns || a.sub.ApprovalKey(ns, ent.ID) != e.Key() {
+				continue
+			}
+			ev := jobs.ApprovalEvent{Kind: jobs.ApprovalAnswered, State: ent.State, DecidedBy: ent.DecidedBy, Reason: ent.Reason, Approval: ent.Approval}
+			if ent.State == approvalPending {
+				ev.Kind = jobs.ApprovalAsked
+			}
+			if err := fn(ev); err != nil {
+				return err
+			}
+		}
+	}
+}

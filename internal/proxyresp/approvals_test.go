@@ -1,6 +1,8 @@
 package proxyresp_test
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -49,6 +51,44 @@ func newApprovalFleet(t *testing.T, def frontend.Policy, policies map[string]fro
 func (f *approvalFleet) call(t *testing.T, i int, token, method, path string, body any) (int, []byte) {
 	t.Helper()
 	return testutil.HTTPCall(t, token, method, f.urls[i]+path, body)
+}
+
+// approvalEvents follows namespace token's approval events on front-end i.
+func (f *approvalFleet) approvalEvents(t *testing.T, i int, token string) <-chan jobs.ApprovalEvent {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", f.urls[i]+"/api/approvals/events", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("approval events: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	out := make(chan jobs.ApprovalEvent, 16)
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); _ = resp.Body.Close(); <-done })
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			data, ok := strings.CutPrefix(sc.Text(), "data: ")
+			if !ok {
+				continue
+			}
+			var ev jobs.ApprovalEvent
+			if json.Unmarshal([]byte(data), &ev) == nil {
+				select {
+				case out <- ev:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return out
 }
 
 func decodeJSON[T any](t *testing.T, data []byte) T {
@@ -124,6 +164,7 @@ var rulesA = map[string]frontend.Policy{"a": {Tools: map[string]string{"ts/fail"
 func TestToolRulesAndApprovals(t *testing.T) {
 	t.Parallel()
 	f := newApprovalFleet(t, frontend.Policy{}, rulesA)
+	events := f.approvalEvents(t, 1, "tok-a")
 	f.submit(t, "tok-a", "asks", "", `try:
     await mcp_ts.fail(message="x")
 except MCPError as e:
@@ -143,6 +184,16 @@ print("sum", r["sum"])`)
 	st, body := f.call(t, 1, "tok-a", "POST", "/api/approvals/"+ap.ID, map[string]any{"decision": "approve", "reason": "fine"})
 	if st != http.StatusOK || !strings.Contains(string(body), `"decision":"approve"`) {
 		t.Fatalf("approve: %d %s", st, body)
+	}
+	// The event stream told of the call asked, and of its answer.
+	for _, want := range []string{
+		jobs.ApprovalAsked + " pending   " + ap.ID,
+		jobs.ApprovalAnswered + " approved a jobs API caller of namespace \"a\" fine " + ap.ID,
+	} {
+		ev := <-events
+		if got := strings.Join([]string{ev.Kind, ev.State, ev.DecidedBy, ev.Reason, ev.ID}, " "); got != want || ev.Tool != "add" {
+			t.Fatalf("event %+v, want %s", ev, want)
+		}
 	}
 	rec := f.result(t, "tok-a", "asks")
 	want := "MCPError: ts/fail is denied by namespace \"a\"'s tool rule \"ts/fail\"\nby annotations\nsum 5"
