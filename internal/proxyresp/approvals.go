@@ -72,6 +72,40 @@ type approvals struct {
 	kv jetstream.KeyValue
 	// parkMu makes this front-end's cap checks and records one at a time.
 	parkMu sync.Mutex
+
+	localMu  sync.Mutex     // guards localNS, localJob
+	localNS  map[string]int // calls waiting on this front-end, by namespace
+	localJob map[string]int // ... by job (wire id)
+}
+
+// reserve counts one more call of job in namespace ns waiting on this
+// front-end, unless this front-end alone already holds a cap's worth: then
+// the call is refused without reading the bucket (a job looping over asks
+// costs the fleet nothing). release undoes it.
+func (a *approvals) reserve(ns, job string, lim ApprovalLimits) (release func(), err error) {
+	a.localMu.Lock()
+	defer a.localMu.Unlock()
+	if a.localNS == nil {
+		a.localNS, a.localJob = map[string]int{}, map[string]int{}
+	}
+	switch {
+	case a.localJob[job] >= lim.PerJob:
+		return nil, fmt.Errorf("%w: this job already has %d calls waiting for approval, the most namespace %q's policy allows (max_pending_approvals_per_job): await them first", errOverCap, a.localJob[job], ns)
+	case a.localNS[ns] >= lim.PerNamespace:
+		return nil, fmt.Errorf("%w: namespace %q already has %d calls waiting for approval, the most its policy allows (max_pending_approvals): answer some first", errOverCap, ns, a.localNS[ns])
+	}
+	a.localNS[ns]++
+	a.localJob[job]++
+	return func() {
+		a.localMu.Lock()
+		defer a.localMu.Unlock()
+		if a.localNS[ns]--; a.localNS[ns] == 0 {
+			delete(a.localNS, ns)
+		}
+		if a.localJob[job]--; a.localJob[job] == 0 {
+			delete(a.localJob, job)
+		}
+	}, nil
 }
 
 func newApprovals(nc *nats.Conn, sub jobs.Subjects, id string) *approvals {

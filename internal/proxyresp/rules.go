@@ -108,6 +108,12 @@ func (a *approvals) ask(ctx context.Context, rj *runningJob, lim ApprovalLimits,
 	if dl, ok := ctx.Deadline(); ok && dl.Before(ent.ExpiresAt) {
 		ent.ExpiresAt = dl.UTC()
 	}
+	release, err := a.reserve(ns, rj.job.ID, lim)
+	if err != nil {
+		cd.Outcome = "over_cap"
+		return cd, fmt.Errorf("%s needs a person's approval (tool rule %q), but %w", name, rule, err)
+	}
+	defer release()
 	key := a.sub.ApprovalKey(ns, ent.ID)
 	rev, err := a.park(ctx, kv, lim, key, &ent)
 	if err != nil {
