@@ -45,3 +45,45 @@ func TestTokensFilePools(t *testing.T) {
 		t.Fatalf("bad pool name: %v", err)
 	}
 }
+
+// TestTokensFileToolRules: a policy's tool rules are inherited like its other
+// fields, and a bad verdict or glob stops the front-end, naming the
+// namespace and the rule.
+func TestTokensFileToolRules(t *testing.T) {
+	dir := t.TempDir()
+	write := func(body string) string {
+		f := filepath.Join(dir, "tokens.json")
+		if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	f := write(`{"tokens": {"tok-a-0123456789": "a", "tok-b-0123456789": "b"},
+		"default_policy": {"tools": {"*/*": "ask"}, "approval_timeout": 120},
+		"namespaces": {"a": {"tools": {"github/delete_*": "deny"}, "tool_defaults": {"destructive": "deny"}}, "b": {"max_sessions": 2}}}`)
+	c, err := parse([]string{"--auth-tokens-file", f}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, policies := c.policies()
+	if a := policies["a"]; a.Tools["github/delete_*"] != "deny" || a.Tools["*/*"] != "" || a.ToolDefaults.Destructive != "deny" || a.ApprovalTimeout != 120 {
+		t.Fatalf("a: %+v", a)
+	}
+	if b := policies["b"]; b.Tools["*/*"] != "ask" || b.ApprovalTimeout != 120 {
+		t.Fatalf("b inherits the rules: %+v", b)
+	}
+	for body, want := range map[string]string{
+		`{"namespaces": {"a": {"tools": {"github/x": "maybe"}}}}`:      `namespace "a": policy tools rule "github/x": verdict "maybe"`,
+		`{"namespaces": {"a": {"tools": {"github/[x": "deny"}}}}`:      `namespace "a": policy tools rule "github/[x": bad glob "[x"`,
+		`{"namespaces": {"a": {"tools": {"github": "deny"}}}}`:         `want "server/tool"`,
+		`{"default_policy": {"tool_defaults": {"read_only": "sure"}}}`: `default_policy: policy tool_defaults.read_only: verdict "sure"`,
+		`{"namespaces": {"a": {"approval_timeout": 7200}}}`:            `approval_timeout 7200 is over 3600`,
+		`{"namespaces": {"a": {"max_pending_approvals": -1}}}`:         `must not be negative`,
+	} {
+		body = `{"tokens": {"tok-a-0123456789": "a"}, ` + body[1:]
+		_, err := parse([]string{"--auth-tokens-file", write(body)}, io.Discard)
+		if cli.ExitCode(err) != cli.ExitUsage || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", body, err, want)
+		}
+	}
+}

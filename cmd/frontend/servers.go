@@ -132,7 +132,7 @@ func decodePolicy(raw json.RawMessage) (frontend.Policy, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&p); err != nil {
-		return p, fmt.Errorf("want {servers, pools, max_timeout, max_memory_mb, max_cpus, max_queued, max_active, max_queued_bytes, max_sessions, memory_bytes, files_bytes, max_file_bytes, max_job_files_bytes, max_files, redact}: %w", err)
+		return p, fmt.Errorf("want {servers, pools, max_timeout, max_memory_mb, max_cpus, max_queued, max_active, max_queued_bytes, max_sessions, memory_bytes, files_bytes, max_file_bytes, max_job_files_bytes, max_files, redact, tools, tool_defaults, approval_timeout, max_pending_approvals_per_job, max_pending_approvals}: %w", err)
 	}
 	return p, p.Validate()
 }

@@ -85,6 +85,7 @@ type Frontend struct {
 	statusSub *nats.Subscription
 	audit     *auditlog.Writer // the proxied tool calls' audit entries (nil: Config.Audit's)
 	redactors sync.Map         // namespace → *audit.Redactor
+	rules     compiledRules    // the namespaces' tool rules
 }
 
 // New returns a Frontend on nc.
@@ -101,8 +102,12 @@ func New(nc *nats.Conn, cfg Config) (*Frontend, error) {
 	}
 	st := state.NewClient(nc, cfg.Subjects)
 	st.EventsFloor = client.EventsSeq // reads see this front-end's submissions
+	rules, err := compileRules(cfg.Policy, cfg.Policies)
+	if err != nil {
+		return nil, err
+	}
 	f := &Frontend{cfg: cfg, nc: nc, client: client, state: st, log: cfg.Logger.With("frontend", cfg.ID),
-		tracer: tracing.Tracer(cfg.Tracing)}
+		tracer: tracing.Tracer(cfg.Tracing), rules: rules}
 	f.memory = cfg.Memory
 	f.adm = newAdmission(f)
 	f.pools = newServedPools(f.askWorkers)
@@ -130,7 +135,7 @@ func New(nc *nats.Conn, cfg Config) (*Frontend, error) {
 // proxyPolicy is namespace ns's policy as the proxy responder goes by it.
 func (f *Frontend) proxyPolicy(ns string) proxyresp.Policy {
 	p := f.policyFor(ns)
-	return proxyresp.Policy{Servers: p.Servers, MemoryBytes: p.MemoryBytes, Redact: f.redactor(ns)}
+	return proxyresp.Policy{Servers: p.Servers, MemoryBytes: p.MemoryBytes, Redact: f.redactor(ns), Tools: f.rules.forNS(ns), Approvals: p.approvalLimits()}
 }
 
 // Running returns the number of run_python calls in flight on this front-end.

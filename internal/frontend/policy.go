@@ -8,6 +8,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/audit"
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/toolrules"
 )
 
 // Policy is what one namespace may do. Zero fields mean "no cap" (or, for
@@ -49,6 +50,35 @@ type Policy struct {
 	// Redact is what the audit trail hides of its tool calls' arguments
 	// (argument names and patterns, over audit.DefaultNames).
 	Redact *audit.Redaction `json:"redact,omitempty"`
+	// Tools are per-tool rules: "server/tool" globs to "allow", "deny" or
+	// "ask", most specific first (package toolrules); ToolDefaults are the
+	// verdicts, by the tool's MCP annotations, where no rule matches. With
+	// neither set every call of an allowed server is allowed, as before.
+	Tools        map[string]string   `json:"tools,omitempty"`
+	ToolDefaults *toolrules.Defaults `json:"tool_defaults,omitempty"`
+	// ApprovalTimeout is how long, in seconds, a call whose verdict is "ask"
+	// waits for an answer before it is denied (default 600, at most 3600; the
+	// job's own time limit bounds it too).
+	ApprovalTimeout int `json:"approval_timeout,omitempty"`
+	// MaxPendingApprovalsPerJob and MaxPendingApprovals cap the calls waiting
+	// for an answer of one job (default 8) and of the namespace (default 64);
+	// a call over either cap is denied at once.
+	MaxPendingApprovalsPerJob int `json:"max_pending_approvals_per_job,omitempty"`
+	MaxPendingApprovals       int `json:"max_pending_approvals,omitempty"`
+}
+
+// Approval defaults and bounds.
+const (
+	DefaultApprovalTimeout           = 600
+	MaxApprovalTimeout               = 3600
+	DefaultMaxPendingApprovalsPerJob = 8
+	DefaultMaxPendingApprovals       = 64
+)
+
+// ToolRules compiles p's tool rules (nil when it has none: every call is
+// allowed).
+func (p Policy) ToolRules() (*toolrules.Rules, error) {
+	return toolrules.Compile(p.Tools, p.ToolDefaults)
 }
 
 // FileLimits returns the bounds of a job's files under p.
@@ -87,6 +117,15 @@ func (p Policy) Inherit(def Policy) Policy {
 	p.MaxFileBytes = cmp.Or(p.MaxFileBytes, def.MaxFileBytes)
 	p.MaxJobFilesBytes = cmp.Or(p.MaxJobFilesBytes, def.MaxJobFilesBytes)
 	p.MaxFiles = cmp.Or(p.MaxFiles, def.MaxFiles)
+	if p.Tools == nil {
+		p.Tools = def.Tools
+	}
+	if p.ToolDefaults == nil {
+		p.ToolDefaults = def.ToolDefaults
+	}
+	p.ApprovalTimeout = cmp.Or(p.ApprovalTimeout, def.ApprovalTimeout)
+	p.MaxPendingApprovalsPerJob = cmp.Or(p.MaxPendingApprovalsPerJob, def.MaxPendingApprovalsPerJob)
+	p.MaxPendingApprovals = cmp.Or(p.MaxPendingApprovals, def.MaxPendingApprovals)
 	return p
 }
 
@@ -97,7 +136,8 @@ func (p Policy) Enabled() bool { return p.MaxQueued > 0 || p.MaxActive > 0 || p.
 func (p Policy) Validate() error {
 	switch {
 	case p.MaxTimeout < 0, p.MaxQueued < 0, p.MaxActive < 0, p.MaxQueuedBytes < 0, p.MaxSessions < 0, p.MemoryBytes < 0, p.MaxMemoryMB < 0, p.MaxCPUs < 0,
-		p.FilesBytes < 0, p.MaxFileBytes < 0, p.MaxJobFilesBytes < 0, p.MaxFiles < 0:
+		p.FilesBytes < 0, p.MaxFileBytes < 0, p.MaxJobFilesBytes < 0, p.MaxFiles < 0,
+		p.ApprovalTimeout < 0, p.MaxPendingApprovalsPerJob < 0, p.MaxPendingApprovals < 0:
 		return fmt.Errorf("policy caps must not be negative: %+v", p)
 	case p.MaxTimeout > 24*3600:
 		return fmt.Errorf("policy max_timeout %d is over a day", p.MaxTimeout)
@@ -107,6 +147,11 @@ func (p Policy) Validate() error {
 		return fmt.Errorf("policy max_job_files_bytes %d is over %d", p.MaxJobFilesBytes, jobs.HardMaxJobBytes)
 	case p.MaxFiles > jobs.HardMaxFiles:
 		return fmt.Errorf("policy max_files %d is over %d", p.MaxFiles, jobs.HardMaxFiles)
+	case p.ApprovalTimeout > MaxApprovalTimeout:
+		return fmt.Errorf("policy approval_timeout %d is over %d seconds", p.ApprovalTimeout, MaxApprovalTimeout)
+	}
+	if _, err := p.ToolRules(); err != nil {
+		return fmt.Errorf("policy %w", err)
 	}
 	if p.Redact != nil {
 		if err := p.Redact.Validate(); err != nil {

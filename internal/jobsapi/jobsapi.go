@@ -11,6 +11,9 @@
 //	POST /api/jobs/{id}/retry      {"id": optional new id} → record of the re-run
 //	GET  /api/deadletters?limit=&cursor= → {"jobs": [...], "next": ...}
 //	GET  /api/audit?job=&server=&tool=&decision=&limit=&cursor= → {"entries": [...], "next": ...}
+//	GET  /api/approvals            → {"approvals": [...]}: calls waiting for a person
+//	POST /api/approvals/{id}       {"decision": "approve"|"deny", "reason"} → the answer
+//	GET  /api/approvals/events     SSE: approval_asked, approval_answered
 package jobsapi
 
 import (
@@ -70,6 +73,8 @@ type Config struct {
 	// are its own, and only its jobs are visible. Nil means "".
 	Namespace func(ctx context.Context) string
 	Logger    *slog.Logger
+	// Approvals serves /api/approvals; nil: the Backend, when it is one.
+	Approvals Approvals
 }
 
 // New returns the API handler; mount it at /api/.
@@ -94,6 +99,7 @@ func New(cfg Config) http.Handler {
 	mux.HandleFunc("GET /api/workflows/{id}", a.getWorkflow)
 	mux.HandleFunc("GET /api/events", a.events)
 	mux.HandleFunc("GET /api/audit", a.audit)
+	a.approvalRoutes(mux) // approvals.go
 	mux.HandleFunc("GET /api/openapi.json", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(OpenAPI) // the client went away: nothing to tell it

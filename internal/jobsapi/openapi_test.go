@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -131,6 +132,19 @@ func TestOpenAPIDescribesRealResponses(t *testing.T) {
 		t.Fatalf("first event %+v", ev)
 	}
 	covered["GET /api/events"] = true
+	// Approvals: none waits here (the jobs call no tool), so an id is unknown.
+	check("GET", "/api/approvals", "tok-a", nil, 200)
+	check("POST", "/api/approvals/"+strings.Repeat("ab", 16), "tok-a", map[string]string{"decision": "approve"}, 404)
+	actx, acancel := context.WithCancel(ctx)
+	areq, _ := http.NewRequestWithContext(actx, "GET", e.url+"/api/approvals/events", nil)
+	areq.Header.Set("Authorization", "Bearer tok-a")
+	aresp, err := http.DefaultClient.Do(areq)
+	if err != nil || aresp.StatusCode != http.StatusOK || aresp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("approval events: %v %v", aresp, err)
+	}
+	acancel()
+	_ = aresp.Body.Close() // the stream never ends by itself
+	covered["GET /api/approvals/events"] = true
 	for path, item := range doc.Paths.Map() {
 		for method := range item.Operations() {
 			if !covered[method+" "+path] && path != "/mcp" && path != "/metrics" && path != "/healthz" && path != "/api/openapi.json" {

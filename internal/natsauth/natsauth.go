@@ -6,7 +6,8 @@
 //   - broker: everything (it creates the streams and runs the state service).
 //   - frontend: submit jobs, record submissions, cancellations and its own
 //     rejections, query and write state, follow events and output, answer
-//     proxy calls, read the fleet's secrets; no stream administration.
+//     proxy calls, read the fleet's secrets, park and answer calls waiting
+//     for approval; no stream administration.
 //   - worker: pull jobs and acknowledge them, record the start and outcome of
 //     jobs (which the state service applies only with the job's capability),
 //     ask the state service the history (cancellation, outcome, last attempt)
@@ -86,7 +87,7 @@ func For(id Identity, pubKey string, s jobs.Subjects) (Permissions, error) {
 		p = jobs.DefaultPrefix
 	}
 	jobsStream, events := s.JobsStream(), s.EventsStream()
-	sessions, secrets := s.SessionsBucket(), s.SecretsBucket()
+	sessions, secrets, approvals := s.SessionsBucket(), s.SecretsBucket(), s.ApprovalsBucket()
 	kv := func(bucket string) []string {
 		return []string{
 			"$KV." + bucket + ".>",
@@ -160,8 +161,12 @@ func For(id Identity, pubKey string, s jobs.Subjects) (Permissions, error) {
 			"$JS.API.CONSUMER.DELETE.KV_" + sessions + ".>",
 			"$JS.FC.KV_" + sessions + ".>",
 		}
+		// Calls parked for approval: any front-end lists and answers them,
+		// and the one holding the call watches its key.
+		pub = append(pub, "$JS.API.CONSUMER.CREATE.KV_"+approvals+".>", "$JS.API.CONSUMER.DELETE.KV_"+approvals+".>", "$JS.FC.KV_"+approvals+".>")
 		pub = append(pub, kv(sessions)...)
 		pub = append(pub, kv(secrets)...)
+		pub = append(pub, kv(approvals)...)
 		return Permissions{Publish: pub, Responses: true, Subscribe: []string{
 			InboxPrefix(pubKey) + ".>", s.AllProxy(), s.AllEvents(), p + ".output.>", s.FrontendStatus(),
 		}}, nil

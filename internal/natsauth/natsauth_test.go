@@ -1142,3 +1142,73 @@ func TestForgedSessionEntryRedirectsNothing(t *testing.T) {
 		t.Fatalf("refusals on the way: worker %v, front-end %v, spy %v", wr.errs, fr.errs, sr.errs)
 	}
 }
+
+// TestOnlyFrontendsAnswerApprovals: the approvals bucket (calls parked for a
+// person, and the answers that release them) is the front-ends'. A front-end
+// identity parks, lists, watches and answers; a worker identity, which runs
+// hostile code, can neither read a parked call nor write an answer.
+func TestOnlyFrontendsAnswerApprovals(t *testing.T) {
+	t.Parallel()
+	_, connect := fleet(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s := jobs.Subjects{}
+	key := s.ApprovalKey("a", strings.Repeat("ab", 16))
+
+	fe, _ := connect(natsauth.RoleFrontend)
+	fjs, _ := jetstream.New(fe)
+	kv, err := fjs.KeyValue(ctx, s.ApprovalsBucket())
+	if err != nil {
+		t.Fatalf("front-end opens the approvals bucket: %v", err)
+	}
+	rev, err := kv.Create(ctx, key, []byte(`{"state":"pending"}`))
+	if err != nil {
+		t.Fatalf("front-end parks a call: %v", err)
+	}
+	lister, err := kv.ListKeysFiltered(ctx, s.ApprovalKeys("a"))
+	if err != nil {
+		t.Fatalf("front-end lists: %v", err)
+	}
+	n := 0
+	for range lister.Keys() {
+		n++
+	}
+	if n != 1 {
+		t.Fatalf("front-end lists %d keys", n)
+	}
+	w, err := kv.Watch(ctx, key)
+	if err != nil {
+		t.Fatalf("front-end watches: %v", err)
+	}
+	defer func() { _ = w.Stop() }()
+
+	worker, wr := connect(natsauth.RoleWorker)
+	// A forged answer published straight on the bucket's subject...
+	_ = worker.Publish("$KV."+s.ApprovalsBucket()+"."+key, []byte(`{"state":"approved","decided_by":"worker"}`))
+	wr.wait(t, `Permissions Violation for Publish to "$KV.`+s.ApprovalsBucket())
+	// ...or through the JetStream API; nor can it read or watch the calls.
+	wjs, _ := jetstream.New(worker)
+	wctx, wcancel := context.WithTimeout(ctx, time.Second)
+	defer wcancel()
+	if _, err := wjs.KeyValue(wctx, s.ApprovalsBucket()); err == nil {
+		t.Fatal("a worker opened the approvals bucket")
+	}
+	_, _ = worker.Request(s.DirectGet("KV_"+s.ApprovalsBucket(), "$KV."+s.ApprovalsBucket()+"."+key), nil, 300*time.Millisecond)
+	wr.wait(t, `Permissions Violation for Publish to "$JS.API.DIRECT.GET.KV_`+s.ApprovalsBucket())
+	if _, err := worker.Subscribe("$KV."+s.ApprovalsBucket()+".>", func(*nats.Msg) {}); err == nil {
+		wr.wait(t, `Permissions Violation for Subscription to "$KV.`+s.ApprovalsBucket())
+	}
+	e, err := kv.Get(ctx, key)
+	if err != nil || e.Revision() != rev || string(e.Value()) != `{"state":"pending"}` {
+		t.Fatalf("the parked call after the worker's attempts: %v %v", e, err)
+	}
+	// The front-end's answer reaches the watcher.
+	if _, err := kv.Update(ctx, key, []byte(`{"state":"approved"}`), rev); err != nil {
+		t.Fatalf("front-end answers: %v", err)
+	}
+	for u := range w.Updates() {
+		if u != nil && string(u.Value()) == `{"state":"approved"}` {
+			return
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package proxyresp
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -50,6 +51,22 @@ func newToolCall(ctx context.Context) *toolCall {
 
 // deny records that the call was refused, by whom.
 func (c *toolCall) deny(by string) { c.decision, c.decidedBy = audit.DecisionDeny, by }
+
+// decided records the tool rules' decision on the call (authorize's answer):
+// allowed or denied by the policy, or by the person who answered its
+// approval; a call refused without an answer (timed out, over a cap, the
+// bucket unavailable) is denied by that outcome.
+func (c *toolCall) decided(cd CallDecision, err error) {
+	by := cmp.Or(cd.DecidedBy, audit.DecidedByPolicy)
+	if cd.Approval != "" && cd.DecidedBy == "" {
+		by = cd.Outcome
+	}
+	if err != nil {
+		c.deny(cmp.Or(by, cd.Outcome))
+		return
+	}
+	c.decision, c.decidedBy = audit.DecisionAllow, by
+}
 
 // callRefKey carries, in a call's context, its callRef.
 type callRefKey struct{}

@@ -236,6 +236,12 @@ func (r *Responder) callTool(ctx context.Context, rj *runningJob, server, tool s
 	if tool == "" {
 		return nil, errors.New("name the tool to call")
 	}
+	// Per-tool rules and approval (rules.go): a denied call ends here.
+	cd, err := r.authorize(ctx, rj, server, tool, args)
+	call.decided(cd, err)
+	if err != nil {
+		return nil, err
+	}
 	d := r.cfg.CallTimeout
 	if timeout > 0 {
 		d = time.Duration(timeout * float64(time.Second))

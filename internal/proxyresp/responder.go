@@ -26,6 +26,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/state"
+	"github.com/mcpexec/mcpexec/internal/toolrules"
 	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
@@ -63,6 +64,10 @@ type Policy struct {
 	// Redact hides secrets in the audit's previews of its calls' arguments
 	// (nil: audit.DefaultRedactor).
 	Redact *audit.Redactor
+	// Tools are its compiled tool rules; nil allows every call.
+	Tools *toolrules.Rules
+	// Approvals bound its calls waiting for approval (zero: the defaults).
+	Approvals ApprovalLimits
 }
 
 // allowsServer reports whether the namespace may use server.
@@ -118,6 +123,7 @@ type Responder struct {
 	tracer    trace.Tracer
 	key       []byte // the fleet's proxy key, set by Start
 	access    *accessCache
+	approvals *approvals
 	responder *proxy.Responder
 }
 
@@ -136,7 +142,7 @@ func New(nc *nats.Conn, cfg Config) *Responder {
 		cfg.Policy = func(string) Policy { return Policy{} }
 	}
 	r := &Responder{cfg: cfg, log: cfg.Logger, tracer: tracing.Tracer(cfg.Tracing),
-		access: newAccessCache(cfg.Records, cfg.MaxCallsPerJob)}
+		access: newAccessCache(cfg.Records, cfg.MaxCallsPerJob), approvals: newApprovals(nc, cfg.Subjects, cfg.ID)}
 	var h proxy.Handler = r
 	if m := cfg.Metrics; m != nil {
 		h = proxy.HandlerFunc(func(ctx context.Context, req proxy.Request) (json.RawMessage, error) {

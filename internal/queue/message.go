@@ -79,6 +79,24 @@ func SecretsBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jet
 	})
 }
 
+// ApprovalsTTL is how long the approvals bucket keeps an entry: longer than
+// the longest approval_timeout, so a late answer is told the call's fate.
+const ApprovalsTTL = 2 * time.Hour
+
+// ApprovalsBucket creates or updates the bucket of calls waiting for a
+// person's approval, and returns it.
+func ApprovalsBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.KeyValue, error) {
+	return keyValue(ctx, js, jetstream.KeyValueConfig{
+		Bucket:      cfg.Subjects.ApprovalsBucket(),
+		Description: "mcpexec proxied calls waiting for approval (front-ends only)",
+		History:     1,
+		TTL:         ApprovalsTTL,
+		MaxBytes:    256 << 20,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(cfg.Replicas, 1),
+	})
+}
+
 // ProxyKey returns the fleet's proxy key, creating it on first use. Every
 // front-end of a fleet gets the same key, so any of them can check any job's
 // capability.

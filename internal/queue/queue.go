@@ -223,6 +223,9 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	if _, err := SecretsBucket(ctx, js, cfg); err != nil {
 		return err
 	}
+	if _, err := ApprovalsBucket(ctx, js, cfg); err != nil {
+		return err
+	}
 	return nil
 }
 
