@@ -10,9 +10,9 @@ import (
 	"unicode/utf8"
 )
 
-// Decisions and who makes them. Today every call that reaches a tool is
-// allowed by the namespace's policy; rules per tool and approvals fill in
-// the others.
+// Decisions and who makes them: the namespace's policy (its tool rules,
+// or the tool's annotations), or whoever answered the call's approval (a
+// decided_by of their own).
 const (
 	DecisionAllow   = "allow"
 	DecisionDeny    = "deny"
