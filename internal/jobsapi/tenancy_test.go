@@ -135,7 +135,13 @@ func TestNamespacePolicies(t *testing.T) {
 	if st != http.StatusCreated || !strings.Contains(string(body), `"memory_mb":4096`) {
 		t.Fatalf("batch namespace, big job: %d %s", st, body)
 	}
-	for j := range seen {
+	for wait := time.After(time.Minute); ; {
+		var j sandbox.Job
+		select {
+		case j = <-seen:
+		case <-wait:
+			t.Fatal("the worker did not run the big job within a minute")
+		}
 		if j.Code != "big" {
 			continue
 		}

@@ -190,7 +190,12 @@ print("sum", r["sum"])`)
 		jobs.ApprovalAsked + " pending   " + ap.ID,
 		jobs.ApprovalAnswered + " approved a jobs API caller of namespace \"a\" fine " + ap.ID,
 	} {
-		ev := <-events
+		var ev jobs.ApprovalEvent
+		select {
+		case ev = <-events:
+		case <-time.After(time.Minute):
+			t.Fatalf("no %s event within a minute", want)
+		}
 		if got := strings.Join([]string{ev.Kind, ev.State, ev.DecidedBy, ev.Reason, ev.ID}, " "); got != want || ev.Tool != "add" {
 			t.Fatalf("event %+v, want %s", ev, want)
 		}

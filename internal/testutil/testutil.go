@@ -233,7 +233,7 @@ func HTTPCall(t testing.TB, token, method, url string, body any) (int, []byte) {
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := httpCallClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,3 +270,8 @@ func APIDo(token, method, url string, body any, timeout time.Duration) (int, []b
 	_, _ = buf.ReadFrom(resp.Body)
 	return resp.StatusCode, buf.Bytes()
 }
+
+// httpCallClient bounds each HTTPCall: a handler that never answers fails
+// the test, saying which request, rather than hanging the package until
+// the test binary's timeout (the longest wait the tests ask for is 60 s).
+var httpCallClient = &http.Client{Timeout: 2 * time.Minute}
