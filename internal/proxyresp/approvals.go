@@ -46,6 +46,8 @@ type approvalEntry struct {
 	DecidedBy string     `json:"decided_by,omitempty"`
 	Reason    string     `json:"reason,omitempty"`
 	DecidedAt *time.Time `json:"decided_at,omitempty"`
+
+	rev uint64 // the bucket's revision of the entry as read (not stored)
 }
 
 // Bounds of approvals.
@@ -179,6 +181,7 @@ func (a *approvals) entries(ctx context.Context, kv jetstream.KeyValue, ns strin
 		}
 		var ent approvalEntry
 		if json.Unmarshal(e.Value(), &ent) == nil && ent.Namespace == ns && a.sub.ApprovalKey(ns, ent.ID) == key {
+			ent.rev = e.Revision()
 			out = append(out, ent)
 		}
 	}

@@ -40,7 +40,7 @@ func newApprovalFleet(t *testing.T, def frontend.Policy, policies map[string]fro
 	for i, id := range []string{"fe1", "fe2"} {
 		fe := testutil.FrontendWith(t, b, frontend.Config{ID: id, Tools: pool, Policy: def, Policies: policies})
 		api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})
-		hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{}), mcpserver.HTTPOptions{API: api, Tokens: map[string]string{"tok-a": "a", "tok-b": "b", "tok-c": "c"}}))
+		hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{}), mcpserver.HTTPOptions{API: api, Tokens: map[string]string{"tok-a": "a", "tok-b": "b", "tok-c": "c", "tok-d": "d"}}))
 		t.Cleanup(hs.Close)
 		f.urls[i] = hs.URL
 	}
@@ -251,6 +251,7 @@ func TestApprovalAttacks(t *testing.T) {
 	f := newApprovalFleet(t, frontend.Policy{}, map[string]frontend.Policy{
 		"a": {Tools: map[string]string{"ts/add": "ask"}},
 		"c": {Tools: map[string]string{"ts/add": "ask"}, ApprovalTimeout: 1, MaxPendingApprovalsPerJob: 2, MaxPendingApprovals: 3},
+		"d": {Tools: map[string]string{"ts/add": "ask"}, ApprovalTimeout: 60, MaxPendingApprovalsPerJob: 2, MaxPendingApprovals: 3},
 	})
 	// 10 MB of arguments never leave the sandbox: the frame limit ends the
 	// job before any front-end sees the call.
@@ -331,17 +332,19 @@ except MCPError as e:
 
 	// A job flooding asks: two wait (the job's cap), the others are refused
 	// at once; nobody answers, so the two time out after a second, and an
-	// answer then is told so.
+	// answer then is told so. (On a loaded machine a call may reach the
+	// front-end after the first two timed out, and wait in turn: no call is
+	// ever answered by the tool, and at least one waits.)
 	f.submit(t, "tok-c", "flood", "", `import asyncio
 rs = await asyncio.gather(*[mcp_ts.add(a=i, b=0) for i in range(6)], return_exceptions=True)
-over = sum("already has 2 calls waiting for approval" in str(r) for r in rs)
+over = sum("already has" in str(r) and "calls waiting for approval" in str(r) for r in rs)
 timed = sum("nobody answered approval" in str(r) for r in rs)
 print(over, timed, [str(r) for r in rs if "already" not in str(r) and "nobody" not in str(r)])`)
 	parked := f.pending(t, 1, "tok-c", 1, "flood")[0]
 	rec = f.result(t, "tok-c", "flood")
 	var over, timed int
 	var rest string
-	if _, err := fmt.Sscanf(rec.Result.Stdout, "%d %d %s", &over, &timed, &rest); err != nil || rec.Status != jobs.StatusSuccess || over+timed != 6 || timed < 1 || timed > 2 || rest != "[]" {
+	if _, err := fmt.Sscanf(rec.Result.Stdout, "%d %d %s", &over, &timed, &rest); err != nil || rec.Status != jobs.StatusSuccess || over+timed != 6 || timed < 1 || rest != "[]" {
 		t.Fatalf("flood: %s %q %s (%v)", rec.Status, rec.Result.Stdout, rec.Result.Stderr, err)
 	}
 	st, body = f.call(t, 1, "tok-c", "POST", "/api/approvals/"+parked.ID, map[string]any{"decision": "approve"})
@@ -349,22 +352,40 @@ print(over, timed, [str(r) for r in rs if "already" not in str(r) and "nobody" n
 		t.Fatalf("answer after the timeout: %d %s", st, body)
 	}
 	// Two jobs of one namespace: the namespace's cap (3) holds across them.
+	// Namespace d's asks wait a minute, so the four calls meet however slow
+	// the machine: three wait, the fourth is refused at once, and the three
+	// are denied once listed.
 	for _, id := range []string{"ns-1", "ns-2"} {
-		f.submit(t, "tok-c", id, "", `import asyncio
+		f.submit(t, "tok-d", id, "", `import asyncio
 rs = await asyncio.gather(*[mcp_ts.add(a=i, b=0) for i in range(2)], return_exceptions=True)
-print(sum("namespace \"c\" already has 3 calls waiting" in str(r) for r in rs), sum("nobody answered" in str(r) for r in rs))`)
+print(sum("namespace \"d\" already has 3 calls waiting" in str(r) for r in rs), sum("was denied by" in str(r) for r in rs))`)
 	}
-	over, timed = 0, 0
+	var waiting []jobs.Approval
+	for deadline := time.Now().Add(time.Minute); len(waiting) < 3; time.Sleep(50 * time.Millisecond) {
+		st, body := f.call(t, 0, "tok-d", "GET", "/api/approvals", nil)
+		if st == http.StatusOK {
+			waiting = decodeJSON[struct{ Approvals []jobs.Approval }](t, body).Approvals
+		}
+		if len(waiting) > 3 || time.Now().After(deadline) {
+			t.Fatalf("namespace d's waiting calls: %d %s", st, body)
+		}
+	}
+	for _, ap := range waiting {
+		if st, body := f.call(t, 1, "tok-d", "POST", "/api/approvals/"+ap.ID, map[string]any{"decision": "deny"}); st != http.StatusOK {
+			t.Fatalf("deny %s: %d %s", ap.ID, st, body)
+		}
+	}
+	over, denied := 0, 0
 	for _, id := range []string{"ns-1", "ns-2"} {
-		rec := f.result(t, "tok-c", id)
-		var o, tm int
-		if _, err := fmt.Sscanf(rec.Result.Stdout, "%d %d", &o, &tm); err != nil {
+		rec := f.result(t, "tok-d", id)
+		var o, d int
+		if _, err := fmt.Sscanf(rec.Result.Stdout, "%d %d", &o, &d); err != nil {
 			t.Fatalf("%s: %q %s", id, rec.Result.Stdout, rec.Result.Stderr)
 		}
-		over, timed = over+o, timed+tm
+		over, denied = over+o, denied+d
 	}
-	if over+timed != 4 || over < 1 || timed > 3 {
-		t.Fatalf("namespace cap: %d over, %d timed out", over, timed)
+	if over != 1 || denied != 3 {
+		t.Fatalf("namespace cap: %d over, %d denied; want 1 and 3", over, denied)
 	}
 }
 

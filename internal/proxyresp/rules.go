@@ -154,7 +154,7 @@ var errOverCap = errors.New("over the cap of calls waiting for approval")
 func (a *approvals) park(ctx context.Context, kv jetstream.KeyValue, lim ApprovalLimits, key string, ent *approvalEntry) (uint64, error) {
 	a.parkMu.Lock()
 	defer a.parkMu.Unlock()
-	if err := a.underCaps(ctx, kv, lim, ent, false); err != nil {
+	if err := a.underCaps(ctx, kv, lim, ent, 0); err != nil {
 		return 0, err
 	}
 	data, _ := json.Marshal(ent) // plain types always encode
@@ -162,7 +162,7 @@ func (a *approvals) park(ctx context.Context, kv jetstream.KeyValue, lim Approva
 	if err != nil {
 		return 0, fmt.Errorf("record the approval: %w", err)
 	}
-	if err := a.underCaps(ctx, kv, lim, ent, true); err != nil {
+	if err := a.underCaps(ctx, kv, lim, ent, rev); err != nil {
 		next := *ent
 		next.State = approvalWithdrawn
 		data, _ := json.Marshal(next)
@@ -172,10 +172,13 @@ func (a *approvals) park(ctx context.Context, kv jetstream.KeyValue, lim Approva
 	return rev, nil
 }
 
-// underCaps checks that ent may wait under lim: counting the calls waiting
-// before it (recorded: ent is among them, and only those asked before it
-// count).
-func (a *approvals) underCaps(ctx context.Context, kv jetstream.KeyValue, lim ApprovalLimits, ent *approvalEntry, recorded bool) error {
+// underCaps checks that ent may wait under lim, counting the calls waiting
+// before it. Once ent is recorded at revision rev (0: not yet), only the
+// entries recorded before it count: the bucket's revisions order the
+// records of every front-end, so of two calls recorded at once the later
+// one always sees the earlier (ordering by the front-ends' clocks let both
+// pass, and a namespace capped at 3 had 4 waiting).
+func (a *approvals) underCaps(ctx context.Context, kv jetstream.KeyValue, lim ApprovalLimits, ent *approvalEntry, rev uint64) error {
 	ents, err := a.entries(ctx, kv, ent.Namespace)
 	if err != nil {
 		return err
@@ -186,8 +189,8 @@ func (a *approvals) underCaps(ctx context.Context, kv jetstream.KeyValue, lim Ap
 		if !e.waiting(now) || e.ID == ent.ID {
 			continue
 		}
-		if recorded && (e.AskedAt.After(ent.AskedAt) || e.AskedAt.Equal(ent.AskedAt) && e.ID > ent.ID) {
-			continue // asked after ent: its own check counts ent
+		if rev > 0 && e.rev > rev {
+			continue // recorded after ent: its own check counts ent
 		}
 		inNS++
 		if e.JobID == ent.JobID {
