@@ -265,6 +265,23 @@ func checkNATS(ctx context.Context, cfg Config) []Check {
 	} else {
 		out = append(out, Check{Name: "sessions bucket", Status: OK, Detail: s.SessionsBucket()})
 	}
+	// Approvals and the audit trail: a broker older than them runs jobs all
+	// the same, but refuses every call a tool rule asks a person about, and
+	// keeps no trail.
+	if _, err := js.KeyValue(ctx, s.ApprovalsBucket()); err != nil {
+		out = append(out, Check{Name: "approvals bucket", Status: Warn, Fix: fixStreams,
+			Detail: err.Error() + ": a tool call whose rule is \"ask\" is refused, as nobody can be asked"})
+	} else {
+		out = append(out, Check{Name: "approvals bucket", Status: OK, Detail: s.ApprovalsBucket()})
+	}
+	if st, err := js.Stream(ctx, s.AuditStream()); err != nil {
+		out = append(out, Check{Name: "stream " + s.AuditStream(), Status: Warn, Fix: fixStreams,
+			Detail: err.Error() + ": the proxied tool calls' audit entries cannot be kept"})
+	} else {
+		c := st.CachedInfo().Config
+		out = append(out, Check{Name: "stream " + s.AuditStream(), Status: OK,
+			Detail: fmt.Sprintf("%d messages of audit entries, kept %s, replicas %d", st.CachedInfo().State.Msgs, c.MaxAge, c.Replicas)})
+	}
 	if cfg.ExpectWorkers {
 		out = append(out, ping(ctx, nc, s.WorkerService(), "workers", "start at least one worker: `worker --nats "+cfg.NATSURL+"`"))
 		out = append(out, workerHealth(ctx, nc, s)...)

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
@@ -115,6 +117,24 @@ func TestNATSChecks(t *testing.T) {
 	}
 	if c := checkNamed(checks, "sync"); c.Status != OK || !strings.HasPrefix(c.Detail, "always (mcpexec)") {
 		t.Fatalf("sync of a default broker: %+v", c)
+	}
+	for _, name := range []string{"approvals bucket", "stream " + qcfg.Subjects.AuditStream()} {
+		if statusOf(checks, name) != OK {
+			t.Errorf("%s of a fresh broker: %+v", name, checkNamed(checks, name))
+		}
+	}
+	// A broker that keeps no audit trail (one older than it) is named, with
+	// the fix, and jobs still pass.
+	js, err := jetstream.New(testutil.Connect(t, b, "admin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(ctx, qcfg.Subjects.AuditStream()); err != nil {
+		t.Fatal(err)
+	}
+	checks = Run(ctx, Config{NATSURL: b.ClientURL(), Queue: qcfg})
+	if c := checkNamed(checks, "stream "+qcfg.Subjects.AuditStream()); c.Status != Warn || c.Fix == "" || !strings.Contains(c.Detail, "audit entries cannot be kept") {
+		t.Fatalf("no audit stream: %+v", c)
 	}
 	checks = Run(ctx, Config{NATSURL: "nats://127.0.0.1:1", Queue: qcfg})
 	if statusOf(checks, "nats") != Fail {
