@@ -340,3 +340,21 @@ func (l *Lazy) DisableServer(ctx context.Context, ns, name string) (bool, error)
 	}
 	return fe.DisableServer(ctx, ns, name)
 }
+
+// Approvals lists namespace ns's calls waiting for a person's approval.
+func (l *Lazy) Approvals(ctx context.Context, ns string) ([]jobs.Approval, error) {
+	fe, err := l.frontend()
+	if err != nil {
+		return nil, err
+	}
+	return fe.Approvals(ctx, ns)
+}
+
+// DecideApproval answers approval id of namespace ns.
+func (l *Lazy) DecideApproval(ctx context.Context, ns, id, decision, by, reason string) (jobs.Approval, error) {
+	fe, err := l.frontend()
+	if err != nil {
+		return jobs.Approval{}, err
+	}
+	return fe.DecideApproval(ctx, ns, id, decision, by, reason)
+}

@@ -379,6 +379,7 @@ func (h *handler) call(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	log := h.logger(ctx, job.Namespace, job.ID)
 	log.Info(req.Params.Name+" accepted", "namespace", job.Namespace, "servers", job.Servers, "session", job.Session)
 	h.clientLog(ctx, mcp.LoggingLevelDebug, map[string]any{"event": "accepted", "tool": req.Params.Name, "job": job.ID})
+	defer h.askClient(ctx, job.Namespace, job.ID, log)() // approvals.go
 	progress := progressSender(ctx, req, h.opts.MaxProgress)
 	if progress != nil {
 		if w, ok := h.r.(OutputWatcher); ok {

@@ -11,6 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/client/transport"
+	"github.com/mark3labs/mcp-go/mcp"
+
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -29,6 +33,7 @@ import (
 type approvalFleet struct {
 	b    *broker.Broker
 	urls [2]string
+	fes  [2]*frontend.Frontend
 }
 
 func newApprovalFleet(t *testing.T, def frontend.Policy, policies map[string]frontend.Policy) *approvalFleet {
@@ -39,6 +44,7 @@ func newApprovalFleet(t *testing.T, def frontend.Policy, policies map[string]fro
 	f := &approvalFleet{b: b}
 	for i, id := range []string{"fe1", "fe2"} {
 		fe := testutil.FrontendWith(t, b, frontend.Config{ID: id, Tools: pool, Policy: def, Policies: policies})
+		f.fes[i] = fe
 		api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})
 		hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{}), mcpserver.HTTPOptions{API: api, Tokens: map[string]string{"tok-a": "a", "tok-b": "b", "tok-c": "c", "tok-d": "d"}}))
 		t.Cleanup(hs.Close)
@@ -423,5 +429,76 @@ func (f *approvalFleet) auditHas(t *testing.T, job string, want ...string) {
 			t.Fatalf("audit of %s: %d %s, want %q", job, st, body, want)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// elicitor answers each elicitation with approve, and records the messages.
+type elicitor struct {
+	approve bool
+	asked   chan string
+}
+
+func (e *elicitor) Elicit(_ context.Context, req mcp.ElicitationRequest) (*mcp.ElicitationResult, error) {
+	e.asked <- req.Params.Message
+	res := &mcp.ElicitationResult{}
+	res.Action = mcp.ElicitationResponseActionAccept
+	res.Content = map[string]any{"approve": e.approve, "reason": "asked the user"}
+	return res, nil
+}
+
+// TestApprovalByElicitation: a synchronous run_python of a 2025-11-25
+// client that declared elicitation is asked about its job's parked call,
+// and its answer decides it: accepted with approve, the code gets the
+// tool's answer in the same call; with approve false, the code handles
+// MCPError. The audit names who decided.
+func TestApprovalByElicitation(t *testing.T) {
+	t.Parallel()
+	f := newApprovalFleet(t, frontend.Policy{}, rulesA)
+	hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(f.fes[0], mcpserver.Options{Namespace: mcpserver.NamespaceFromContext, Servers: func() []string { return []string{"ts"} }}),
+		mcpserver.HTTPOptions{Tokens: map[string]string{"tok-a": "a"}}))
+	t.Cleanup(hs.Close)
+	for _, approve := range []bool{true, false} {
+		el := &elicitor{approve: approve, asked: make(chan string, 4)}
+		tr, err := transport.NewStreamableHTTP(hs.URL+"/mcp", transport.WithHTTPTimeout(2*time.Minute),
+			transport.WithHTTPHeaders(map[string]string{"Authorization": "Bearer tok-a"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := client.NewClient(tr, client.WithElicitationHandler(el))
+		t.Cleanup(func() { _ = c.Close() }) // the test is over with it
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := c.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		init := mcp.InitializeRequest{}
+		init.Params.ProtocolVersion = "2025-11-25"
+		init.Params.ClientInfo = mcp.Implementation{Name: "elicitor", Version: "0"}
+		init.Params.Capabilities.Elicitation = &mcp.ElicitationCapability{}
+		if _, err := c.Initialize(ctx, init); err != nil {
+			t.Fatal(err)
+		}
+		res := testutil.CallTool(t, c, mcpserver.ToolName, map[string]any{"code": `try:
+    r = await mcp_ts.add(a=20, b=22)
+    print("sum", r["sum"])
+except MCPError as e:
+    print("MCPError:", e)`, "timeout": 60, "servers": []string{"ts"}})
+		out := strings.TrimSpace(testutil.Text(res))
+		var msg string
+		select {
+		case msg = <-el.asked:
+		default:
+			t.Fatalf("approve=%v: the client was never asked; the call gave %s", approve, out)
+		}
+		if !strings.Contains(msg, "ts/add") || !strings.Contains(msg, `{"a":20,"b":22}`) {
+			t.Fatalf("asked %q", msg)
+		}
+		want := "sum 42"
+		if !approve {
+			want = "MCPError: ts/add was denied by " + mcpserver.ElicitedBy
+		}
+		if res.IsError || !strings.Contains(out, want) {
+			t.Fatalf("approve=%v: %s, want %q", approve, out, want)
+		}
 	}
 }

@@ -1,0 +1,123 @@
+package mcpserver
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
+
+	"github.com/mcpexec/mcpexec/internal/errs"
+	"github.com/mcpexec/mcpexec/internal/jobs"
+)
+
+// ApprovalAsker is an optional ability of a Runner: the calls of its jobs
+// parked for a person's approval (the namespace's tool rules said "ask"),
+// and answering them. With it, a synchronous run_python of a client that
+// declared elicitation asks that client about each call of its job.
+type ApprovalAsker interface {
+	Approvals(ctx context.Context, namespace string) ([]jobs.Approval, error)
+	DecideApproval(ctx context.Context, namespace, id, decision, by, reason string) (jobs.Approval, error)
+}
+
+// approvalPoll is how often a synchronous call looks for its job's parked
+// calls: a person is asked within it.
+const approvalPoll = 250 * time.Millisecond
+
+// ElicitedBy is who an approval answered by elicitation was decided by.
+const ElicitedBy = "the MCP client that made the call (elicitation)"
+
+// askClient asks the calling MCP client, by elicitation, about each call of
+// job that waits for approval while the job runs, when the client declared
+// elicitation (2025-11-25 sessions; 2026-07-28 forbids server-initiated
+// requests). Accepting with approve true approves the call; accepting with
+// false, or declining, denies it; cancelling leaves it for another answer
+// (the jobs API, the console). The first answer wins, wherever it comes
+// from. stop ends the asking and waits for what it started.
+func (h *handler) askClient(ctx context.Context, ns, job string, log *slog.Logger) (stop func()) {
+	a, ok := h.r.(ApprovalAsker)
+	if !ok || !clientElicits(ctx) {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	asked := map[string]bool{}
+	wg.Go(func() {
+		t := time.NewTicker(approvalPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			list, err := a.Approvals(ctx, ns)
+			if err != nil {
+				continue // the next look may do better; the call itself is bounded by its timeout
+			}
+			for _, ap := range list {
+				if ap.JobID != job || asked[ap.ID] {
+					continue
+				}
+				asked[ap.ID] = true
+				wg.Go(func() { h.elicit(ctx, a, ns, ap, log) })
+			}
+		}
+	})
+	return func() { cancel(); wg.Wait() }
+}
+
+// elicit asks the client about one parked call and passes on its answer.
+func (h *handler) elicit(ctx context.Context, a ApprovalAsker, ns string, ap jobs.Approval, log *slog.Logger) {
+	args := string(ap.Arguments)
+	if ap.ArgumentsTruncated {
+		args += fmt.Sprintf(" … (%d bytes in all)", ap.ArgumentsBytes)
+	}
+	req := mcp.ElicitationRequest{Request: mcp.Request{Method: string(mcp.MethodElicitationCreate)}, Params: mcp.ElicitationParams{
+		Message: fmt.Sprintf("The code of job %s wants to call %s/%s with %s (tool rule %q). Allow this one call?", ap.JobID, ap.Server, ap.Tool, args, ap.Rule),
+		RequestedSchema: map[string]any{
+			"type": "object",
+			"properties": map[string]any{
+				"approve": map[string]any{"type": "boolean", "title": "Allow " + ap.Server + "/" + ap.Tool, "description": "true allows this one call; false denies it"},
+				"reason":  map[string]any{"type": "string", "title": "Reason", "maxLength": 1000},
+			},
+			"required": []string{"approve"},
+		},
+	}}
+	res, err := h.srv.RequestElicitation(ctx, req)
+	if err != nil {
+		log.Debug("could not ask the client about a parked call", "approval", ap.ID, "err", err)
+		return
+	}
+	decision, reason := "deny", ""
+	switch res.Action {
+	case mcp.ElicitationResponseActionCancel:
+		return // dismissed: another answer may come
+	case mcp.ElicitationResponseActionAccept:
+		var content struct {
+			Approve bool   `json:"approve"`
+			Reason  string `json:"reason"`
+		}
+		if b, err := json.Marshal(res.Content); err == nil && json.Unmarshal(b, &content) == nil {
+			reason = content.Reason
+			if content.Approve {
+				decision = "approve"
+			}
+		}
+	default:
+		reason = "declined by the MCP client"
+	}
+	if _, err := a.DecideApproval(context.WithoutCancel(ctx), ns, ap.ID, decision, ElicitedBy, errs.Clip(reason, 1000)); err != nil && errs.KindOf(err) != errs.Conflict {
+		log.Warn("pass on the client's answer to a parked call", "approval", ap.ID, "err", err)
+	}
+}
+
+// clientElicits reports whether the calling session declared elicitation.
+func clientElicits(ctx context.Context) bool {
+	s, ok := server.ClientSessionFromContext(ctx).(server.SessionWithClientInfo)
+	return ok && s.GetClientCapabilities().Elicitation != nil
+}
