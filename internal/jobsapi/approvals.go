@@ -2,13 +2,10 @@ package jobsapi
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
-	"time"
 
 	"github.com/mcpexec/mcpexec/internal/httperr"
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -80,57 +77,9 @@ func (a *api) approvalEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
-	ctx, cancel := context.WithCancel(r.Context())
-	evs := make(chan jobs.ApprovalEvent, 64)
-	errc := make(chan error, 1)
-	followed := make(chan struct{})
-	defer func() { cancel(); <-followed }()
-	go func() {
-		defer close(followed)
-		errc <- fol.FollowApprovals(ctx, ns, func(ev jobs.ApprovalEvent) error {
-			select {
-			case evs <- ev:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		})
-	}()
-	rc := http.NewResponseController(w)
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.Header().Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	write := func(text string) bool {
-		_ = rc.SetWriteDeadline(time.Now().Add(eventWriteWithin)) // a connection that refuses deadlines fails its next read or write
-		if _, err := fmt.Fprint(w, text); err != nil {
-			return false
-		}
-		return rc.Flush() == nil
-	}
-	if !write(": mcpexec approvals\n\n") {
-		return
-	}
-	keep := time.NewTicker(eventKeepalive)
-	defer keep.Stop()
-	for {
-		select {
-		case ev := <-evs:
-			data, _ := json.Marshal(ev)
-			if !write(fmt.Sprintf("event: %s\ndata: %s\n\n", ev.Kind, data)) {
-				return
-			}
-		case <-keep.C:
-			if !write(": keepalive\n\n") {
-				return
-			}
-		case err := <-errc:
-			if err != nil && !errors.Is(err, context.Canceled) {
-				write(fmt.Sprintf("event: error\ndata: %s\n\n", strings.ReplaceAll(err.Error(), "\n", " ")))
-			}
-			return
-		}
-	}
+	serveSSE(r.Context(), w, "mcpexec approvals", func(ctx context.Context, emit func(jobs.ApprovalEvent) error) error {
+		return fol.FollowApprovals(ctx, ns, emit)
+	}, func(ev jobs.ApprovalEvent) string { return "event: " + ev.Kind + "\n" })
 }
 
 // approvalsBackend is the configured Approvals, else the Backend when it is

@@ -2,8 +2,6 @@ package jobsapi
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -57,62 +55,14 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
-	ctx, cancel := context.WithCancel(r.Context())
-	evs := make(chan jobs.EventView, 64)
-	errc := make(chan error, 1)
-	followed := make(chan struct{})
-	// The follower is ended and waited for on every way out.
-	defer func() { cancel(); <-followed }()
-	go func() {
-		defer close(followed)
-		errc <- a.be.Follow(ctx, ns, after, resume, func(ev jobs.EventView) error {
+	serveSSE(r.Context(), w, "mcpexec job events", func(ctx context.Context, emit func(jobs.EventView) error) error {
+		return a.be.Follow(ctx, ns, after, resume, func(ev jobs.EventView) error {
 			if !match(ev) {
 				return nil
 			}
-			select {
-			case evs <- ev:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+			return emit(ev)
 		})
-	}()
-	rc := http.NewResponseController(w)
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.Header().Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	write := func(text string) bool {
-		_ = rc.SetWriteDeadline(time.Now().Add(eventWriteWithin)) // a connection that refuses deadlines fails its next read or write
-		if _, err := fmt.Fprint(w, text); err != nil {
-			return false
-		}
-		return rc.Flush() == nil
-	}
-	if !write(": mcpexec job events\n\n") {
-		return
-	}
-	keep := time.NewTicker(eventKeepalive)
-	defer keep.Stop()
-	for {
-		select {
-		case ev := <-evs:
-			data, _ := json.Marshal(ev)
-			if !write(fmt.Sprintf("id: %d\nevent: %s\ndata: %s\n\n", ev.Seq, ev.Kind, data)) {
-				return
-			}
-		case <-keep.C:
-			if !write(": keepalive\n\n") {
-				return
-			}
-		case err := <-errc:
-			if err != nil && !errors.Is(err, context.Canceled) {
-				// The stream breaks; the client reconnects with Last-Event-ID.
-				write(fmt.Sprintf("event: error\ndata: %s\n\n", strings.ReplaceAll(err.Error(), "\n", " ")))
-			}
-			return
-		}
-	}
+	}, func(ev jobs.EventView) string { return fmt.Sprintf("id: %d\nevent: %s\n", ev.Seq, ev.Kind) })
 }
 
 // eventFilter returns the matcher of the filters of GET /api/events.
