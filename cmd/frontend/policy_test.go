@@ -15,13 +15,7 @@ import (
 // without them inherits default_policy's; a bad pool name is a usage error.
 func TestTokensFilePools(t *testing.T) {
 	dir := t.TempDir()
-	write := func(body string) string {
-		f := filepath.Join(dir, "tokens.json")
-		if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return f
-	}
+	write := func(body string) string { return writeTokensFile(t, dir, body) }
 	f := write(`{"tokens": {"tok-gpu-0123456789": "gpu", "tok-plain-0123456789": "plain"},
 		"default_policy": {"pools": ["default"]},
 		"namespaces": {"gpu": {"pools": ["default", "gpu"]}, "plain": {"max_sessions": 2}}}`)
@@ -51,13 +45,7 @@ func TestTokensFilePools(t *testing.T) {
 // namespace and the rule.
 func TestTokensFileToolRules(t *testing.T) {
 	dir := t.TempDir()
-	write := func(body string) string {
-		f := filepath.Join(dir, "tokens.json")
-		if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return f
-	}
+	write := func(body string) string { return writeTokensFile(t, dir, body) }
 	f := write(`{"tokens": {"tok-a-0123456789": "a", "tok-b-0123456789": "b"},
 		"default_policy": {"tools": {"*/*": "ask"}, "approval_timeout": 120},
 		"namespaces": {"a": {"tools": {"github/delete_*": "deny"}, "tool_defaults": {"destructive": "deny"}}, "b": {"max_sessions": 2}}}`)
@@ -86,4 +74,14 @@ func TestTokensFileToolRules(t *testing.T) {
 			t.Errorf("%s: %v, want %q", body, err, want)
 		}
 	}
+}
+
+// writeTokensFile writes body as dir's tokens file and returns its path.
+func writeTokensFile(t *testing.T, dir, body string) string {
+	t.Helper()
+	f := filepath.Join(dir, "tokens.json")
+	if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
