@@ -165,18 +165,7 @@ func sameContents(t *testing.T, a, b *broker.Broker, limit time.Duration) {
 			return
 		}
 		if time.Now().After(deadline) {
-			var diff []string
-			for k, v := range ca {
-				if !bytes.Equal(v, cb[k]) {
-					diff = append(diff, k)
-				}
-			}
-			for k := range cb {
-				if _, ok := ca[k]; !ok {
-					diff = append(diff, k)
-				}
-			}
-			slices.Sort(diff)
+			diff := testutil.DiffKeys(ca, cb)
 			t.Fatalf("%s and %s differ after %s (%v %v) on %d keys: %.20q", a.Server().Name(), b.Server().Name(), limit, errA, errB, len(diff), diff)
 		}
 		time.Sleep(100 * time.Millisecond)

@@ -483,18 +483,7 @@ func (f *fleet) sameReplicas(limit time.Duration) error {
 				continue
 			}
 			if !maps.EqualFunc(first, c, bytes.Equal) {
-				var diff []string
-				for k, v := range c {
-					if !bytes.Equal(v, first[k]) {
-						diff = append(diff, k)
-					}
-				}
-				for k := range first {
-					if _, ok := c[k]; !ok {
-						diff = append(diff, k)
-					}
-				}
-				slices.Sort(diff)
+				diff := testutil.DiffKeys(c, first)
 				err = fmt.Errorf("node %d's replica differs from node 0's on %d keys: %.10q", n.i, len(diff), diff)
 				break
 			}

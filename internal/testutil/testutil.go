@@ -275,3 +275,21 @@ func APIDo(token, method, url string, body any, timeout time.Duration) (int, []b
 // the test, saying which request, rather than hanging the package until
 // the test binary's timeout (the longest wait the tests ask for is 60 s).
 var httpCallClient = &http.Client{Timeout: 2 * time.Minute}
+
+// DiffKeys returns, sorted, the keys whose values differ between two state
+// files' contents (Store.Contents), or that only one of them holds.
+func DiffKeys(a, b map[string][]byte) []string {
+	var diff []string
+	for k, v := range a {
+		if w, ok := b[k]; !ok || !bytes.Equal(v, w) {
+			diff = append(diff, k)
+		}
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			diff = append(diff, k)
+		}
+	}
+	slices.Sort(diff)
+	return diff
+}
