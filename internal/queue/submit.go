@@ -246,7 +246,7 @@ func (c *Client) mayBeUnqueued(ctx context.Context, id string, kind jobs.EventKi
 	if window == 0 {
 		window = DefaultConfig().DedupeWindow
 	}
-	claimed, found, err := c.lastEvent(ctx, id, kind)
+	claimed, found, err := c.leaderLastEvent(ctx, id, kind)
 	if err != nil {
 		return false, err
 	}
@@ -257,7 +257,7 @@ func (c *Client) mayBeUnqueued(ctx context.Context, id string, kind jobs.EventKi
 		return false, nil
 	}
 	for _, k := range []jobs.EventKind{jobs.EventFinished, jobs.EventCancelled} {
-		_, found, err := c.lastEvent(ctx, id, k)
+		_, found, err := c.leaderLastEvent(ctx, id, k)
 		if err != nil {
 			return false, err
 		}
@@ -268,9 +268,10 @@ func (c *Client) mayBeUnqueued(ctx context.Context, id string, kind jobs.EventKi
 	return true, nil
 }
 
-// lastEvent reads the time of job id's last event of kind through the events
-// stream's leader; found is false when there is none.
-func (c *Client) lastEvent(ctx context.Context, id string, kind jobs.EventKind) (at time.Time, found bool, err error) {
+// leaderLastEvent reads the time of job id's last event of kind through the
+// events stream's leader (lastEvent, for workers' look-ups, reads by direct
+// get); found is false when there is none.
+func (c *Client) leaderLastEvent(ctx context.Context, id string, kind jobs.EventKind) (at time.Time, found bool, err error) {
 	req, err := json.Marshal(map[string]string{"last_by_subj": c.sub.Event(id, kind)})
 	if err != nil {
 		return time.Time{}, false, err
