@@ -358,3 +358,13 @@ func (l *Lazy) DecideApproval(ctx context.Context, ns, id, decision, by, reason 
 	}
 	return fe.DecideApproval(ctx, ns, id, decision, by, reason)
 }
+
+// FollowApprovals calls fn with each approval of namespace ns asked or
+// answered from now on, until ctx ends.
+func (l *Lazy) FollowApprovals(ctx context.Context, ns string, fn func(jobs.ApprovalEvent) error) error {
+	fe, err := l.frontend()
+	if err != nil {
+		return err
+	}
+	return fe.FollowApprovals(ctx, ns, fn)
+}

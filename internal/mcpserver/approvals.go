@@ -20,13 +20,16 @@ import (
 // and answering them. With it, a synchronous run_python of a client that
 // declared elicitation asks that client about each call of its job.
 type ApprovalAsker interface {
+	FollowApprovals(ctx context.Context, namespace string, fn func(jobs.ApprovalEvent) error) error
 	Approvals(ctx context.Context, namespace string) ([]jobs.Approval, error)
 	DecideApproval(ctx context.Context, namespace, id, decision, by, reason string) (jobs.Approval, error)
 }
 
-// approvalPoll is how often a synchronous call looks for its job's parked
-// calls: a person is asked within it.
-const approvalPoll = 250 * time.Millisecond
+// approvalSweep is how often a synchronous call also lists its namespace's
+// parked calls, besides following them as they are parked: the follow
+// starts as the job does, and a call parked before its watch was in place
+// is found by a list (one at once, then one per sweep).
+const approvalSweep = 5 * time.Second
 
 // ElicitedBy is who an approval answered by elicitation was decided by.
 const ElicitedBy = "the MCP client that made the call (elicitation)"
@@ -45,26 +48,39 @@ func (h *handler) askClient(ctx context.Context, ns, job string, log *slog.Logge
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
+	var mu sync.Mutex // guards asked
 	asked := map[string]bool{}
+	ask := func(ap jobs.Approval) {
+		mu.Lock()
+		defer mu.Unlock()
+		if ap.JobID != job || asked[ap.ID] || ctx.Err() != nil {
+			return
+		}
+		asked[ap.ID] = true
+		wg.Go(func() { h.elicit(ctx, a, ns, ap, log) })
+	}
 	wg.Go(func() {
-		t := time.NewTicker(approvalPoll)
+		// Ends with ctx (or a broken watch: the sweep below goes on).
+		_ = a.FollowApprovals(ctx, ns, func(ev jobs.ApprovalEvent) error {
+			if ev.Kind == jobs.ApprovalAsked {
+				ask(ev.Approval)
+			}
+			return nil
+		})
+	})
+	wg.Go(func() {
+		t := time.NewTicker(approvalSweep)
 		defer t.Stop()
 		for {
+			if list, err := a.Approvals(ctx, ns); err == nil { // else the next sweep may do better
+				for _, ap := range list {
+					ask(ap)
+				}
+			}
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-			}
-			list, err := a.Approvals(ctx, ns)
-			if err != nil {
-				continue // the next look may do better; the call itself is bounded by its timeout
-			}
-			for _, ap := range list {
-				if ap.JobID != job || asked[ap.ID] {
-					continue
-				}
-				asked[ap.ID] = true
-				wg.Go(func() { h.elicit(ctx, a, ns, ap, log) })
 			}
 		}
 	})
