@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/errs"
+	"github.com/mcpexec/mcpexec/internal/jobclock"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/proxy"
 )
@@ -272,7 +273,8 @@ func (c *RunnerConn) Exec(ctx context.Context, job Job, host Host) (Result, erro
 	if err := BeforeExec(job); err != nil {
 		return Result{}, err
 	}
-	runCtx, cancel := context.WithTimeoutCause(ctx, job.Timeout, ErrTimeout)
+	// The job's clock stops while a tool call waits for a person's approval.
+	runCtx, _, cancel := jobclock.WithBudget(ctx, job.Timeout, ErrTimeout)
 	defer cancel()
 	return c.Drive(runCtx, job, host)
 }
@@ -356,8 +358,7 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 		case <-ctx.Done():
 			// The code may still be running: the caller destroys the sandbox.
 			if errors.Is(context.Cause(ctx), ErrTimeout) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return result(Result{Status: StatusTimeout, ExitCode: -1,
-					Error: fmt.Sprintf("timed out after %s", job.Timeout)}), nil
+				return result(Result{Status: StatusTimeout, ExitCode: -1, Error: timedOut(ctx, job.Timeout)}), nil
 			}
 			return result(Result{}), ctx.Err()
 		case rd := <-c.frames:
@@ -408,6 +409,15 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 			}
 		}
 	}
+}
+
+// timedOut says how a job ran out of time: its limit, and the time its
+// calls waited for approval, which did not count.
+func timedOut(ctx context.Context, limit time.Duration) string {
+	if _, paused := jobclock.From(ctx).Times(); paused >= time.Second {
+		return fmt.Sprintf("timed out after %s of running (its calls also waited %s for approval, which does not count)", limit, paused.Round(time.Second))
+	}
+	return fmt.Sprintf("timed out after %s", limit)
 }
 
 // call answers one call frame: refused at once when it breaks a bound, else
