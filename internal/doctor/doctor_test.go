@@ -15,6 +15,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/docker"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/testutil"
@@ -157,8 +158,7 @@ func checkNamed(checks []Check, name string) Check {
 func TestSyncChecks(t *testing.T) {
 	ctx := context.Background()
 	qcfg := queue.DefaultConfig()
-	b, err := broker.Start(ctx, broker.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:-1", Queue: qcfg, Logger: testutil.Logger(t),
-		ServerName: "sync-node", Sync: broker.SyncPolicy{Interval: 2 * time.Minute}})
+	b, err := broker.Start(ctx, broker.Config{Logger: testutil.Logger(t), DataDir: t.TempDir(), Listen: "127.0.0.1:-1", Queue: qcfg, ServerName: "sync-node", Sync: broker.SyncPolicy{Interval: 2 * time.Minute}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func podmanConfig(t *testing.T) *podman.Config {
 	if _, err := exec.LookPath("podman"); err != nil {
 		testutil.SkipOrFail(t, "podman is not installed (make deps)")
 	}
-	return &podman.Config{URI: os.Getenv("MCPEXEC_PODMAN"), Image: os.Getenv("MCPEXEC_IMAGE"), Logger: testutil.Logger(t)}
+	return &podman.Config{Config: containerpool.Config{Image: os.Getenv("MCPEXEC_IMAGE"), Logger: testutil.Logger(t)}, URI: os.Getenv("MCPEXEC_PODMAN")}
 }
 
 func TestSandboxChecks(t *testing.T) {
@@ -227,7 +227,7 @@ func TestSandboxChecks(t *testing.T) {
 func TestDockerChecks(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cfg := &docker.Config{Host: testutil.DockerHost(), Image: os.Getenv("MCPEXEC_IMAGE"), Logger: testutil.Logger(t)}
+	cfg := &docker.Config{Config: containerpool.Config{Image: os.Getenv("MCPEXEC_IMAGE"), Logger: testutil.Logger(t)}, Host: testutil.DockerHost()}
 	checks := Run(ctx, Config{Docker: cfg, RuntimeReason: "--runtime docker"})
 	var b bytes.Buffer
 	err := Report(&b, "doctor", checks)

@@ -64,7 +64,7 @@ func checkSandbox(ctx context.Context, cfg podman.Config) []Check {
 		started = ", service started by mcpexec"
 	}
 	out = append(out, Check{Name: "podman api", Status: OK,
-		Detail: fmt.Sprintf("%s (Podman %s, %s, cgroups %s, OCI runtime %s%s)", info.URI, info.ServerVersion, mode, info.CgroupsVersion, info.OCIRuntime, started)})
+		Detail: fmt.Sprintf("%s (Podman %s, %s, cgroups %s, OCI runtime %s%s)", info.Address, info.ServerVersion, mode, info.CgroupsVersion, info.OCIRuntime, started)})
 	switch {
 	case !info.LimitsEnforced:
 		out = append(out, Check{Name: "podman mode", Status: Fail,
@@ -133,7 +133,7 @@ func checkDocker(ctx context.Context, cfg docker.Config) []Check {
 	info := rt.Info()
 	mode := rootMode(info.Rootless)
 	out = append(out, Check{Name: "docker api", Status: OK,
-		Detail: fmt.Sprintf("%s (Docker %s, API %s, %s, cgroups v%s with %s, OCI runtime %s)", info.Host, info.ServerVersion, info.APIVersion, mode, info.CgroupsVersion, info.CgroupDriver, info.OCIRuntime)})
+		Detail: fmt.Sprintf("%s (Docker %s, API %s, %s, cgroups %s with %s, OCI runtime %s)", info.Address, info.ServerVersion, info.APIVersion, mode, info.CgroupsVersion, info.CgroupDriver, info.OCIRuntime)})
 	switch {
 	case !info.LimitsEnforced:
 		out = append(out, Check{Name: "docker mode", Status: Fail,
@@ -143,14 +143,14 @@ func checkDocker(ctx context.Context, cfg docker.Config) []Check {
 			Detail: "rootful Docker: limits are enforced, but the engine runs as root (sandboxed code still runs as an unprivileged user with no capabilities)",
 			Fix:    "for defence in depth use Podman (rootless on a cgroups v2 host), which also gives each sandbox its own user namespace"})
 	default:
-		out = append(out, Check{Name: "docker mode", Status: OK, Detail: "rootless, limits enforced by cgroups v" + info.CgroupsVersion})
+		out = append(out, Check{Name: "docker mode", Status: OK, Detail: "rootless, limits enforced by cgroups " + info.CgroupsVersion})
 	}
 	out = append(out, Check{Name: "user namespaces", Status: Warn,
 		Detail: "Docker gives sandboxes no user namespace of their own (only the engine-wide --userns-remap)",
 		Fix:    "sandboxed code still runs as an unprivileged user with no capabilities; --runtime podman gives each sandbox its own user namespace, a second wall"})
 	out = append(out, Check{Name: "sandbox image", Status: OK, Detail: cfg.Image})
 	return append(out, probeChecks(ctx, rt, cfg.Limits, cfg.Image, start, dockerFixes,
-		"run `docker -H "+info.Host+" run --rm --network none "+cfg.Image+" python3 -c 'print(1)'` to see Docker's own error")...)
+		"run `docker -H "+info.Address+" run --rm --network none "+cfg.Image+" python3 -c 'print(1)'` to see Docker's own error")...)
 }
 
 // fixes are the engine's words in the fix lines of limitChecksFor.

@@ -18,6 +18,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/doctor"
 	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/docker"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 )
@@ -68,7 +69,7 @@ func Main(ctx context.Context, role string, args []string, stdout, stderr io.Wri
 		c := sb.DockerConfig(choice.DockerHost, "", limits, nil)
 		dockerCfg = &c
 	} else {
-		sandboxCfg = &podman.Config{URI: sb.Podman, Image: sb.Image, OCIRuntime: sb.OCIRuntime, Limits: limits, RunDir: sb.RunDir, UserNS: sb.UserNS}
+		sandboxCfg = &podman.Config{Config: containerpool.Config{Image: sb.Image, Limits: limits, RunDir: sb.RunDir}, URI: sb.Podman, OCIRuntime: sb.OCIRuntime, UserNS: sb.UserNS}
 	}
 	switch {
 	case role == "worker":

@@ -19,6 +19,7 @@ import (
 	sandboximage "github.com/mcpexec/mcpexec/deploy/sandbox"
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/docker"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/worker"
@@ -187,10 +188,7 @@ func (f *Flags) Open(ctx context.Context, workerID string, log *slog.Logger) (sa
 		return f.openDocker(ctx, ch.DockerHost, workerID, limits, log)
 	}
 	preload, _ := sandbox.ParsePreload(f.Preload) // checked by Limits
-	cfg := podman.Config{
-		URI: f.Podman, Image: f.Image, Rootfs: f.Rootfs, OCIRuntime: f.OCIRuntime, Limits: limits, Preload: preload,
-		WorkerID: workerID, Pool: f.Pool, Logger: log, RunDir: f.RunDir, UserNS: f.UserNS, Reuse: f.Reuse, MaxUses: f.MaxUses,
-	}
+	cfg := podman.Config{Config: containerpool.Config{Image: f.Image, Limits: limits, Preload: preload, WorkerID: workerID, Pool: f.Pool, Logger: log, RunDir: f.RunDir, Reuse: f.Reuse, MaxUses: f.MaxUses}, URI: f.Podman, Rootfs: f.Rootfs, OCIRuntime: f.OCIRuntime, UserNS: f.UserNS}
 	rt, err := podman.New(ctx, cfg)
 	if errors.Is(err, sandbox.ErrNoImage) && f.BuildImage {
 		log.Info("sandbox image missing: building it (about a minute)", "image", f.Image)
@@ -203,7 +201,7 @@ func (f *Flags) Open(ctx context.Context, workerID string, log *slog.Logger) (sa
 		return nil, err
 	}
 	info := rt.Info()
-	log.Info("podman sandbox ready", "uri", info.URI, "podman", info.ServerVersion, "rootless", info.Rootless,
+	log.Info("podman sandbox ready", "uri", info.Address, "podman", info.ServerVersion, "rootless", info.Rootless,
 		"cgroups", info.CgroupsVersion, "oci_runtime", info.OCIRuntime, "image", info.Image,
 		"limits_enforced", info.LimitsEnforced, "warm_pool", f.Pool, "reuse", f.Reuse)
 	if !info.LimitsEnforced {
@@ -216,10 +214,7 @@ func (f *Flags) Open(ctx context.Context, workerID string, log *slog.Logger) (sa
 // the engine at host.
 func (f *Flags) DockerConfig(host, workerID string, limits sandbox.Limits, log *slog.Logger) docker.Config {
 	preload, _ := sandbox.ParsePreload(f.Preload) // checked by Limits
-	return docker.Config{
-		Host: host, Image: f.Image, OCIRuntime: f.OCIRuntime, Limits: limits, WorkerID: workerID,
-		Pool: f.Pool, Logger: log, RunDir: f.RunDir, Reuse: f.Reuse, MaxUses: f.MaxUses, Preload: preload,
-	}
+	return docker.Config{Config: containerpool.Config{Image: f.Image, Limits: limits, WorkerID: workerID, Pool: f.Pool, Logger: log, RunDir: f.RunDir, Reuse: f.Reuse, MaxUses: f.MaxUses, Preload: preload}, Host: host, OCIRuntime: f.OCIRuntime}
 }
 
 // openDocker opens the Docker runtime on the engine at host.
@@ -240,7 +235,7 @@ func (f *Flags) openDocker(ctx context.Context, host, workerID string, limits sa
 		return nil, err
 	}
 	info := rt.Info()
-	log.Info("docker sandbox ready", "host", info.Host, "docker", info.ServerVersion, "api", info.APIVersion, "rootless", info.Rootless,
+	log.Info("docker sandbox ready", "host", info.Address, "docker", info.ServerVersion, "api", info.APIVersion, "rootless", info.Rootless,
 		"cgroups", info.CgroupsVersion, "oci_runtime", info.OCIRuntime, "image", info.Image,
 		"limits_enforced", info.LimitsEnforced, "warm_pool", f.Pool, "reuse", f.Reuse)
 	if !info.LimitsEnforced {

@@ -50,9 +50,9 @@ func TestConformance(t *testing.T) {
 	rt := newRuntime(t, Config{})
 	info := rt.Info()
 	t.Logf("docker %s (API %s) at %s, rootless=%v cgroups=%s driver=%s runtime=%s seccomp=%v limits enforced=%v %v",
-		info.ServerVersion, info.APIVersion, info.Host, info.Rootless, info.CgroupsVersion, info.CgroupDriver, info.OCIRuntime, info.Seccomp, info.LimitsEnforced, info.Missing)
+		info.ServerVersion, info.APIVersion, info.Address, info.Rootless, info.CgroupsVersion, info.CgroupDriver, info.OCIRuntime, info.Seccomp, info.LimitsEnforced, info.Missing)
 	if !info.LimitsEnforced {
-		unavailable(t, "the engine at %s does not enforce %v limits: the isolation suite would fail", info.Host, info.Missing)
+		unavailable(t, "the engine at %s does not enforce %v limits: the isolation suite would fail", info.Address, info.Missing)
 	}
 	sandboxtest.Run(t, rt, sandboxtest.Options{Isolated: true})
 }
@@ -62,7 +62,7 @@ func TestConformanceWarmPool(t *testing.T) {
 		t.Skip("short")
 	}
 	// The warm pool and namespace reuse: jobs of one tenant in one container.
-	rt := newRuntime(t, Config{Pool: 2})
+	rt := newRuntime(t, Config{Config: containerpool.Config{Pool: 2}})
 	sandboxtest.WaitWarm(t, rt, 2)
 	ctx := context.Background()
 	seen := map[string]int{} // jobs by container (its host name)
@@ -89,7 +89,7 @@ func TestConformanceWarmPool(t *testing.T) {
 
 func TestOrphansRemoved(t *testing.T) {
 	id := sandboxtest.WorkerID(t)
-	rt := newRuntime(t, Config{WorkerID: id})
+	rt := newRuntime(t, Config{Config: containerpool.Config{WorkerID: id}})
 	ctx := context.Background()
 	create := func(worker string) string {
 		t.Helper()
@@ -106,7 +106,7 @@ func TestOrphansRemoved(t *testing.T) {
 	t.Cleanup(func() { _ = rt.remove(ctx, other) })
 
 	// A new life of the same worker removes the orphan, and only it.
-	rt2 := newRuntime(t, Config{WorkerID: id})
+	rt2 := newRuntime(t, Config{Config: containerpool.Config{WorkerID: id}})
 	if _, err := rt2.cli.ContainerInspect(ctx, orphan); !client.IsErrNotFound(err) {
 		t.Fatalf("orphan %s still exists (err %v)", sandbox.ShortID(orphan), err)
 	}
@@ -126,7 +126,7 @@ func TestOwnerlessReaped(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = rt.remove(ctx, r.ID) })
-	ids, err := rt.pool.Ownerless(ctx)
+	ids, err := rt.Pool.Ownerless(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,12 +138,12 @@ func TestOwnerlessReaped(t *testing.T) {
 		t.Fatalf("a container whose owner is gone is not reaped: %v", ids)
 	}
 	// This process's own containers are not.
-	b, err := rt.pool.Acquire(ctx, "alive", rt.cfg.Limits)
+	b, err := rt.Pool.Acquire(ctx, "alive", rt.cfg.Limits)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rt.pool.Discard(b)
-	ids, _ = rt.pool.Ownerless(ctx)
+	defer rt.Pool.Discard(b)
+	ids, _ = rt.Pool.Ownerless(ctx)
 	for _, id := range ids {
 		if id == b.ID() {
 			t.Fatal("a live owner's container is taken for ownerless")
@@ -152,18 +152,18 @@ func TestOwnerlessReaped(t *testing.T) {
 }
 
 func TestNoContainerLeftAfterRun(t *testing.T) {
-	rt := newRuntime(t, Config{Reuse: ReuseNone})
-	sandboxtest.NoContainerLeftAfterRun(t, rt, rt.pool)
+	rt := newRuntime(t, Config{Config: containerpool.Config{Reuse: ReuseNone}})
+	sandboxtest.NoContainerLeftAfterRun(t, rt, rt.Pool)
 }
 
 func TestSpecLockdown(t *testing.T) {
 	rt := newRuntime(t, Config{})
 	ctx := context.Background()
-	b, err := rt.pool.Acquire(ctx, "spec", rt.cfg.Limits)
+	b, err := rt.Pool.Acquire(ctx, "spec", rt.cfg.Limits)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rt.pool.Discard(b)
+	defer rt.Pool.Discard(b)
 	c, err := rt.cli.ContainerInspect(ctx, b.ID())
 	if err != nil {
 		t.Fatal(err)
@@ -213,7 +213,7 @@ func TestSpecLockdown(t *testing.T) {
 // TestDataStack: the data image's libraries are preloaded, DataFrames display
 // compactly, and a container keeps serving its namespace with them loaded.
 func TestDataStack(t *testing.T) {
-	sandboxtest.DataStack(t, newRuntime(t, Config{Pool: 1, Preload: sandbox.DefaultPreload}))
+	sandboxtest.DataStack(t, newRuntime(t, Config{Config: containerpool.Config{Pool: 1, Preload: sandbox.DefaultPreload}}))
 }
 
 func TestRunnerExitReported(t *testing.T) {
@@ -223,9 +223,9 @@ func TestRunnerExitReported(t *testing.T) {
 func TestMemoryLimitMessage(t *testing.T) {
 	limits := sandbox.DefaultLimits()
 	limits.Memory = 96 << 20
-	rt := newRuntime(t, Config{Limits: limits})
+	rt := newRuntime(t, Config{Config: containerpool.Config{Limits: limits}})
 	if !rt.Info().LimitsEnforced {
-		unavailable(t, "limits are not enforced by %s", rt.Info().Host)
+		unavailable(t, "limits are not enforced by %s", rt.Info().Address)
 	}
 	sandboxtest.MemoryLimitMessage(t, rt)
 }
@@ -245,7 +245,7 @@ func TestPerJobLimits(t *testing.T) {
 func TestUnreachableEngine(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := New(ctx, Config{Host: "unix://" + t.TempDir() + "/none.sock", RunDir: t.TempDir()})
+	_, err := New(ctx, Config{Config: containerpool.Config{RunDir: t.TempDir()}, Host: "unix://" + t.TempDir() + "/none.sock"})
 	if err == nil || !strings.Contains(err.Error(), "cannot reach the Docker engine") {
 		t.Fatalf("New on a missing socket: %v", err)
 	}
@@ -254,7 +254,7 @@ func TestUnreachableEngine(t *testing.T) {
 func TestMissingImage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := New(ctx, Config{Host: testutil.DockerHost(), Image: "localhost/mcpexec-no-such-image:latest", WorkerID: sandboxtest.WorkerID(t), Logger: testutil.Logger(t)})
+	_, err := New(ctx, Config{Config: containerpool.Config{Image: "localhost/mcpexec-no-such-image:latest", WorkerID: sandboxtest.WorkerID(t), Logger: testutil.Logger(t)}, Host: testutil.DockerHost()})
 	if err != nil && strings.Contains(err.Error(), "cannot reach") {
 		unavailable(t, "%v", err)
 	}
@@ -268,8 +268,8 @@ func TestSessionContainerLifecycle(t *testing.T) {
 	ctx := context.Background()
 	count := func() int {
 		t.Helper()
-		rt.pool.WaitRemovals()
-		ids, err := rt.pool.List(ctx)
+		rt.Pool.WaitRemovals()
+		ids, err := rt.Pool.List(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -298,7 +298,7 @@ func TestSessionContainerLifecycle(t *testing.T) {
 }
 
 func benchRun(b *testing.B, pool int, tenant string) {
-	sandboxtest.BenchRun(b, newRuntime(b, Config{Pool: pool}), pool, tenant)
+	sandboxtest.BenchRun(b, newRuntime(b, Config{Config: containerpool.Config{Pool: pool}}), pool, tenant)
 }
 
 // BenchmarkRunWarm: run with a warm pool, a fresh container per run (go test
@@ -370,5 +370,5 @@ func TestRunDirPrivate(t *testing.T) {
 
 // TestJavaScriptSpareOutOfReach: see sandboxtest.JavaScriptSpareOutOfReach.
 func TestJavaScriptSpareOutOfReach(t *testing.T) {
-	sandboxtest.JavaScriptSpareOutOfReach(t, newRuntime(t, Config{Pool: 1}))
+	sandboxtest.JavaScriptSpareOutOfReach(t, newRuntime(t, Config{Config: containerpool.Config{Pool: 1}}))
 }

@@ -54,16 +54,16 @@ func TestConformance(t *testing.T) {
 	rt := newRuntime(t, Config{UserNS: UserNSOn})
 	info := rt.Info()
 	t.Logf("podman %s at %s, rootless=%v cgroups=%s runtime=%s limits enforced=%v",
-		info.ServerVersion, info.URI, info.Rootless, info.CgroupsVersion, info.OCIRuntime, info.LimitsEnforced)
+		info.ServerVersion, info.Address, info.Rootless, info.CgroupsVersion, info.OCIRuntime, info.LimitsEnforced)
 	if !info.LimitsEnforced {
-		unavailable(t, "Podman at %s does not enforce resource limits (rootless on cgroups v1): the isolation suite would fail", info.URI)
+		unavailable(t, "Podman at %s does not enforce resource limits (rootless on cgroups v1): the isolation suite would fail", info.Address)
 	}
 	sandboxtest.Run(t, rt, sandboxtest.Options{Isolated: true})
 }
 
 func TestOrphansRemoved(t *testing.T) {
 	id := sandboxtest.WorkerID(t)
-	rt := newRuntime(t, Config{WorkerID: id})
+	rt := newRuntime(t, Config{Config: containerpool.Config{WorkerID: id}})
 	ctx := context.Background()
 	create := func(worker string) string {
 		t.Helper()
@@ -83,7 +83,7 @@ func TestOrphansRemoved(t *testing.T) {
 	t.Cleanup(func() { _ = rt.remove(ctx, other) })
 
 	// A new life of the same worker removes the orphan, and only it.
-	rt2 := newRuntime(t, Config{WorkerID: id})
+	rt2 := newRuntime(t, Config{Config: containerpool.Config{WorkerID: id}})
 	c, cancel := rt2.callCtx(ctx, 30*time.Second)
 	defer cancel()
 	if ok, err := containers.Exists(c, orphan, nil); err != nil || ok {
@@ -96,13 +96,13 @@ func TestOrphansRemoved(t *testing.T) {
 
 func TestNoContainerLeftAfterRun(t *testing.T) {
 	rt := newRuntime(t, Config{})
-	sandboxtest.NoContainerLeftAfterRun(t, rt, rt.pool)
+	sandboxtest.NoContainerLeftAfterRun(t, rt, rt.Pool)
 }
 
 // TestDataStack: the data image's libraries are preloaded, DataFrames display
 // compactly, and a container keeps serving its namespace with them loaded.
 func TestDataStack(t *testing.T) {
-	sandboxtest.DataStack(t, newRuntime(t, Config{Pool: 1, Preload: sandbox.DefaultPreload}))
+	sandboxtest.DataStack(t, newRuntime(t, Config{Config: containerpool.Config{Pool: 1, Preload: sandbox.DefaultPreload}}))
 }
 
 func TestRunnerExitReported(t *testing.T) {
@@ -112,15 +112,15 @@ func TestRunnerExitReported(t *testing.T) {
 func TestMemoryLimitMessage(t *testing.T) {
 	limits := sandbox.DefaultLimits()
 	limits.Memory = 96 << 20
-	rt := newRuntime(t, Config{Limits: limits})
+	rt := newRuntime(t, Config{Config: containerpool.Config{Limits: limits}})
 	if !rt.Info().LimitsEnforced {
-		unavailable(t, "limits are not enforced by %s", rt.Info().URI)
+		unavailable(t, "limits are not enforced by %s", rt.Info().Address)
 	}
 	sandboxtest.MemoryLimitMessage(t, rt)
 }
 
 func TestWarmPool(t *testing.T) {
-	rt := newRuntime(t, Config{Pool: 2})
+	rt := newRuntime(t, Config{Config: containerpool.Config{Pool: 2}})
 	sandboxtest.WaitWarm(t, rt, 2)
 	ctx := context.Background()
 	job := sandbox.Job{ID: "warm", Code: "print(1)", Timeout: 10 * time.Second}
@@ -143,12 +143,12 @@ func TestWarmPool(t *testing.T) {
 
 	// A cold start, for comparison.
 	cold0 := time.Now()
-	b, err := rt.pool.NewBox(ctx, "cold", rt.cfg.Limits)
+	b, err := rt.Pool.NewBox(ctx, "cold", rt.cfg.Limits)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cold := time.Since(cold0)
-	rt.pool.Discard(b)
+	rt.Pool.Discard(b)
 	t.Logf("warm run %s, cold container start %s", warm, cold)
 	if warm >= cold {
 		t.Fatalf("warm run (%s) not faster than a cold start (%s)", warm, cold)
@@ -160,7 +160,7 @@ func TestHostLoopbackUnreachable(t *testing.T) {
 }
 
 func TestSpecIsLockedDown(t *testing.T) {
-	rt := &Runtime{cfg: Config{Image: "img", OCIRuntime: "runc", Limits: sandbox.DefaultLimits(), WorkerID: "w"}}
+	rt := &Runtime{cfg: Config{Config: containerpool.Config{Image: "img", Limits: sandbox.DefaultLimits(), WorkerID: "w"}, OCIRuntime: "runc"}}
 	s := rt.spec(containerpool.Spec{Dir: "/d", Job: "job1", Seq: 1, Limits: rt.cfg.Limits})
 	if !*s.ReadOnlyFilesystem || *s.ReadWriteTmpfs || !*s.NoNewPrivileges || !slices.Equal(s.CapDrop, []string{"ALL"}) {
 		t.Fatalf("spec not locked down: %+v", s)
@@ -181,7 +181,9 @@ func TestSpecIsLockedDown(t *testing.T) {
 	}
 }
 
-func benchRun(b *testing.B, pool int, tenant string) { benchRunWith(b, Config{Pool: pool}, tenant) }
+func benchRun(b *testing.B, pool int, tenant string) {
+	benchRunWith(b, Config{Config: containerpool.Config{Pool: pool}}, tenant)
+}
 
 func benchRunWith(b *testing.B, cfg Config, tenant string) {
 	pool := cfg.Pool
@@ -203,13 +205,13 @@ func BenchmarkRunReused(b *testing.B) { benchRun(b, 2, "bench") }
 // BenchmarkRunReusedPreload: the same with the data stack preloaded in each
 // container's zygote: what a fork of a larger parent costs.
 func BenchmarkRunReusedPreload(b *testing.B) {
-	benchRunWith(b, Config{Pool: 2, Preload: sandbox.DefaultPreload}, "bench")
+	benchRunWith(b, Config{Config: containerpool.Config{Pool: 2, Preload: sandbox.DefaultPreload}}, "bench")
 }
 
 // BenchmarkRunColdPreload: a container started per run (as BenchmarkRunCold)
 // with the data stack preloaded: what preloading adds to a container's start.
 func BenchmarkRunColdPreload(b *testing.B) {
-	benchRunWith(b, Config{Reuse: ReuseNone, Preload: sandbox.DefaultPreload}, "")
+	benchRunWith(b, Config{Config: containerpool.Config{Reuse: ReuseNone, Preload: sandbox.DefaultPreload}}, "")
 }
 
 // BenchmarkRunCold: a container started per run.
@@ -217,7 +219,7 @@ func BenchmarkRunCold(b *testing.B) { benchRun(b, 0, "") }
 
 func TestMissingImage(t *testing.T) {
 	newRuntime(t, Config{}) // skips when Podman is unavailable
-	_, err := New(context.Background(), Config{Image: "localhost/mcpexec-no-such-image:x", WorkerID: sandboxtest.WorkerID(t), URI: os.Getenv("MCPEXEC_PODMAN")})
+	_, err := New(context.Background(), Config{Config: containerpool.Config{Image: "localhost/mcpexec-no-such-image:x", WorkerID: sandboxtest.WorkerID(t)}, URI: os.Getenv("MCPEXEC_PODMAN")})
 	if err == nil || !strings.Contains(err.Error(), "build.sh") {
 		t.Fatalf("error %v, want one that says how to build the image", err)
 	}
@@ -229,8 +231,8 @@ func TestSessionContainerLifecycle(t *testing.T) {
 	ctx := context.Background()
 	count := func() int {
 		t.Helper()
-		rt.pool.WaitRemovals()
-		ids, err := rt.pool.List(ctx)
+		rt.Pool.WaitRemovals()
+		ids, err := rt.Pool.List(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -366,7 +368,7 @@ func TestReapsContainersOfDeadOwners(t *testing.T) {
 	}
 	gone := mk(fmt.Sprintf("%s/%d/%d", sandbox.HostName, dead.Process.Pid, 12345))
 	live := mk(sandbox.OwnerLabel)
-	ids, err := rt.pool.Ownerless(context.Background())
+	ids, err := rt.Pool.Ownerless(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,9 +381,9 @@ func TestReapsContainersOfDeadOwners(t *testing.T) {
 // a container of that size (read from its cgroup), not a warm one of the
 // default size; a job that asks for nothing gets the default.
 func TestJobSizedSandbox(t *testing.T) {
-	rt := newRuntime(t, Config{Pool: 1})
+	rt := newRuntime(t, Config{Config: containerpool.Config{Pool: 1}})
 	if !rt.Info().LimitsEnforced {
-		unavailable(t, "limits are not enforced by %s", rt.Info().URI)
+		unavailable(t, "limits are not enforced by %s", rt.Info().Address)
 	}
 	sandboxtest.WaitWarm(t, rt, 1)
 	code := `import os
@@ -420,7 +422,7 @@ print(mem[0], cpu[0])`
 // job checks that the list names every place in the container its user can
 // write: a new writable mount fails here until the sweep empties it.
 func TestReuseWithinNamespace(t *testing.T) {
-	rt := newRuntime(t, Config{Pool: 1})
+	rt := newRuntime(t, Config{Config: containerpool.Config{Pool: 1}})
 	run := func(tenant, code string) string {
 		t.Helper()
 		res, err := rt.Run(context.Background(), sandbox.Job{ID: "reuse", Tenant: tenant, Code: code, Timeout: 30 * time.Second}, nil)
@@ -549,12 +551,12 @@ print(os.getuid())`, Timeout: 30 * time.Second}, nil)
 	if _, err := os.Stat(filepath.Join(dir, "etc", "written")); err == nil {
 		t.Fatal("the job wrote into the host's root directory")
 	}
-	if _, err := New(context.Background(), Config{Rootfs: t.TempDir(), WorkerID: sandboxtest.WorkerID(t), URI: os.Getenv("MCPEXEC_PODMAN")}); err == nil || !strings.Contains(err.Error(), "usr/bin/python3") {
+	if _, err := New(context.Background(), Config{Config: containerpool.Config{WorkerID: sandboxtest.WorkerID(t)}, Rootfs: t.TempDir(), URI: os.Getenv("MCPEXEC_PODMAN")}); err == nil || !strings.Contains(err.Error(), "usr/bin/python3") {
 		t.Fatalf("an empty rootfs: %v", err)
 	}
 }
 
 // TestJavaScriptSpareOutOfReach: see sandboxtest.JavaScriptSpareOutOfReach.
 func TestJavaScriptSpareOutOfReach(t *testing.T) {
-	sandboxtest.JavaScriptSpareOutOfReach(t, newRuntime(t, Config{Pool: 1}))
+	sandboxtest.JavaScriptSpareOutOfReach(t, newRuntime(t, Config{Config: containerpool.Config{Pool: 1}}))
 }

@@ -45,7 +45,7 @@ func (r *Runtime) spec(sp containerpool.Spec) *specgen.SpecGenerator {
 	s.Stdin = &f
 
 	s.NetNS = specgen.Namespace{NSMode: specgen.NoNetwork}
-	if r.info.UserNS {
+	if r.userNS {
 		// What `podman run --userns=auto` sends: a fresh range of the
 		// "containers" subordinate ids for this container.
 		s.UserNS = specgen.Namespace{NSMode: specgen.Auto}
