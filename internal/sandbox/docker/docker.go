@@ -177,7 +177,7 @@ func (r *Runtime) connect(ctx context.Context, info *Info) error {
 	if err != nil {
 		return fmt.Errorf("docker sandbox: docker info: %w", err)
 	}
-	info.Engine = "docker"
+	info.Engine = containerpool.Docker
 	info.Address = r.cfg.Host
 	info.APIVersion = c.ClientVersion()
 	info.ServerVersion = di.ServerVersion

@@ -20,6 +20,7 @@ import (
 	"github.com/containers/podman/v5/pkg/bindings/images"
 	"github.com/containers/podman/v5/pkg/bindings/system"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 )
 
 // connect finds (or starts) the Podman service and reads its description.
@@ -67,7 +68,7 @@ func (r *Runtime) connect(ctx context.Context, info *Info) error {
 	if err != nil {
 		return fmt.Errorf("podman sandbox: podman info: %w", err)
 	}
-	info.Engine = "podman"
+	info.Engine = containerpool.Podman
 	info.Image = r.cfg.Image
 	if r.cfg.Rootfs != "" {
 		info.Image = "rootfs:" + r.cfg.Rootfs
