@@ -191,7 +191,7 @@ func runFault(t *testing.T, f fault) {
 		}
 	}
 	for _, rt := range []*podman.Runtime{rtA, rtB} {
-		args := []string{"ps", "-a", "-q", "--filter", "label=" + podman.LabelWorker + "=" + rt.Config().WorkerID}
+		args := []string{"ps", "-a", "-q", "--filter", "label=" + containerpool.LabelWorker + "=" + rt.Config().WorkerID}
 		if root := rt.Config().StorageRoot; root != "" {
 			args = append(podman.StorageFlags(root), args...)
 		}

@@ -323,7 +323,7 @@ func waitSessionEnded(t *testing.T, b *broker.Broker, session string, limit time
 // (`podman ps -q` with flags, e.g. -a or a status filter).
 func workerContainers(t *testing.T, worker string, flags ...string) string {
 	t.Helper()
-	args := append([]string{"ps", "-q", "--filter", "label=" + podman.LabelWorker + "=" + worker}, flags...)
+	args := append([]string{"ps", "-q", "--filter", "label=" + containerpool.LabelWorker + "=" + worker}, flags...)
 	out, err := exec.Command("podman", args...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("podman ps: %v %s", err, out)

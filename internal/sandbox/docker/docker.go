@@ -39,24 +39,6 @@ import (
 // deploy/sandbox builds, loaded into Docker (deploy/docker/start-dockerd.sh).
 const DefaultImage = containerpool.DefaultImage
 
-// ErrClosed is returned (wrapped) by Run and RunInSession after Close.
-var ErrClosed = containerpool.ErrClosed
-
-// Labels put on every container this package creates (containerpool's, as
-// the Podman runtime's).
-const (
-	LabelManaged = containerpool.LabelManaged
-	LabelWorker  = containerpool.LabelWorker
-	LabelJob     = containerpool.LabelJob
-	LabelOwner   = containerpool.LabelOwner
-)
-
-// Reuse modes (Config.Reuse).
-const (
-	ReuseNamespace = containerpool.ReuseNamespace
-	ReuseNone      = containerpool.ReuseNone
-)
-
 // Timeouts of the container life cycle.
 const (
 	removeTimeout  = 30 * time.Second

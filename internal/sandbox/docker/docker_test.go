@@ -58,7 +58,7 @@ var dockerEngine = sandboxtest.Engine[*Runtime]{
 			t.Fatal(err)
 		}
 		defer func() { _ = c.Close() }() // a look-up connection: nothing to do on a failed close
-		list, err := c.ContainerList(context.Background(), container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", LabelWorker+"="+worker))})
+		list, err := c.ContainerList(context.Background(), container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", containerpool.LabelWorker+"="+worker))})
 		if err != nil {
 			t.Fatal(err)
 		}

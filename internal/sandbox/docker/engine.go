@@ -87,7 +87,7 @@ func (e *engine) Create(ctx context.Context, sp containerpool.Spec) (string, err
 func (r *Runtime) listManaged(ctx context.Context, labels ...string) ([]container.Summary, error) {
 	c, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	f := filters.NewArgs(filters.Arg("label", LabelManaged+"=true"))
+	f := filters.NewArgs(filters.Arg("label", containerpool.LabelManaged+"=true"))
 	for _, l := range labels {
 		f.Add("label", l)
 	}

@@ -122,7 +122,7 @@ func (e *engine) List(ctx context.Context, labels ...string) ([]containerpool.Co
 	c, cancel := (*Runtime)(e).callCtx(ctx, 30*time.Second)
 	defer cancel()
 	list, err := containers.List(c, new(containers.ListOptions).WithAll(true).WithFilters(map[string][]string{
-		"label": append([]string{LabelManaged + "=true"}, labels...),
+		"label": append([]string{containerpool.LabelManaged + "=true"}, labels...),
 	}))
 	if err != nil {
 		return nil, err

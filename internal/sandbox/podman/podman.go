@@ -31,20 +31,6 @@ import (
 // builds it.
 const DefaultImage = containerpool.DefaultImage
 
-// Labels put on every container this package creates (containerpool's).
-const (
-	LabelManaged = containerpool.LabelManaged
-	LabelWorker  = containerpool.LabelWorker
-	LabelJob     = containerpool.LabelJob
-	LabelOwner   = containerpool.LabelOwner
-)
-
-// Reuse modes (Config.Reuse).
-const (
-	ReuseNamespace = containerpool.ReuseNamespace
-	ReuseNone      = containerpool.ReuseNone
-)
-
 // Timeouts of the container life cycle.
 const (
 	removeTimeout  = 30 * time.Second
@@ -141,6 +127,3 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r.Runtime = rt
 	return r, nil
 }
-
-// ErrClosed is returned (wrapped) by Run and RunInSession after Close.
-var ErrClosed = containerpool.ErrClosed

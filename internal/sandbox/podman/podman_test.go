@@ -79,7 +79,7 @@ var podmanEngine = sandboxtest.Engine[*Runtime]{
 	// Close may have stopped the Podman service it started: ask the CLI.
 	Left: func(t *testing.T, rt *Runtime, worker string) []string {
 		t.Helper()
-		args := []string{"ps", "-aq", "--filter", "label=" + LabelWorker + "=" + worker}
+		args := []string{"ps", "-aq", "--filter", "label=" + containerpool.LabelWorker + "=" + worker}
 		if root := rt.cfg.StorageRoot; root != "" {
 			args = append(StorageFlags(root), args...)
 		}
@@ -123,7 +123,7 @@ func TestSpecIsLockedDown(t *testing.T) {
 	if *s.ResourceLimits.Memory.Limit != 512<<20 || *s.ResourceLimits.Memory.Swap != 512<<20 || s.ResourceLimits.Pids.Limit != 128 {
 		t.Fatalf("resources %+v", s.ResourceLimits)
 	}
-	if s.Labels[LabelJob] != "job1" || s.Labels[LabelWorker] != "w" || s.Labels[LabelManaged] != "true" {
+	if s.Labels[containerpool.LabelJob] != "job1" || s.Labels[containerpool.LabelWorker] != "w" || s.Labels[containerpool.LabelManaged] != "true" {
 		t.Fatalf("labels %v", s.Labels)
 	}
 	for _, m := range s.Mounts {
