@@ -184,8 +184,11 @@ func NewServer(r Runner, opts Options) (*server.MCPServer, *Tools) {
 		server.WithToolFilter(h.namespaceServers),
 	}
 	if _, ok := r.(TaskBackend); ok {
-		// Declared here, answered by Tasks in front of mcp-go.
+		// Declared here, answered by Tasks in front of mcp-go: the
+		// 2025-11-25 tasks at initialize, the tasks extension at
+		// server/discover (2026-07-28).
 		sopts = append(sopts, server.WithTaskCapabilities(true, true, true))
+		hooks.AddAfterDiscover(discoverTasksExtension)
 	}
 	s := server.NewMCPServer(opts.Name, opts.Version, sopts...)
 	h.srv = s
