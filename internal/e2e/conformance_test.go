@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -32,9 +33,11 @@ import (
 // requirement set (the suite's --requirements); prompts-list judges that
 // mcpexec has none. The suite's other server scenarios call its fixture
 // tools, prompts and resources (test_simple_text,
-// test://static-text, test_simple_prompt, …) or the tasks extension's
-// (greet, slow_compute), which mcpexec does not have; they run too, and are
-// logged, but do not fail the test. "server-session-lifecycle" was added after
+// test://static-text, test_simple_prompt, …), which mcpexec does not have;
+// they run too, and are logged, but do not fail the test. The tasks
+// extension's scenarios call fixture tools (greet, slow_compute,
+// failing_job, …): the test serves the first three, the task ones run as
+// jobs by mcpexec's task layer, so those scenarios judge it. "server-session-lifecycle" was added after
 // 2025-11-25's release and "server-sse-polling" and "http-header-validation"
 // are pending: the suite does not score them; this test does.
 var conformanceScenarios = map[string][]string{
@@ -46,7 +49,19 @@ var conformanceScenarios = map[string][]string{
 		"server-stateless", "tools-list", "server-sse-multiple-streams", "resources-list", "prompts-list",
 		"sep-2164-resource-not-found", "dns-rebinding-protection", "caching",
 		"input-required-result-unsupported-methods", "http-header-validation",
+		// The tasks extension's, judged on mcpexec's task layer with the
+		// fixture tools taskFixtureJobs runs as jobs.
+		"tasks-capability-negotiation", "tasks-wire-fields", "tasks-request-state-removal",
+		"tasks-request-headers", "tasks-lifecycle", "tasks-dispatch-and-envelope",
 	},
+}
+
+// conformanceExpectedFailures are checks of applicable scenarios that fail
+// for want of a fixture, with the reason; any other failed check of an
+// applicable scenario fails the test.
+var conformanceExpectedFailures = map[string]string{
+	"sep-2663-tasks-get-status-failed":                 "protocol_error_job: no fixture; a job cannot be made to fail at the protocol level on demand",
+	"tasks-result-type-complete-on-non-task-responses": "calls confirm_delete: no fixture (a task's input request needs a proxied call parked for approval)",
 }
 
 // conformanceCheck is one check of a scenario's checks.json.
@@ -60,7 +75,8 @@ type conformanceCheck struct {
 // of both requirement sets (2025-11-25 and 2026-07-28) against the
 // front-end's streamable HTTP surface, built as cmd/frontend builds it on an
 // embedded broker and worker started behind app.Lazy (sandboxes as plain
-// processes: the scenarios run no code), and fails on any failed check of an applicable scenario.
+// processes, which run the task fixtures' Python), and fails on any failed
+// check of an applicable scenario but the expected ones.
 //
 // server-stateless needs diagnostic tools for five of its checks to be
 // testable (test_logging_tool, test_missing_capability,
@@ -87,13 +103,18 @@ func TestConformance(t *testing.T) {
 				checks := results[name]
 				applicable := slices.Contains(conformanceScenarios[req], name)
 				pass, fail, warn := 0, 0, 0
-				var failed, warned []string
+				var failed, failedIDs, warned []string
 				for _, c := range checks {
 					switch c.Status {
 					case "SUCCESS":
 						pass++
 					case "FAILURE":
 						fail++
+						failedIDs = append(failedIDs, c.ID)
+						if why, ok := conformanceExpectedFailures[c.ID]; ok {
+							t.Logf("%s: %s fails as expected: %s", name, c.ID, why)
+							continue
+						}
 						failed = append(failed, c.ID+": "+c.ErrorMessage)
 					case "WARNING":
 						warn++
@@ -104,8 +125,8 @@ func TestConformance(t *testing.T) {
 				if !applicable {
 					kind = "needs the suite's fixtures"
 				}
-				t.Logf("%-45s %2d passed, %d failed, %d warnings %v (%s)", name, pass, fail, warn, warned, kind)
-				if applicable && fail > 0 {
+				t.Logf("%-45s %2d passed, %d failed %v, %d warnings %v (%s)", name, pass, fail, failedIDs, warn, warned, kind)
+				if applicable && len(failed) > 0 {
 					t.Errorf("%s: %d of %d checks failed:\n  %s", name, fail, pass+fail, strings.Join(failed, "\n  "))
 				}
 			}
@@ -187,9 +208,15 @@ func startConformanceFrontend(t *testing.T) string {
 		// The diagnostic tool of the capability check needs sampling, as
 		// the suite expects.
 		ClientNeeds: mcpserver.ClientNeeds{"test_missing_capability": {"sampling": map[string]any{}}},
+		// failing_job is not made to need the tasks extension (which
+		// tasks-required-task-error expects): it is the first tool of the
+		// list, which http-header-validation calls without capabilities
+		// and must see accepted.
+		TaskTools: taskFixtureJobs,
 	}
 	srv, tools := mcpserver.NewServer(lazy, opts)
 	addDiagnosticTools(srv, tools)
+	addTaskFixtures(srv)
 	tasks := mcpserver.NewTasks(srv, lazy, opts, 0)
 	t.Cleanup(tasks.Close)
 	h := mcpserver.Handler(srv, mcpserver.HTTPOptions{Tasks: tasks, Health: lazy.Health})
@@ -214,6 +241,55 @@ func startConformanceFrontend(t *testing.T) string {
 		<-done
 	})
 	return "http://" + ln.Addr().String() + "/mcp"
+}
+
+// taskFixtureJobs are the jobs of the tasks extension scenarios' fixture
+// tools, run by the task layer exactly as run_python tasks are (a job on the
+// embedded worker, its record in the state service): slow_compute sleeps
+// `seconds` then prints its label; failing_job fails after a second (a tool
+// error: the task completes with isError).
+var taskFixtureJobs = map[string]func(any) (*jobs.Job, error){
+	"slow_compute": func(args any) (*jobs.Job, error) {
+		var a struct {
+			Seconds int    `json:"seconds"`
+			Label   string `json:"label"`
+		}
+		b, _ := json.Marshal(args)
+		if err := json.Unmarshal(b, &a); err != nil || a.Seconds < 0 || a.Seconds > 90 {
+			return nil, &jobs.InvalidError{Field: "seconds", Message: "a whole number of seconds, 0..90"}
+		}
+		label, _ := json.Marshal(a.Label) // a JSON string is a Python string literal
+		return &jobs.Job{Language: jobs.LangPython, Timeout: a.Seconds + 30,
+			Code: fmt.Sprintf("import time\ntime.sleep(%d)\nprint('computed', %s)", a.Seconds, label)}, nil
+	},
+	"failing_job": func(any) (*jobs.Job, error) {
+		return &jobs.Job{Language: jobs.LangPython, Code: "import time\ntime.sleep(1)\nraise RuntimeError('failing_job always fails')"}, nil
+	},
+}
+
+// addTaskFixtures adds the fixture tools the tasks extension's scenarios
+// call: greet (synchronous only), and slow_compute and failing_job, which
+// the task layer runs as tasks (taskFixtureJobs) and which, called without
+// the extension, answer here synchronously.
+func addTaskFixtures(srv *server.MCPServer) {
+	srv.AddTool(mcp.NewTool("greet", mcp.WithDescription("fixture: greets"), mcp.WithString("name", mcp.Required())),
+		func(_ context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return mcp.NewToolResultText("Hello, " + req.GetString("name", "") + "!"), nil
+		})
+	srv.AddTool(mcp.NewTool("slow_compute", mcp.WithDescription("fixture: sleeps, then answers"),
+		mcp.WithNumber("seconds"), mcp.WithString("label"), mcp.WithTaskSupport(mcp.TaskSupportOptional)),
+		func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(time.Duration(req.GetFloat("seconds", 0) * float64(time.Second))):
+			}
+			return mcp.NewToolResultText("computed " + req.GetString("label", "")), nil
+		})
+	srv.AddTool(mcp.NewTool("failing_job", mcp.WithDescription("fixture: fails"), mcp.WithTaskSupport(mcp.TaskSupportOptional)),
+		func(context.Context, mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return mcp.NewToolResultError("failing_job always fails"), nil
+		})
 }
 
 // addDiagnosticTools adds the tools server-stateless calls to test what a

@@ -71,6 +71,12 @@ type Options struct {
 	// before the tool runs (answered by the task layer, so NewTasks must
 	// get the same Options).
 	ClientNeeds ClientNeeds
+	// TaskTools are tools besides the run tools that the task layer runs as
+	// jobs when called as tasks: each turns a call's arguments into the job
+	// (its code and language; the layer sets the rest). The caller registers
+	// the tools themselves with mcp-go, for tools/list and for calls made
+	// without a task. The conformance test's fixture tools use it.
+	TaskTools map[string]func(arguments any) (*jobs.Job, error)
 }
 
 // Output modes of run_python's text content.

@@ -114,8 +114,12 @@ type rpcResponse struct {
 	Error   *rpcError       `json:"error,omitempty"`
 }
 
-// offers reports whether tool is one of the run tools this server offers.
+// offers reports whether tool is one of the run tools this server offers,
+// or one of its TaskTools.
 func (t *Tasks) offers(tool string) bool {
+	if _, ok := t.h.opts.TaskTools[tool]; ok {
+		return true
+	}
 	lang, ok := toolLanguage[tool]
 	return ok && slices.Contains(t.h.languages(), lang)
 }
@@ -233,7 +237,11 @@ func (t *Tasks) submit(ctx context.Context, ns string, params json.RawMessage) (
 	if tp, ok := p.Meta.TraceParent.(string); ok {
 		ctx = tracing.WithParent(ctx, tp) // _meta.traceparent, when valid, over the HTTP header
 	}
-	job, err := parseArgs(p.Name, p.Arguments)
+	parse := func(args any) (*jobs.Job, error) { return parseArgs(p.Name, args) }
+	if fn, ok := t.h.opts.TaskTools[p.Name]; ok {
+		parse = fn
+	}
+	job, err := parse(p.Arguments)
 	if err == nil {
 		err = t.h.checkServers(ctx, ns, job.Servers)
 	}
