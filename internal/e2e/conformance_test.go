@@ -19,6 +19,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
 	"github.com/mcpexec/mcpexec/internal/app"
+	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
@@ -52,7 +53,7 @@ var conformanceScenarios = map[string][]string{
 		// The tasks extension's, judged on mcpexec's task layer with the
 		// fixture tools taskFixtureJobs runs as jobs.
 		"tasks-capability-negotiation", "tasks-wire-fields", "tasks-request-state-removal",
-		"tasks-request-headers", "tasks-lifecycle", "tasks-dispatch-and-envelope",
+		"tasks-request-headers", "tasks-lifecycle", "tasks-dispatch-and-envelope", "tasks-mrtr-input",
 	},
 }
 
@@ -60,8 +61,7 @@ var conformanceScenarios = map[string][]string{
 // for want of a fixture, with the reason; any other failed check of an
 // applicable scenario fails the test.
 var conformanceExpectedFailures = map[string]string{
-	"sep-2663-tasks-get-status-failed":                 "protocol_error_job: no fixture; a job cannot be made to fail at the protocol level on demand",
-	"tasks-result-type-complete-on-non-task-responses": "calls confirm_delete: no fixture (a task's input request needs a proxied call parked for approval)",
+	"sep-2663-tasks-get-status-failed": "protocol_error_job: no fixture; a job cannot be made to fail at the protocol level on demand",
 }
 
 // conformanceCheck is one check of a scenario's checks.json.
@@ -192,9 +192,13 @@ func startConformanceFrontend(t *testing.T) string {
 	// As cmd/frontend: the stack starts in the background behind app.Lazy,
 	// which is the tools' runner and the task layer's backend.
 	lazy := app.StartLazily(app.FrontendConfig{
-		DataDir:  t.TempDir(),
-		Frontend: frontend.Config{ID: "conformance-fe", Limits: jobs.DefaultLimits()},
-		Worker:   wcfg,
+		DataDir: t.TempDir(),
+		// The fixture server's confirm tool is asked about (tool rule
+		// "ask"): confirm_delete and multi_input call it from their jobs, so
+		// their tasks wait for input while their calls are parked.
+		Frontend: frontend.Config{ID: "conformance-fe", Limits: jobs.DefaultLimits(), Tools: confirmServer{},
+			Policy: frontend.Policy{Tools: map[string]string{"fixture/confirm": "ask"}}},
+		Worker: wcfg,
 		NewRuntime: func(context.Context) (sandbox.Runtime, error) {
 			return process.New()
 		},
@@ -213,6 +217,7 @@ func startConformanceFrontend(t *testing.T) string {
 		// list, which http-header-validation calls without capabilities
 		// and must see accepted.
 		TaskTools: taskFixtureJobs,
+		Servers:   func() []string { return []string{"fixture"} },
 	}
 	srv, tools := mcpserver.NewServer(lazy, opts)
 	addDiagnosticTools(srv, tools)
@@ -247,7 +252,11 @@ func startConformanceFrontend(t *testing.T) string {
 // tools, run by the task layer exactly as run_python tasks are (a job on the
 // embedded worker, its record in the state service): slow_compute sleeps
 // `seconds` then prints its label; failing_job fails after a second (a tool
-// error: the task completes with isError).
+// error: the task completes with isError); confirm_delete and multi_input
+// call the fixture server's confirm tool, once and twice at once, which the
+// tool rules park for approval: the task is input_required until
+// tasks/update answers (an answer without approve: true denies the call,
+// which the code catches).
 var taskFixtureJobs = map[string]func(any) (*jobs.Job, error){
 	"slow_compute": func(args any) (*jobs.Job, error) {
 		var a struct {
@@ -262,15 +271,43 @@ var taskFixtureJobs = map[string]func(any) (*jobs.Job, error){
 		return &jobs.Job{Language: jobs.LangPython, Timeout: a.Seconds + 30,
 			Code: fmt.Sprintf("import time\ntime.sleep(%d)\nprint('computed', %s)", a.Seconds, label)}, nil
 	},
+	// One call of fixture/confirm, parked for approval: one input request.
+	"confirm_delete": func(args any) (*jobs.Job, error) {
+		b, _ := json.Marshal(args)
+		return &jobs.Job{Language: jobs.LangPython, Servers: []string{"fixture"}, Timeout: 60,
+			Code: fmt.Sprintf("import json\ntry:\n    print(await mcp_fixture.confirm(what=json.loads(%q)))\nexcept MCPError as e:\n    print('not confirmed:', e)", b)}, nil
+	},
+	// Two calls at once, both parked: two input requests.
+	"multi_input": func(any) (*jobs.Job, error) {
+		return &jobs.Job{Language: jobs.LangPython, Servers: []string{"fixture"}, Timeout: 60,
+			Code: "import asyncio\nasync def ask(n):\n    try:\n        return await mcp_fixture.confirm(what=n)\n    except MCPError as e:\n        return 'not confirmed: %s' % e\nprint(await asyncio.gather(ask(1), ask(2)))"}, nil
+	},
 	"failing_job": func(any) (*jobs.Job, error) {
 		return &jobs.Job{Language: jobs.LangPython, Code: "import time\ntime.sleep(1)\nraise RuntimeError('failing_job always fails')"}, nil
 	},
 }
 
+// confirmServer is a proxied MCP server, "fixture", with one tool,
+// confirm, that answers what it was given.
+type confirmServer struct{}
+
+func (confirmServer) Servers() []discovery.Server {
+	return []discovery.Server{{Name: "fixture", Description: "the conformance fixtures' server"}}
+}
+
+func (confirmServer) Tools(context.Context, string) ([]mcp.Tool, error) {
+	return []mcp.Tool{mcp.NewTool("confirm", mcp.WithDescription("confirms"))}, nil
+}
+
+func (confirmServer) CallTool(_ context.Context, _, _ string, args map[string]any) (*mcp.CallToolResult, error) {
+	b, _ := json.Marshal(args)
+	return mcp.NewToolResultText("confirmed " + string(b)), nil
+}
+
 // addTaskFixtures adds the fixture tools the tasks extension's scenarios
-// call: greet (synchronous only), and slow_compute and failing_job, which
-// the task layer runs as tasks (taskFixtureJobs) and which, called without
-// the extension, answer here synchronously.
+// call: greet (synchronous only), and the ones the task layer runs as tasks
+// (taskFixtureJobs), which, called without the extension, answer here
+// synchronously.
 func addTaskFixtures(srv *server.MCPServer) {
 	srv.AddTool(mcp.NewTool("greet", mcp.WithDescription("fixture: greets"), mcp.WithString("name", mcp.Required())),
 		func(_ context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
@@ -286,6 +323,12 @@ func addTaskFixtures(srv *server.MCPServer) {
 			}
 			return mcp.NewToolResultText("computed " + req.GetString("label", "")), nil
 		})
+	for _, name := range []string{"confirm_delete", "multi_input"} {
+		srv.AddTool(mcp.NewTool(name, mcp.WithDescription("fixture: asks, as a task"), mcp.WithString("filename"), mcp.WithTaskSupport(mcp.TaskSupportOptional)),
+			func(context.Context, mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				return mcp.NewToolResultError(name + " runs only as a task"), nil
+			})
+	}
 	srv.AddTool(mcp.NewTool("failing_job", mcp.WithDescription("fixture: fails"), mcp.WithTaskSupport(mcp.TaskSupportOptional)),
 		func(context.Context, mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 			return mcp.NewToolResultError("failing_job always fails"), nil
