@@ -54,6 +54,7 @@ var conformanceScenarios = map[string][]string{
 		// fixture tools taskFixtureJobs runs as jobs.
 		"tasks-capability-negotiation", "tasks-wire-fields", "tasks-request-state-removal",
 		"tasks-request-headers", "tasks-lifecycle", "tasks-dispatch-and-envelope", "tasks-mrtr-input",
+		"tasks-required-task-error",
 	},
 }
 
@@ -211,11 +212,12 @@ func startConformanceFrontend(t *testing.T) string {
 		Logger:    testutil.Logger(t),
 		// The diagnostic tool of the capability check needs sampling, as
 		// the suite expects.
-		ClientNeeds: mcpserver.ClientNeeds{"test_missing_capability": {"sampling": map[string]any{}}},
-		// failing_job is not made to need the tasks extension (which
-		// tasks-required-task-error expects): it is the first tool of the
-		// list, which http-header-validation calls without capabilities
-		// and must see accepted.
+		// failing_job is registered with task support "required": a client
+		// that does not declare the tasks extension cannot run it. (Not the
+		// first tool listed, confirm_delete: http-header-validation calls
+		// that one without capabilities and must see it accepted.)
+		ClientNeeds: mcpserver.ClientNeeds{"test_missing_capability": {"sampling": map[string]any{}},
+			"failing_job": {"extensions": map[string]any{mcpserver.TasksExtension: map[string]any{}}}},
 		TaskTools: taskFixtureJobs,
 		Servers:   func() []string { return []string{"fixture"} },
 	}
@@ -329,7 +331,7 @@ func addTaskFixtures(srv *server.MCPServer) {
 				return mcp.NewToolResultError(name + " runs only as a task"), nil
 			})
 	}
-	srv.AddTool(mcp.NewTool("failing_job", mcp.WithDescription("fixture: fails"), mcp.WithTaskSupport(mcp.TaskSupportOptional)),
+	srv.AddTool(mcp.NewTool("failing_job", mcp.WithDescription("fixture: fails"), mcp.WithTaskSupport(mcp.TaskSupportRequired)),
 		func(context.Context, mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 			return mcp.NewToolResultError("failing_job always fails"), nil
 		})
