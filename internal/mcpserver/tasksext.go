@@ -1,6 +1,7 @@
 package mcpserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -397,7 +398,7 @@ func discoverTasksExtension(_ context.Context, _ any, _ *mcp.DiscoverRequest, re
 // own store, and such a client must get the tool's result, never a task.
 // Anything else is returned as it is.
 func (t *Tasks) withoutLegacyTask(msg []byte) []byte {
-	if !strings.Contains(string(msg), `"task"`) {
+	if !bytes.Contains(msg, []byte(`"task"`)) { // most messages: no decoding, no copy
 		return msg
 	}
 	var m map[string]json.RawMessage
