@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -18,6 +19,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
 	"github.com/mcpexec/mcpexec/internal/app"
+	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
@@ -32,9 +34,11 @@ import (
 // requirement set (the suite's --requirements); prompts-list judges that
 // mcpexec has none. The suite's other server scenarios call its fixture
 // tools, prompts and resources (test_simple_text,
-// test://static-text, test_simple_prompt, …) or the tasks extension's
-// (greet, slow_compute), which mcpexec does not have; they run too, and are
-// logged, but do not fail the test. "server-session-lifecycle" was added after
+// test://static-text, test_simple_prompt, …), which mcpexec does not have;
+// they run too, and are logged, but do not fail the test. The tasks
+// extension's scenarios call fixture tools (greet, slow_compute,
+// failing_job, …): the test serves the first three, the task ones run as
+// jobs by mcpexec's task layer, so those scenarios judge it. "server-session-lifecycle" was added after
 // 2025-11-25's release and "server-sse-polling" and "http-header-validation"
 // are pending: the suite does not score them; this test does.
 var conformanceScenarios = map[string][]string{
@@ -46,7 +50,19 @@ var conformanceScenarios = map[string][]string{
 		"server-stateless", "tools-list", "server-sse-multiple-streams", "resources-list", "prompts-list",
 		"sep-2164-resource-not-found", "dns-rebinding-protection", "caching",
 		"input-required-result-unsupported-methods", "http-header-validation",
+		// The tasks extension's, judged on mcpexec's task layer with the
+		// fixture tools taskFixtureJobs runs as jobs.
+		"tasks-capability-negotiation", "tasks-wire-fields", "tasks-request-state-removal",
+		"tasks-request-headers", "tasks-lifecycle", "tasks-dispatch-and-envelope", "tasks-mrtr-input",
+		"tasks-required-task-error",
 	},
+}
+
+// conformanceExpectedFailures are checks of applicable scenarios that fail
+// for want of a fixture, with the reason; any other failed check of an
+// applicable scenario fails the test.
+var conformanceExpectedFailures = map[string]string{
+	"sep-2663-tasks-get-status-failed": "protocol_error_job: no fixture; a job cannot be made to fail at the protocol level on demand",
 }
 
 // conformanceCheck is one check of a scenario's checks.json.
@@ -60,7 +76,8 @@ type conformanceCheck struct {
 // of both requirement sets (2025-11-25 and 2026-07-28) against the
 // front-end's streamable HTTP surface, built as cmd/frontend builds it on an
 // embedded broker and worker started behind app.Lazy (sandboxes as plain
-// processes: the scenarios run no code), and fails on any failed check of an applicable scenario.
+// processes, which run the task fixtures' Python), and fails on any failed
+// check of an applicable scenario but the expected ones.
 //
 // server-stateless needs diagnostic tools for five of its checks to be
 // testable (test_logging_tool, test_missing_capability,
@@ -87,13 +104,18 @@ func TestConformance(t *testing.T) {
 				checks := results[name]
 				applicable := slices.Contains(conformanceScenarios[req], name)
 				pass, fail, warn := 0, 0, 0
-				var failed, warned []string
+				var failed, failedIDs, warned []string
 				for _, c := range checks {
 					switch c.Status {
 					case "SUCCESS":
 						pass++
 					case "FAILURE":
 						fail++
+						failedIDs = append(failedIDs, c.ID)
+						if why, ok := conformanceExpectedFailures[c.ID]; ok {
+							t.Logf("%s: %s fails as expected: %s", name, c.ID, why)
+							continue
+						}
 						failed = append(failed, c.ID+": "+c.ErrorMessage)
 					case "WARNING":
 						warn++
@@ -104,8 +126,8 @@ func TestConformance(t *testing.T) {
 				if !applicable {
 					kind = "needs the suite's fixtures"
 				}
-				t.Logf("%-45s %2d passed, %d failed, %d warnings %v (%s)", name, pass, fail, warn, warned, kind)
-				if applicable && fail > 0 {
+				t.Logf("%-45s %2d passed, %d failed %v, %d warnings %v (%s)", name, pass, fail, failedIDs, warn, warned, kind)
+				if applicable && len(failed) > 0 {
 					t.Errorf("%s: %d of %d checks failed:\n  %s", name, fail, pass+fail, strings.Join(failed, "\n  "))
 				}
 			}
@@ -171,9 +193,13 @@ func startConformanceFrontend(t *testing.T) string {
 	// As cmd/frontend: the stack starts in the background behind app.Lazy,
 	// which is the tools' runner and the task layer's backend.
 	lazy := app.StartLazily(app.FrontendConfig{
-		DataDir:  t.TempDir(),
-		Frontend: frontend.Config{ID: "conformance-fe", Limits: jobs.DefaultLimits()},
-		Worker:   wcfg,
+		DataDir: t.TempDir(),
+		// The fixture server's confirm tool is asked about (tool rule
+		// "ask"): confirm_delete and multi_input call it from their jobs, so
+		// their tasks wait for input while their calls are parked.
+		Frontend: frontend.Config{ID: "conformance-fe", Limits: jobs.DefaultLimits(), Tools: confirmServer{},
+			Policy: frontend.Policy{Tools: map[string]string{"fixture/confirm": "ask"}}},
+		Worker: wcfg,
 		NewRuntime: func(context.Context) (sandbox.Runtime, error) {
 			return process.New()
 		},
@@ -186,10 +212,18 @@ func startConformanceFrontend(t *testing.T) string {
 		Logger:    testutil.Logger(t),
 		// The diagnostic tool of the capability check needs sampling, as
 		// the suite expects.
-		ClientNeeds: mcpserver.ClientNeeds{"test_missing_capability": {"sampling": map[string]any{}}},
+		// failing_job is registered with task support "required": a client
+		// that does not declare the tasks extension cannot run it. (Not the
+		// first tool listed, confirm_delete: http-header-validation calls
+		// that one without capabilities and must see it accepted.)
+		ClientNeeds: mcpserver.ClientNeeds{"test_missing_capability": {"sampling": map[string]any{}},
+			"failing_job": {"extensions": map[string]any{mcpserver.TasksExtension: map[string]any{}}}},
+		TaskTools: taskFixtureJobs,
+		Servers:   func() []string { return []string{"fixture"} },
 	}
 	srv, tools := mcpserver.NewServer(lazy, opts)
 	addDiagnosticTools(srv, tools)
+	addTaskFixtures(srv)
 	tasks := mcpserver.NewTasks(srv, lazy, opts, 0)
 	t.Cleanup(tasks.Close)
 	h := mcpserver.Handler(srv, mcpserver.HTTPOptions{Tasks: tasks, Health: lazy.Health})
@@ -214,6 +248,93 @@ func startConformanceFrontend(t *testing.T) string {
 		<-done
 	})
 	return "http://" + ln.Addr().String() + "/mcp"
+}
+
+// taskFixtureJobs are the jobs of the tasks extension scenarios' fixture
+// tools, run by the task layer exactly as run_python tasks are (a job on the
+// embedded worker, its record in the state service): slow_compute sleeps
+// `seconds` then prints its label; failing_job fails after a second (a tool
+// error: the task completes with isError); confirm_delete and multi_input
+// call the fixture server's confirm tool, once and twice at once, which the
+// tool rules park for approval: the task is input_required until
+// tasks/update answers (an answer without approve: true denies the call,
+// which the code catches).
+var taskFixtureJobs = map[string]func(any) (*jobs.Job, error){
+	"slow_compute": func(args any) (*jobs.Job, error) {
+		var a struct {
+			Seconds int    `json:"seconds"`
+			Label   string `json:"label"`
+		}
+		b, _ := json.Marshal(args)
+		if err := json.Unmarshal(b, &a); err != nil || a.Seconds < 0 || a.Seconds > 90 {
+			return nil, &jobs.InvalidError{Field: "seconds", Message: "a whole number of seconds, 0..90"}
+		}
+		label, _ := json.Marshal(a.Label) // a JSON string is a Python string literal
+		return &jobs.Job{Language: jobs.LangPython, Timeout: a.Seconds + 30,
+			Code: fmt.Sprintf("import time\ntime.sleep(%d)\nprint('computed', %s)", a.Seconds, label)}, nil
+	},
+	// One call of fixture/confirm, parked for approval: one input request.
+	"confirm_delete": func(args any) (*jobs.Job, error) {
+		b, _ := json.Marshal(args)
+		return &jobs.Job{Language: jobs.LangPython, Servers: []string{"fixture"}, Timeout: 60,
+			Code: fmt.Sprintf("import json\ntry:\n    print(await mcp_fixture.confirm(what=json.loads(%q)))\nexcept MCPError as e:\n    print('not confirmed:', e)", b)}, nil
+	},
+	// Two calls at once, both parked: two input requests.
+	"multi_input": func(any) (*jobs.Job, error) {
+		return &jobs.Job{Language: jobs.LangPython, Servers: []string{"fixture"}, Timeout: 60,
+			Code: "import asyncio\nasync def ask(n):\n    try:\n        return await mcp_fixture.confirm(what=n)\n    except MCPError as e:\n        return 'not confirmed: %s' % e\nprint(await asyncio.gather(ask(1), ask(2)))"}, nil
+	},
+	"failing_job": func(any) (*jobs.Job, error) {
+		return &jobs.Job{Language: jobs.LangPython, Code: "import time\ntime.sleep(1)\nraise RuntimeError('failing_job always fails')"}, nil
+	},
+}
+
+// confirmServer is a proxied MCP server, "fixture", with one tool,
+// confirm, that answers what it was given.
+type confirmServer struct{}
+
+func (confirmServer) Servers() []discovery.Server {
+	return []discovery.Server{{Name: "fixture", Description: "the conformance fixtures' server"}}
+}
+
+func (confirmServer) Tools(context.Context, string) ([]mcp.Tool, error) {
+	return []mcp.Tool{mcp.NewTool("confirm", mcp.WithDescription("confirms"))}, nil
+}
+
+func (confirmServer) CallTool(_ context.Context, _, _ string, args map[string]any) (*mcp.CallToolResult, error) {
+	b, _ := json.Marshal(args)
+	return mcp.NewToolResultText("confirmed " + string(b)), nil
+}
+
+// addTaskFixtures adds the fixture tools the tasks extension's scenarios
+// call: greet (synchronous only), and the ones the task layer runs as tasks
+// (taskFixtureJobs), which, called without the extension, answer here
+// synchronously.
+func addTaskFixtures(srv *server.MCPServer) {
+	srv.AddTool(mcp.NewTool("greet", mcp.WithDescription("fixture: greets"), mcp.WithString("name", mcp.Required())),
+		func(_ context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return mcp.NewToolResultText("Hello, " + req.GetString("name", "") + "!"), nil
+		})
+	srv.AddTool(mcp.NewTool("slow_compute", mcp.WithDescription("fixture: sleeps, then answers"),
+		mcp.WithNumber("seconds"), mcp.WithString("label"), mcp.WithTaskSupport(mcp.TaskSupportOptional)),
+		func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(time.Duration(req.GetFloat("seconds", 0) * float64(time.Second))):
+			}
+			return mcp.NewToolResultText("computed " + req.GetString("label", "")), nil
+		})
+	for _, name := range []string{"confirm_delete", "multi_input"} {
+		srv.AddTool(mcp.NewTool(name, mcp.WithDescription("fixture: asks, as a task"), mcp.WithString("filename"), mcp.WithTaskSupport(mcp.TaskSupportOptional)),
+			func(context.Context, mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				return mcp.NewToolResultError(name + " runs only as a task"), nil
+			})
+	}
+	srv.AddTool(mcp.NewTool("failing_job", mcp.WithDescription("fixture: fails"), mcp.WithTaskSupport(mcp.TaskSupportRequired)),
+		func(context.Context, mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return mcp.NewToolResultError("failing_job always fails"), nil
+		})
 }
 
 // addDiagnosticTools adds the tools server-stateless calls to test what a

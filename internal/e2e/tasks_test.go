@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -171,4 +173,102 @@ func TestTasksOfficialSDK(t *testing.T) {
 func running(t *testing.T, worker string) string {
 	t.Helper()
 	return workerContainers(t, worker, "--filter", "status=running")
+}
+
+// TestTasksExtensionOfficialClient: the official tasks extension client
+// (@modelcontextprotocol/ext-tasks, over the SDK v2 client pinned to
+// 2026-07-28) starts run_python on one front-end, which the server makes a
+// task; the client hands the task off and that front-end is killed; a
+// client of a second front-end resumes the task and gets its result from
+// tasks/get, from the state service.
+func TestTasksExtensionOfficialClient(t *testing.T) {
+	if _, err := exec.LookPath("podman"); err != nil {
+		testutil.SkipOrFail(t, "podman is not installed (make deps)")
+	}
+	script := testutil.NodeScript(t, "ext_tasks_client.mjs")
+	bin := buildFrontend(t)
+	b := testutil.Broker(t, "", queue.DefaultConfig())
+	rt := podmantest.New(t, podman.Config{Pool: 1, WorkerID: "ext-tasks-worker"})
+	testutil.Worker(t, b, rt, worker.DefaultConfig("ext-tasks-worker"))
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte("ext-tasks-token-0123 exttasks\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	common := []string{"--nats", b.ClientURL(), "--discover=false", "--log-level", "warn", "--auth-tokens-file", tokens}
+	fe1 := startFrontend(t, bin, append(common, "--id", "ext-tasks-fe1")...)
+	fe2 := startFrontend(t, bin, append(common, "--id", "ext-tasks-fe2")...)
+
+	var started struct {
+		Kind      string          `json:"kind"`
+		TaskID    string          `json:"taskId"`
+		Status    string          `json:"status"`
+		TTL       int64           `json:"ttl"`
+		Poll      int64           `json:"poll"`
+		Reference json.RawMessage `json:"reference"`
+	}
+	runNode(t, &started, script, fe1.url(), "ext-tasks-token-0123", "start", "import time\ntime.sleep(2)\nprint('done', 6*7)")
+	if started.Kind != "task" || started.TaskID == "" || (started.Status != "working" && started.Status != "completed") ||
+		started.TTL != (7*24*time.Hour).Milliseconds() || started.Poll <= 0 || len(started.Reference) == 0 {
+		t.Fatalf("task creation: %+v", started)
+	}
+	fe1.kill(t)
+
+	var got struct {
+		Outcome   string   `json:"outcome"`
+		Text      string   `json:"text"`
+		IsError   bool     `json:"isError"`
+		JobStatus string   `json:"jobStatus"`
+		Sent      []string `json:"sent"`
+	}
+	runNode(t, &got, script, fe2.url(), "ext-tasks-token-0123", "resume", string(started.Reference))
+	if got.Outcome != "completed" || got.Text != "done 42" || got.IsError || got.JobStatus != "success" {
+		t.Fatalf("outcome from the second front-end: %+v", got)
+	}
+	if !slices.Contains(got.Sent, "tasks/get") || slices.Contains(got.Sent, "tasks/result") {
+		t.Fatalf("methods the client sent: %v", got.Sent)
+	}
+	testutil.WaitRecord(t, b, jobs.ScopedID("exttasks", started.TaskID), jobs.StatusSuccess)
+}
+
+// TestTasksExtensionApproval: a run_python task of the official tasks
+// extension client whose ts/add call the namespace's tool rules park for
+// approval: the task turns input_required with a form asking about the
+// call, the client answers it through tasks/update, and the call runs.
+func TestTasksExtensionApproval(t *testing.T) {
+	if _, err := exec.LookPath("podman"); err != nil {
+		testutil.SkipOrFail(t, "podman is not installed (make deps)")
+	}
+	script := testutil.NodeScript(t, "ext_tasks_client.mjs")
+	bin := buildFrontend(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "servers.json")
+	servers, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{
+		"ts": map[string]any{"command": testutil.TestServer(t), "description": "the test server"}}})
+	tokens, _ := json.Marshal(map[string]any{
+		"tokens":     map[string]string{"ext-tasks-token-0123": "asker"},
+		"namespaces": map[string]any{"asker": map[string]any{"tools": map[string]string{"ts/add": "ask"}}},
+	})
+	for path, data := range map[string][]byte{cfg: servers, filepath.Join(dir, "tokens.json"): tokens} {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fe := startFrontend(t, bin, "--servers", cfg, "--discover=false", "--pool", "1", "--log-level", "warn",
+		"--data", filepath.Join(dir, "data"), "--worker-id", "ext-tasks-approve", "--auth-tokens-file", filepath.Join(dir, "tokens.json"))
+	var r struct {
+		Kind    string   `json:"kind"`
+		Outcome string   `json:"outcome"`
+		Text    string   `json:"text"`
+		IsError bool     `json:"isError"`
+		Asked   []string `json:"asked"`
+		Sent    []string `json:"sent"`
+	}
+	runNode(t, &r, script, fe.url(), "ext-tasks-token-0123", "approve",
+		"try:\n    r = await mcp_ts.add(a=40, b=2)\n    print('sum', r['sum'])\nexcept MCPError as e:\n    print('MCPError:', e)")
+	if r.Kind != "task" || r.Outcome != "completed" || r.IsError || r.Text != "sum 42" {
+		t.Fatalf("approved task: %+v", r)
+	}
+	if len(r.Asked) != 1 || !strings.Contains(r.Asked[0], "ts/add") || !slices.Contains(r.Sent, "tasks/update") {
+		t.Fatalf("questions %q, methods %v", r.Asked, r.Sent)
+	}
 }

@@ -89,47 +89,66 @@ func (h *handler) askClient(ctx context.Context, ns, job string, log *slog.Logge
 
 // elicit asks the client about one parked call and passes on its answer.
 func (h *handler) elicit(ctx context.Context, a ApprovalAsker, ns string, ap jobs.Approval, log *slog.Logger) {
-	args := string(ap.Arguments)
-	if ap.ArgumentsTruncated {
-		args += fmt.Sprintf(" … (%d bytes in all)", ap.ArgumentsBytes)
-	}
+	msg, schema := approvalQuestion(ap)
 	req := mcp.ElicitationRequest{Request: mcp.Request{Method: string(mcp.MethodElicitationCreate)}, Params: mcp.ElicitationParams{
-		Message: fmt.Sprintf("The code of job %s wants to call %s/%s with %s (tool rule %q). Allow this one call?", ap.JobID, ap.Server, ap.Tool, args, ap.Rule),
-		RequestedSchema: map[string]any{
-			"type": "object",
-			"properties": map[string]any{
-				"approve": map[string]any{"type": "boolean", "title": "Allow " + ap.Server + "/" + ap.Tool, "description": "true allows this one call; false denies it"},
-				"reason":  map[string]any{"type": "string", "title": "Reason", "maxLength": 1000},
-			},
-			"required": []string{"approve"},
-		},
+		Message: msg, RequestedSchema: schema,
 	}}
 	res, err := h.srv.RequestElicitation(ctx, req)
 	if err != nil {
 		log.Debug("could not ask the client about a parked call", "approval", ap.ID, "err", err)
 		return
 	}
-	decision, reason := "deny", ""
-	switch res.Action {
-	case mcp.ElicitationResponseActionCancel:
+	decision, reason, ok := approvalAnswer(string(res.Action), res.Content)
+	if !ok {
 		return // dismissed: another answer may come
+	}
+	if _, err := a.DecideApproval(context.WithoutCancel(ctx), ns, ap.ID, decision, ElicitedBy, reason); err != nil && errs.KindOf(err) != errs.Conflict {
+		log.Warn("pass on the client's answer to a parked call", "approval", ap.ID, "err", err)
+	}
+}
+
+// approvalQuestion is the form elicitation that asks a person about a
+// parked call: its message, and a schema of approve (boolean) and reason.
+// Both elicitation/create (2025-11-25) and a task's inputRequests (the tasks
+// extension) ask with it.
+func approvalQuestion(ap jobs.Approval) (string, map[string]any) {
+	args := string(ap.Arguments)
+	if ap.ArgumentsTruncated {
+		args += fmt.Sprintf(" … (%d bytes in all)", ap.ArgumentsBytes)
+	}
+	return fmt.Sprintf("The code of job %s wants to call %s/%s with %s (tool rule %q). Allow this one call?", ap.JobID, ap.Server, ap.Tool, args, ap.Rule),
+		map[string]any{
+			"type": "object",
+			"properties": map[string]any{
+				"approve": map[string]any{"type": "boolean", "title": "Allow " + ap.Server + "/" + ap.Tool, "description": "true allows this one call; false denies it"},
+				"reason":  map[string]any{"type": "string", "title": "Reason", "maxLength": 1000},
+			},
+			"required": []string{"approve"},
+		}
+}
+
+// approvalAnswer turns an elicitation's answer (action and content) into a
+// decision: accepted with approve true approves the call; accepted with
+// false, or declined, denies it; cancelled (or an action it does not know)
+// decides nothing (ok false), leaving the call to another answer.
+func approvalAnswer(action string, content any) (decision, reason string, ok bool) {
+	switch mcp.ElicitationResponseAction(action) {
 	case mcp.ElicitationResponseActionAccept:
-		var content struct {
+		var c struct {
 			Approve bool   `json:"approve"`
 			Reason  string `json:"reason"`
 		}
-		if b, err := json.Marshal(res.Content); err == nil && json.Unmarshal(b, &content) == nil {
-			reason = content.Reason
-			if content.Approve {
-				decision = "approve"
+		if b, err := json.Marshal(content); err == nil && json.Unmarshal(b, &c) == nil {
+			reason = c.Reason
+			if c.Approve {
+				return "approve", errs.Clip(reason, 1000), true
 			}
 		}
-	default:
-		reason = "declined by the MCP client"
+		return "deny", errs.Clip(reason, 1000), true
+	case mcp.ElicitationResponseActionDecline:
+		return "deny", "declined by the MCP client", true
 	}
-	if _, err := a.DecideApproval(context.WithoutCancel(ctx), ns, ap.ID, decision, ElicitedBy, errs.Clip(reason, 1000)); err != nil && errs.KindOf(err) != errs.Conflict {
-		log.Warn("pass on the client's answer to a parked call", "approval", ap.ID, "err", err)
-	}
+	return "", "", false
 }
 
 // clientElicits reports whether the calling session declared elicitation.

@@ -71,6 +71,12 @@ type Options struct {
 	// before the tool runs (answered by the task layer, so NewTasks must
 	// get the same Options).
 	ClientNeeds ClientNeeds
+	// TaskTools are tools besides the run tools that the task layer runs as
+	// jobs when called as tasks: each turns a call's arguments into the job
+	// (its code and language; the layer sets the rest). The caller registers
+	// the tools themselves with mcp-go, for tools/list and for calls made
+	// without a task. The conformance test's fixture tools use it.
+	TaskTools map[string]func(arguments any) (*jobs.Job, error)
 }
 
 // Output modes of run_python's text content.
@@ -184,8 +190,11 @@ func NewServer(r Runner, opts Options) (*server.MCPServer, *Tools) {
 		server.WithToolFilter(h.namespaceServers),
 	}
 	if _, ok := r.(TaskBackend); ok {
-		// Declared here, answered by Tasks in front of mcp-go.
+		// Declared here, answered by Tasks in front of mcp-go: the
+		// 2025-11-25 tasks at initialize, the tasks extension at
+		// server/discover (2026-07-28).
 		sopts = append(sopts, server.WithTaskCapabilities(true, true, true))
+		hooks.AddAfterDiscover(discoverTasksExtension)
 	}
 	s := server.NewMCPServer(opts.Name, opts.Version, sopts...)
 	h.srv = s

@@ -97,6 +97,8 @@ type rpcRequest struct {
 	ID     json.RawMessage `json:"id"`
 	Method string          `json:"method"`
 	Params json.RawMessage `json:"params"`
+
+	era requestEra // read from Params' _meta
 }
 
 type rpcError struct {
@@ -112,8 +114,12 @@ type rpcResponse struct {
 	Error   *rpcError       `json:"error,omitempty"`
 }
 
-// offers reports whether tool is one of the run tools this server offers.
+// offers reports whether tool is one of the run tools this server offers,
+// or one of its TaskTools.
 func (t *Tasks) offers(tool string) bool {
+	if _, ok := t.h.opts.TaskTools[tool]; ok {
+		return true
+	}
 	lang, ok := toolLanguage[tool]
 	return ok && slices.Contains(t.h.languages(), lang)
 }
@@ -124,6 +130,9 @@ func (t *Tasks) claims(msg []byte) (rpcRequest, bool) {
 	trimmed := bytes.TrimSpace(msg)
 	if len(trimmed) == 0 || trimmed[0] != '{' || json.Unmarshal(trimmed, &req) != nil || len(req.ID) == 0 {
 		return req, false
+	}
+	if req.era = eraOf(req.Params); req.era.modern {
+		return req, t.claimsModern(req)
 	}
 	switch mcp.MCPMethod(req.Method) {
 	case mcp.MethodTasksGet, mcp.MethodTasksResult, mcp.MethodTasksList, mcp.MethodTasksCancel:
@@ -144,15 +153,20 @@ func (t *Tasks) claims(msg []byte) (rpcRequest, bool) {
 	return req, false
 }
 
-// handle answers a claimed request. session is the caller's MCP session id
-// ("" when unknown): status notifications of the tasks it starts go there.
-func (t *Tasks) handle(ctx context.Context, session string, req rpcRequest) []byte {
+// handle answers a claimed request, and returns the answer's error code (0:
+// none). session is the caller's MCP session id ("" when unknown): status
+// notifications of the 2025-11-25 tasks it starts go there.
+func (t *Tasks) handle(ctx context.Context, session string, req rpcRequest) ([]byte, int) {
 	if m := t.h.opts.Metrics; m != nil {
 		m.MCPRequest(req.Method)
 	}
 	ns := t.h.namespace(ctx)
 	var result any
 	var err *rpcError
+	if req.era.modern {
+		result, err = t.handleModern(ctx, ns, req)
+		return t.answer(req, result, err)
+	}
 	switch mcp.MCPMethod(req.Method) {
 	case mcp.MethodToolsCall:
 		var p struct {
@@ -173,19 +187,42 @@ func (t *Tasks) handle(ctx context.Context, session string, req rpcRequest) []by
 	case mcp.MethodTasksCancel:
 		result, err = t.cancelTask(ctx, ns, req.Params)
 	}
+	return t.answer(req, result, err)
+}
+
+// answer is the JSON-RPC response to req, and its error code (0: none).
+func (t *Tasks) answer(req rpcRequest, result any, err *rpcError) ([]byte, int) {
 	out, merr := json.Marshal(rpcResponse{JSONRPC: mcp.JSONRPC_VERSION, ID: req.ID, Result: result, Error: err})
 	if merr != nil {
-		out, _ = json.Marshal(rpcResponse{JSONRPC: mcp.JSONRPC_VERSION, ID: req.ID, Error: &rpcError{Code: mcp.INTERNAL_ERROR, Message: merr.Error()}})
+		err = &rpcError{Code: mcp.INTERNAL_ERROR, Message: merr.Error()}
+		out, _ = json.Marshal(rpcResponse{JSONRPC: mcp.JSONRPC_VERSION, ID: req.ID, Error: err})
 	}
-	return out
+	if err != nil {
+		return out, err.Code
+	}
+	return out, 0
 }
 
 func invalidParams(format string, args ...any) *rpcError {
 	return &rpcError{Code: mcp.INVALID_PARAMS, Message: fmt.Sprintf(format, args...)}
 }
 
-// create starts run_python as a task and answers at once with the task.
+// create starts run_python as a 2025-11-25 task and answers at once with the task.
 func (t *Tasks) create(ctx context.Context, ns, session string, params json.RawMessage) (any, *rpcError) {
+	rec, err := t.submit(ctx, ns, params)
+	if err != nil {
+		return nil, err
+	}
+	if session != "" && !rec.Status.Terminal() {
+		t.watch(ns, session, rec.Job.ID)
+	}
+	return mcp.CreateTaskResult{Task: t.task(rec)}, nil
+}
+
+// submit starts the job of a run tool's tools/call (params) without waiting
+// for it: the task's record, once the state service has it, so that any
+// front-end's tasks/get finds it.
+func (t *Tasks) submit(ctx context.Context, ns string, params json.RawMessage) (*jobs.Record, *rpcError) {
 	var p struct {
 		Name      string `json:"name"`
 		Arguments any    `json:"arguments"`
@@ -200,7 +237,11 @@ func (t *Tasks) create(ctx context.Context, ns, session string, params json.RawM
 	if tp, ok := p.Meta.TraceParent.(string); ok {
 		ctx = tracing.WithParent(ctx, tp) // _meta.traceparent, when valid, over the HTTP header
 	}
-	job, err := parseArgs(p.Name, p.Arguments)
+	parse := func(args any) (*jobs.Job, error) { return parseArgs(p.Name, args) }
+	if fn, ok := t.h.opts.TaskTools[p.Name]; ok {
+		parse = fn
+	}
+	job, err := parse(p.Arguments)
 	if err == nil {
 		err = t.h.checkServers(ctx, ns, job.Servers)
 	}
@@ -217,10 +258,7 @@ func (t *Tasks) create(ctx context.Context, ns, session string, params json.RawM
 		return nil, &rpcError{Code: mcp.INTERNAL_ERROR, Message: fmt.Sprintf("the task could not be started: %v", err)}
 	}
 	t.h.logger(ctx, ns, rec.Job.ID).Info("run_python task accepted", "namespace", ns, "servers", job.Servers, "session", job.Session, "status", rec.Status)
-	if session != "" && !rec.Status.Terminal() {
-		t.watch(ns, session, rec.Job.ID)
-	}
-	return mcp.CreateTaskResult{Task: t.task(rec)}, nil
+	return rec, nil
 }
 
 // watch sends the task's terminal status to session when the job ends, if
@@ -422,14 +460,28 @@ func (t *Tasks) HTTP(next http.Handler) http.Handler {
 		}
 		req, ok := t.claims(body)
 		if !ok {
+			body = t.withoutLegacyTask(body)
 			r.Body = io.NopCloser(bytes.NewReader(body))
+			r.ContentLength = int64(len(body))
 			next.ServeHTTP(w, r)
 			return
 		}
-		out := t.handle(r.Context(), r.Header.Get(server.HeaderKeySessionID), req)
+		var out []byte
+		var code int
+		if req.era.modern {
+			if herr := modernHeaders(r.Header, req); herr != nil {
+				out, code = t.answer(req, nil, herr)
+			}
+		}
+		if out == nil {
+			out, code = t.handle(r.Context(), r.Header.Get(server.HeaderKeySessionID), req)
+		}
 		w.Header().Set("Content-Type", "application/json")
-		if bytes.Contains(out, missingCapabilityCode) {
-			// 2026-07-28 answers a missing client capability with 400 on HTTP.
+		switch {
+		case req.era.modern:
+			// 2026-07-28 gives each error its HTTP status.
+			w.WriteHeader(modernStatus(code))
+		case code == mcp.MISSING_REQUIRED_CLIENT_CAPABILITY:
 			w.WriteHeader(http.StatusBadRequest)
 		}
 		_, _ = w.Write(out) // a client that went away has nothing to read
@@ -456,9 +508,10 @@ func (t *Tasks) Stdio(in io.Reader, out io.Writer) (io.Reader, io.Writer) {
 					t.wg.Add(1)
 					go func() {
 						defer t.wg.Done()
-						_, _ = lw.Write(append(t.handle(t.ctx, stdioSessionID, req), '\n')) // the client went away: nothing to tell it
+						out, _ := t.handle(t.ctx, stdioSessionID, req)
+						_, _ = lw.Write(append(out, '\n')) // the client went away: nothing to tell it
 					}()
-				} else if _, werr := pw.Write(line); werr != nil {
+				} else if _, werr := pw.Write(t.withoutLegacyTask(line)); werr != nil {
 					return
 				}
 			}
@@ -470,10 +523,6 @@ func (t *Tasks) Stdio(in io.Reader, out io.Writer) (io.Reader, io.Writer) {
 	}()
 	return pr, lw
 }
-
-// missingCapabilityCode is how a response refusing a call for a missing
-// client capability starts its error.
-var missingCapabilityCode = []byte(fmt.Sprintf(`"error":{"code":%d,`, mcp.MISSING_REQUIRED_CLIENT_CAPABILITY))
 
 // stdioSessionID is the id mcp-go gives the one stdio session.
 const stdioSessionID = "stdio"

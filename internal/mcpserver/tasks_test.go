@@ -259,6 +259,43 @@ func TestTasksOverStdio(t *testing.T) {
 			t.Fatalf("unexpected %+v", r)
 		}
 	}
+
+	// The same stdio serves 2026-07-28 requests, the tasks extension's
+	// among them: a task when the request declares it, the tool's result
+	// (a legacy task param stripped) when it does not.
+	meta := func(ext bool) map[string]any {
+		caps := map[string]any{}
+		if ext {
+			caps["extensions"] = map[string]any{mcpserver.TasksExtension: map[string]any{}}
+		}
+		return map[string]any{"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": caps,
+			"io.modelcontextprotocol/clientInfo": map[string]any{"name": "t", "version": "0"}}
+	}
+	send(4, "tools/call", map[string]any{"name": "run_python", "arguments": map[string]any{"code": "sleep 100ms"}, "_meta": meta(true)})
+	v2 := decode[map[string]any](t, next())
+	id, _ := v2["taskId"].(string)
+	if v2["resultType"] != "task" || id == "" {
+		t.Fatalf("modern task %v", v2)
+	}
+	send(5, "tools/call", map[string]any{"name": "run_python", "arguments": map[string]any{"code": "sleep 10ms"}, "task": map[string]any{"ttl": -1}, "_meta": meta(false)})
+	if r := decode[map[string]any](t, next()); r["taskId"] != nil || r["task"] != nil || r["content"] == nil {
+		t.Fatalf("modern call without the extension %v", r)
+	}
+	for n := 6; ; n++ {
+		send(n, "tasks/get", map[string]any{"taskId": id, "_meta": meta(true)})
+		got := decode[map[string]any](t, next())
+		if got["status"] == "completed" {
+			if res, _ := got["result"].(map[string]any); res == nil || res["content"] == nil {
+				t.Fatalf("completed %v", got)
+			}
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	send(99, "tasks/get", map[string]any{"taskId": id, "_meta": meta(false)})
+	if r := next(); r.Error == nil || r.Error.Code != -32021 {
+		t.Fatalf("tasks/get without the extension %+v", r)
+	}
 }
 
 // BenchmarkTasks measures, through HTTP and a real broker (fake runtime),

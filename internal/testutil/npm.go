@@ -10,11 +10,13 @@ import (
 )
 
 // NPMPackages are the npm packages tests use, pinned: the official TypeScript MCP
-// SDK, v1 (2025-11-25) and v2 (2026-07-28 too), to prove clients built on them
-// work, and a reference server we did not write.
+// SDK, v1 (2025-11-25) and v2 (2026-07-28 too), and the tasks extension's
+// client, to prove clients built on them work, and a reference server we did
+// not write.
 var NPMPackages = []string{
 	"@modelcontextprotocol/sdk@1.32.2",
 	"@modelcontextprotocol/client@2.4.0",
+	"@modelcontextprotocol/ext-tasks@0.2.2",
 	"@modelcontextprotocol/server-everything@2026.8.31",
 }
 
