@@ -226,3 +226,58 @@ func TestOfficialTypeScriptSDKElicitation(t *testing.T) {
 		}
 	}
 }
+
+// TestOfficialTypeScriptSDKv2InputRequired: the official TypeScript SDK v2
+// client, pinned to 2026-07-28, where a server may not send requests of its
+// own: its run_python's ts/add call is parked by the namespace's tool rules,
+// the call returns input_required with a form elicitation, the SDK's multi
+// round-trip driver asks the client's handler and retries with the answer
+// and the requestState, and the retry ends with the job's result: approved,
+// the code prints the tool's answer; denied, it handles MCPError.
+func TestOfficialTypeScriptSDKv2InputRequired(t *testing.T) {
+	if _, err := exec.LookPath("podman"); err != nil {
+		testutil.SkipOrFail(t, "podman is not installed (make deps)")
+	}
+	scriptPath := testutil.NodeScript(t, "mrtr_client.mjs")
+	bin := buildFrontend(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "servers.json")
+	servers, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{
+		"ts": map[string]any{"command": testutil.TestServer(t), "description": "the test server"}}})
+	tokens, _ := json.Marshal(map[string]any{
+		"tokens":     map[string]string{"sdk-mrtr-token-0123": "asker"},
+		"namespaces": map[string]any{"asker": map[string]any{"tools": map[string]string{"ts/add": "ask"}}},
+	})
+	for path, data := range map[string][]byte{cfg: servers, filepath.Join(dir, "tokens.json"): tokens} {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fe := startFrontend(t, bin, "--servers", cfg, "--discover=false", "--pool", "1", "--log-level", "warn",
+		"--data", filepath.Join(dir, "data"), "--worker-id", "sdk-mrtr", "--auth-tokens-file", filepath.Join(dir, "tokens.json"))
+	for _, approve := range []string{"true", "false"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		out, err := exec.CommandContext(ctx, "node", scriptPath, "http://"+fe.addr+"/mcp", "sdk-mrtr-token-0123", approve).Output()
+		cancel()
+		if err != nil {
+			t.Fatalf("node client (approve %s): %v\n%s", approve, err, out)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		var r struct {
+			Era     string   `json:"era"`
+			Text    string   `json:"text"`
+			IsError bool     `json:"isError"`
+			Asked   []string `json:"asked"`
+		}
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+			t.Fatalf("client output %s: %v", out, err)
+		}
+		want := "sum 42"
+		if approve == "false" {
+			want = "MCPError: ts/add was denied by " + mcpserver.ElicitedBy + " (approval "
+		}
+		if r.Era != "modern" || r.IsError || len(r.Asked) != 1 || !strings.Contains(r.Asked[0], "ts/add") || !strings.Contains(r.Text, want) {
+			t.Fatalf("approve %s: %+v, want the modern era, text with %q and one question", approve, r, want)
+		}
+	}
+}

@@ -370,6 +370,11 @@ func (h *handler) checkServers(ctx context.Context, ns string, names []string) e
 }
 
 func (h *handler) call(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	if req.Params.RequestState != "" || len(req.Params.InputResponses) > 0 {
+		// The retry of an input_required run (mrtr.go).
+		ctx = tracing.WithVia(ctx, req.Params.Name)
+		return h.resumeByMRTR(ctx, req), nil
+	}
 	job, err := parseArgs(req.Params.Name, req.GetRawArguments())
 	if err != nil {
 		return mcp.NewToolResultError(err.Error()), nil
@@ -388,6 +393,9 @@ func (h *handler) call(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	log := h.logger(ctx, job.Namespace, job.ID)
 	log.Info(req.Params.Name+" accepted", "namespace", job.Namespace, "servers", job.Servers, "session", job.Session)
 	h.clientLog(ctx, mcp.LoggingLevelDebug, map[string]any{"event": "accepted", "tool": req.Params.Name, "job": job.ID})
+	if a, tb, ok := h.asksByMRTR(ctx); ok {
+		return h.runByMRTR(ctx, req, job, a, tb, log), nil // mrtr.go
+	}
 	defer h.askClient(ctx, job.Namespace, job.ID, log)() // approvals.go
 	progress := progressSender(ctx, req, h.opts.MaxProgress)
 	if progress != nil {

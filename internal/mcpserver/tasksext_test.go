@@ -30,6 +30,7 @@ type modernReq struct {
 	token, method string
 	params        map[string]any
 	ext           bool              // declare the tasks extension
+	elicits       bool              // declare elicitation
 	headers       map[string]string // over the standard ones
 }
 
@@ -50,6 +51,9 @@ func (r modernReq) post(t *testing.T, url string) modernReply {
 	caps := map[string]any{}
 	if r.ext {
 		caps["extensions"] = map[string]any{mcpserver.TasksExtension: map[string]any{}}
+	}
+	if r.elicits {
+		caps["elicitation"] = map[string]any{}
 	}
 	params := maps.Clone(r.params)
 	if params == nil {
