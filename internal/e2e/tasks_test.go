@@ -188,7 +188,7 @@ func TestTasksExtensionOfficialClient(t *testing.T) {
 	script := testutil.NodeScript(t, "ext_tasks_client.mjs")
 	bin := buildFrontend(t)
 	b := testutil.Broker(t, "", queue.DefaultConfig())
-	rt := podmantest.New(t, podman.Config{Pool: 1, WorkerID: "ext-tasks-worker"})
+	rt := podmantest.New(t, podman.Config{Config: containerpool.Config{Pool: 1, WorkerID: "ext-tasks-worker"}})
 	testutil.Worker(t, b, rt, worker.DefaultConfig("ext-tasks-worker"))
 	tokens := filepath.Join(t.TempDir(), "tokens")
 	if err := os.WriteFile(tokens, []byte("ext-tasks-token-0123 exttasks\n"), 0o600); err != nil {
