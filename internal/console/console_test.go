@@ -227,6 +227,11 @@ open("out/table.csv", "w").write("a,b\n1,2\n")`
 		if rec := f.wait(t, tokA, id); rec.Status != jobs.StatusSuccess || rec.Result.Stdout != "sum 5\n" {
 			t.Fatalf("approved job: %s %+v", rec.Status, rec.Result)
 		}
+		// The job's page says who allowed the call.
+		p.hash("#/job/" + id)
+		p.until("the decision in the timeline", `(document.getElementById('timeline') || {textContent: ''}).textContent.includes('allowed by a jobs API caller of namespace "a"')`)
+		p.hash("#/approvals")
+		p.until("the approvals page", `document.getElementById('approvals-live') !== null`)
 
 		// Denied, with a reason: the code gets MCPError and goes on.
 		id = f.submit(t, tokA, map[string]any{"code": "try:\n    await mcp_ts.add(a=1, b=1)\nexcept MCPError as e:\n    print('MCPError:', e)", "servers": []string{"ts"}})
