@@ -9,6 +9,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
 )
@@ -17,7 +18,7 @@ import (
 // container gone: the container's id is the one the page's timeline names
 // (from the worker's spans).
 func TestConsoleCancelPodman(t *testing.T) {
-	rt := podmantest.New(t, podman.Config{Pool: 1})
+	rt := podmantest.New(t, podman.Config{Config: containerpool.Config{Pool: 1}})
 	f := startFleet(t, rt, false)
 	p := newPage(t, f.url)
 	p.signIn(tokA)

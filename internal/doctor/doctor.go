@@ -25,8 +25,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/oauth"
 	"github.com/mcpexec/mcpexec/internal/queue"
-	"github.com/mcpexec/mcpexec/internal/sandbox/docker"
-	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 )
 
 // Status is the outcome of one check.
@@ -59,11 +57,9 @@ type Config struct {
 	// ExpectWorkers also checks that a worker and the state service answer (a
 	// front-end of a fleet needs both).
 	ExpectWorkers bool
-	// Sandbox is the Podman runtime to check, or Docker the Docker runtime;
-	// both nil skips the sandbox checks (SkipSandboxReason says why). Pool and
-	// WorkerID are overridden.
-	Sandbox           *podman.Config
-	Docker            *docker.Config
+	// Sandbox is the container runtime to check; nil skips the sandbox
+	// checks (SkipSandboxReason says why).
+	Sandbox           *Sandbox
 	SkipSandboxReason string
 	// RuntimeReason, when set, says which runtime was chosen and why
 	// (--runtime); it is reported first.
@@ -83,16 +79,10 @@ var ErrFailed = errors.New("doctor: checks failed")
 // Run performs the checks and returns their outcomes in order.
 func Run(ctx context.Context, cfg Config) []Check {
 	var out []Check
-	if cfg.RuntimeReason != "" && (cfg.Sandbox != nil || cfg.Docker != nil) {
-		name := "podman"
-		if cfg.Docker != nil {
-			name = "docker"
-		}
-		out = append(out, Check{Name: "runtime", Status: OK, Detail: name + " (" + cfg.RuntimeReason + ")"})
+	if cfg.RuntimeReason != "" && cfg.Sandbox != nil {
+		out = append(out, Check{Name: "runtime", Status: OK, Detail: cfg.Sandbox.Engine + " (" + cfg.RuntimeReason + ")"})
 	}
 	switch {
-	case cfg.Docker != nil:
-		out = append(out, checkDocker(ctx, *cfg.Docker)...)
 	case cfg.Sandbox != nil:
 		out = append(out, checkSandbox(ctx, *cfg.Sandbox)...)
 	default:
@@ -186,19 +176,6 @@ print(json.dumps({
     "tmp": mounts.get("/tmp"), "workspace": mounts.get("/workspace"),
     "env": sorted(os.environ),
 }))`
-
-const fixLimits = "run the worker where Podman enforces limits: rootful Podman (run the worker as root, --podman unix:///run/podman/podman.sock) or rootless Podman on a cgroups v2 host with the memory, pids and cpu controllers delegated to the user"
-
-const fixDockerLimits = "run the worker against a Docker engine that enforces limits: a rootful engine (sudo deploy/docker/start-dockerd.sh) on a host whose cgroups have the memory (with swap accounting), pids and cpu controllers"
-
-var (
-	podmanFixes = fixes{engine: "Podman", limits: fixLimits,
-		seccomp: "install Podman's default seccomp profile (containers-common, /usr/share/containers/seccomp.json)",
-		env:     "check containers.conf [containers] env and env_host"}
-	dockerFixes = fixes{engine: "Docker", limits: fixDockerLimits,
-		seccomp: "run the engine with its default seccomp profile (no --seccomp-profile unconfined; Docker built with seccomp)",
-		env:     "check the image's ENV (docker image inspect)"}
-)
 
 func checkNATS(ctx context.Context, cfg Config) []Check {
 	var out []Check

@@ -15,6 +15,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/docker"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/testutil"
@@ -157,8 +158,7 @@ func checkNamed(checks []Check, name string) Check {
 func TestSyncChecks(t *testing.T) {
 	ctx := context.Background()
 	qcfg := queue.DefaultConfig()
-	b, err := broker.Start(ctx, broker.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:-1", Queue: qcfg, Logger: testutil.Logger(t),
-		ServerName: "sync-node", Sync: broker.SyncPolicy{Interval: 2 * time.Minute}})
+	b, err := broker.Start(ctx, broker.Config{Logger: testutil.Logger(t), DataDir: t.TempDir(), Listen: "127.0.0.1:-1", Queue: qcfg, ServerName: "sync-node", Sync: broker.SyncPolicy{Interval: 2 * time.Minute}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,81 +182,82 @@ func TestSyncChecks(t *testing.T) {
 	}
 }
 
-func podmanConfig(t *testing.T) *podman.Config {
-	t.Helper()
-	if _, err := exec.LookPath("podman"); err != nil {
-		testutil.SkipOrFail(t, "podman is not installed (make deps)")
-	}
-	return &podman.Config{URI: os.Getenv("MCPEXEC_PODMAN"), Image: os.Getenv("MCPEXEC_IMAGE"), Logger: testutil.Logger(t)}
+// testEngines open each container engine's runtime as the worker does, on
+// the engine the test environment names.
+var testEngines = []struct {
+	name string
+	// open returns the engine's opener, or skips t where it is not installed.
+	open     func(t *testing.T) func(ctx context.Context, cfg containerpool.Config) (Runtime, error)
+	skip     func(tb testing.TB, format string, args ...any)
+	required []string // checks that must pass where the engine enforces limits
+}{
+	{
+		name: containerpool.Podman,
+		open: func(t *testing.T) func(ctx context.Context, cfg containerpool.Config) (Runtime, error) {
+			if _, err := exec.LookPath("podman"); err != nil {
+				testutil.SkipOrFail(t, "podman is not installed (make deps)")
+			}
+			return func(ctx context.Context, cfg containerpool.Config) (Runtime, error) {
+				return podman.New(ctx, podman.Config{Config: cfg, URI: os.Getenv("MCPEXEC_PODMAN")})
+			}
+		},
+		skip:     testutil.SkipOrFail,
+		required: []string{"memory limit", "pids limit", "user", "network", "read-only root", "rlimit nofile", "libraries"},
+	},
+	{
+		name: containerpool.Docker,
+		open: func(*testing.T) func(ctx context.Context, cfg containerpool.Config) (Runtime, error) {
+			return func(ctx context.Context, cfg containerpool.Config) (Runtime, error) {
+				return docker.New(ctx, docker.Config{Config: cfg, Host: testutil.DockerHost()})
+			}
+		},
+		skip: testutil.SkipOrFailDocker,
+		required: []string{"memory limit", "swap limit", "pids limit", "cpu limit", "user", "capabilities", "no_new_privs", "seccomp",
+			"network", "read-only root", "tmpfs /tmp", "tmpfs /workspace", "rlimit nofile", "rlimit nproc", "environment", "languages", "libraries"},
+	},
 }
 
+// TestSandboxChecks: on each engine, a working host passes the sandbox
+// checks, one that does not enforce limits fails them, and a missing image
+// is reported.
 func TestSandboxChecks(t *testing.T) {
-	cfg := podmanConfig(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	checks := Run(ctx, Config{Sandbox: cfg})
-	var b bytes.Buffer
-	err := Report(&b, "doctor", checks)
-	t.Log(b.String())
-	if statusOf(checks, "podman api") == Fail {
-		testutil.SkipOrFail(t, "Podman unavailable: %s", b.String())
-	}
-	if statusOf(checks, "podman mode") == Fail {
-		// A host where limits are not enforced must say so, and fail.
-		if err == nil || statusOf(checks, "memory limit") != Fail {
-			t.Fatalf("limits not enforced but the report passed")
-		}
-		return
-	}
-	if err != nil {
-		t.Fatalf("doctor failed on a working host: %v", err)
-	}
-	for _, name := range []string{"memory limit", "pids limit", "user", "network", "read-only root", "rlimit nofile", "libraries"} {
-		if statusOf(checks, name) != OK {
-			t.Errorf("%s: %s", name, statusOf(checks, name))
-		}
-	}
+	for _, e := range testEngines {
+		t.Run(e.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			box := &Sandbox{Engine: e.name, Open: e.open(t),
+				Config: containerpool.Config{Image: os.Getenv("MCPEXEC_IMAGE"), Logger: testutil.Logger(t)}}
+			checks := Run(ctx, Config{Sandbox: box, RuntimeReason: "--runtime " + e.name})
+			var b bytes.Buffer
+			err := Report(&b, "doctor", checks)
+			t.Log(b.String())
+			if statusOf(checks, e.name+" api") == Fail {
+				e.skip(t, "%s unavailable: %s", e.name, b.String())
+			}
+			if statusOf(checks, "runtime") != OK || !strings.Contains(b.String(), e.name+" (--runtime "+e.name+")") {
+				t.Fatalf("the chosen runtime is not reported")
+			}
+			if statusOf(checks, e.name+" mode") == Fail {
+				// A host where limits are not enforced must say so, and fail.
+				if err == nil || statusOf(checks, "memory limit") != Fail && statusOf(checks, "swap limit") != Fail && statusOf(checks, "pids limit") != Fail {
+					t.Fatalf("limits not enforced but the report passed")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("doctor failed on a working host: %v", err)
+			}
+			for _, name := range e.required {
+				if statusOf(checks, name) != OK {
+					t.Errorf("%s: %s", name, statusOf(checks, name))
+				}
+			}
 
-	cfg.Image = "localhost/mcpexec-no-such-image:doctor"
-	checks = Run(ctx, Config{Sandbox: cfg})
-	if statusOf(checks, "sandbox image") != Fail {
-		t.Fatalf("missing image not reported: %+v", checks)
-	}
-}
-
-func TestDockerChecks(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cfg := &docker.Config{Host: testutil.DockerHost(), Image: os.Getenv("MCPEXEC_IMAGE"), Logger: testutil.Logger(t)}
-	checks := Run(ctx, Config{Docker: cfg, RuntimeReason: "--runtime docker"})
-	var b bytes.Buffer
-	err := Report(&b, "doctor", checks)
-	t.Log(b.String())
-	if statusOf(checks, "docker api") == Fail {
-		testutil.SkipOrFailDocker(t, "Docker unavailable: %s", b.String())
-	}
-	if statusOf(checks, "runtime") != OK || !strings.Contains(b.String(), "docker (--runtime docker)") {
-		t.Fatalf("the chosen runtime is not reported")
-	}
-	if statusOf(checks, "docker mode") == Fail {
-		if err == nil || statusOf(checks, "memory limit") != Fail && statusOf(checks, "swap limit") != Fail && statusOf(checks, "pids limit") != Fail {
-			t.Fatalf("limits not enforced but the report passed")
-		}
-		return
-	}
-	if err != nil {
-		t.Fatalf("doctor failed on a working host: %v", err)
-	}
-	for _, name := range []string{"memory limit", "swap limit", "pids limit", "cpu limit", "user", "capabilities", "no_new_privs", "seccomp",
-		"network", "read-only root", "tmpfs /tmp", "tmpfs /workspace", "rlimit nofile", "rlimit nproc", "environment", "languages", "libraries"} {
-		if statusOf(checks, name) != OK {
-			t.Errorf("%s: %s", name, statusOf(checks, name))
-		}
-	}
-
-	cfg.Image = "localhost/mcpexec-no-such-image:doctor"
-	checks = Run(ctx, Config{Docker: cfg})
-	if statusOf(checks, "sandbox image") != Fail {
-		t.Fatalf("missing image not reported: %+v", checks)
+			box.Config.Image = "localhost/mcpexec-no-such-image:doctor"
+			checks = Run(ctx, Config{Sandbox: box})
+			if statusOf(checks, "sandbox image") != Fail {
+				t.Fatalf("missing image not reported: %+v", checks)
+			}
+		})
 	}
 }

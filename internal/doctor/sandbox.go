@@ -12,8 +12,7 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/sandbox"
-	"github.com/mcpexec/mcpexec/internal/sandbox/docker"
-	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 )
 
 // probe is what probeCode prints.
@@ -39,53 +38,82 @@ type probe struct {
 	Env        []string `json:"env"`
 }
 
-func checkSandbox(ctx context.Context, cfg podman.Config) []Check {
+// Sandbox is a container runtime to check.
+type Sandbox struct {
+	// Engine names the engine (containerpool.Podman, containerpool.Docker).
+	Engine string
+	// Address is the engine's API address where the configuration names it,
+	// for the report of an engine that answers without the image.
+	Address string
+	// Config is the runtime's configuration; doctor sets Pool, WorkerID,
+	// Limits (when zero) and Image (when empty).
+	Config containerpool.Config
+	// Open opens the engine's runtime of cfg.
+	Open func(ctx context.Context, cfg containerpool.Config) (Runtime, error)
+}
+
+// Runtime is a container runtime as doctor checks it.
+type Runtime interface {
+	sandbox.Runtime
+	Info() containerpool.Info
+	Close() error
+}
+
+// checkSandbox opens s's runtime and checks its engine and a sandbox of it.
+func checkSandbox(ctx context.Context, s Sandbox) []Check {
+	e := engines[s.Engine]
+	api := s.Engine + " api"
+	cfg := s.Config
 	cfg.Pool = 0
 	cfg.WorkerID = probeWorkerID()
 	cfg.Limits = limitsOrDefault(cfg.Limits)
 	if cfg.Image == "" {
-		cfg.Image = podman.DefaultImage
+		cfg.Image = containerpool.DefaultImage
 	}
 	var out []Check
 	start := time.Now()
-	rt, err := podman.New(ctx, cfg)
+	rt, err := s.Open(ctx, cfg)
 	if errors.Is(err, sandbox.ErrNoImage) {
-		return append(out, Check{Name: "podman api", Status: OK, Detail: "answered"}, missingImage(cfg.Image))
+		return append(out, Check{Name: api, Status: OK, Detail: strings.TrimSpace(s.Address + " answered")}, e.noImage(cfg.Image, s.Address))
 	}
 	if err != nil {
-		return append(out, Check{Name: "podman api", Status: Fail, Detail: err.Error(),
-			Fix: "install Podman (apt-get install podman runc uidmap) and start its API: `podman system service --time=0` (rootless: as the worker's user; rootful: as root, socket /run/podman/podman.sock), or pass --podman URI"})
+		return append(out, Check{Name: api, Status: Fail, Detail: err.Error(), Fix: e.apiFix})
 	}
 	defer func() { _ = rt.Close() }() // the checks are done: a failure changes none of them
 	info := rt.Info()
 	mode := rootMode(info.Rootless)
-	started := ""
-	if info.StartedService {
-		started = ", service started by mcpexec"
+	detail := info.Address + " (" + e.title + " " + info.ServerVersion
+	if info.APIVersion != "" {
+		detail += ", API " + info.APIVersion
 	}
-	out = append(out, Check{Name: "podman api", Status: OK,
-		Detail: fmt.Sprintf("%s (Podman %s, %s, cgroups %s, OCI runtime %s%s)", info.URI, info.ServerVersion, mode, info.CgroupsVersion, info.OCIRuntime, started)})
+	detail += ", " + mode + ", cgroups " + info.CgroupsVersion
+	if info.CgroupDriver != "" {
+		detail += " with " + info.CgroupDriver
+	}
+	detail += ", OCI runtime " + info.OCIRuntime
+	if info.StartedService {
+		detail += ", service started by mcpexec"
+	}
+	out = append(out, Check{Name: api, Status: OK, Detail: detail + ")"})
 	switch {
 	case !info.LimitsEnforced:
-		out = append(out, Check{Name: "podman mode", Status: Fail,
-			Detail: fmt.Sprintf("%s Podman on cgroups %s: memory, pids and CPU limits are NOT enforced", mode, info.CgroupsVersion), Fix: fixLimits})
+		out = append(out, Check{Name: s.Engine + " mode", Status: Fail, Detail: e.unlimits(info), Fix: e.fixes.limits})
 	case !info.Rootless:
-		out = append(out, Check{Name: "podman mode", Status: Warn,
-			Detail: "rootful Podman: limits are enforced, but the worker and Podman run as root (sandboxed code still runs as an unprivileged user with no capabilities)",
-			Fix:    "for defence in depth run the worker as a dedicated user with rootless Podman on a cgroups v2 host (rootless on cgroups v1 cannot enforce limits)"})
+		c := e.rootful
+		c.Name = s.Engine + " mode"
+		out = append(out, c)
 	default:
-		out = append(out, Check{Name: "podman mode", Status: OK, Detail: "rootless, limits enforced by cgroups " + info.CgroupsVersion})
+		out = append(out, Check{Name: s.Engine + " mode", Status: OK, Detail: "rootless, limits enforced by cgroups " + info.CgroupsVersion})
 	}
 	if info.UserNS {
 		out = append(out, Check{Name: "user namespaces", Status: OK, Detail: "each sandbox has its own (--userns=auto)"})
 	} else {
-		out = append(out, Check{Name: "user namespaces", Status: Warn,
-			Detail: "sandboxes share the host's user namespace: " + info.UserNSNote,
-			Fix:    "sandboxed code still runs as an unprivileged user with no capabilities; a user namespace per sandbox adds a second wall"})
+		c := e.noUserNS(info)
+		c.Name = "user namespaces"
+		out = append(out, c)
 	}
 	out = append(out, Check{Name: "sandbox image", Status: OK, Detail: cfg.Image})
-	return append(out, probeChecks(ctx, rt, cfg.Limits, cfg.Image, start, podmanFixes,
-		"run `podman run --rm --runtime "+info.OCIRuntime+" "+cfg.Image+" python3 -c 'print(1)'` to see Podman's own error; on cgroups v1 hosts use --oci-runtime runc")...)
+	return append(out, probeChecks(ctx, rt, cfg.Limits, cfg.Image, start, e.fixes, e.startFix(info, cfg.Image))...)
 }
 
 // probeChecks runs the probe in a sandbox of rt and checks what it reads back.
@@ -106,51 +134,6 @@ func probeChecks(ctx context.Context, rt sandbox.Runtime, l sandbox.Limits, imag
 	}
 	out = append(out, languageCheck(ctx, rt, image), libraryCheck(ctx, rt, image))
 	return append(out, limitChecksFor(l, p, fx)...)
-}
-
-// checkDocker checks the Docker runtime.
-func checkDocker(ctx context.Context, cfg docker.Config) []Check {
-	cfg.Pool = 0
-	cfg.WorkerID = probeWorkerID()
-	cfg.Limits = limitsOrDefault(cfg.Limits)
-	if cfg.Image == "" {
-		cfg.Image = docker.DefaultImage
-	}
-	var out []Check
-	start := time.Now()
-	rt, err := docker.New(ctx, cfg)
-	if errors.Is(err, sandbox.ErrNoImage) {
-		return append(out,
-			Check{Name: "docker api", Status: OK, Detail: docker.HostOf(cfg.Host) + " answered"},
-			Check{Name: "sandbox image", Status: Fail, Detail: cfg.Image + " is missing in Docker",
-				Fix: fmt.Sprintf("build it and load it: sudo deploy/sandbox/build.sh %s && sudo deploy/docker/start-dockerd.sh %s (podman save %s | docker load; the worker does it itself with --build-image)", cfg.Image, cfg.Image, cfg.Image)})
-	}
-	if err != nil {
-		return append(out, Check{Name: "docker api", Status: Fail, Detail: err.Error(),
-			Fix: "install Docker (apt-get install docker.io) and start an engine: sudo deploy/docker/start-dockerd.sh (socket /run/mcpexec-docker.sock), then pass --docker unix:///run/mcpexec-docker.sock; or point --docker (DOCKER_HOST) at a running engine"})
-	}
-	defer func() { _ = rt.Close() }() // a probe runtime: its close error changes no check
-	info := rt.Info()
-	mode := rootMode(info.Rootless)
-	out = append(out, Check{Name: "docker api", Status: OK,
-		Detail: fmt.Sprintf("%s (Docker %s, API %s, %s, cgroups v%s with %s, OCI runtime %s)", info.Host, info.ServerVersion, info.APIVersion, mode, info.CgroupsVersion, info.CgroupDriver, info.OCIRuntime)})
-	switch {
-	case !info.LimitsEnforced:
-		out = append(out, Check{Name: "docker mode", Status: Fail,
-			Detail: fmt.Sprintf("the engine does not enforce these limits: %s", strings.Join(info.Missing, ", ")), Fix: fixDockerLimits})
-	case !info.Rootless:
-		out = append(out, Check{Name: "docker mode", Status: Warn,
-			Detail: "rootful Docker: limits are enforced, but the engine runs as root (sandboxed code still runs as an unprivileged user with no capabilities)",
-			Fix:    "for defence in depth use Podman (rootless on a cgroups v2 host), which also gives each sandbox its own user namespace"})
-	default:
-		out = append(out, Check{Name: "docker mode", Status: OK, Detail: "rootless, limits enforced by cgroups v" + info.CgroupsVersion})
-	}
-	out = append(out, Check{Name: "user namespaces", Status: Warn,
-		Detail: "Docker gives sandboxes no user namespace of their own (only the engine-wide --userns-remap)",
-		Fix:    "sandboxed code still runs as an unprivileged user with no capabilities; --runtime podman gives each sandbox its own user namespace, a second wall"})
-	out = append(out, Check{Name: "sandbox image", Status: OK, Detail: cfg.Image})
-	return append(out, probeChecks(ctx, rt, cfg.Limits, cfg.Image, start, dockerFixes,
-		"run `docker -H "+info.Host+" run --rm --network none "+cfg.Image+" python3 -c 'print(1)'` to see Docker's own error")...)
 }
 
 // fixes are the engine's words in the fix lines of limitChecksFor.
@@ -228,7 +211,9 @@ func libraryCheck(ctx context.Context, rt sandbox.Runtime, image string) Check {
 }
 
 // limitChecks compares what a Podman container sees with the configured limits.
-func limitChecks(l sandbox.Limits, p probe) []Check { return limitChecksFor(l, p, podmanFixes) }
+func limitChecks(l sandbox.Limits, p probe) []Check {
+	return limitChecksFor(l, p, engines[containerpool.Podman].fixes)
+}
 
 // limitChecksFor compares what the container sees with the configured limits;
 // fx words the fixes for its engine.

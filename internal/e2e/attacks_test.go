@@ -21,6 +21,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
 	"github.com/mcpexec/mcpexec/internal/sandbox/sandboxtest"
@@ -79,7 +80,7 @@ func TestAttacksThroughFleet(t *testing.T) {
 		t.Skip("attacks through Podman")
 	}
 	b := testutil.Broker(t, "", queue.DefaultConfig())
-	rt := podmantest.New(t, podman.Config{Pool: 2})
+	rt := podmantest.New(t, podman.Config{Config: containerpool.Config{Pool: 2}})
 	wc := worker.DefaultConfig("attacked")
 	testutil.Worker(t, b, rt, wc)
 	m := metrics.New("frontend")

@@ -15,6 +15,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
@@ -49,7 +50,7 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 func BenchmarkRunPythonFleet(b *testing.B) {
 	bk := testutil.Broker(b, "", queue.DefaultConfig())
 	const pool = 2
-	rt := podmantest.New(b, podman.Config{Pool: pool})
+	rt := podmantest.New(b, podman.Config{Config: containerpool.Config{Pool: pool}})
 	testutil.Worker(b, bk, rt, worker.DefaultConfig("bench-worker"))
 	fe := testutil.Frontend(b, bk, "bench-fe")
 	c := testutil.MCPClient(b, fe)
@@ -141,7 +142,7 @@ func BenchmarkRunPythonFleet(b *testing.B) {
 //	go test -tags "$TAGS" -run '^$' -bench RunPythonPaced -benchtime 100x ./internal/e2e
 func BenchmarkRunPythonPaced(b *testing.B) {
 	bk := testutil.Broker(b, "", queue.DefaultConfig())
-	rt := podmantest.New(b, podman.Config{Pool: worker.DefaultConfig("").Slots})
+	rt := podmantest.New(b, podman.Config{Config: containerpool.Config{Pool: worker.DefaultConfig("").Slots}})
 	testutil.Worker(b, bk, rt, worker.DefaultConfig("bench-worker"))
 	fe := testutil.Frontend(b, bk, "bench-fe")
 	c := testutil.MCPClient(b, fe)
@@ -234,7 +235,7 @@ print(1)`
 //	go test -tags "$TAGS" -run '^$' -bench RunData -benchtime 50x ./internal/e2e
 func BenchmarkRunData(b *testing.B) {
 	bk := testutil.Broker(b, "", queue.DefaultConfig())
-	rt := podmantest.New(b, podman.Config{Pool: worker.DefaultConfig("").Slots, Preload: sandbox.DefaultPreload})
+	rt := podmantest.New(b, podman.Config{Config: containerpool.Config{Pool: worker.DefaultConfig("").Slots, Preload: sandbox.DefaultPreload}})
 	testutil.Worker(b, bk, rt, worker.DefaultConfig("bench-worker"))
 	fe := testutil.Frontend(b, bk, "bench-fe")
 	c := testutil.MCPClient(b, fe)
@@ -296,7 +297,7 @@ func BenchmarkRunData(b *testing.B) {
 //	go test -tags "$TAGS" -run '^$' -bench RunLanguages -benchtime 100x ./internal/e2e
 func BenchmarkRunLanguages(b *testing.B) {
 	bk := testutil.Broker(b, "", queue.DefaultConfig())
-	rt := podmantest.New(b, podman.Config{Pool: worker.DefaultConfig("").Slots})
+	rt := podmantest.New(b, podman.Config{Config: containerpool.Config{Pool: worker.DefaultConfig("").Slots}})
 	if !slices.Contains(sandbox.Languages(rt), sandbox.JavaScript) {
 		b.Fatalf("the sandbox image runs %v: rebuild it with Node.js (sudo deploy/sandbox/build.sh --force)", sandbox.Languages(rt))
 	}

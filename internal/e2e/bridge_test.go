@@ -8,6 +8,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/mcpclients"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
@@ -320,7 +321,7 @@ except RuntimeError as e:
 // stdio MCP server, each as a run_python call.
 func TestBridgePrograms(t *testing.T) {
 	b := testutil.Broker(t, "", queue.DefaultConfig())
-	rt := podmantest.New(t, podman.Config{Pool: 1})
+	rt := podmantest.New(t, podman.Config{Config: containerpool.Config{Pool: 1}})
 	testutil.Worker(t, b, rt, worker.DefaultConfig("e2e-worker"))
 	pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "GitHub", nil),
 		testutil.TestServerDef(t, "filesystem", nil), testutil.TestServerDef(t, "demo-server", nil))

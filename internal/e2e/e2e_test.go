@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
@@ -16,7 +17,7 @@ import (
 // Podman container; the result comes back and is recorded by the broker.
 func TestRunPythonInPodman(t *testing.T) {
 	b := testutil.Broker(t, "", queue.DefaultConfig())
-	rt := podmantest.New(t, podman.Config{Pool: 1})
+	rt := podmantest.New(t, podman.Config{Config: containerpool.Config{Pool: 1}})
 	testutil.Worker(t, b, rt, worker.DefaultConfig("e2e-worker"))
 	fe := testutil.Frontend(t, b, "e2e-fe")
 	c := testutil.MCPClient(t, fe)

@@ -16,6 +16,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
@@ -121,12 +122,12 @@ func runFault(t *testing.T, f fault) {
 	reapOrphanRuncInits(t)
 	q := queue.DefaultConfig()
 	b := testutil.Broker(t, "", q)
-	cfgA := podman.Config{Pool: 2, WorkerID: "fault-a-" + randomID()}
+	cfgA := podman.Config{Config: containerpool.Config{Pool: 2, WorkerID: "fault-a-" + randomID()}}
 	if f.setup != nil {
 		f.setup(t, &cfgA)
 	}
 	rtA := podmantest.New(t, cfgA)
-	rtB := podmantest.New(t, podman.Config{Pool: 2, WorkerID: "fault-b-" + randomID()})
+	rtB := podmantest.New(t, podman.Config{Config: containerpool.Config{Pool: 2, WorkerID: "fault-b-" + randomID()}})
 	wcfg := func(id string) worker.Config {
 		c := worker.DefaultConfig(id)
 		c.Queue, c.Slots, c.RetryDelay, c.FetchWait = q, 2, 200*time.Millisecond, 500*time.Millisecond
@@ -190,7 +191,7 @@ func runFault(t *testing.T, f fault) {
 		}
 	}
 	for _, rt := range []*podman.Runtime{rtA, rtB} {
-		args := []string{"ps", "-a", "-q", "--filter", "label=" + podman.LabelWorker + "=" + rt.Config().WorkerID}
+		args := []string{"ps", "-a", "-q", "--filter", "label=" + containerpool.LabelWorker + "=" + rt.Config().WorkerID}
 		if root := rt.Config().StorageRoot; root != "" {
 			args = append(podman.StorageFlags(root), args...)
 		}

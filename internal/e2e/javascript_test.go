@@ -14,6 +14,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
@@ -25,7 +26,7 @@ import (
 // Python both ways, and keeps a session's globals across two calls.
 func TestJavaScriptThroughTheFleet(t *testing.T) {
 	b := testutil.Broker(t, "", queue.DefaultConfig())
-	rt := podmantest.New(t, podman.Config{Pool: 1})
+	rt := podmantest.New(t, podman.Config{Config: containerpool.Config{Pool: 1}})
 	if !slices.Contains(sandbox.Languages(rt), sandbox.JavaScript) {
 		t.Fatalf("the sandbox image runs %v: rebuild it with Node.js (sudo deploy/sandbox/build.sh --force)", sandbox.Languages(rt))
 	}

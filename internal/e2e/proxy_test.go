@@ -8,6 +8,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/mcpclients"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
@@ -20,7 +21,7 @@ import (
 // memory, and measures the round trip of one proxied call.
 func TestProxiedCallsFromPodman(t *testing.T) {
 	b := testutil.Broker(t, "", queue.DefaultConfig())
-	rt := podmantest.New(t, podman.Config{Pool: 1})
+	rt := podmantest.New(t, podman.Config{Config: containerpool.Config{Pool: 1}})
 	testutil.Worker(t, b, rt, worker.DefaultConfig("e2e-worker"))
 	pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil), testutil.TestServerDef(t, "other", nil))
 	fe := testutil.FrontendWith(t, b, frontend.Config{ID: "e2e-fe", Tools: pool})

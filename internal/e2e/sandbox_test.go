@@ -18,6 +18,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
@@ -44,9 +45,9 @@ func TestHostileCodeThroughFleet(t *testing.T) {
 	b := testutil.Broker(t, "", queue.DefaultConfig())
 	const secret = "mcpexec-e2e-secret-71c3"
 	t.Setenv("MCPEXEC_E2E_SECRET", secret)
-	rt := podmantest.New(t, podman.Config{Pool: 2})
+	rt := podmantest.New(t, podman.Config{Config: containerpool.Config{Pool: 2}})
 	if !rt.Info().LimitsEnforced {
-		testutil.SkipOrFail(t, "Podman at %s does not enforce limits (rootless on cgroups v1)", rt.Info().URI)
+		testutil.SkipOrFail(t, "Podman at %s does not enforce limits (rootless on cgroups v1)", rt.Info().Address)
 	}
 	wcfg := worker.DefaultConfig("e2e-hostile")
 	testutil.Worker(t, b, rt, wcfg)
@@ -210,7 +211,7 @@ func TestSessionsThroughFleet(t *testing.T) {
 	workers := map[string]*worker.Worker{}
 	runtimes := map[string]*podman.Runtime{}
 	for _, id := range []string{"e2e-sess-a", "e2e-sess-b"} {
-		rt := podmantest.New(t, podman.Config{Pool: 0, WorkerID: id})
+		rt := podmantest.New(t, podman.Config{Config: containerpool.Config{Pool: 0, WorkerID: id}})
 		cfg := worker.DefaultConfig(id)
 		// Idle long enough that a loaded host's round trips between a
 		// session's jobs never end it by accident.
@@ -322,7 +323,7 @@ func waitSessionEnded(t *testing.T, b *broker.Broker, session string, limit time
 // (`podman ps -q` with flags, e.g. -a or a status filter).
 func workerContainers(t *testing.T, worker string, flags ...string) string {
 	t.Helper()
-	args := append([]string{"ps", "-q", "--filter", "label=" + podman.LabelWorker + "=" + worker}, flags...)
+	args := append([]string{"ps", "-q", "--filter", "label=" + containerpool.LabelWorker + "=" + worker}, flags...)
 	out, err := exec.Command("podman", args...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("podman ps: %v %s", err, out)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
@@ -103,7 +104,7 @@ func TestTasksOfficialSDK(t *testing.T) {
 	bin := buildFrontend(t)
 	b := testutil.Broker(t, "", queue.DefaultConfig())
 	// No warm pool: the only running container of the worker is a job's.
-	rt := podmantest.New(t, podman.Config{Pool: 0, WorkerID: "tasks-worker"})
+	rt := podmantest.New(t, podman.Config{Config: containerpool.Config{Pool: 0, WorkerID: "tasks-worker"}})
 	testutil.Worker(t, b, rt, worker.DefaultConfig("tasks-worker"))
 	common := []string{"--nats", b.ClientURL(), "--discover=false", "--log-level", "warn"}
 	fe1 := startFrontend(t, bin, append(common, "--id", "tasks-fe1")...)

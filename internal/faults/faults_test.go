@@ -153,6 +153,16 @@ func partitionSchedule() []fault {
 	return []fault{partition(10 * time.Second), partition(5 * time.Second), partition(10 * time.Second)}
 }
 
+// cutsSchedule (MCPEXEC_FAULTS=cuts) repeats the power cut of every node,
+// the fault after which the fleet once did not come back.
+func cutsSchedule() []fault {
+	var s []fault
+	for _, hold := range []time.Duration{3 * time.Second, time.Second, 3 * time.Second, time.Second, 2 * time.Second, time.Second} {
+		s = append(s, powerCut("power cut all three", hold, nodes(0, 1, 2)))
+	}
+	return s
+}
+
 // TestFaults runs a schedule of faults under a steady load of jobs through
 // the jobs API, each an update_memory increment run by a real Python
 // runner, and checks the history: nothing acknowledged lost (every fault
@@ -169,6 +179,8 @@ func TestFaults(t *testing.T) {
 		schedule = longSchedule()
 	case "partition":
 		schedule = partitionSchedule()
+	case "cuts":
+		schedule = cutsSchedule()
 	}
 	// One worker on Podman, one on the process runtime: the suite holds on
 	// both.

@@ -28,6 +28,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
@@ -296,7 +297,7 @@ func (f *fleet) addWorker(t *testing.T) {
 	cfg.Logger = logger(t)
 	var rt sandbox.Runtime
 	if onPodman {
-		rt = podmantest.New(t, podman.Config{Pool: 2})
+		rt = podmantest.New(t, podman.Config{Config: containerpool.Config{Pool: 2}})
 	} else {
 		rt = testutil.ProcessRuntime(t)
 	}

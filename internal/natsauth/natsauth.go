@@ -67,10 +67,17 @@ func SeedFile(dir, role string) string { return filepath.Join(dir, role+".nk") }
 type Permissions struct {
 	Publish   []string `json:"publish"`
 	Subscribe []string `json:"subscribe"`
-	// Responses: the identity may answer the requests it receives (once each),
-	// without a publish right on anyone's inbox.
+	// Responses: the identity may answer the requests it receives (once each,
+	// or MaxResponses times), without a publish right on anyone's inbox.
 	Responses bool `json:"responses,omitempty"`
+	// MaxResponses, when over 1, is how many messages may answer one request:
+	// a front-end sends a proxy call's "waiting for a person" notices before
+	// its answer (proxy.MaxResponses).
+	MaxResponses int `json:"max_responses,omitempty"`
 }
+
+// frontendResponses is proxy.MaxResponses: two notices and the answer.
+const frontendResponses = 3
 
 // For returns the permissions of identity id whose public NKey is pub, under
 // the wire names of s.
@@ -167,7 +174,7 @@ func For(id Identity, pubKey string, s jobs.Subjects) (Permissions, error) {
 		pub = append(pub, kv(sessions)...)
 		pub = append(pub, kv(secrets)...)
 		pub = append(pub, kv(approvals)...)
-		return Permissions{Publish: pub, Responses: true, Subscribe: []string{
+		return Permissions{Publish: pub, Responses: true, MaxResponses: frontendResponses, Subscribe: []string{
 			InboxPrefix(pubKey) + ".>", s.AllProxy(), s.AllEvents(), p + ".output.>", s.FrontendStatus(),
 		}}, nil
 	}
@@ -417,7 +424,7 @@ func WriteConfig(dir string, s jobs.Subjects) error {
 		u.Permissions.Publish = map[string][]string{"allow": perms.Publish}
 		u.Permissions.Subscribe = map[string][]string{"allow": perms.Subscribe}
 		if perms.Responses {
-			u.Permissions.AllowResponses = map[string]any{"max": 1, "expires": responseTTL}
+			u.Permissions.AllowResponses = map[string]any{"max": max(perms.MaxResponses, 1), "expires": responseTTL}
 		}
 		users = append(users, u)
 		fmt.Fprintf(&conf, "# %s: %s\n", id, pub)

@@ -214,6 +214,50 @@ func TestFleetWorksUnderItsRoles(t *testing.T) {
 	}
 }
 
+// TestParkedCallUnderRoles: a call parked for approval longer than its
+// job's whole time limit, in a fleet under its roles. The front-end's
+// "waiting" notices and the answer after them all reach the worker (a
+// responder may send three messages to one request), the job's clock stood
+// still meanwhile, and no permission was refused on the way.
+func TestParkedCallUnderRoles(t *testing.T) {
+	t.Parallel()
+	_, connect := fleet(t)
+	wnc, wr := connect(natsauth.RoleWorker)
+	testutil.WorkerOn(t, wnc, testutil.ProcessRuntime(t), worker.DefaultConfig("w1"))
+	fnc, fr := connect(natsauth.RoleFrontend)
+	pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
+	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Tools: pool, Policy: frontend.DefaultPolicy(),
+		Policies: map[string]frontend.Policy{"a": {Tools: map[string]string{"ts/add": "ask"}}}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "asks", Code: "r = await mcp_ts.add(a=2, b=3)\nprint(r['sum'])", Servers: []string{"ts"}, Timeout: 2}}, "a")
+	if out[0].Err != nil {
+		t.Fatal(out[0].Err)
+	}
+	var id string
+	for id == "" {
+		list, err := fe.Approvals(ctx, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list) > 0 {
+			id = list[0].ID
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(4 * time.Second) // twice the job's limit
+	if _, err := fe.DecideApproval(ctx, "a", id, "approve", "test", ""); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := fe.Wait(ctx, "a", "asks")
+	if err != nil || rec.Status != jobs.StatusSuccess || rec.Result.Stdout != "5\n" {
+		t.Fatalf("job: %v %+v (worker refusals %v, front-end refusals %v)", err, rec, wr.errs, fr.errs)
+	}
+	if len(wr.errs) > 0 || len(fr.errs) > 0 {
+		t.Fatalf("refusals on the way: worker %v, front-end %v", wr.errs, fr.errs)
+	}
+}
+
 // TestSpyHearsOnlyItsOwnAnswers attacks from a worker host's credential: a
 // spy holding only its own worker identity subscribes to every subject its
 // role may while another worker runs a tenant's job (a proxied call, a memory

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/mcpexec/mcpexec/internal/errs"
+	"github.com/mcpexec/mcpexec/internal/jobclock"
 	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
@@ -101,6 +102,12 @@ type Request struct {
 	// job's record from a replica that has applied it, instead of polling
 	// until one has. A worker's word only: the wait it buys is bounded.
 	StartedSeq uint64 `json:"started_seq,omitempty"`
+	// Parks says the worker stops the job's clock while the call waits for
+	// a person: the responder may then send interim Responses (Waiting set)
+	// before the answer, and bounds the call by TimeoutMS of running time
+	// only (see package jobclock). A worker that does not set it hears only
+	// the answer, as before.
+	Parks bool `json:"parks,omitempty"`
 }
 
 // MaxCallID bounds Request.CallID.
@@ -116,7 +123,47 @@ func Retryable(method string) bool { return method != MethodCallTool }
 type Response struct {
 	Result json.RawMessage `json:"result,omitempty"`
 	Error  string          `json:"error,omitempty"`
+	// Waiting, in an interim Response to a request that Parks, says the call
+	// has begun (true) or stopped (false) waiting for a person; the answer
+	// follows.
+	Waiting *bool `json:"waiting,omitempty"`
+	// WaitMS, with Waiting true, bounds the wait: the worker's clock runs
+	// again after it even if no further word comes (the answer lost, or
+	// refused by a NATS configuration that allows one response only).
+	WaitMS int64 `json:"wait_ms,omitempty"`
 }
+
+// MaxResponses is how many messages a responder may send to one request: a
+// "waiting" and a "no longer waiting" notice, and the answer.
+const MaxResponses = 3
+
+type interimKey struct{}
+
+// Waiting tells the worker that the call ctx answers now waits for a person,
+// so that it stops the job's clock, and stops the responder's own clock of
+// the call; the returned function says the wait is over. For a request that
+// does not Park both do nothing.
+func Waiting(ctx context.Context, bound time.Duration) (done func()) {
+	send, _ := ctx.Value(interimKey{}).(func(Response))
+	resume := jobclock.From(ctx).Pause()
+	if send == nil {
+		return resume
+	}
+	yes, no := true, false
+	send(Response{Waiting: &yes, WaitMS: max(bound.Milliseconds(), 1)})
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			resume()
+			send(Response{Waiting: &no})
+		})
+	}
+}
+
+// waitSlack is how much longer than a notice's WaitMS the worker's clock
+// stands still: the answer of a call approved at the last moment is on
+// its way.
+const waitSlack = 5 * time.Second
 
 // Handler answers proxy calls on the front-end.
 type Handler interface {
@@ -238,7 +285,25 @@ func (r *Responder) serve(m *nats.Msg) {
 		// The worker's call span, when it sent one, is the parent of the
 		// handler's spans (the header is validated: it comes from a worker).
 		ctx := tracing.FromHeader(r.ctx, m.Header)
-		if req.TimeoutMS > 0 {
+		if req.Parks {
+			// Bounded by the job's running time only: the worker's clock
+			// stops while the call waits for a person, and so does this one.
+			if req.TimeoutMS > 0 {
+				var cancel context.CancelFunc
+				ctx, _, cancel = jobclock.WithBudget(ctx, time.Duration(req.TimeoutMS)*time.Millisecond, context.DeadlineExceeded)
+				defer cancel()
+			}
+			var mu sync.Mutex // notices in order, never after the answer
+			answered := false
+			defer func() { mu.Lock(); answered = true; mu.Unlock() }()
+			ctx = context.WithValue(ctx, interimKey{}, func(notice Response) {
+				mu.Lock()
+				defer mu.Unlock()
+				if !answered {
+					respond(m, notice, r.nc.MaxPayload())
+				}
+			})
+		} else if req.TimeoutMS > 0 {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, time.Duration(req.TimeoutMS)*time.Millisecond)
 			defer cancel()
@@ -296,6 +361,9 @@ func Call(ctx context.Context, nc *nats.Conn, subject string, req Request, hdr .
 	if dl, ok := ctx.Deadline(); ok && req.TimeoutMS == 0 {
 		req.TimeoutMS = max(time.Until(dl).Milliseconds(), 1)
 	}
+	if c := jobclock.From(ctx); c != nil && req.Parks && req.TimeoutMS == 0 {
+		req.TimeoutMS = max(c.Remaining().Milliseconds(), 1)
+	}
 	data, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("encode proxy request: %w", err)
@@ -307,6 +375,9 @@ func Call(ctx context.Context, nc *nats.Conn, subject string, req Request, hdr .
 			out.Header[k] = v
 		}
 	}
+	if req.Parks {
+		return callParking(ctx, nc, out, req.Method)
+	}
 	msg, err := nc.RequestMsgWithContext(ctx, out)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return nil, ErrNoResponder
@@ -314,14 +385,71 @@ func Call(ctx context.Context, nc *nats.Conn, subject string, req Request, hdr .
 	if err != nil {
 		return nil, fmt.Errorf("proxy call %s: %w", MethodLabel(req.Method), err)
 	}
+	return decodeResponse(msg.Data)
+}
+
+func decodeResponse(data []byte) (json.RawMessage, error) {
 	var resp Response
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+	if err := json.Unmarshal(data, &resp); err != nil {
 		return nil, fmt.Errorf("decode proxy response: %w", err)
 	}
 	if resp.Error != "" {
 		return nil, errors.New(resp.Error)
 	}
 	return resp.Result, nil
+}
+
+// callParking sends a request that Parks on an inbox of its own and reads
+// the responder's notices until its answer: while the call waits for a
+// person, the job's clock in ctx (if any) stands still. A responder may send
+// at most MaxResponses messages (the NATS permissions say so too); anything
+// after the answer is not read.
+func callParking(ctx context.Context, nc *nats.Conn, out *nats.Msg, method string) (json.RawMessage, error) {
+	out.Reply = nc.NewInbox()
+	sub, err := nc.SubscribeSync(out.Reply)
+	if err != nil {
+		return nil, fmt.Errorf("proxy call %s: %w", MethodLabel(method), err)
+	}
+	defer func() { _ = sub.Unsubscribe() }() // a closed connection has no subscription left anyway
+	_ = sub.AutoUnsubscribe(MaxResponses)    // fails only on a closed subscription, which NextMsg reports
+	if err := nc.PublishMsg(out); err != nil {
+		return nil, fmt.Errorf("proxy call %s: %w", MethodLabel(method), err)
+	}
+	resume := func() {}
+	defer func() { resume() }()
+	for {
+		msg, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("proxy call %s: %w", MethodLabel(method), err)
+		}
+		if len(msg.Data) == 0 && msg.Header.Get("Status") == "503" {
+			return nil, ErrNoResponder
+		}
+		var notice Response
+		if json.Unmarshal(msg.Data, &notice) == nil && notice.Waiting != nil && notice.Result == nil && notice.Error == "" {
+			if *notice.Waiting {
+				resume()
+				resume = pauseFor(ctx, time.Duration(notice.WaitMS)*time.Millisecond+waitSlack)
+			} else {
+				resume()
+				resume = func() {}
+			}
+			continue
+		}
+		return decodeResponse(msg.Data)
+	}
+}
+
+// pauseFor pauses the clock in ctx until the returned function is called,
+// or for at most d (bounded by jobclock.DefaultMaxPaused): a responder's
+// notice is trusted to stop the clock, not to stop it for ever.
+func pauseFor(ctx context.Context, d time.Duration) (resume func()) {
+	r := jobclock.From(ctx).Pause()
+	t := time.AfterFunc(min(d, jobclock.DefaultMaxPaused), r)
+	return func() {
+		t.Stop()
+		r()
+	}
 }
 
 // QuoteNames lists server or tool names for an error message: quoted,

@@ -30,6 +30,10 @@ const (
 type accessCache struct {
 	records  Records
 	maxCalls int
+	// waited, when set, says how long a job's calls have waited for a
+	// person (its clock stood still meanwhile): consulted only once the
+	// job's time limit has passed here, it moves the limit on by that much.
+	waited func(ctx context.Context, ns, job string) time.Duration
 
 	mu   sync.Mutex // guards jobs
 	jobs map[string]*jobAccess
@@ -39,6 +43,7 @@ type accessCache struct {
 // (sem is only sent to and received from).
 type jobAccess struct {
 	rj       *runningJob
+	base     time.Time // the attempt's time limit before any wait for a person
 	attempt  int
 	fetched  time.Time
 	inFlight int           // calls holding the entry
@@ -75,8 +80,9 @@ func (a *accessCache) acquire(ctx context.Context, id string, attempt int, start
 		if e == nil || e.attempt != attempt {
 			// This attempt's first call here: its time limit runs from now
 			// (its sandbox started at most now).
-			e = &jobAccess{attempt: attempt, sem: make(chan struct{}, a.maxCalls),
-				rj: newRunningJob(rec, now.Add(rec.Job.TimeoutDuration()))}
+			base := now.Add(rec.Job.TimeoutDuration())
+			e = &jobAccess{attempt: attempt, sem: make(chan struct{}, a.maxCalls), base: base,
+				rj: newRunningJob(rec, base)}
 			a.evictLocked(now)
 			a.jobs[id] = e
 		} else {
@@ -90,6 +96,17 @@ func (a *accessCache) acquire(ctx context.Context, id string, attempt int, start
 	done := func() {
 		a.mu.Lock()
 		e.inFlight--
+		a.mu.Unlock()
+	}
+	if now.After(rj.deadline) && a.waited != nil {
+		w := a.waited(ctx, rj.namespace(), id)
+		a.mu.Lock()
+		if d := e.base.Add(w); d.After(e.rj.deadline) {
+			next := *e.rj
+			next.deadline = d
+			e.rj = &next
+		}
+		rj = e.rj
 		a.mu.Unlock()
 	}
 	dctx, cancel := context.WithDeadline(ctx, rj.deadline)

@@ -2,6 +2,7 @@ package proxyresp_test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -109,7 +110,13 @@ func decodeJSON[T any](t *testing.T, data []byte) T {
 // submit submits a job of namespace token's through front-end 0.
 func (f *approvalFleet) submit(t *testing.T, token, id, lang, code string) {
 	t.Helper()
-	job := map[string]any{"id": id, "code": code, "servers": []string{"ts"}, "timeout": 60}
+	f.submitTimeout(t, token, id, lang, code, 60)
+}
+
+// submitTimeout is submit with a time limit of timeout seconds.
+func (f *approvalFleet) submitTimeout(t *testing.T, token, id, lang, code string, timeout int) {
+	t.Helper()
+	job := map[string]any{"id": id, "code": code, "servers": []string{"ts"}, "timeout": timeout}
 	if lang != "" {
 		job["language"] = lang
 	}
@@ -247,6 +254,50 @@ console.log((await mcp_ts.add({a: 4, b: 4})).sum)`)
 	want = "true ts/fail is denied by namespace \"a\"'s tool rule \"ts/fail\"\n8"
 	if rec.Status != jobs.StatusSuccess || strings.TrimSpace(rec.Result.Stdout) != want {
 		t.Fatalf("js job: %s\n%s\nwant:\n%s\n%s", rec.Status, rec.Result.Stdout, want, rec.Result.Stderr)
+	}
+}
+
+// TestApprovalStopsTheClock: a job whose call waits for a person longer
+// than its whole time limit is not timed out for it, in either language;
+// once the call is answered its clock runs again, and code that then runs
+// past what is left of the limit is timed out, the message saying how long
+// its calls waited.
+func TestApprovalStopsTheClock(t *testing.T) {
+	t.Parallel()
+	f := newApprovalFleet(t, frontend.Policy{}, rulesA)
+	const limit = 3 // seconds
+	for _, c := range []struct{ lang, code string }{
+		{"", `r = await mcp_ts.add(a=2, b=3)
+print("sum", r["sum"])`},
+		{"javascript", `const r = await mcp_ts.add({a: 2, b: 3})
+console.log("sum", r.sum)`},
+	} {
+		id := "slow-answer-" + cmp.Or(c.lang, "python")
+		f.submitTimeout(t, "tok-a", id, c.lang, c.code, limit)
+		ap := f.pending(t, 0, "tok-a", 1, id)[0]
+		time.Sleep(limit*time.Second + 2*time.Second) // longer than the job's whole limit
+		if st, body := f.call(t, 1, "tok-a", "POST", "/api/approvals/"+ap.ID, map[string]any{"decision": "approve"}); st != http.StatusOK {
+			t.Fatalf("approve %s: %d %s", id, st, body)
+		}
+		if rec := f.result(t, "tok-a", id); rec.Status != jobs.StatusSuccess || strings.TrimSpace(rec.Result.Stdout) != "sum 5" {
+			t.Fatalf("%s: %s %q %s", id, rec.Status, rec.Result.Stdout, rec.Result.Error)
+		}
+	}
+
+	// The control: after the answer the clock runs again.
+	f.submitTimeout(t, "tok-a", "runs-on", "", `import time
+await mcp_ts.add(a=1, b=1)
+print("answered", flush=True)
+time.sleep(30)`, limit)
+	ap := f.pending(t, 0, "tok-a", 1, "runs-on")[0]
+	time.Sleep(2 * time.Second)
+	if st, body := f.call(t, 0, "tok-a", "POST", "/api/approvals/"+ap.ID, map[string]any{"decision": "approve"}); st != http.StatusOK {
+		t.Fatalf("approve: %d %s", st, body)
+	}
+	rec := f.result(t, "tok-a", "runs-on")
+	if rec.Status != jobs.StatusTimeout || !strings.Contains(rec.Result.Stdout, "answered") ||
+		!strings.Contains(rec.Result.Error, "timed out after 3s of running (its calls also waited") {
+		t.Fatalf("runs-on: %s %q %q", rec.Status, rec.Result.Stdout, rec.Result.Error)
 	}
 }
 

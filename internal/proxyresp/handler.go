@@ -18,6 +18,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/audit"
 	"github.com/mcpexec/mcpexec/internal/discovery"
+	"github.com/mcpexec/mcpexec/internal/jobclock"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/tooldocs"
@@ -56,10 +57,19 @@ func (r *Responder) Handle(ctx context.Context, req proxy.Request) (json.RawMess
 		return nil, err
 	}
 	defer release()
-	if time.Until(rj.deadline) <= 0 {
+	// The limit moves on by the time the job's calls waited for a person
+	// (acquire consults the approvals bucket once it has passed).
+	deadline := rj.deadline
+	if time.Until(deadline) <= 0 {
 		return nil, errors.New("the job's time limit has passed: no more proxy calls")
 	}
-	ctx, cancel := context.WithDeadline(ctx, rj.deadline)
+	var cancel context.CancelFunc
+	if req.Parks {
+		// This call's own bound stops, with the worker's, while it waits.
+		ctx, _, cancel = jobclock.WithBudget(ctx, time.Until(deadline), context.DeadlineExceeded)
+	} else {
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+	}
 	defer cancel()
 	if len(req.CallID) > proxy.MaxCallID {
 		return nil, fmt.Errorf("proxy call refused: call_id is over %d bytes", proxy.MaxCallID)

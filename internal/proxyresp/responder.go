@@ -143,6 +143,7 @@ func New(nc *nats.Conn, cfg Config) *Responder {
 	}
 	r := &Responder{cfg: cfg, log: cfg.Logger, tracer: tracing.Tracer(cfg.Tracing),
 		access: newAccessCache(cfg.Records, cfg.MaxCallsPerJob), approvals: newApprovals(nc, cfg.Subjects, cfg.ID)}
+	r.access.waited = r.approvals.waited
 	var h proxy.Handler = r
 	if m := cfg.Metrics; m != nil {
 		h = proxy.HandlerFunc(func(ctx context.Context, req proxy.Request) (json.RawMessage, error) {

@@ -10,13 +10,16 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/toolrules"
 )
 
 // ApprovalLimits bound a namespace's calls waiting for approval.
 type ApprovalLimits struct {
 	// Timeout is how long a call waits for an answer (default
-	// DefaultApprovalTimeout); the job's own time limit bounds it too.
+	// DefaultApprovalTimeout). The job's clock stops meanwhile; a worker
+	// that cannot stop it (one that sent a request that does not Park)
+	// bounds the wait by the job's time limit too.
 	Timeout time.Duration
 	// PerJob and PerNamespace cap the calls waiting at once (defaults
 	// DefaultMaxPendingPerJob, DefaultMaxPendingPerNamespace).
@@ -142,7 +145,11 @@ func (a *approvals) ask(ctx context.Context, rj *runningJob, lim ApprovalLimits,
 		data, _ := json.Marshal(next)
 		_, _ = kv.Update(ctx, key, data, rev) // answered meanwhile: await reads that answer
 	}
+	// The job's clock stands still while the call waits (its worker's, and
+	// this call's own).
+	waited := proxy.Waiting(ctx, time.Until(ent.ExpiresAt))
 	got, err := a.await(ctx, kv, key, rev, ent)
+	waited()
 	cd.Outcome, cd.DecidedBy = got.State, got.DecidedBy
 	if err != nil {
 		return cd, err
@@ -160,6 +167,37 @@ func (a *approvals) ask(ctx context.Context, rj *runningJob, lim ApprovalLimits,
 		return cd, fmt.Errorf("%s was denied: nobody answered approval %s within %s (approval_timeout; tool rule %q)", name, ent.ID, got.ExpiresAt.Sub(got.AskedAt).Round(time.Second), rule)
 	}
 	return cd, fmt.Errorf("%s was not approved: approval %s is %s", name, ent.ID, got.State)
+}
+
+// waited is how long job's calls have waited for approval, answered or
+// not, as the approvals bucket of namespace ns tells (0 when it cannot be
+// read): the time the job's clock stood still.
+func (a *approvals) waited(ctx context.Context, ns, job string) time.Duration {
+	kv, err := a.bucket(ctx)
+	if err != nil {
+		return 0
+	}
+	ents, err := a.entries(ctx, kv, ns)
+	if err != nil {
+		return 0
+	}
+	id, _ := jobs.UnscopedID(ns, job)
+	now := time.Now()
+	var d time.Duration
+	for _, e := range ents {
+		if e.JobID != id {
+			continue
+		}
+		end := now
+		if e.DecidedAt != nil {
+			end = *e.DecidedAt
+		}
+		if !e.ExpiresAt.IsZero() && e.ExpiresAt.Before(end) {
+			end = e.ExpiresAt // a front-end that died with it waiting
+		}
+		d += max(end.Sub(e.AskedAt), 0)
+	}
+	return d
 }
 
 var errOverCap = errors.New("over the cap of calls waiting for approval")

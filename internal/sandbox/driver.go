@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/errs"
+	"github.com/mcpexec/mcpexec/internal/jobclock"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/proxy"
 )
@@ -272,7 +273,8 @@ func (c *RunnerConn) Exec(ctx context.Context, job Job, host Host) (Result, erro
 	if err := BeforeExec(job); err != nil {
 		return Result{}, err
 	}
-	runCtx, cancel := context.WithTimeoutCause(ctx, job.Timeout, ErrTimeout)
+	// The job's clock stops while a tool call waits for a person's approval.
+	runCtx, _, cancel := jobclock.WithBudget(ctx, job.Timeout, ErrTimeout)
 	defer cancel()
 	return c.Drive(runCtx, job, host)
 }
@@ -356,8 +358,7 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 		case <-ctx.Done():
 			// The code may still be running: the caller destroys the sandbox.
 			if errors.Is(context.Cause(ctx), ErrTimeout) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return result(Result{Status: StatusTimeout, ExitCode: -1,
-					Error: fmt.Sprintf("timed out after %s", job.Timeout)}), nil
+				return result(Result{Status: StatusTimeout, ExitCode: -1, Error: timedOut(ctx, job.Timeout)}), nil
 			}
 			return result(Result{}), ctx.Err()
 		case rd := <-c.frames:
@@ -406,141 +407,6 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 				return result(Result{Status: StatusError, ExitCode: -1,
 					Error: fmt.Sprintf("sandbox sent an unexpected %q frame", errs.Clip(f.Type, 40))}), nil
 			}
-		}
-	}
-}
-
-// call answers one call frame: refused at once when it breaks a bound, else
-// passed to host on its own goroutine.
-func (c *RunnerConn) call(g *callGate, host Host, f *proxy.Frame) {
-	refuse := func(text string) {
-		c.sendAsync(&proxy.Frame{Type: proxy.TypeReply, ID: f.ID, Error: text})
-	}
-	if !proxy.KnownMethod(f.Method) {
-		refuse(fmt.Sprintf("%v %q", ErrUnknownMethod, errs.Clip(f.Method, 40)))
-		return
-	}
-	if len(f.Params) > proxy.MaxRequest {
-		refuse(fmt.Sprintf("call parameters of %d bytes are over the %d-byte limit", len(f.Params), proxy.MaxRequest))
-		return
-	}
-	release, why := g.admit(len(f.Params))
-	if why != "" {
-		refuse(why)
-		return
-	}
-	go func() {
-		defer release()
-		reply := &proxy.Frame{Type: proxy.TypeReply, ID: f.ID}
-		res, err := host.Call(g.ctx, f.Method, f.Params)
-		if g.ctx.Err() != nil {
-			return // the job is over: nobody waits for this answer
-		}
-		if err != nil {
-			reply.Error = err.Error()
-		} else {
-			reply.Result = res
-		}
-		if werr := c.write(reply); werr != nil && errors.Is(werr, proxy.ErrFrameTooLarge) {
-			refuse(werr.Error())
-		}
-	}()
-}
-
-// callGate bounds one job's calls: how many are in flight, the bytes of their
-// parameters, and how many start per second.
-type callGate struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	rate   *bucket
-
-	mu       sync.Mutex // guards inFlight, bytes
-	inFlight int
-	bytes    int
-}
-
-func newCallGate(ctx context.Context) *callGate {
-	cctx, cancel := context.WithCancel(ctx)
-	return &callGate{ctx: cctx, cancel: cancel, rate: newBucket(CallsPerSecond, CallBurst)}
-}
-
-// admit takes a slot for a call with n bytes of parameters, or says why not.
-func (g *callGate) admit(n int) (release func(), why string) {
-	if !g.rate.take() {
-		return nil, fmt.Sprintf("more than %d calls per second: slow down", CallsPerSecond)
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.inFlight >= MaxConcurrentCalls {
-		return nil, fmt.Sprintf("too many concurrent calls (limit %d): await some before starting more", MaxConcurrentCalls)
-	}
-	if g.bytes+n > MaxCallBytesInFlight {
-		return nil, fmt.Sprintf("calls in flight carry over %d bytes: await some before starting more", MaxCallBytesInFlight)
-	}
-	g.inFlight++
-	g.bytes += n
-	g.wg.Add(1)
-	return func() {
-		g.mu.Lock()
-		g.inFlight--
-		g.bytes -= n
-		g.mu.Unlock()
-		g.wg.Done()
-	}, ""
-}
-
-// stop cancels the calls in flight and waits for them.
-func (g *callGate) stop() {
-	g.cancel()
-	g.wg.Wait()
-}
-
-// bucket is a token bucket.
-type bucket struct {
-	rate, burst float64
-	mu          sync.Mutex // guards tokens, last
-	tokens      float64
-	last        time.Time
-}
-
-func newBucket(rate, burst float64) *bucket {
-	return &bucket{rate: rate, burst: burst, tokens: burst, last: time.Now()}
-}
-
-func (b *bucket) refillLocked(now time.Time) {
-	b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
-	b.last = now
-}
-
-// take takes a token if there is one.
-func (b *bucket) take() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.refillLocked(time.Now())
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
-}
-
-// wait takes a token, waiting for one; false when done closes first.
-func (b *bucket) wait(done <-chan struct{}) bool {
-	for {
-		b.mu.Lock()
-		b.refillLocked(time.Now())
-		if b.tokens >= 1 {
-			b.tokens--
-			b.mu.Unlock()
-			return true
-		}
-		need := time.Duration((1 - b.tokens) / b.rate * float64(time.Second))
-		b.mu.Unlock()
-		select {
-		case <-time.After(need):
-		case <-done:
-			return false
 		}
 	}
 }

@@ -3,7 +3,6 @@ package state
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -340,71 +339,6 @@ func (s *Service) retentionLoop(ctx context.Context) {
 	})
 }
 
-// maxDeliveriesAdvisory is the subject JetStream announces a job message that
-// exhausted MaxDeliver on.
-func maxDeliveriesAdvisory(sub jobs.Subjects) string {
-	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + sub.JobsStream() + ".*"
-}
-
-type maxDeliveries struct {
-	Stream     string `json:"stream"`
-	StreamSeq  uint64 `json:"stream_seq"`
-	Deliveries int    `json:"deliveries"`
-}
-
-// advisoryLoop turns a job message that JetStream gave up on (its workers kept
-// dying or failing to record it) into a recorded worker_lost dead letter, and
-// deletes the message, which a work queue would otherwise keep for ever.
-func (s *Service) advisoryLoop(ctx context.Context, advisories <-chan *nats.Msg) {
-	for {
-		var m *nats.Msg
-		select {
-		case <-ctx.Done():
-			return
-		case m = <-advisories:
-		}
-		var a maxDeliveries
-		if err := json.Unmarshal(m.Data, &a); err != nil || a.StreamSeq == 0 {
-			continue
-		}
-		if err := s.giveUp(ctx, a); err != nil {
-			s.logger.Error("record job that exhausted its deliveries", "seq", a.StreamSeq, "err", err)
-		}
-	}
-}
-
-func (s *Service) giveUp(ctx context.Context, a maxDeliveries) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	stream, err := s.js.Stream(ctx, s.sub.JobsStream())
-	if err != nil {
-		return err
-	}
-	raw, err := stream.GetMsg(ctx, a.StreamSeq)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil // already handled
-	}
-	if err != nil {
-		return err
-	}
-	var job jobs.Job
-	if err := json.Unmarshal(raw.Data, &job); err == nil && jobs.ValidID(job.ID) {
-		ev := jobs.Event{Job: job.ID, Kind: jobs.EventFinished, Attempt: a.Deliveries, At: time.Now().UTC(),
-			Result: &jobs.Result{Status: jobs.StatusWorkerLost, Attempt: a.Deliveries,
-				Error: fmt.Sprintf("the job message was delivered %d times without a recorded result; kept as a dead letter", a.Deliveries)}}
-		ev.Proof = jobs.EventProof(jobs.Capability(s.key, job.ID), ev.Kind, ev.Attempt)
-		data, _ := json.Marshal(ev)
-		msgID := fmt.Sprintf("%s.%s.%d", ev.Job, ev.Kind, ev.Attempt)
-		if _, err := s.js.Publish(ctx, s.sub.Event(job.ID, jobs.EventFinished), data, jetstream.WithMsgID(msgID)); err != nil {
-			return fmt.Errorf("record worker_lost of %s: %w", job.ID, err)
-		}
-	}
-	if err := stream.DeleteMsg(ctx, a.StreamSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return fmt.Errorf("delete exhausted job message %d: %w", a.StreamSeq, err)
-	}
-	return nil
-}
-
 // proven reports whether ev may be applied: started and finished events need
 // their job's capability.
 func (s *Service) proven(ev jobs.Event) bool {
@@ -512,44 +446,3 @@ func (s *Service) metadata() map[string]string {
 	md["node"] = s.Node
 	return md
 }
-
-// detached is a micro.Request answered from another goroutine than the
-// handler micro called: it publishes the answer on the request's reply
-// subject itself.
-type detached struct {
-	nc             *nats.Conn
-	subject, reply string
-	data           []byte
-	headers        micro.Headers
-}
-
-var _ micro.Request = (*detached)(nil)
-
-func (d *detached) send(m *nats.Msg, opts []micro.RespondOpt) error {
-	for _, o := range opts {
-		o(m)
-	}
-	m.Subject = d.reply
-	return d.nc.PublishMsg(m)
-}
-
-func (d *detached) Respond(data []byte, opts ...micro.RespondOpt) error {
-	return d.send(&nats.Msg{Data: data}, opts)
-}
-
-func (d *detached) RespondJSON(v any, opts ...micro.RespondOpt) error {
-	data, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Errorf("%w: %w", micro.ErrMarshalResponse, err)
-	}
-	return d.Respond(data, opts...)
-}
-
-func (d *detached) Error(code, description string, data []byte, opts ...micro.RespondOpt) error {
-	return d.send(&nats.Msg{Data: data, Header: nats.Header{micro.ErrorHeader: {description}, micro.ErrorCodeHeader: {code}}}, opts)
-}
-
-func (d *detached) Data() []byte           { return d.data }
-func (d *detached) Headers() micro.Headers { return d.headers }
-func (d *detached) Subject() string        { return d.subject }
-func (d *detached) Reply() string          { return d.reply }

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpexec/mcpexec/internal/errs"
+	"github.com/mcpexec/mcpexec/internal/jobclock"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/tracing"
@@ -134,7 +135,7 @@ func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessa
 	ctx, span := h.startCall(ctx, method, server, tool)
 	start := time.Now()
 	req := proxy.Request{Job: h.job.ID, Attempt: h.attempt, Capability: h.capability, Method: method, Params: params, CallID: newCallID(),
-		StartedSeq: h.startedSeq.Load()}
+		StartedSeq: h.startedSeq.Load(), Parks: jobclock.From(ctx) != nil}
 	hdr := nats.Header{}
 	if !tracing.Inject(ctx, hdr) {
 		hdr.Set(jobs.TraceHeader, h.job.Trace())

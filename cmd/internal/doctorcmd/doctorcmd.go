@@ -18,8 +18,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/doctor"
 	"github.com/mcpexec/mcpexec/internal/queue"
-	"github.com/mcpexec/mcpexec/internal/sandbox/docker"
-	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 )
 
 // Main runs `<role> doctor [flags]`; role is "worker" or "frontend". The report
@@ -61,20 +60,16 @@ func Main(ctx context.Context, role string, args []string, stdout, stderr io.Wri
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	cfg := doctor.Config{NATSURL: *natsURL, NATSOpts: auth, Queue: queue.DefaultConfig(), OAuthIssuers: issuers}
-	var sandboxCfg *podman.Config
-	var dockerCfg *docker.Config
 	choice := sb.Choose(ctx)
-	if choice.Runtime == sandboxflags.RuntimeDocker {
-		c := sb.DockerConfig(choice.DockerHost, "", limits, nil)
-		dockerCfg = &c
-	} else {
-		sandboxCfg = &podman.Config{URI: sb.Podman, Image: sb.Image, OCIRuntime: sb.OCIRuntime, Limits: limits, RunDir: sb.RunDir, UserNS: sb.UserNS}
-	}
+	box := &doctor.Sandbox{Engine: choice.Runtime, Address: choice.DockerHost, Config: sb.PoolConfig("", limits, nil),
+		Open: func(ctx context.Context, cfg containerpool.Config) (doctor.Runtime, error) {
+			return sb.OpenChoice(ctx, choice, cfg)
+		}}
 	switch {
 	case role == "worker":
-		cfg.Sandbox, cfg.Docker, cfg.RuntimeReason = sandboxCfg, dockerCfg, choice.Reason
+		cfg.Sandbox, cfg.RuntimeReason = box, choice.Reason
 	case *natsURL == "":
-		cfg.Sandbox, cfg.Docker, cfg.RuntimeReason = sandboxCfg, dockerCfg, choice.Reason
+		cfg.Sandbox, cfg.RuntimeReason = box, choice.Reason
 		cfg.SkipNATSReason = "embedded mode (no --nats): the front-end starts its own broker"
 		cfg.EmbeddedSync = syncPolicy.String()
 	default:

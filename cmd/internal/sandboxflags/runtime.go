@@ -1,6 +1,7 @@
 package sandboxflags
 
-// This file chooses the container runtime (--runtime auto|podman|docker).
+// This file lists the container engines and chooses one (--runtime auto or
+// an engine's name).
 import (
 	"context"
 	"fmt"
@@ -12,15 +13,78 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/cli"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/docker"
+	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 )
 
-// Values of --runtime.
+// Values of --runtime: auto, or an engine's name.
 const (
 	RuntimeAuto   = "auto"
-	RuntimePodman = "podman"
-	RuntimeDocker = "docker"
+	RuntimePodman = containerpool.Podman
+	RuntimeDocker = containerpool.Docker
 )
+
+// Engine is a container engine --runtime chooses: how the flags open its
+// runtime.
+type Engine struct {
+	// Name is the --runtime value (containerpool.Podman, containerpool.Docker).
+	Name string
+	// open opens the engine's runtime of cfg with the flags' options of the
+	// engine, on the engine at host (Choice.DockerHost).
+	open func(ctx context.Context, f *Flags, host string, cfg containerpool.Config) (Runtime, error)
+	// load puts a freshly built image into the engine at host; nil: the
+	// build puts it there.
+	load func(ctx context.Context, image, host string) error
+	// check refuses the flags the engine does not take.
+	check func(f *Flags) error
+}
+
+// Runtime is an engine's runtime (a containerpool.Runtime).
+type Runtime interface {
+	sandbox.SessionRuntime
+	Info() containerpool.Info
+	Close() error
+}
+
+// Engines are the container engines --runtime names, in auto's order of
+// preference.
+var Engines = []Engine{
+	{
+		Name: RuntimePodman,
+		open: func(ctx context.Context, f *Flags, _ string, cfg containerpool.Config) (Runtime, error) {
+			return podman.New(ctx, podman.Config{Config: cfg, URI: f.Podman, Rootfs: f.Rootfs, OCIRuntime: f.OCIRuntime, UserNS: f.UserNS})
+		},
+		check: func(*Flags) error { return nil },
+	},
+	{
+		Name: RuntimeDocker,
+		open: func(ctx context.Context, f *Flags, host string, cfg containerpool.Config) (Runtime, error) {
+			return docker.New(ctx, docker.Config{Config: cfg, Host: host, OCIRuntime: f.OCIRuntime})
+		},
+		load: LoadIntoDocker,
+		check: func(f *Flags) error {
+			if f.Rootfs != "" {
+				return cli.Usagef("--rootfs is Podman's: the Docker runtime runs --image (load it with deploy/docker/start-dockerd.sh)")
+			}
+			if f.UserNS == "on" {
+				return cli.Usagef("--userns on is Podman's: Docker gives containers no user namespace of their own (its --userns-remap is engine-wide)")
+			}
+			return nil
+		},
+	},
+}
+
+// engineNamed returns the engine named name, or false.
+func engineNamed(name string) (Engine, bool) {
+	for _, e := range Engines {
+		if e.Name == name {
+			return e, true
+		}
+	}
+	return Engine{}, false
+}
 
 // MCPEXECDockerHost is the socket of the Docker engine that
 // deploy/docker/start-dockerd.sh starts (auto tries it too).
@@ -29,22 +93,20 @@ const MCPEXECDockerHost = "unix:///run/mcpexec-docker.sock"
 // pingTimeout bounds auto's wait for each Docker engine it tries.
 const pingTimeout = 3 * time.Second
 
-// checkRuntime validates --runtime and the flags that only one runtime takes.
+// checkRuntime validates --runtime and the flags that only one engine takes.
 func (f *Flags) checkRuntime() error {
-	switch f.Runtime {
-	case RuntimeAuto, RuntimePodman, RuntimeDocker:
-	default:
-		return cli.Usagef("--runtime %q: want %s, %s or %s", f.Runtime, RuntimeAuto, RuntimePodman, RuntimeDocker)
+	if f.Runtime == RuntimeAuto {
+		return nil
 	}
-	if f.Runtime == RuntimeDocker {
-		if f.Rootfs != "" {
-			return cli.Usagef("--rootfs is Podman's: the Docker runtime runs --image (load it with deploy/docker/start-dockerd.sh)")
+	e, ok := engineNamed(f.Runtime)
+	if !ok {
+		names := []string{RuntimeAuto}
+		for _, e := range Engines {
+			names = append(names, e.Name)
 		}
-		if f.UserNS == "on" {
-			return cli.Usagef("--userns on is Podman's: Docker gives containers no user namespace of their own (its --userns-remap is engine-wide)")
-		}
+		return cli.Usagef("--runtime %q: want %s or %s", f.Runtime, strings.Join(names[:len(names)-1], ", "), names[len(names)-1])
 	}
-	return nil
+	return e.check(f)
 }
 
 // Choice is the runtime the flags pick on this host.

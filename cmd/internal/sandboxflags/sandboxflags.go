@@ -19,6 +19,7 @@ import (
 	sandboximage "github.com/mcpexec/mcpexec/deploy/sandbox"
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/docker"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/worker"
@@ -72,14 +73,14 @@ func Register(fs *flag.FlagSet) *Flags {
 	d := sandbox.DefaultLimits()
 	fs.StringVar(&f.Runtime, "runtime", RuntimeAuto, "container runtime of the sandboxes: auto (Podman when the host has it, else a Docker engine that answers), podman or docker")
 	fs.StringVar(&f.Docker, "docker", "", "Docker Engine API address for --runtime docker (default $DOCKER_HOST, else unix:///var/run/docker.sock; auto also tries "+MCPEXECDockerHost+")")
-	fs.StringVar(&f.Image, "image", podman.DefaultImage, "sandbox image")
+	fs.StringVar(&f.Image, "image", containerpool.DefaultImage, "sandbox image")
 	fs.StringVar(&f.Rootfs, "rootfs", "", "a host directory (with python3) used read-only as every sandbox's root file system, instead of --image (Podman only)")
 	fs.StringVar(&f.RunDir, "run-dir", sandbox.DefaultRunDir(), "worker-private directory (made 0700) of the runners' sockets")
 	fs.StringVar(&f.UserNS, "userns", podman.UserNSAuto, "a user namespace per sandbox (Podman only): auto (when the host has subordinate ids and Podman is 5+), on (whenever the ids exist), host (never)")
 	fs.StringVar(&f.Podman, "podman", "", "Podman API socket URI (default: the user's socket, else /run/podman/podman.sock, else start one)")
 	fs.StringVar(&f.OCIRuntime, "oci-runtime", "runc", "OCI runtime Podman (or Docker) uses (runc works on cgroups v1 hosts; crun does not)")
 	fs.IntVar(&f.Pool, "pool", 2, "warm sandboxes kept started and waiting")
-	fs.StringVar(&f.Reuse, "reuse", podman.ReuseNamespace, "namespace: a sandbox serves the next job of the same namespace (each job in a fresh process, the sandbox swept in between); none: a sandbox per job")
+	fs.StringVar(&f.Reuse, "reuse", containerpool.ReuseNamespace, "namespace: a sandbox serves the next job of the same namespace (each job in a fresh process, the sandbox swept in between); none: a sandbox per job")
 	fs.IntVar(&f.MaxUses, "reuse-max-jobs", 100, "jobs a reused sandbox runs before it is retired")
 	fs.StringVar(&f.Memory, "memory", "512m", "memory limit of a sandbox (e.g. 512m, 1g)")
 	fs.Int64Var(&f.Pids, "pids", d.Pids, "process limit of a sandbox")
@@ -133,8 +134,8 @@ func (f *Flags) Limits() (sandbox.Limits, error) {
 	if f.Pids < 0 || f.CPUs < 0 || f.Pool < 0 || f.MaxUses < 1 {
 		return l, cli.Usagef("--pids, --cpus and --pool must not be negative, --reuse-max-jobs at least 1")
 	}
-	if f.Reuse != podman.ReuseNamespace && f.Reuse != podman.ReuseNone {
-		return l, cli.Usagef("--reuse %q: want %s or %s", f.Reuse, podman.ReuseNamespace, podman.ReuseNone)
+	if f.Reuse != containerpool.ReuseNamespace && f.Reuse != containerpool.ReuseNone {
+		return l, cli.Usagef("--reuse %q: want %s or %s", f.Reuse, containerpool.ReuseNamespace, containerpool.ReuseNone)
 	}
 	if parts := strings.Split(f.User, ":"); len(parts) != 2 || !isNum(parts[0]) || !isNum(parts[1]) {
 		return l, cli.Usagef("--container-user %q: want numeric uid:gid, e.g. 65534:65534", f.User)
@@ -175,7 +176,7 @@ func ParseBytes(s string) (int64, error) {
 
 // Open opens the runtime Choose picks; when the image is missing and
 // BuildImage is set it builds the image with the embedded recipe first (and
-// loads it into Docker for the Docker runtime).
+// puts it into the engine where the build does not: Docker).
 func (f *Flags) Open(ctx context.Context, workerID string, log *slog.Logger) (sandbox.Runtime, error) {
 	limits, err := f.Limits()
 	if err != nil {
@@ -183,70 +184,50 @@ func (f *Flags) Open(ctx context.Context, workerID string, log *slog.Logger) (sa
 	}
 	ch := f.Choose(ctx)
 	log.Info("sandbox runtime", "runtime", ch.Runtime, "why", ch.Reason)
-	if ch.Runtime == RuntimeDocker {
-		return f.openDocker(ctx, ch.DockerHost, workerID, limits, log)
-	}
-	preload, _ := sandbox.ParsePreload(f.Preload) // checked by Limits
-	cfg := podman.Config{
-		URI: f.Podman, Image: f.Image, Rootfs: f.Rootfs, OCIRuntime: f.OCIRuntime, Limits: limits, Preload: preload,
-		WorkerID: workerID, Pool: f.Pool, Logger: log, RunDir: f.RunDir, UserNS: f.UserNS, Reuse: f.Reuse, MaxUses: f.MaxUses,
-	}
-	rt, err := podman.New(ctx, cfg)
+	e, _ := engineNamed(ch.Runtime) // Choose picks an engine of Engines
+	cfg := f.PoolConfig(workerID, limits, log)
+	rt, err := e.open(ctx, f, ch.DockerHost, cfg)
 	if errors.Is(err, sandbox.ErrNoImage) && f.BuildImage {
-		log.Info("sandbox image missing: building it (about a minute)", "image", f.Image)
+		log.Info("sandbox image missing: building it (about a minute)", "image", f.Image, "runtime", e.Name)
 		if berr := BuildImage(ctx, f.Image); berr != nil {
 			return nil, fmt.Errorf("%w; building it failed: %w", err, berr)
 		}
-		rt, err = podman.New(ctx, cfg)
+		if e.load != nil {
+			if lerr := e.load(ctx, f.Image, ch.DockerHost); lerr != nil {
+				return nil, fmt.Errorf("%w; loading it failed: %w", err, lerr)
+			}
+		}
+		rt, err = e.open(ctx, f, ch.DockerHost, cfg)
 	}
 	if err != nil {
 		return nil, err
 	}
 	info := rt.Info()
-	log.Info("podman sandbox ready", "uri", info.URI, "podman", info.ServerVersion, "rootless", info.Rootless,
+	log.Info(e.Name+" sandbox ready", "address", info.Address, "version", info.ServerVersion, "api", info.APIVersion, "rootless", info.Rootless,
 		"cgroups", info.CgroupsVersion, "oci_runtime", info.OCIRuntime, "image", info.Image,
 		"limits_enforced", info.LimitsEnforced, "warm_pool", f.Pool, "reuse", f.Reuse)
 	if !info.LimitsEnforced {
-		log.Warn("sandbox resource limits are NOT enforced on this host (rootless Podman on cgroups v1): memory, pids and CPU limits do not apply", "rootless", info.Rootless, "cgroups", info.CgroupsVersion)
+		log.Warn("sandbox resource limits are NOT all enforced on this host: a job can exhaust the host's resources",
+			"runtime", e.Name, "missing", info.Missing, "rootless", info.Rootless, "cgroups", info.CgroupsVersion)
 	}
 	return rt, nil
 }
 
-// DockerConfig is the Docker runtime's configuration the flags describe, on
-// the engine at host.
-func (f *Flags) DockerConfig(host, workerID string, limits sandbox.Limits, log *slog.Logger) docker.Config {
+// OpenChoice opens the runtime of ch with cfg and the flags' engine options,
+// building no image: for doctor.
+func (f *Flags) OpenChoice(ctx context.Context, ch Choice, cfg containerpool.Config) (Runtime, error) {
+	e, _ := engineNamed(ch.Runtime) // Choose picks an engine of Engines
+	return e.open(ctx, f, ch.DockerHost, cfg)
+}
+
+// PoolConfig is the container runtime's configuration the flags describe,
+// whatever the engine.
+func (f *Flags) PoolConfig(workerID string, limits sandbox.Limits, log *slog.Logger) containerpool.Config {
 	preload, _ := sandbox.ParsePreload(f.Preload) // checked by Limits
-	return docker.Config{
-		Host: host, Image: f.Image, OCIRuntime: f.OCIRuntime, Limits: limits, WorkerID: workerID,
-		Pool: f.Pool, Logger: log, RunDir: f.RunDir, Reuse: f.Reuse, MaxUses: f.MaxUses, Preload: preload,
+	return containerpool.Config{
+		Image: f.Image, Limits: limits, WorkerID: workerID, Pool: f.Pool, Logger: log,
+		RunDir: f.RunDir, Reuse: f.Reuse, MaxUses: f.MaxUses, Preload: preload,
 	}
-}
-
-// openDocker opens the Docker runtime on the engine at host.
-func (f *Flags) openDocker(ctx context.Context, host, workerID string, limits sandbox.Limits, log *slog.Logger) (sandbox.Runtime, error) {
-	cfg := f.DockerConfig(host, workerID, limits, log)
-	rt, err := docker.New(ctx, cfg)
-	if errors.Is(err, sandbox.ErrNoImage) && f.BuildImage {
-		log.Info("sandbox image missing in Docker: building it with Podman if needed (about a minute) and loading it", "image", f.Image)
-		if berr := BuildImage(ctx, f.Image); berr != nil {
-			return nil, fmt.Errorf("%w; building it failed: %w", err, berr)
-		}
-		if lerr := LoadIntoDocker(ctx, f.Image, host); lerr != nil {
-			return nil, fmt.Errorf("%w; loading it failed: %w", err, lerr)
-		}
-		rt, err = docker.New(ctx, cfg)
-	}
-	if err != nil {
-		return nil, err
-	}
-	info := rt.Info()
-	log.Info("docker sandbox ready", "host", info.Host, "docker", info.ServerVersion, "api", info.APIVersion, "rootless", info.Rootless,
-		"cgroups", info.CgroupsVersion, "oci_runtime", info.OCIRuntime, "image", info.Image,
-		"limits_enforced", info.LimitsEnforced, "warm_pool", f.Pool, "reuse", f.Reuse)
-	if !info.LimitsEnforced {
-		log.Warn("sandbox resource limits are NOT all enforced by this Docker engine", "missing", info.Missing, "cgroups", info.CgroupsVersion)
-	}
-	return rt, nil
 }
 
 // LoadIntoDocker copies image from Podman's storage (where the build recipe

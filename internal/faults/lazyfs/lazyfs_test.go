@@ -114,6 +114,38 @@ func TestSyncedWriteKept(t *testing.T) {
 	}
 }
 
+// TestOSyncWriteKept: a file opened with O_SYNC is synced by every write,
+// as on a disk; nats-server writes its Raft term, vote, peers and snapshots
+// so (write to a temporary file opened O_SYNC, then rename), and a harness
+// that dropped them would fail the cluster for a reason no disk has.
+func TestOSyncWriteKept(t *testing.T) {
+	fs, restart := mount(t)
+	path := filepath.Join(fs.Dir(), "tav.idx")
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC|os.O_SYNC, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write([]byte("term 7 vote n2")); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	write(t, path+".plain", []byte("unsynced"), false)
+	fs.Cut()
+	fs = restart()
+	if got := read(t, filepath.Join(fs.Dir(), "tav.idx")); string(got) != "term 7 vote n2" {
+		t.Fatalf("after the cut: %q, want the O_SYNC write", got)
+	}
+	if got := read(t, filepath.Join(fs.Dir(), "tav.idx.plain")); len(got) != 0 {
+		t.Fatalf("after the cut the plain write is %q, want it gone", got)
+	}
+}
+
 // TestUnsyncedTruncateLost: a truncate not followed by a sync is undone, and
 // a file created and never synced survives empty.
 func TestUnsyncedTruncateLost(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	sandboximage "github.com/mcpexec/mcpexec/deploy/sandbox"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 )
 
@@ -25,29 +26,43 @@ const (
 	finishTimeout = 2 * time.Second
 )
 
-// Config configures a Pool. The runtimes' Configs document the fields they
-// pass on.
+// ErrClosed is what a Runtime's (and a Pool's) Run, RunInSession and Acquire
+// return after Close, wrapped with the runtime's name ("podman sandbox:
+// runtime is closed").
+var ErrClosed = errors.New("runtime is closed")
+
+// Config configures a container runtime: what the Podman and Docker
+// runtimes share (their Configs embed it) and the Pool runs by.
 type Config struct {
-	// Name starts the Pool's log messages and errors ("podman sandbox").
-	Name string
-	// ErrClosed is what Run, RunInSession and Acquire return after Close.
-	ErrClosed error
+	// Image of the sandbox; default DefaultImage (deploy/sandbox builds it).
+	Image string
 	// Limits of each container. The zero value means sandbox.DefaultLimits(),
 	// and an empty User 65534:65534.
 	Limits sandbox.Limits
-	// WorkerID labels this worker's containers (default: the host name).
+	// WorkerID labels this worker's containers; opening a runtime removes the
+	// containers a previous life with the same ID left behind. Default: the
+	// host name.
 	WorkerID string
-	// RunDir is the worker-private directory under which the Pool makes its
-	// own (default sandbox.DefaultRunDir()).
+	// RunDir is the worker-private host directory under which each container
+	// gets a directory with the runner and its socket (default
+	// sandbox.DefaultRunDir()). It is made 0700: no other local user can reach
+	// a runner's socket. Keep it short: Unix socket paths must stay under 100
+	// bytes. The engine must see the same file system (a local engine).
 	RunDir string
-	// Pool is how many started containers are kept ready (negative: 0).
+	// Pool is how many started containers, runner connected and waiting, are
+	// kept ready for jobs. 0 (or negative) starts a container per job.
 	Pool int
-	// Reuse is ReuseNamespace (the default) or ReuseNone.
+	// Reuse is ReuseNamespace (the default): a container whose job ended
+	// cleanly serves the next job of the same namespace (tenant), each job in
+	// a process of its own forked from the runner's pre-imported parent, the
+	// container swept in between; or ReuseNone: a container per job.
 	Reuse string
 	// MaxUses retires a container after that many jobs (default 100).
 	MaxUses int
-	// MaxIdle (default 8) and MaxIdlePerTenant (default 4) bound the
-	// containers kept idle; IdleTTL (default 2 minutes) retires them.
+	// MaxIdle bounds the containers kept idle for their namespace's next job,
+	// in all (default 8) and per namespace (MaxIdlePerTenant, default 4); the
+	// least recently used go first. IdleTTL retires an idle container
+	// (default 2 minutes).
 	MaxIdle          int
 	MaxIdlePerTenant int
 	IdleTTL          time.Duration
@@ -58,12 +73,19 @@ type Config struct {
 	// share their pages). Nil preloads nothing; sandbox.DefaultPreload is the
 	// data stack. Modules the image lacks are skipped.
 	Preload []string
-	// Logger; default slog.Default().
+	// Logger receives warnings and pool errors; default slog.Default().
 	Logger *slog.Logger
 }
 
-// SetDefaults fills in c's zero fields and checks Reuse.
-func (c *Config) SetDefaults() error {
+// DefaultImage is the image of Config.Image's default.
+const DefaultImage = sandboximage.DefaultImage
+
+// SetDefaults fills in c's zero fields and checks Reuse and Preload; name
+// starts its errors ("podman sandbox").
+func (c *Config) SetDefaults(name string) error {
+	if c.Image == "" {
+		c.Image = DefaultImage
+	}
 	if c.Limits == (sandbox.Limits{}) {
 		c.Limits = sandbox.DefaultLimits()
 	}
@@ -86,7 +108,7 @@ func (c *Config) SetDefaults() error {
 		c.Reuse = ReuseNamespace
 	case ReuseNamespace, ReuseNone:
 	default:
-		return fmt.Errorf("%s: reuse mode %q: want %q or %q", c.Name, c.Reuse, ReuseNamespace, ReuseNone)
+		return fmt.Errorf("%s: reuse mode %q: want %q or %q", name, c.Reuse, ReuseNamespace, ReuseNone)
 	}
 	if c.MaxUses <= 0 {
 		c.MaxUses = 100
@@ -104,23 +126,20 @@ func (c *Config) SetDefaults() error {
 		c.Logger = slog.Default()
 	}
 	if err := sandbox.CheckPreload(c.Preload); err != nil {
-		return fmt.Errorf("%s: %w", c.Name, err)
-	}
-	if c.ErrClosed == nil {
-		c.ErrClosed = errors.New(c.Name + ": runtime is closed")
+		return fmt.Errorf("%s: %w", name, err)
 	}
 	return nil
 }
 
 // privateDir makes the Pool's own directory under c.RunDir.
-func (c *Config) privateDir() (string, error) {
+func (c *Config) privateDir(name string) (string, error) {
 	base, err := sandbox.PrivateDir(c.RunDir)
 	if err != nil {
-		return "", fmt.Errorf("%s: run dir: %w (choose another with --run-dir)", c.Name, err)
+		return "", fmt.Errorf("%s: run dir: %w (choose another with --run-dir)", name, err)
 	}
 	if n := len(filepath.Join(base, "18446744073709551615", "s")); n >= 100 {
 		_ = os.RemoveAll(base) // unusable: nothing was made in it
-		return "", fmt.Errorf("%s: run dir %q is too long for Unix socket paths (%d bytes, limit 100): choose a shorter --run-dir", c.Name, c.RunDir, n)
+		return "", fmt.Errorf("%s: run dir %q is too long for Unix socket paths (%d bytes, limit 100): choose a shorter --run-dir", name, c.RunDir, n)
 	}
 	return base, nil
 }

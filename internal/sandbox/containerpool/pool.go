@@ -39,11 +39,14 @@ func (b *Box) Limits() sandbox.Limits { return b.limits }
 // any job, idle ones for their namespace's next job, and sessions'. It is
 // safe for concurrent use.
 type Pool struct {
+	name string // starts log messages and errors ("podman sandbox")
 	cfg  Config
 	eng  Engine
 	log  *slog.Logger
 	base string                // the Pool's own directory under RunDir
 	js   sandbox.JSExpectation // when new sandboxes keep a JavaScript executor ready
+
+	errClosed error // ErrClosed, with the name
 
 	seq           atomic.Uint64
 	started       atomic.Uint64 // containers whose runner completed its handshake
@@ -67,13 +70,16 @@ type Pool struct {
 }
 
 // New makes the Pool's directory under cfg.RunDir; cfg has its defaults
-// (Config.SetDefaults). Start starts the pool's filler and reaper.
-func New(cfg Config, eng Engine) (*Pool, error) {
-	base, err := cfg.privateDir()
+// (Config.SetDefaults), name starts the Pool's log messages and errors.
+// Start starts the pool's filler and reaper.
+func New(name string, cfg Config, eng Engine) (*Pool, error) {
+	base, err := cfg.privateDir(name)
 	if err != nil {
 		return nil, err
 	}
 	p := &Pool{
+		name:       name,
+		errClosed:  fmt.Errorf("%s: %w", name, ErrClosed),
 		cfg:        cfg,
 		eng:        eng,
 		log:        cfg.Logger,
@@ -88,10 +94,13 @@ func New(cfg Config, eng Engine) (*Pool, error) {
 		Drive:     p.drive,
 		Reusable:  func(b *Box) bool { return b.rc.Reusable() },
 		Discard:   p.Discard,
-		ErrClosed: cfg.ErrClosed,
+		ErrClosed: p.errClosed,
 	}
 	return p, nil
 }
+
+// Limits are the configured limits of its containers.
+func (p *Pool) Limits() sandbox.Limits { return p.cfg.Limits }
 
 // Dir is the Pool's own directory: one directory per container under it.
 func (p *Pool) Dir() string { return p.base }
@@ -150,7 +159,7 @@ func (p *Pool) Discard(b *Box) {
 		// does not exit in time is killed by the forced removal.
 		b.rc.Finish(finishTimeout)
 		if err := p.eng.Remove(context.Background(), b.id); err != nil {
-			p.log.Error(p.cfg.Name+": remove container", "id", sandbox.ShortID(b.id), "err", err)
+			p.log.Error(p.name+": remove container", "id", sandbox.ShortID(b.id), "err", err)
 		}
 		_ = b.ln.Close()        // the container is gone: nothing connects any more
 		_ = os.RemoveAll(b.dir) // best effort: the Pool's directory goes at Close
@@ -393,7 +402,7 @@ func (p *Pool) fill() {
 			default:
 			}
 			backoff = min(max(2*backoff, time.Second), 30*time.Second)
-			p.log.Error(p.cfg.Name+": start warm container", "err", err, "retry_in", backoff)
+			p.log.Error(p.name+": start warm container", "err", err, "retry_in", backoff)
 			select {
 			case <-p.stop:
 				return
@@ -436,7 +445,7 @@ func (p *Pool) Acquire(ctx context.Context, label string, l sandbox.Limits) (*Bo
 	closed := p.closed
 	p.mu.Unlock()
 	if closed {
-		return nil, p.cfg.ErrClosed
+		return nil, p.errClosed
 	}
 	if l == p.cfg.Limits {
 		if b := p.take(); b != nil {
@@ -449,9 +458,9 @@ func (p *Pool) Acquire(ctx context.Context, label string, l sandbox.Limits) (*Bo
 	b, err := p.NewBox(ctx, label, l)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("%s: %w", p.cfg.Name, context.Cause(ctx))
+			return nil, fmt.Errorf("%s: %w", p.name, context.Cause(ctx))
 		}
-		return nil, fmt.Errorf("%s: %w", p.cfg.Name, err)
+		return nil, fmt.Errorf("%s: %w", p.name, err)
 	}
 	return b, nil
 }

@@ -143,18 +143,16 @@ func (e *fakeEngine) liveN() int {
 	return len(e.live)
 }
 
-var errClosed = errors.New("fake sandbox: runtime is closed")
-
 // setup returns a started Pool of cfg over a fake engine, closed when the
 // test ends.
 func setup(t *testing.T, cfg containerpool.Config) (*containerpool.Pool, *fakeEngine) {
 	t.Helper()
-	cfg.Name, cfg.ErrClosed, cfg.WorkerID, cfg.RunDir = "fake sandbox", errClosed, "w", filepath.Join(t.TempDir(), "run")
-	if err := cfg.SetDefaults(); err != nil {
+	cfg.WorkerID, cfg.RunDir = "w", filepath.Join(t.TempDir(), "run")
+	if err := cfg.SetDefaults("fake sandbox"); err != nil {
 		t.Fatal(err)
 	}
 	e := &fakeEngine{}
-	p, err := containerpool.New(cfg, e)
+	p, err := containerpool.New("fake sandbox", cfg, e)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,21 +341,21 @@ func TestOrphansAndClose(t *testing.T) {
 	if e.liveN() != 1 { // "other" only
 		t.Fatalf("%d containers live after Close", e.liveN())
 	}
-	if _, err := p.Run(context.Background(), sandbox.Job{ID: "j", Code: "x"}, nil); !errors.Is(err, errClosed) {
+	if _, err := p.Run(context.Background(), sandbox.Job{ID: "j", Code: "x"}, nil); !errors.Is(err, containerpool.ErrClosed) || err.Error() != "fake sandbox: runtime is closed" {
 		t.Fatalf("Run after Close: %v", err)
 	}
-	if _, err := p.RunInSession(context.Background(), "s", sandbox.Job{ID: "j", Code: "x"}, nil); !errors.Is(err, errClosed) {
+	if _, err := p.RunInSession(context.Background(), "s", sandbox.Job{ID: "j", Code: "x"}, nil); !errors.Is(err, containerpool.ErrClosed) {
 		t.Fatalf("RunInSession after Close: %v", err)
 	}
 }
 
 func TestCloseBeforeStart(t *testing.T) {
 	t.Parallel()
-	cfg := containerpool.Config{Name: "fake sandbox", RunDir: filepath.Join(t.TempDir(), "run"), Pool: 2}
-	if err := cfg.SetDefaults(); err != nil {
+	cfg := containerpool.Config{RunDir: filepath.Join(t.TempDir(), "run"), Pool: 2}
+	if err := cfg.SetDefaults("fake sandbox"); err != nil {
 		t.Fatal(err)
 	}
-	p, err := containerpool.New(cfg, &fakeEngine{})
+	p, err := containerpool.New("fake sandbox", cfg, &fakeEngine{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -370,16 +368,16 @@ func TestCloseBeforeStart(t *testing.T) {
 
 func TestConfigDefaults(t *testing.T) {
 	t.Parallel()
-	c := containerpool.Config{Name: "x sandbox", Pool: -1}
-	if err := c.SetDefaults(); err != nil {
+	c := containerpool.Config{Pool: -1}
+	if err := c.SetDefaults("x sandbox"); err != nil {
 		t.Fatal(err)
 	}
 	if c.Pool != 0 || c.Reuse != containerpool.ReuseNamespace || c.MaxUses != 100 || c.MaxIdle != 8 || c.MaxIdlePerTenant != 4 ||
-		c.IdleTTL != 2*time.Minute || c.Limits.User != "65534:65534" || c.WorkerID == "" || c.RunDir == "" {
+		c.IdleTTL != 2*time.Minute || c.Limits.User != "65534:65534" || c.WorkerID == "" || c.RunDir == "" || c.Image != containerpool.DefaultImage {
 		t.Fatalf("defaults %+v", c)
 	}
-	c = containerpool.Config{Name: "x sandbox", Reuse: "always"}
-	if err := c.SetDefaults(); err == nil || err.Error() != `x sandbox: reuse mode "always": want "namespace" or "none"` {
+	c = containerpool.Config{Reuse: "always"}
+	if err := c.SetDefaults("x sandbox"); err == nil || err.Error() != `x sandbox: reuse mode "always": want "namespace" or "none"` {
 		t.Fatalf("reuse always: %v", err)
 	}
 }

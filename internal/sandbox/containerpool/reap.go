@@ -15,20 +15,20 @@ import (
 func (p *Pool) RemoveOrphans(ctx context.Context) error {
 	ids, err := p.List(ctx)
 	if err != nil {
-		return fmt.Errorf("%s: list orphan containers: %w", p.cfg.Name, err)
+		return fmt.Errorf("%s: list orphan containers: %w", p.name, err)
 	}
 	dead, err := p.Ownerless(ctx)
 	if err != nil {
-		return fmt.Errorf("%s: list orphan containers: %w", p.cfg.Name, err)
+		return fmt.Errorf("%s: list orphan containers: %w", p.name, err)
 	}
 	ids = append(ids, dead...)
 	for _, id := range ids {
 		if err := p.eng.Remove(ctx, id); err != nil {
-			return fmt.Errorf("%s: remove orphan container %.12s: %w", p.cfg.Name, id, err)
+			return fmt.Errorf("%s: remove orphan container %.12s: %w", p.name, id, err)
 		}
 	}
 	if len(ids) > 0 {
-		p.log.Info(p.cfg.Name+": removed orphan containers", "worker", p.cfg.WorkerID, "count", len(ids))
+		p.log.Info(p.name+": removed orphan containers", "worker", p.cfg.WorkerID, "count", len(ids))
 	}
 	return nil
 }
@@ -103,16 +103,16 @@ func (p *Pool) reapLoop() {
 		p.retireIdle()
 		ids, err := p.Ownerless(context.Background())
 		if err != nil {
-			p.log.Warn(p.cfg.Name+": look for containers left behind", "err", err)
+			p.log.Warn(p.name+": look for containers left behind", "err", err)
 			continue
 		}
 		for _, id := range ids {
 			if err := p.eng.Remove(context.Background(), id); err != nil {
-				p.log.Warn(p.cfg.Name+": remove a container left behind", "id", sandbox.ShortID(id), "err", err)
+				p.log.Warn(p.name+": remove a container left behind", "id", sandbox.ShortID(id), "err", err)
 			}
 		}
 		if len(ids) > 0 {
-			p.log.Info(p.cfg.Name+": removed containers whose worker is gone", "count", len(ids))
+			p.log.Info(p.name+": removed containers whose worker is gone", "count", len(ids))
 		}
 	}
 }

@@ -34,7 +34,7 @@ func (p *Pool) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (san
 		return res, nil
 	}
 	if reuse {
-		p.log.Debug(p.cfg.Name+": container not kept for its namespace", "id", sandbox.ShortID(b.id), "status", res.Status, "err", err,
+		p.log.Debug(p.name+": container not kept for its namespace", "id", sandbox.ShortID(b.id), "status", res.Status, "err", err,
 			"runner_reusable", b.rc.Reusable(), "runner_idle", b.rc.Idle(), "uses", b.uses)
 	}
 	p.Discard(b)

@@ -2,10 +2,8 @@ package docker
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -27,143 +25,85 @@ func unavailable(tb testing.TB, format string, args ...any) {
 	testutil.SkipOrFailDocker(tb, "Docker sandbox unavailable: "+format, args...)
 }
 
-// newRuntime starts a Runtime for one test with its own worker ID, on the
-// engine at $MCPEXEC_DOCKER (else $DOCKER_HOST, else the default socket).
-func newRuntime(tb testing.TB, cfg Config) *Runtime {
-	tb.Helper()
-	if cfg.Image == "" {
-		cfg.Image = os.Getenv("MCPEXEC_IMAGE")
-	}
-	if cfg.WorkerID == "" {
-		cfg.WorkerID = sandboxtest.WorkerID(tb)
-	}
+// dockerEngine is Docker for sandboxtest.Exercise: the engine at
+// $MCPEXEC_DOCKER (else $DOCKER_HOST, else the default socket).
+var dockerEngine = sandboxtest.Engine[*Runtime]{
+	Open: func(ctx context.Context, tb testing.TB, cfg containerpool.Config) (*Runtime, error) {
+		return open(ctx, tb, Config{Config: cfg})
+	},
+	Unavailable: unavailable,
+	Plant: func(t *testing.T, rt *Runtime, labels map[string]string) string {
+		t.Helper()
+		s := rt.spec(containerpool.Spec{Dir: t.TempDir(), Job: "planted", Limits: rt.cfg.Limits, Secret: "x"})
+		maps.Copy(s.config.Labels, labels)
+		r, err := rt.cli.ContainerCreate(context.Background(), s.config, s.host, s.net, nil, "")
+		if err != nil {
+			t.Fatalf("create a container: %v", err)
+		}
+		t.Cleanup(func() { _ = rt.remove(context.Background(), r.ID) })
+		return r.ID
+	},
+	Exists: func(t *testing.T, rt *Runtime, id string) bool {
+		t.Helper()
+		_, err := rt.cli.ContainerInspect(context.Background(), id)
+		if err != nil && !client.IsErrNotFound(err) {
+			t.Fatal(err)
+		}
+		return err == nil
+	},
+	Left: func(t *testing.T, rt *Runtime, worker string) []string {
+		t.Helper()
+		c, err := client.NewClientWithOpts(client.WithHost(rt.cfg.Host), client.WithAPIVersionNegotiation())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = c.Close() }() // a look-up connection: nothing to do on a failed close
+		list, err := c.ContainerList(context.Background(), container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", containerpool.LabelWorker+"="+worker))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, l := range list {
+			ids = append(ids, l.ID)
+		}
+		return ids
+	},
+	HostNames: []string{"host.docker.internal", "172.17.0.1"},
+}
+
+// open opens a Runtime of cfg for tb on the engine at $MCPEXEC_DOCKER (else
+// $DOCKER_HOST, else the default socket).
+func open(ctx context.Context, tb testing.TB, cfg Config) (*Runtime, error) {
 	if cfg.Host == "" {
 		cfg.Host = testutil.DockerHost()
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = testutil.Logger(tb)
 	}
-	return sandboxtest.Open(tb, func(ctx context.Context) (*Runtime, error) { return New(ctx, cfg) }, unavailable)
+	return New(ctx, cfg)
 }
 
-func TestConformance(t *testing.T) {
-	rt := newRuntime(t, Config{})
-	info := rt.Info()
-	t.Logf("docker %s (API %s) at %s, rootless=%v cgroups=%s driver=%s runtime=%s seccomp=%v limits enforced=%v %v",
-		info.ServerVersion, info.APIVersion, info.Host, info.Rootless, info.CgroupsVersion, info.CgroupDriver, info.OCIRuntime, info.Seccomp, info.LimitsEnforced, info.Missing)
-	if !info.LimitsEnforced {
-		unavailable(t, "the engine at %s does not enforce %v limits: the isolation suite would fail", info.Host, info.Missing)
-	}
-	sandboxtest.Run(t, rt, sandboxtest.Options{Isolated: true})
+// newRuntime starts a Runtime for one test with its own worker ID.
+func newRuntime(tb testing.TB) *Runtime {
+	tb.Helper()
+	return dockerEngine.New(tb, containerpool.Config{})
 }
 
-func TestConformanceWarmPool(t *testing.T) {
-	if testing.Short() {
-		t.Skip("short")
-	}
-	// The warm pool and namespace reuse: jobs of one tenant in one container.
-	rt := newRuntime(t, Config{Pool: 2})
-	sandboxtest.WaitWarm(t, rt, 2)
-	ctx := context.Background()
-	seen := map[string]int{} // jobs by container (its host name)
-	for i := 0; i < 4; i++ {
-		res, err := rt.Run(ctx, sandbox.Job{ID: "reuse", Tenant: "t1", Code: "import os, socket\nprint(socket.gethostname(), os.listdir('/tmp'))\nopen('/tmp/mark', 'w').write('x')", Timeout: 10 * time.Second}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		host, files, _ := strings.Cut(strings.TrimSpace(res.Stdout), " ")
-		// The container is swept between jobs: no job sees another's file.
-		if res.Status != sandbox.StatusSuccess || files != "[]" {
-			t.Fatalf("job %d: %+v", i, res)
-		}
-		seen[host]++
-	}
-	// Trivial jobs leave nothing that retires a container: one served them all.
-	if len(seen) != 1 || rt.Idle() != 1 {
-		t.Fatalf("jobs by container %v, %d idle: want one container, kept for the namespace", seen, rt.Idle())
-	}
-	if st := rt.Stats(); st.Started < 2 || st.StartFailures != 0 {
-		t.Fatalf("stats %+v", st)
-	}
-}
+// TestContainerRuntime runs the container runtimes' suite on Docker.
+func TestContainerRuntime(t *testing.T) { sandboxtest.Exercise(t, dockerEngine) }
 
-func TestOrphansRemoved(t *testing.T) {
-	id := sandboxtest.WorkerID(t)
-	rt := newRuntime(t, Config{WorkerID: id})
-	ctx := context.Background()
-	create := func(worker string) string {
-		t.Helper()
-		s := rt.spec(containerpool.Spec{Dir: t.TempDir(), Job: "orphan", Limits: rt.cfg.Limits, Secret: "x"})
-		s.config.Labels[LabelWorker] = worker
-		r, err := rt.cli.ContainerCreate(ctx, s.config, s.host, s.net, nil, "")
-		if err != nil {
-			t.Fatalf("create orphan: %v", err)
-		}
-		return r.ID
-	}
-	orphan := create(id)
-	other := create(id + "-other")
-	t.Cleanup(func() { _ = rt.remove(ctx, other) })
-
-	// A new life of the same worker removes the orphan, and only it.
-	rt2 := newRuntime(t, Config{WorkerID: id})
-	if _, err := rt2.cli.ContainerInspect(ctx, orphan); !client.IsErrNotFound(err) {
-		t.Fatalf("orphan %s still exists (err %v)", sandbox.ShortID(orphan), err)
-	}
-	if _, err := rt2.cli.ContainerInspect(ctx, other); err != nil {
-		t.Fatalf("another worker's container %s was removed (err %v)", sandbox.ShortID(other), err)
-	}
-}
-
-func TestOwnerlessReaped(t *testing.T) {
-	rt := newRuntime(t, Config{})
-	ctx := context.Background()
-	s := rt.spec(containerpool.Spec{Dir: t.TempDir(), Job: "ownerless", Limits: rt.cfg.Limits, Secret: "x"})
-	s.config.Labels[LabelWorker] = sandboxtest.WorkerID(t) + "-gone"
-	s.config.Labels[LabelOwner] = sandbox.HostName + "/999999999/1" // no such process
-	r, err := rt.cli.ContainerCreate(ctx, s.config, s.host, s.net, nil, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rt.remove(ctx, r.ID) })
-	ids, err := rt.pool.Ownerless(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	found := false
-	for _, id := range ids {
-		found = found || id == r.ID
-	}
-	if !found {
-		t.Fatalf("a container whose owner is gone is not reaped: %v", ids)
-	}
-	// This process's own containers are not.
-	b, err := rt.pool.Acquire(ctx, "alive", rt.cfg.Limits)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rt.pool.Discard(b)
-	ids, _ = rt.pool.Ownerless(ctx)
-	for _, id := range ids {
-		if id == b.ID() {
-			t.Fatal("a live owner's container is taken for ownerless")
-		}
-	}
-}
-
-func TestNoContainerLeftAfterRun(t *testing.T) {
-	rt := newRuntime(t, Config{Reuse: ReuseNone})
-	sandboxtest.NoContainerLeftAfterRun(t, rt, rt.pool)
-}
+// BenchmarkContainerRuntime: go test -bench ContainerRuntime/RunWarm
+// -benchtime 20x.
+func BenchmarkContainerRuntime(b *testing.B) { sandboxtest.Bench(b, dockerEngine) }
 
 func TestSpecLockdown(t *testing.T) {
-	rt := newRuntime(t, Config{})
+	rt := newRuntime(t)
 	ctx := context.Background()
-	b, err := rt.pool.Acquire(ctx, "spec", rt.cfg.Limits)
+	b, err := rt.Pool.Acquire(ctx, "spec", rt.cfg.Limits)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rt.pool.Discard(b)
+	defer rt.Pool.Discard(b)
 	c, err := rt.cli.ContainerInspect(ctx, b.ID())
 	if err != nil {
 		t.Fatal(err)
@@ -210,114 +150,21 @@ func TestSpecLockdown(t *testing.T) {
 	}
 }
 
-// TestDataStack: the data image's libraries are preloaded, DataFrames display
-// compactly, and a container keeps serving its namespace with them loaded.
-func TestDataStack(t *testing.T) {
-	sandboxtest.DataStack(t, newRuntime(t, Config{Pool: 1, Preload: sandbox.DefaultPreload}))
-}
-
-func TestRunnerExitReported(t *testing.T) {
-	sandboxtest.RunnerExitReported(t, newRuntime(t, Config{}))
-}
-
-func TestMemoryLimitMessage(t *testing.T) {
-	limits := sandbox.DefaultLimits()
-	limits.Memory = 96 << 20
-	rt := newRuntime(t, Config{Limits: limits})
-	if !rt.Info().LimitsEnforced {
-		unavailable(t, "limits are not enforced by %s", rt.Info().Host)
-	}
-	sandboxtest.MemoryLimitMessage(t, rt)
-}
-
-func TestPerJobLimits(t *testing.T) {
-	rt := newRuntime(t, Config{})
-	code := `print(open("/sys/fs/cgroup/memory/memory.limit_in_bytes").read().strip() if __import__("os").path.exists("/sys/fs/cgroup/memory/memory.limit_in_bytes") else open("/sys/fs/cgroup/memory.max").read().strip())`
-	res, err := rt.Run(context.Background(), sandbox.Job{ID: "mem", Code: code, Memory: 200 << 20, Timeout: 10 * time.Second}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Status != sandbox.StatusSuccess || strings.TrimSpace(res.Stdout) != fmt.Sprint(200<<20) {
-		t.Fatalf("a job of 200 MiB sees %+v", res)
-	}
-}
-
 func TestUnreachableEngine(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := New(ctx, Config{Host: "unix://" + t.TempDir() + "/none.sock", RunDir: t.TempDir()})
+	_, err := New(ctx, Config{Config: containerpool.Config{RunDir: t.TempDir()}, Host: "unix://" + t.TempDir() + "/none.sock"})
 	if err == nil || !strings.Contains(err.Error(), "cannot reach the Docker engine") {
 		t.Fatalf("New on a missing socket: %v", err)
 	}
 }
-
-func TestMissingImage(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_, err := New(ctx, Config{Host: testutil.DockerHost(), Image: "localhost/mcpexec-no-such-image:latest", WorkerID: sandboxtest.WorkerID(t), Logger: testutil.Logger(t)})
-	if err != nil && strings.Contains(err.Error(), "cannot reach") {
-		unavailable(t, "%v", err)
-	}
-	if !errors.Is(err, sandbox.ErrNoImage) {
-		t.Fatalf("New with a missing image: %v", err)
-	}
-}
-
-func TestSessionContainerLifecycle(t *testing.T) {
-	rt := newRuntime(t, Config{})
-	ctx := context.Background()
-	count := func() int {
-		t.Helper()
-		rt.pool.WaitRemovals()
-		ids, err := rt.pool.List(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return len(ids)
-	}
-	sandboxtest.SessionContainers(t, rt, count)
-	if err := rt.Close(); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.NewClientWithOpts(client.WithHost(rt.cfg.Host), client.WithAPIVersionNegotiation())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close() }() // the test is over
-	list, err := c.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", LabelWorker+"="+rt.cfg.WorkerID))})
-	if err != nil || len(list) != 0 {
-		t.Fatalf("containers left after Close: %d (err %v)", len(list), err)
-	}
-	job := sandbox.Job{ID: "s", Code: "x = 1", Timeout: 10 * time.Second}
-	if _, err := rt.RunInSession(ctx, "d", job, nil); !errors.Is(err, ErrClosed) {
-		t.Fatalf("RunInSession after Close: %v", err)
-	}
-	if _, err := rt.Run(ctx, job, nil); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Run after Close: %v", err)
-	}
-}
-
-func benchRun(b *testing.B, pool int, tenant string) {
-	sandboxtest.BenchRun(b, newRuntime(b, Config{Pool: pool}), pool, tenant)
-}
-
-// BenchmarkRunWarm: run with a warm pool, a fresh container per run (go test
-// -bench RunWarm -benchtime 20x).
-func BenchmarkRunWarm(b *testing.B) { benchRun(b, 2, "") }
-
-// BenchmarkRunReused: runs of one namespace back to back, each in a process
-// forked in a reused container.
-func BenchmarkRunReused(b *testing.B) { benchRun(b, 2, "bench") }
-
-// BenchmarkRunCold: a container started per run.
-func BenchmarkRunCold(b *testing.B) { benchRun(b, 0, "") }
 
 // TestRunnerDirInert: Docker's bind mounts take no noexec, nosuid or nodev
 // (Podman mounts /mcpexec with all three), so the runner's directory must
 // hold nothing they would stop: no file with an exec, setuid or setgid bit,
 // no device, and no way to add one (read-only, and root's).
 func TestRunnerDirInert(t *testing.T) {
-	rt := newRuntime(t, Config{})
+	rt := newRuntime(t)
 	code := `import os, stat, errno
 bad = []
 for name in os.listdir("/mcpexec"):
@@ -349,26 +196,4 @@ print(bad)`
 	if res.Status != sandbox.StatusSuccess || res.Stdout != "[]\n" {
 		t.Fatalf("the runner's directory is not inert: %+v", res)
 	}
-}
-
-// TestHostLoopbackUnreachable: network none keeps the host's loopback out of
-// reach (and the names Docker gives the host).
-func TestHostLoopbackUnreachable(t *testing.T) {
-	sandboxtest.HostLoopbackUnreachable(t, newRuntime(t, Config{}), "127.0.0.1", "localhost", "host.docker.internal", "172.17.0.1")
-}
-
-// TestRunDirPrivate: the runners' sockets live in 0700 directories.
-func TestRunDirPrivate(t *testing.T) {
-	rt := newRuntime(t, Config{})
-	info := rt.Info()
-	for _, d := range []string{filepath.Dir(info.RunDir), info.RunDir} {
-		if st, err := os.Stat(d); err != nil || st.Mode().Perm() != 0o700 {
-			t.Fatalf("run dir %s: %v, want mode 0700", d, err)
-		}
-	}
-}
-
-// TestJavaScriptSpareOutOfReach: see sandboxtest.JavaScriptSpareOutOfReach.
-func TestJavaScriptSpareOutOfReach(t *testing.T) {
-	sandboxtest.JavaScriptSpareOutOfReach(t, newRuntime(t, Config{Pool: 1}))
 }

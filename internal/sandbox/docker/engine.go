@@ -4,6 +4,7 @@ package docker
 // calls.
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -19,6 +20,24 @@ import (
 type engine Runtime
 
 var _ containerpool.Engine = (*engine)(nil)
+
+// Connect implements containerpool.Connector: it opens the client, reads the
+// engine's description and checks the image.
+func (e *engine) Connect(ctx context.Context, info *Info) ([]string, error) {
+	r := (*Runtime)(e)
+	if err := r.connect(ctx, info); err != nil {
+		return nil, err
+	}
+	return r.checkImage(ctx)
+}
+
+// Release implements containerpool.Connector: it closes the client.
+func (e *engine) Release(leftovers func() error) error {
+	if e.cli == nil {
+		return nil
+	}
+	return errors.Join(leftovers(), e.cli.Close())
+}
 
 // remove kills and removes a container, whatever its state; a container that
 // is gone already is no error.
@@ -68,7 +87,7 @@ func (e *engine) Create(ctx context.Context, sp containerpool.Spec) (string, err
 func (r *Runtime) listManaged(ctx context.Context, labels ...string) ([]container.Summary, error) {
 	c, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	f := filters.NewArgs(filters.Arg("label", LabelManaged+"=true"))
+	f := filters.NewArgs(filters.Arg("label", containerpool.LabelManaged+"=true"))
 	for _, l := range labels {
 		f.Add("label", l)
 	}

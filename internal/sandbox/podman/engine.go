@@ -70,18 +70,49 @@ func (e *engine) Create(ctx context.Context, sp containerpool.Spec) (string, err
 	return created.ID, nil
 }
 
+// Connect implements containerpool.Connector: it finds (or starts) the
+// Podman service, chooses the user namespace mode and checks the image.
+func (e *engine) Connect(ctx context.Context, info *Info) ([]string, error) {
+	r := (*Runtime)(e)
+	if err := r.connect(ctx, info); err != nil {
+		return nil, err
+	}
+	info.UserNS, info.UserNSNote = userNSMode(r.cfg.UserNS, info.Rootless, info.ServerVersion)
+	if r.cfg.UserNS == UserNSOn && !info.UserNS {
+		return nil, fmt.Errorf("podman sandbox: --userns on: %s", info.UserNSNote)
+	}
+	if !info.UserNS {
+		r.log.Warn("podman sandbox: containers share the host's user namespace", "why", info.UserNSNote)
+	}
+	r.userNS = info.UserNS
+	return r.checkImage(ctx)
+}
+
+// Release implements containerpool.Connector: it stops the Podman service
+// the Runtime started.
+func (e *engine) Release(leftovers func() error) error {
+	var err error
+	if e.conn != nil {
+		err = leftovers()
+	}
+	if e.svc != nil {
+		e.svc.shutdown()
+	}
+	return err
+}
+
 // lockStorage serialises the calls that change Podman's container storage
 // when containers get their own user namespaces: Podman 4.3's service
 // deadlocks (its storage and userns locks held, every later call waiting)
 // when --userns=auto containers are created and removed in parallel.
 func (r *Runtime) lockStorage() {
-	if r.info.UserNS {
+	if r.userNS {
 		r.storageMu.Lock()
 	}
 }
 
 func (r *Runtime) unlockStorage() {
-	if r.info.UserNS {
+	if r.userNS {
 		r.storageMu.Unlock()
 	}
 }
@@ -91,7 +122,7 @@ func (e *engine) List(ctx context.Context, labels ...string) ([]containerpool.Co
 	c, cancel := (*Runtime)(e).callCtx(ctx, 30*time.Second)
 	defer cancel()
 	list, err := containers.List(c, new(containers.ListOptions).WithAll(true).WithFilters(map[string][]string{
-		"label": append([]string{LabelManaged + "=true"}, labels...),
+		"label": append([]string{containerpool.LabelManaged + "=true"}, labels...),
 	}))
 	if err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,137 +31,88 @@ func unavailable(tb testing.TB, format string, args ...any) {
 	tb.Skipf("Podman sandbox unavailable: %s (set MCPEXEC_REQUIRE_PODMAN=1 to fail instead)", msg)
 }
 
+// open opens a Runtime of cfg on the Podman service $MCPEXEC_PODMAN names
+// (else the one New finds or starts).
+func open(ctx context.Context, cfg Config) (*Runtime, error) {
+	if _, err := exec.LookPath("podman"); err != nil {
+		return nil, errors.New("podman is not installed")
+	}
+	if cfg.URI == "" {
+		cfg.URI = os.Getenv("MCPEXEC_PODMAN")
+	}
+	return New(ctx, cfg)
+}
+
+// podmanEngine is Podman for sandboxtest.Exercise.
+var podmanEngine = sandboxtest.Engine[*Runtime]{
+	Open: func(ctx context.Context, _ testing.TB, cfg containerpool.Config) (*Runtime, error) {
+		return open(ctx, Config{Config: cfg})
+	},
+	// Forced on: Podman 4.x does not do it by default (see userNSMode). No
+	// pool, so that containers come and go one at a time.
+	Conformance: func(tb testing.TB) *Runtime { return newRuntime(tb, Config{UserNS: UserNSOn}) },
+	Unavailable: unavailable,
+	Plant: func(t *testing.T, rt *Runtime, labels map[string]string) string {
+		t.Helper()
+		s := rt.spec(containerpool.Spec{Dir: t.TempDir(), Job: "planted", Limits: rt.cfg.Limits})
+		maps.Copy(s.Labels, labels)
+		s.Name = ""
+		c, cancel := rt.callCtx(context.Background(), 30*time.Second)
+		defer cancel()
+		r, err := containers.CreateWithSpec(c, s, nil)
+		if err != nil {
+			t.Fatalf("create a container: %v", err)
+		}
+		t.Cleanup(func() { _ = rt.remove(context.Background(), r.ID) })
+		return r.ID
+	},
+	Exists: func(t *testing.T, rt *Runtime, id string) bool {
+		t.Helper()
+		c, cancel := rt.callCtx(context.Background(), 30*time.Second)
+		defer cancel()
+		ok, err := containers.Exists(c, id, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	},
+	// Close may have stopped the Podman service it started: ask the CLI.
+	Left: func(t *testing.T, rt *Runtime, worker string) []string {
+		t.Helper()
+		args := []string{"ps", "-aq", "--filter", "label=" + containerpool.LabelWorker + "=" + worker}
+		if root := rt.cfg.StorageRoot; root != "" {
+			args = append(StorageFlags(root), args...)
+		}
+		out, err := exec.Command("podman", args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("podman ps: %v %s", err, out)
+		}
+		return strings.Fields(string(out))
+	},
+	HostNames: []string{"host.containers.internal", "10.88.0.1"},
+}
+
 // newRuntime starts a Runtime for one test with its own worker ID.
 func newRuntime(tb testing.TB, cfg Config) *Runtime {
 	tb.Helper()
-	if _, err := exec.LookPath("podman"); err != nil {
-		unavailable(tb, "podman is not installed")
-	}
 	if os.Getenv("MCPEXEC_IMAGE") != "" && cfg.Image == "" {
 		cfg.Image = os.Getenv("MCPEXEC_IMAGE")
 	}
 	if cfg.WorkerID == "" {
 		cfg.WorkerID = sandboxtest.WorkerID(tb)
 	}
-	if cfg.URI == "" {
-		cfg.URI = os.Getenv("MCPEXEC_PODMAN")
-	}
-	return sandboxtest.Open(tb, func(ctx context.Context) (*Runtime, error) { return New(ctx, cfg) }, unavailable)
+	return sandboxtest.Open(tb, func(ctx context.Context) (*Runtime, error) { return open(ctx, cfg) }, unavailable)
 }
 
-func TestConformance(t *testing.T) {
-	// Forced on: Podman 4.x does not do it by default (see userNSMode). No
-	// pool, so that containers come and go one at a time.
-	rt := newRuntime(t, Config{UserNS: UserNSOn})
-	info := rt.Info()
-	t.Logf("podman %s at %s, rootless=%v cgroups=%s runtime=%s limits enforced=%v",
-		info.ServerVersion, info.URI, info.Rootless, info.CgroupsVersion, info.OCIRuntime, info.LimitsEnforced)
-	if !info.LimitsEnforced {
-		unavailable(t, "Podman at %s does not enforce resource limits (rootless on cgroups v1): the isolation suite would fail", info.URI)
-	}
-	sandboxtest.Run(t, rt, sandboxtest.Options{Isolated: true})
-}
+// TestContainerRuntime runs the container runtimes' suite on Podman.
+func TestContainerRuntime(t *testing.T) { sandboxtest.Exercise(t, podmanEngine) }
 
-func TestOrphansRemoved(t *testing.T) {
-	id := sandboxtest.WorkerID(t)
-	rt := newRuntime(t, Config{WorkerID: id})
-	ctx := context.Background()
-	create := func(worker string) string {
-		t.Helper()
-		s := rt.spec(containerpool.Spec{Dir: t.TempDir(), Job: "orphan", Limits: rt.cfg.Limits})
-		s.Labels[LabelWorker] = worker
-		s.Name = ""
-		c, cancel := rt.callCtx(ctx, 30*time.Second)
-		defer cancel()
-		r, err := containers.CreateWithSpec(c, s, nil)
-		if err != nil {
-			t.Fatalf("create orphan: %v", err)
-		}
-		return r.ID
-	}
-	orphan := create(id)
-	other := create(id + "-other")
-	t.Cleanup(func() { _ = rt.remove(ctx, other) })
-
-	// A new life of the same worker removes the orphan, and only it.
-	rt2 := newRuntime(t, Config{WorkerID: id})
-	c, cancel := rt2.callCtx(ctx, 30*time.Second)
-	defer cancel()
-	if ok, err := containers.Exists(c, orphan, nil); err != nil || ok {
-		t.Fatalf("orphan %s still exists (err %v)", sandbox.ShortID(orphan), err)
-	}
-	if ok, err := containers.Exists(c, other, nil); err != nil || !ok {
-		t.Fatalf("another worker's container %s was removed (err %v)", sandbox.ShortID(other), err)
-	}
-}
-
-func TestNoContainerLeftAfterRun(t *testing.T) {
-	rt := newRuntime(t, Config{})
-	sandboxtest.NoContainerLeftAfterRun(t, rt, rt.pool)
-}
-
-// TestDataStack: the data image's libraries are preloaded, DataFrames display
-// compactly, and a container keeps serving its namespace with them loaded.
-func TestDataStack(t *testing.T) {
-	sandboxtest.DataStack(t, newRuntime(t, Config{Pool: 1, Preload: sandbox.DefaultPreload}))
-}
-
-func TestRunnerExitReported(t *testing.T) {
-	sandboxtest.RunnerExitReported(t, newRuntime(t, Config{}))
-}
-
-func TestMemoryLimitMessage(t *testing.T) {
-	limits := sandbox.DefaultLimits()
-	limits.Memory = 96 << 20
-	rt := newRuntime(t, Config{Limits: limits})
-	if !rt.Info().LimitsEnforced {
-		unavailable(t, "limits are not enforced by %s", rt.Info().URI)
-	}
-	sandboxtest.MemoryLimitMessage(t, rt)
-}
-
-func TestWarmPool(t *testing.T) {
-	rt := newRuntime(t, Config{Pool: 2})
-	sandboxtest.WaitWarm(t, rt, 2)
-	ctx := context.Background()
-	job := sandbox.Job{ID: "warm", Code: "print(1)", Timeout: 10 * time.Second}
-
-	start := time.Now()
-	res, err := rt.Run(ctx, job, nil)
-	warm := time.Since(start)
-	if err != nil || res.Stdout != "1\n" {
-		t.Fatalf("warm run: %v %+v", err, res)
-	}
-	// Both warm containers are used up by two back-to-back runs...
-	if _, err := rt.Run(ctx, job, nil); err != nil {
-		t.Fatal(err)
-	}
-	// ...and the pool refills.
-	sandboxtest.WaitWarm(t, rt, 2)
-	if st := rt.Stats(); st.Started < 4 || st.StartFailures != 0 || st.Warm != 2 {
-		t.Fatalf("stats after two runs and a refill: %+v, want >=4 started, 0 failures, 2 warm", st)
-	}
-
-	// A cold start, for comparison.
-	cold0 := time.Now()
-	b, err := rt.pool.NewBox(ctx, "cold", rt.cfg.Limits)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cold := time.Since(cold0)
-	rt.pool.Discard(b)
-	t.Logf("warm run %s, cold container start %s", warm, cold)
-	if warm >= cold {
-		t.Fatalf("warm run (%s) not faster than a cold start (%s)", warm, cold)
-	}
-}
-
-func TestHostLoopbackUnreachable(t *testing.T) {
-	sandboxtest.HostLoopbackUnreachable(t, newRuntime(t, Config{}), "127.0.0.1", "localhost", "host.containers.internal", "10.88.0.1")
-}
+// BenchmarkContainerRuntime: go test -bench ContainerRuntime/RunWarm
+// -benchtime 20x.
+func BenchmarkContainerRuntime(b *testing.B) { sandboxtest.Bench(b, podmanEngine) }
 
 func TestSpecIsLockedDown(t *testing.T) {
-	rt := &Runtime{cfg: Config{Image: "img", OCIRuntime: "runc", Limits: sandbox.DefaultLimits(), WorkerID: "w"}}
+	rt := &Runtime{cfg: Config{Config: containerpool.Config{Image: "img", Limits: sandbox.DefaultLimits(), WorkerID: "w"}, OCIRuntime: "runc"}}
 	s := rt.spec(containerpool.Spec{Dir: "/d", Job: "job1", Seq: 1, Limits: rt.cfg.Limits})
 	if !*s.ReadOnlyFilesystem || *s.ReadWriteTmpfs || !*s.NoNewPrivileges || !slices.Equal(s.CapDrop, []string{"ALL"}) {
 		t.Fatalf("spec not locked down: %+v", s)
@@ -171,82 +123,13 @@ func TestSpecIsLockedDown(t *testing.T) {
 	if *s.ResourceLimits.Memory.Limit != 512<<20 || *s.ResourceLimits.Memory.Swap != 512<<20 || s.ResourceLimits.Pids.Limit != 128 {
 		t.Fatalf("resources %+v", s.ResourceLimits)
 	}
-	if s.Labels[LabelJob] != "job1" || s.Labels[LabelWorker] != "w" || s.Labels[LabelManaged] != "true" {
+	if s.Labels[containerpool.LabelJob] != "job1" || s.Labels[containerpool.LabelWorker] != "w" || s.Labels[containerpool.LabelManaged] != "true" {
 		t.Fatalf("labels %v", s.Labels)
 	}
 	for _, m := range s.Mounts {
 		if m.Type == "tmpfs" && !slices.Contains(m.Options, "noexec") {
 			t.Fatalf("tmpfs %s without noexec", m.Destination)
 		}
-	}
-}
-
-func benchRun(b *testing.B, pool int, tenant string) { benchRunWith(b, Config{Pool: pool}, tenant) }
-
-func benchRunWith(b *testing.B, cfg Config, tenant string) {
-	pool := cfg.Pool
-	if os.Getenv("BENCH_CPUS0") != "" {
-		cfg.Limits = sandbox.DefaultLimits()
-		cfg.Limits.CPUs = 0
-	}
-	sandboxtest.BenchRun(b, newRuntime(b, cfg), pool, tenant)
-}
-
-// BenchmarkRunWarm: run with a warm pool, a fresh container per run (go
-// test -bench RunWarm -benchtime 20x).
-func BenchmarkRunWarm(b *testing.B) { benchRun(b, 2, "") }
-
-// BenchmarkRunReused: runs of one namespace back to back, each in a process
-// forked in a reused container.
-func BenchmarkRunReused(b *testing.B) { benchRun(b, 2, "bench") }
-
-// BenchmarkRunReusedPreload: the same with the data stack preloaded in each
-// container's zygote: what a fork of a larger parent costs.
-func BenchmarkRunReusedPreload(b *testing.B) {
-	benchRunWith(b, Config{Pool: 2, Preload: sandbox.DefaultPreload}, "bench")
-}
-
-// BenchmarkRunColdPreload: a container started per run (as BenchmarkRunCold)
-// with the data stack preloaded: what preloading adds to a container's start.
-func BenchmarkRunColdPreload(b *testing.B) {
-	benchRunWith(b, Config{Reuse: ReuseNone, Preload: sandbox.DefaultPreload}, "")
-}
-
-// BenchmarkRunCold: a container started per run.
-func BenchmarkRunCold(b *testing.B) { benchRun(b, 0, "") }
-
-func TestMissingImage(t *testing.T) {
-	newRuntime(t, Config{}) // skips when Podman is unavailable
-	_, err := New(context.Background(), Config{Image: "localhost/mcpexec-no-such-image:x", WorkerID: sandboxtest.WorkerID(t), URI: os.Getenv("MCPEXEC_PODMAN")})
-	if err == nil || !strings.Contains(err.Error(), "build.sh") {
-		t.Fatalf("error %v, want one that says how to build the image", err)
-	}
-	t.Log(err)
-}
-
-func TestSessionContainerLifecycle(t *testing.T) {
-	rt := newRuntime(t, Config{})
-	ctx := context.Background()
-	count := func() int {
-		t.Helper()
-		rt.pool.WaitRemovals()
-		ids, err := rt.pool.List(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return len(ids)
-	}
-	sandboxtest.SessionContainers(t, rt, count)
-	if err := rt.Close(); err != nil {
-		t.Fatal(err)
-	}
-	// Close may have stopped the Podman service it started: ask the CLI.
-	out, err := exec.Command("podman", "ps", "-aq", "--filter", "label="+LabelWorker+"="+rt.cfg.WorkerID).CombinedOutput()
-	if err != nil || strings.TrimSpace(string(out)) != "" {
-		t.Fatalf("containers left after Close: %q (err %v)", out, err)
-	}
-	if _, err := rt.RunInSession(ctx, "d", sandbox.Job{ID: "s", Code: "x = 1"}, nil); !errors.Is(err, ErrClosed) {
-		t.Fatalf("RunInSession after Close: %v", err)
 	}
 }
 
@@ -345,72 +228,6 @@ func TestServiceRestartedWhenItDies(t *testing.T) {
 	t.Logf("jobs ran again %s after the service was killed", time.Since(killed).Round(time.Millisecond))
 }
 
-// TestReapsContainersOfDeadOwners: containers left by a process of this host
-// that is gone are found, whatever their worker id; a live owner's are not.
-func TestReapsContainersOfDeadOwners(t *testing.T) {
-	rt := newRuntime(t, Config{})
-	dead := exec.Command("true")
-	if err := dead.Run(); err != nil {
-		t.Fatal(err)
-	}
-	image := rt.Info().Image
-	mk := func(owner string) string {
-		out, err := exec.Command("podman", "create", "--runtime", "runc", "--label", LabelManaged+"=true",
-			"--label", LabelWorker+"=someone-else", "--label", LabelOwner+"="+owner, image, "true").Output()
-		if err != nil {
-			t.Fatalf("podman create: %v", err)
-		}
-		id := strings.TrimSpace(string(out))
-		t.Cleanup(func() { _ = exec.Command("podman", "rm", "-f", id).Run() })
-		return id
-	}
-	gone := mk(fmt.Sprintf("%s/%d/%d", sandbox.HostName, dead.Process.Pid, 12345))
-	live := mk(sandbox.OwnerLabel)
-	ids, err := rt.pool.Ownerless(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Contains(ids, gone) || slices.Contains(ids, live) {
-		t.Fatalf("ownerless = %v; want %s (dead owner) and not %s (this process)", ids, sandbox.ShortID(gone), sandbox.ShortID(live))
-	}
-}
-
-// TestJobSizedSandbox: a job that asks for its own memory and CPUs runs in
-// a container of that size (read from its cgroup), not a warm one of the
-// default size; a job that asks for nothing gets the default.
-func TestJobSizedSandbox(t *testing.T) {
-	rt := newRuntime(t, Config{Pool: 1})
-	if !rt.Info().LimitsEnforced {
-		unavailable(t, "limits are not enforced by %s", rt.Info().URI)
-	}
-	sandboxtest.WaitWarm(t, rt, 1)
-	code := `import os
-def first(*paths):
-    for p in paths:
-        if os.path.exists(p):
-            return open(p).read().split()
-mem = first("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
-cpu = first("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us")
-print(mem[0], cpu[0])`
-	run := func(mem int64, cpus float64) string {
-		res, err := rt.Run(context.Background(), sandbox.Job{ID: "sized", Code: code, Timeout: 30 * time.Second, Memory: mem, CPUs: cpus}, nil)
-		if err != nil || res.Status != sandbox.StatusSuccess {
-			t.Fatalf("run: %v %+v", err, res)
-		}
-		return strings.TrimSpace(res.Stdout)
-	}
-	before := rt.Stats().Started
-	if got := run(1<<30, 2); got != "1073741824 200000" {
-		t.Fatalf("a job of 1 GiB and 2 CPUs sees %q", got)
-	}
-	if rt.Stats().Started == before {
-		t.Fatal("the sized job ran in a warm container of the default size")
-	}
-	if got := run(0, 0); got != "536870912 100000" {
-		t.Fatalf("a default job sees %q", got)
-	}
-}
-
 // TestReuseWithinNamespace: a container serves the next job of the same
 // namespace, each job in a fresh process, with nothing of the last job
 // visible (files in every writable place, a POSIX message queue,
@@ -420,7 +237,7 @@ print(mem[0], cpu[0])`
 // job checks that the list names every place in the container its user can
 // write: a new writable mount fails here until the sweep empties it.
 func TestReuseWithinNamespace(t *testing.T) {
-	rt := newRuntime(t, Config{Pool: 1})
+	rt := newRuntime(t, Config{Config: containerpool.Config{Pool: 1}})
 	run := func(tenant, code string) string {
 		t.Helper()
 		res, err := rt.Run(context.Background(), sandbox.Job{ID: "reuse", Tenant: tenant, Code: code, Timeout: 30 * time.Second}, nil)
@@ -549,12 +366,7 @@ print(os.getuid())`, Timeout: 30 * time.Second}, nil)
 	if _, err := os.Stat(filepath.Join(dir, "etc", "written")); err == nil {
 		t.Fatal("the job wrote into the host's root directory")
 	}
-	if _, err := New(context.Background(), Config{Rootfs: t.TempDir(), WorkerID: sandboxtest.WorkerID(t), URI: os.Getenv("MCPEXEC_PODMAN")}); err == nil || !strings.Contains(err.Error(), "usr/bin/python3") {
+	if _, err := New(context.Background(), Config{Config: containerpool.Config{WorkerID: sandboxtest.WorkerID(t)}, Rootfs: t.TempDir(), URI: os.Getenv("MCPEXEC_PODMAN")}); err == nil || !strings.Contains(err.Error(), "usr/bin/python3") {
 		t.Fatalf("an empty rootfs: %v", err)
 	}
-}
-
-// TestJavaScriptSpareOutOfReach: see sandboxtest.JavaScriptSpareOutOfReach.
-func TestJavaScriptSpareOutOfReach(t *testing.T) {
-	sandboxtest.JavaScriptSpareOutOfReach(t, newRuntime(t, Config{Pool: 1}))
 }

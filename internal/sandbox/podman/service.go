@@ -20,10 +20,11 @@ import (
 	"github.com/containers/podman/v5/pkg/bindings/images"
 	"github.com/containers/podman/v5/pkg/bindings/system"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 )
 
 // connect finds (or starts) the Podman service and reads its description.
-func (r *Runtime) connect(ctx context.Context) error {
+func (r *Runtime) connect(ctx context.Context, info *Info) error {
 	var uris []string
 	switch {
 	case r.cfg.URI != "":
@@ -49,7 +50,7 @@ func (r *Runtime) connect(ctx context.Context) error {
 		}
 		c, err := dial(ctx, u)
 		if err == nil {
-			r.conn, r.info.URI = c, u
+			r.conn, info.Address = c, u
 			break
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", u, err))
@@ -58,28 +59,29 @@ func (r *Runtime) connect(ctx context.Context) error {
 		if r.cfg.URI != "" {
 			return fmt.Errorf("podman sandbox: cannot reach the Podman API at %s (start it with `podman system service --time=0 %s`, or leave the URI empty to let mcpexec start one): %w", r.cfg.URI, r.cfg.URI, errors.Join(errs...))
 		}
-		if err := r.startService(ctx); err != nil {
+		if err := r.startService(ctx, info); err != nil {
 			return fmt.Errorf("podman sandbox: no Podman API socket answered (%w) and starting one failed: %w", errors.Join(errs...), err)
 		}
 	}
 
-	info, err := system.Info(r.conn, nil)
+	pi, err := system.Info(r.conn, nil)
 	if err != nil {
 		return fmt.Errorf("podman sandbox: podman info: %w", err)
 	}
-	r.info.Image = r.cfg.Image
+	info.Engine = containerpool.Podman
+	info.Image = r.cfg.Image
 	if r.cfg.Rootfs != "" {
-		r.info.Image = "rootfs:" + r.cfg.Rootfs
+		info.Image = "rootfs:" + r.cfg.Rootfs
 	}
-	r.info.OCIRuntime = r.cfg.OCIRuntime
-	r.info.Rootless = info.Host.Security.Rootless
-	r.info.CgroupsVersion = info.Host.CgroupsVersion
-	r.info.ServerVersion = info.Version.Version
-	r.info.LimitsEnforced = !(info.Host.Security.Rootless && info.Host.CgroupsVersion == "v1")
-	if !r.info.LimitsEnforced {
+	info.OCIRuntime = r.cfg.OCIRuntime
+	info.Rootless = pi.Host.Security.Rootless
+	info.CgroupsVersion = pi.Host.CgroupsVersion
+	info.ServerVersion = pi.Version.Version
+	info.LimitsEnforced = !(pi.Host.Security.Rootless && pi.Host.CgroupsVersion == "v1")
+	if !info.LimitsEnforced {
 		r.log.Warn("podman sandbox: rootless Podman on cgroups v1 does not enforce memory, pids or CPU limits; "+
 			"a job can exhaust the host's memory. Use rootful Podman (e.g. --podman unix:///run/podman/podman.sock as root) or a cgroups v2 host",
-			"uri", r.info.URI, "cgroups", info.Host.CgroupsVersion)
+			"uri", info.Address, "cgroups", pi.Host.CgroupsVersion)
 	}
 	return nil
 }
@@ -108,7 +110,7 @@ func dial(ctx context.Context, uri string) (context.Context, error) {
 // startService starts `podman system service` on a private socket, connects,
 // and supervises it: when it dies, it is started again (with backoff) on the
 // same socket, where the bindings connection finds it.
-func (r *Runtime) startService(ctx context.Context) error {
+func (r *Runtime) startService(ctx context.Context, info *Info) error {
 	podman, err := exec.LookPath("podman")
 	if err != nil {
 		return errors.New("podman is not installed (apt-get install podman runc uidmap)")
@@ -145,7 +147,7 @@ func (r *Runtime) startService(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("connect to the podman service: %w", err)
 	}
-	r.conn, r.info.URI, r.info.StartedService = c, uri, true
+	r.conn, info.Address, info.StartedService = c, uri, true
 	r.log.Info("podman sandbox: started podman system service", "uri", uri, "pid", svc.pid())
 	svc.supervising.Store(true)
 	go svc.supervise()
@@ -354,39 +356,35 @@ func writeConmonWrapper(dir, conmon string) (string, error) {
 
 // checkImage checks that the image (or --rootfs) is there and learns which
 // languages its sandboxes run.
-func (r *Runtime) checkImage(ctx context.Context) error {
-	r.langs = []string{sandbox.Python}
+func (r *Runtime) checkImage(ctx context.Context) ([]string, error) {
+	langs := []string{sandbox.Python}
 	if r.cfg.Rootfs != "" {
 		if _, err := os.Stat(filepath.Join(r.cfg.Rootfs, "usr", "bin", "python3")); err != nil {
-			return fmt.Errorf("podman sandbox: --rootfs %s has no usr/bin/python3 (%w): give a directory holding a root file system with Python 3, e.g. an exported sandbox image", r.cfg.Rootfs, err)
+			return nil, fmt.Errorf("podman sandbox: --rootfs %s has no usr/bin/python3 (%w): give a directory holding a root file system with Python 3, e.g. an exported sandbox image", r.cfg.Rootfs, err)
 		}
 		if _, err := os.Stat(filepath.Join(r.cfg.Rootfs, "usr", "bin", "node")); err == nil {
-			r.langs = append(r.langs, sandbox.JavaScript)
+			langs = append(langs, sandbox.JavaScript)
 		}
-		return nil
+		return langs, nil
 	}
 	c, cancel := r.callCtx(ctx, 30*time.Second)
 	defer cancel()
 	ok, err := images.Exists(c, r.cfg.Image, nil)
 	if err != nil {
-		return fmt.Errorf("podman sandbox: check image %s: %w", r.cfg.Image, err)
+		return nil, fmt.Errorf("podman sandbox: check image %s: %w", r.cfg.Image, err)
 	}
 	if !ok {
-		return fmt.Errorf("podman sandbox: image %s %w: build it with `sudo deploy/sandbox/build.sh %s` (or `make image`)", r.cfg.Image, sandbox.ErrNoImage, r.cfg.Image)
+		return nil, fmt.Errorf("podman sandbox: image %s %w: build it with `sudo deploy/sandbox/build.sh %s` (or `make image`)", r.cfg.Image, sandbox.ErrNoImage, r.cfg.Image)
 	}
 	rep, err := images.GetImage(c, r.cfg.Image, nil)
 	if err != nil {
-		return fmt.Errorf("podman sandbox: inspect image %s: %w", r.cfg.Image, err)
+		return nil, fmt.Errorf("podman sandbox: inspect image %s: %w", r.cfg.Image, err)
 	}
 	if rep.ImageData != nil {
-		r.langs = sandbox.AddLabelledLanguages(r.langs, rep.Labels[sandbox.LanguagesLabel])
+		langs = sandbox.AddLabelledLanguages(langs, rep.Labels[sandbox.LanguagesLabel])
 	}
-	return nil
+	return langs, nil
 }
-
-// Languages implements sandbox.LanguageReporter: Python, and JavaScript when
-// the image has Node.js.
-func (r *Runtime) Languages() []string { return r.langs }
 
 // tailBuffer keeps the last max bytes written to it.
 type tailBuffer struct {

@@ -30,7 +30,7 @@ func (r *Runtime) spec(sp containerpool.Spec) *specgen.SpecGenerator {
 	s.Command = sp.Command()
 	s.Entrypoint = []string{}
 	s.OCIRuntime = r.cfg.OCIRuntime
-	s.Labels = map[string]string{LabelManaged: "true", LabelWorker: r.cfg.WorkerID, LabelJob: sp.Job, LabelOwner: sandbox.OwnerLabel}
+	s.Labels = map[string]string{containerpool.LabelManaged: "true", containerpool.LabelWorker: r.cfg.WorkerID, containerpool.LabelJob: sp.Job, containerpool.LabelOwner: sandbox.OwnerLabel}
 	s.Env = map[string]string{
 		"PATH":                    "/usr/local/bin:/usr/bin:/bin",
 		"HOME":                    "/tmp",
@@ -45,7 +45,7 @@ func (r *Runtime) spec(sp containerpool.Spec) *specgen.SpecGenerator {
 	s.Stdin = &f
 
 	s.NetNS = specgen.Namespace{NSMode: specgen.NoNetwork}
-	if r.info.UserNS {
+	if r.userNS {
 		// What `podman run --userns=auto` sends: a fresh range of the
 		// "containers" subordinate ids for this container.
 		s.UserNS = specgen.Namespace{NSMode: specgen.Auto}

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/sandbox"
-	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 )
 
 // WorkerID is a worker id of its own for tb: its containers are told apart
@@ -253,7 +252,7 @@ for host in (%s,):
 // NoContainerLeftAfterRun: after jobs that end well, loop until their time
 // limit and kill their runner, no container of pool's and no container
 // directory is left (rt runs a container per job: ReuseNone, no warm pool).
-func NoContainerLeftAfterRun(t *testing.T, rt sandbox.Runtime, pool *containerpool.Pool) {
+func NoContainerLeftAfterRun(t *testing.T, rt ContainerRuntime) {
 	ctx := context.Background()
 	for _, code := range []string{"print(1)", "while True: pass", "import os\nos._exit(9)"} {
 		res, err := rt.Run(ctx, sandbox.Job{ID: "left", Code: code, Timeout: 2 * time.Second}, nil)
@@ -262,16 +261,16 @@ func NoContainerLeftAfterRun(t *testing.T, rt sandbox.Runtime, pool *containerpo
 		}
 		t.Logf("%q: %s exit %d %s", code, res.Status, res.ExitCode, res.Error)
 	}
-	pool.WaitRemovals()
-	ids, err := pool.List(ctx)
+	rt.WaitRemovals()
+	ids, err := rt.List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(ids) != 0 {
 		t.Fatalf("%d containers left after runs: %v", len(ids), ids)
 	}
-	if ents, _ := os.ReadDir(pool.Dir()); len(ents) != 0 { // a dir that cannot be read holds nothing left
-		t.Fatalf("%d container dirs left in %s", len(ents), pool.Dir())
+	if ents, _ := os.ReadDir(rt.Dir()); len(ents) != 0 { // a dir that cannot be read holds nothing left
+		t.Fatalf("%d container dirs left in %s", len(ents), rt.Dir())
 	}
 }
 

@@ -1,0 +1,114 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/mcpexec/mcpexec/internal/jobclock"
+)
+
+func natsConn(t *testing.T) *nats.Conn {
+	t.Helper()
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server did not start")
+	}
+	t.Cleanup(ns.Shutdown)
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+var errTimeUp = errors.New("time is up")
+
+// TestParkedCallStopsTheClock: a responder's "waiting" notice stops the
+// caller's job clock until its "no longer waiting" notice, and the answer
+// after them is the call's result.
+func TestParkedCallStopsTheClock(t *testing.T) {
+	nc := natsConn(t)
+	r := NewResponder(nc, "", HandlerFunc(func(ctx context.Context, req Request) (json.RawMessage, error) {
+		done := Waiting(ctx, time.Minute)
+		time.Sleep(1500 * time.Millisecond) // longer than the job's whole budget
+		done()
+		return json.RawMessage(`"approved"`), nil
+	}))
+	if err := r.Start("proxy.test"); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop(time.Second)
+	ctx, clock, cancel := jobclock.WithBudget(context.Background(), time.Second, errTimeUp)
+	defer cancel()
+	res, err := Call(ctx, nc, "proxy.test", Request{Job: "j", Method: MethodCallTool, Parks: true})
+	if err != nil || string(res) != `"approved"` {
+		t.Fatalf("call: %s %v", res, err)
+	}
+	if _, paused := clock.Times(); paused < time.Second {
+		t.Fatalf("the clock stood still %s, want the wait", paused)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the job's budget ran out while its call waited: %v", context.Cause(ctx))
+	}
+}
+
+// TestLostAnswerDoesNotStopTheClockForEver: a responder that says it waits
+// and never answers (its later messages lost, or refused by a NATS
+// configuration that allows one response) holds the clock only for the
+// wait it announced; then the job's time runs out as usual.
+func TestLostAnswerDoesNotStopTheClockForEver(t *testing.T) {
+	nc := natsConn(t)
+	sub, err := nc.Subscribe("proxy.test", func(m *nats.Msg) {
+		yes := true
+		data, _ := json.Marshal(Response{Waiting: &yes, WaitMS: 100})
+		_ = m.Respond(data)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	ctx, _, cancel := jobclock.WithBudget(context.Background(), 200*time.Millisecond, errTimeUp)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := Call(ctx, nc, "proxy.test", Request{Job: "j", Method: MethodCallTool, Parks: true})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !errors.Is(context.Cause(ctx), errTimeUp) {
+			t.Fatalf("call ended with %v, job with %v: want its time up", err, context.Cause(ctx))
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the clock stood still for a minute after a wait announced for 100 ms")
+	}
+}
+
+// TestRequestWithoutParksHearsOnlyTheAnswer: a worker that does not say it
+// Parks gets no notices (an older worker would take one for the answer).
+func TestRequestWithoutParksHearsOnlyTheAnswer(t *testing.T) {
+	nc := natsConn(t)
+	r := NewResponder(nc, "", HandlerFunc(func(ctx context.Context, req Request) (json.RawMessage, error) {
+		Waiting(ctx, time.Minute)()
+		return json.RawMessage(`"answer"`), nil
+	}))
+	if err := r.Start("proxy.test"); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop(time.Second)
+	res, err := Call(context.Background(), nc, "proxy.test", Request{Job: "j", Method: MethodCallTool})
+	if err != nil || string(res) != `"answer"` {
+		t.Fatalf("call: %s %v", res, err)
+	}
+}
