@@ -359,6 +359,34 @@ func (l *Lazy) DecideApproval(ctx context.Context, ns, id, decision, by, reason 
 	return fe.DecideApproval(ctx, ns, id, decision, by, reason)
 }
 
+// AnswerApproval answers approval id of namespace ns, perhaps widening it
+// into a grant.
+func (l *Lazy) AnswerApproval(ctx context.Context, ns, id string, ans jobs.ApprovalAnswer, by string) (jobs.Approval, *jobs.Grant, error) {
+	fe, err := l.frontend()
+	if err != nil {
+		return jobs.Approval{}, nil, err
+	}
+	return fe.AnswerApproval(ctx, ns, id, ans, by)
+}
+
+// Grants lists namespace ns's grants in force.
+func (l *Lazy) Grants(ctx context.Context, ns string) ([]jobs.Grant, error) {
+	fe, err := l.frontend()
+	if err != nil {
+		return nil, err
+	}
+	return fe.Grants(ctx, ns)
+}
+
+// RevokeGrant ends namespace ns's grant id.
+func (l *Lazy) RevokeGrant(ctx context.Context, ns, id string) error {
+	fe, err := l.frontend()
+	if err != nil {
+		return err
+	}
+	return fe.RevokeGrant(ctx, ns, id)
+}
+
 // FollowApprovals calls fn with each approval of namespace ns asked or
 // answered from now on, until ctx ends.
 func (l *Lazy) FollowApprovals(ctx context.Context, ns string, fn func(jobs.ApprovalEvent) error) error {

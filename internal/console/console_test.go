@@ -197,6 +197,93 @@ open("out/table.csv", "w").write("a,b\n1,2\n")`
 		p.noErrors()
 	})
 
+	t.Run("Approvals", func(t *testing.T) {
+		p.on(t)
+		p.hash("#/jobs")
+		count := `document.getElementById('approvals-count').textContent`
+		p.until("no call waiting in the header", count+` === '0'`)
+		id := f.submit(t, tokA, map[string]any{"code": "r = await mcp_ts.add(a=2, b=3)\nprint('sum', r['sum'])", "servers": []string{"ts"}})
+		// The header's count goes up live, whatever the page.
+		p.until("one call waiting in the header", count+` === '1'`)
+		p.hash("#/approvals")
+		card := func(job string) string {
+			return `document.querySelector('article.approval:has(a[href="#/job/` + job + `"])')`
+		}
+		p.until("the call's card with its job's code", card(id)+` !== null && `+card(id)+`.querySelector('.tool').textContent === 'ts/add' && `+
+			card(id)+`.querySelector('.job-code').textContent.includes('mcp_ts.add(a=2, b=3)')`)
+		if got := eval[string](p, card(id)+`.querySelector('pre.args').textContent`); got != "{\n  \"a\": 2,\n  \"b\": 3\n}" {
+			t.Errorf("the arguments shown: %q", got)
+		}
+		// Another namespace's token neither sees the call nor answers it.
+		apID := eval[string](p, card(id)+`.dataset.approval`)
+		if st, body := f.call(t, tokB, "GET", "/api/approvals", nil); st != http.StatusOK || strings.TrimSpace(string(body)) != `{"approvals":[]}` {
+			t.Errorf("b lists a's approvals: %d %s", st, body)
+		}
+		if st, body := f.call(t, tokB, "POST", "/api/approvals/"+apID, map[string]any{"decision": "approve", "scope": "namespace", "minutes": 60}); st != http.StatusNotFound {
+			t.Errorf("b approves a's call: %d %s", st, body)
+		}
+		p.do(chromedp.SendKeys(chromedp.CSS(`article[data-approval="`+apID+`"] .reason`), "looks fine"), chromedpClick(`article[data-approval="`+apID+`"] .approve`))
+		p.until("the card gone and the count back to none", card(id)+` === null && `+count+` === '0' && document.getElementById('approvals-msg').textContent.includes('Approved ts/add')`)
+		if rec := f.wait(t, tokA, id); rec.Status != jobs.StatusSuccess || rec.Result.Stdout != "sum 5\n" {
+			t.Fatalf("approved job: %s %+v", rec.Status, rec.Result)
+		}
+		// The job's page says who allowed the call.
+		p.hash("#/job/" + id)
+		p.until("the decision in the timeline", `(document.getElementById('timeline') || {textContent: ''}).textContent.includes('allowed by a jobs API caller of namespace "a"')`)
+		p.hash("#/approvals")
+		p.until("the approvals page", `document.getElementById('approvals-live') !== null`)
+
+		// Denied, with a reason: the code gets MCPError and goes on.
+		id = f.submit(t, tokA, map[string]any{"code": "try:\n    await mcp_ts.add(a=1, b=1)\nexcept MCPError as e:\n    print('MCPError:', e)", "servers": []string{"ts"}})
+		p.until("the second call's card", card(id)+` !== null && `+count+` === '1'`)
+		apID = eval[string](p, card(id)+`.dataset.approval`)
+		p.do(chromedp.SendKeys(chromedp.CSS(`article[data-approval="`+apID+`"] .reason`), "not now"), chromedpClick(`article[data-approval="`+apID+`"] .deny`))
+		rec := f.wait(t, tokA, id)
+		if want := `MCPError: ts/add was denied by a jobs API caller of namespace "a" (approval ` + apID + `, tool rule "ts/add"): not now`; rec.Status != jobs.StatusSuccess || strings.TrimSpace(rec.Result.Stdout) != want {
+			t.Fatalf("denied job: %s %q, want %q", rec.Status, rec.Result.Stdout, want)
+		}
+		p.until("no card left", `document.querySelectorAll('article.approval').length === 0 && `+count+` === '0'`)
+
+		// Approved for the job: its later calls of the tool ask nobody.
+		id = f.submit(t, tokA, map[string]any{"code": "for i in range(3):\n    print((await mcp_ts.add(a=i, b=10))['sum'])", "servers": []string{"ts"}})
+		p.until("the loop's card", card(id)+` !== null`)
+		apID = eval[string](p, card(id)+`.dataset.approval`)
+		sel := `article[data-approval="` + apID + `"]`
+		p.do(chromedp.Evaluate[chromedp.Void](`(() => { const s = document.querySelector('`+sel+` .scope'); s.value = 'job'; s.dispatchEvent(new Event('change')); })()`),
+			chromedpClick(sel+` .approve`))
+		if rec := f.wait(t, tokA, id); rec.Status != jobs.StatusSuccess || rec.Result.Stdout != "10\n11\n12\n" {
+			t.Fatalf("job-approved loop: %s %+v", rec.Status, rec.Result)
+		}
+		p.until("the job's grant", `document.querySelectorAll('#grants-table tbody tr').length === 1 && document.getElementById('grants-table').textContent.includes('job `+id+`')`)
+
+		// Approved for the namespace for 5 minutes, then revoked.
+		id = f.submit(t, tokA, map[string]any{"code": "print((await mcp_ts.add(a=5, b=5))['sum'])", "servers": []string{"ts"}})
+		p.until("the next card", card(id)+` !== null`)
+		apID = eval[string](p, card(id)+`.dataset.approval`)
+		sel = `article[data-approval="` + apID + `"]`
+		p.do(chromedp.Evaluate[chromedp.Void](`(() => { const s = document.querySelector('` + sel + ` .scope'); s.value = 'namespace'; s.dispatchEvent(new Event('change')); })()`))
+		if dis := eval[bool](p, `document.querySelector('`+sel+` .minutes').disabled`); dis {
+			t.Error("the minutes field stays disabled for a namespace grant")
+		}
+		p.do(chromedp.SetValue(chromedp.CSS(sel+` .minutes`), "5"), chromedpClick(sel+` .approve`))
+		if rec := f.wait(t, tokA, id); rec.Status != jobs.StatusSuccess || rec.Result.Stdout != "10\n" {
+			t.Fatalf("namespace-approved job: %s %+v", rec.Status, rec.Result)
+		}
+		// While the grant holds, another job's call asks nobody.
+		if rec := f.wait(t, tokA, f.submit(t, tokA, map[string]any{"code": "print((await mcp_ts.add(a=1, b=2))['sum'])", "servers": []string{"ts"}})); rec.Result == nil || rec.Result.Stdout != "3\n" {
+			t.Fatalf("a job under the namespace grant: %s %+v", rec.Status, rec.Result)
+		}
+		nsRow := `document.querySelector('#grants-table tr[data-scope="namespace"]')`
+		p.until("the namespace's grant", nsRow+` !== null && document.querySelectorAll('#grants-table tbody tr').length === 2`)
+		p.do(chromedp.Evaluate[chromedp.Void](nsRow + `.querySelector('button.revoke').click()`))
+		p.until("the grant revoked", `document.querySelectorAll('#grants-table tbody tr').length === 1`)
+		st, body := f.call(t, tokA, "GET", "/api/approvals/grants", nil)
+		if st != http.StatusOK || strings.Count(string(body), `"scope":"job"`) != 1 || strings.Contains(string(body), `"scope":"namespace"`) {
+			t.Errorf("grants after the revocation: %d %s", st, body)
+		}
+		p.noErrors()
+	})
+
 	t.Run("Keyboard", func(t *testing.T) {
 		p.on(t)
 		p.open("#/jobs")

@@ -24,6 +24,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/toolrules"
 	"github.com/mcpexec/mcpexec/internal/tracing"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
@@ -69,7 +70,10 @@ func startFleet(t testing.TB, rt sandbox.Runtime, servers bool) *fleet {
 	history := console.NewHistory(m.Registry, 250*time.Millisecond)
 	history.Start(context.Background())
 	t.Cleanup(history.Stop)
-	fc := frontend.Config{ID: "console-fe", Tracing: tp, Metrics: m}
+	// Namespace a's ts/add asks a person (the approvals page); its other
+	// tools are allowed.
+	fc := frontend.Config{ID: "console-fe", Tracing: tp, Metrics: m, Policies: map[string]frontend.Policy{
+		"a": {Tools: map[string]string{"ts/add": "ask"}, ToolDefaults: &toolrules.Defaults{Destructive: "allow"}}}}
 	if servers {
 		pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
 		fc.Tools = pool

@@ -38,6 +38,14 @@ func TestConsolePages(t *testing.T) {
 		f.wait(t, tokA, f.submit(t, tokA, map[string]any{"code": fmt.Sprintf("print(%d)", i), "labels": map[string]string{"batch": "b1"}}))
 	}
 	f.wait(t, tokA, f.submit(t, tokA, map[string]any{"code": "def twice(n):\n    \"\"\"Twice n.\"\"\"\n    return 2 * n\n\nsave_tool(twice)", "session": "notebook"}))
+	// The approvals page is checked with a call waiting (asked just before,
+	// as a job's time bounds the wait; denied after).
+	parkCall := func(t *testing.T) string {
+		denyAll(t, f, tokA)
+		id := f.submit(t, tokA, map[string]any{"code": "# asks a person first\nr = await mcp_ts.add(a=2, b=40, note='x' * 300)\nprint(r)", "servers": []string{"ts"}})
+		return `document.querySelector('article.approval:has(a[href="#/job/` + id + `"]) .job-code .hl') !== null && document.getElementById('approvals-count').textContent === '1'`
+	}
+	t.Cleanup(func() { denyAll(t, f, tokA) })
 	p := newPage(t, f.url)
 	pages := []struct{ name, hash, ready string }{
 		{"signin", "#/jobs", `document.getElementById('token') !== null`},
@@ -47,6 +55,7 @@ func TestConsolePages(t *testing.T) {
 		{"memory", "#/memory", `document.querySelector('button[data-key="notes"]') !== null`},
 		{"sessions", "#/sessions", `document.querySelector('tr[data-name="notebook"]') !== null && document.querySelector('details[data-tool="twice"]') !== null`},
 		{"charts", "#/charts", `document.querySelectorAll('figure.chartbox').length === 3`},
+		{"approvals", "#/approvals", ""}, // parkCall's
 	}
 	shots := os.Getenv("MCPEXEC_SCREENSHOTS") == "1"
 	for _, width := range []int64{1280, 320} {
@@ -58,8 +67,12 @@ func TestConsolePages(t *testing.T) {
 				if pg.name == "signin" {
 					setup = `sessionStorage.clear()`
 				}
+				ready := pg.ready
+				if pg.name == "approvals" {
+					ready = parkCall(t)
+				}
 				p.open(pg.hash, setup)
-				p.until(pg.name+" ready", pg.ready)
+				p.until(pg.name+" ready", ready)
 				if pg.name == "memory" {
 					p.do(chromedp.Click(chromedp.CSS(`button[data-key="notes"]`)))
 					p.until("the editor", `document.getElementById('m-value') !== null`)
@@ -98,6 +111,19 @@ axe.run(document, {resultTypes: ['violations']}).then((r) => r.violations
 				}
 			})
 		}
+	}
+}
+
+// denyAll denies every call of token's namespace waiting for approval.
+func denyAll(t testing.TB, f *fleet, token string) {
+	st, body := f.call(t, token, "GET", "/api/approvals", nil)
+	var list struct{ Approvals []struct{ ID string } }
+	if err := json.Unmarshal(body, &list); st != 200 || err != nil {
+		t.Errorf("list approvals: %d %s", st, body)
+		return
+	}
+	for _, a := range list.Approvals {
+		f.call(t, token, "POST", "/api/approvals/"+a.ID, map[string]string{"decision": "deny"})
 	}
 }
 

@@ -23,7 +23,11 @@ type Entry struct {
 	Server string `json:"server,omitempty"`
 	Tool   string `json:"tool,omitempty"`
 	Method string `json:"method,omitempty"`
-	Source string `json:"source"` // record or span
+	// Decision and DecidedBy are a tool call's, under the namespace's tool
+	// rules: "allow" or "deny", and "policy" or who answered its approval.
+	Decision  string `json:"decision,omitempty"`
+	DecidedBy string `json:"decided_by,omitempty"`
+	Source    string `json:"source"` // record or span
 }
 
 // Timeline is a job's record with its timeline and the spans it was built
@@ -57,6 +61,18 @@ func BuildTimeline(rec *jobs.Record, wireID string, trace []tracing.RecordedSpan
 	for _, s := range t.Spans {
 		if s.Name == tracing.SpanProxyCall {
 			calls[s.SpanID] = true
+		}
+	}
+	// The front-end's span of a call carries its decision; the call's
+	// entry is the worker's span when there is one.
+	decided := map[string]tracing.RecordedSpan{}
+	for _, s := range t.Spans {
+		if s.Name == tracing.SpanProxyHandle && s.Attrs[string(tracing.AttrDecision)] != "" {
+			key := s.SpanID
+			if calls[s.ParentID] {
+				key = s.ParentID
+			}
+			decided[key] = s
 		}
 	}
 	for _, s := range t.Spans {
@@ -105,6 +121,13 @@ func BuildTimeline(rec *jobs.Record, wireID string, trace []tracing.RecordedSpan
 			e.Detail = ms(d) + ", " + e.Outcome
 			if s.Status != "" {
 				e.Detail += ": " + s.Status
+			}
+			if h, ok := decided[s.SpanID]; ok {
+				e.Decision, e.DecidedBy = h.Attrs[string(tracing.AttrDecision)], h.Attrs[string(tracing.AttrDecidedBy)]
+				if e.Decision != "allow" || e.DecidedBy != "policy" {
+					// Said when a person, a grant or a refusal decided.
+					e.Detail += "; " + map[bool]string{true: "allowed", false: "denied"}[e.Decision == "allow"] + " by " + e.DecidedBy
+				}
 			}
 			add(e)
 		}

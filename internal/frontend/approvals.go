@@ -62,3 +62,20 @@ func (f *Frontend) DecideApproval(ctx context.Context, ns, id, decision, by, rea
 func (f *Frontend) FollowApprovals(ctx context.Context, ns string, fn func(jobs.ApprovalEvent) error) error {
 	return f.resp.FollowApprovals(ctx, ns, fn)
 }
+
+// AnswerApproval answers namespace ns's approval id with ans, which may
+// widen an approval into a grant; by says who answered. See
+// proxyresp.Responder.AnswerApproval.
+func (f *Frontend) AnswerApproval(ctx context.Context, ns, id string, ans jobs.ApprovalAnswer, by string) (proxyresp.Approval, *jobs.Grant, error) {
+	return f.resp.AnswerApproval(ctx, ns, id, ans, by)
+}
+
+// Grants returns namespace ns's grants in force.
+func (f *Frontend) Grants(ctx context.Context, ns string) ([]jobs.Grant, error) {
+	return f.resp.Grants(ctx, ns)
+}
+
+// RevokeGrant ends namespace ns's grant id.
+func (f *Frontend) RevokeGrant(ctx context.Context, ns, id string) error {
+	return f.resp.RevokeGrant(ctx, ns, id)
+}

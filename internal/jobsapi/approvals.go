@@ -1,6 +1,7 @@
 package jobsapi
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,7 +16,9 @@ import (
 // *frontend.Frontend is one. Every method works within one namespace.
 type Approvals interface {
 	Approvals(ctx context.Context, namespace string) ([]jobs.Approval, error)
-	DecideApproval(ctx context.Context, namespace, id, decision, by, reason string) (jobs.Approval, error)
+	AnswerApproval(ctx context.Context, namespace, id string, ans jobs.ApprovalAnswer, by string) (jobs.Approval, *jobs.Grant, error)
+	Grants(ctx context.Context, namespace string) ([]jobs.Grant, error)
+	RevokeGrant(ctx context.Context, namespace, id string) error
 }
 
 // ApprovalsResponse is the body of GET /api/approvals.
@@ -23,19 +26,25 @@ type ApprovalsResponse struct {
 	Approvals []jobs.Approval `json:"approvals"`
 }
 
-// DecisionRequest is the body of POST /api/approvals/{id}.
-type DecisionRequest struct {
-	Decision string `json:"decision"`
-	Reason   string `json:"reason,omitempty"`
-}
+// DecisionRequest is the body of POST /api/approvals/{id}: "decision", an
+// optional "reason", and, to widen an approval, "scope" ("job" or
+// "namespace" with "minutes").
+type DecisionRequest = jobs.ApprovalAnswer
 
-// DecisionResponse answers POST /api/approvals/{id}: the call, and the
-// answer recorded.
+// DecisionResponse answers POST /api/approvals/{id}: the call, the answer
+// recorded, and the grant an answer of scope "job" or "namespace" made.
 type DecisionResponse struct {
 	jobs.Approval
-	Decision  string `json:"decision"`
-	DecidedBy string `json:"decided_by"`
-	Reason    string `json:"reason,omitempty"`
+	Decision  string      `json:"decision"`
+	Scope     string      `json:"scope"`
+	DecidedBy string      `json:"decided_by"`
+	Reason    string      `json:"reason,omitempty"`
+	Grant     *jobs.Grant `json:"grant,omitempty"`
+}
+
+// GrantsResponse is the body of GET /api/approvals/grants.
+type GrantsResponse struct {
+	Grants []jobs.Grant `json:"grants"`
 }
 
 // maxDecisionBody bounds the body of POST /api/approvals/{id}.
@@ -46,6 +55,8 @@ func (a *api) approvalRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/approvals", a.listApprovals)
 	mux.HandleFunc("POST /api/approvals/{id}", a.decideApproval)
 	mux.HandleFunc("GET /api/approvals/events", a.approvalEvents)
+	mux.HandleFunc("GET /api/approvals/grants", a.listGrants)
+	mux.HandleFunc("DELETE /api/approvals/grants/{id}", a.revokeGrant)
 }
 
 // ApprovalFollower is the optional ability to stream approvals as they are
@@ -124,16 +135,47 @@ func (a *api) decideApproval(w http.ResponseWriter, r *http.Request) {
 		err = decodeStrict(body, &q)
 	}
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "bad_json", "the body must be {\"decision\": \"approve\" | \"deny\", \"reason\": \"...\"}: "+err.Error(), nil)
+		writeError(w, http.StatusBadRequest, "bad_json", "the body must be {\"decision\": \"approve\" | \"deny\", \"reason\": \"...\", \"scope\": \"call\" | \"job\" | \"namespace\", \"minutes\": n}: "+err.Error(), nil)
+		return
+	}
+	if err := q.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, "bad_answer", err.Error(), nil)
 		return
 	}
 	ns := a.cfg.Namespace(r.Context())
 	by := fmt.Sprintf("a jobs API caller of namespace %q", jobs.NamespaceOf(ns))
-	got, err := ap.DecideApproval(r.Context(), ns, r.PathValue("id"), q.Decision, by, q.Reason)
+	got, grant, err := ap.AnswerApproval(r.Context(), ns, r.PathValue("id"), q, by)
 	if err != nil {
 		status, code, msg := httperr.Classify(err)
 		writeError(w, status, code, msg, nil)
 		return
 	}
-	httperr.WriteJSON(w, http.StatusOK, DecisionResponse{Approval: got, Decision: q.Decision, DecidedBy: by, Reason: q.Reason})
+	httperr.WriteJSON(w, http.StatusOK, DecisionResponse{Approval: got, Decision: q.Decision, Scope: cmp.Or(q.Scope, jobs.ScopeCall), DecidedBy: by, Reason: q.Reason, Grant: grant})
+}
+
+func (a *api) listGrants(w http.ResponseWriter, r *http.Request) {
+	ap := a.approvalsBackend(w)
+	if ap == nil {
+		return
+	}
+	list, err := ap.Grants(r.Context(), a.cfg.Namespace(r.Context()))
+	if err != nil {
+		status, code, msg := httperr.Classify(err)
+		writeError(w, status, code, msg, nil)
+		return
+	}
+	httperr.WriteJSON(w, http.StatusOK, GrantsResponse{Grants: list})
+}
+
+func (a *api) revokeGrant(w http.ResponseWriter, r *http.Request) {
+	ap := a.approvalsBackend(w)
+	if ap == nil {
+		return
+	}
+	if err := ap.RevokeGrant(r.Context(), a.cfg.Namespace(r.Context()), r.PathValue("id")); err != nil {
+		status, code, msg := httperr.Classify(err)
+		writeError(w, status, code, msg, nil)
+		return
+	}
+	httperr.WriteJSON(w, http.StatusOK, map[string]bool{"revoked": true})
 }

@@ -135,6 +135,10 @@ func TestOpenAPIDescribesRealResponses(t *testing.T) {
 	// Approvals: none waits here (the jobs call no tool), so an id is unknown.
 	check("GET", "/api/approvals", "tok-a", nil, 200)
 	check("POST", "/api/approvals/"+strings.Repeat("ab", 16), "tok-a", map[string]string{"decision": "approve"}, 404)
+	check("POST", "/api/approvals/"+strings.Repeat("ab", 16), "tok-a", map[string]any{"decision": "approve", "scope": "namespace", "minutes": 30}, 404)
+	check("POST", "/api/approvals/"+strings.Repeat("ab", 16), "tok-a", map[string]any{"decision": "deny", "scope": "job"}, 400)
+	check("GET", "/api/approvals/grants", "tok-a", nil, 200)
+	check("DELETE", "/api/approvals/grants/"+strings.Repeat("cd", 16), "tok-a", nil, 404)
 	actx, acancel := context.WithCancel(ctx)
 	areq, _ := http.NewRequestWithContext(actx, "GET", e.url+"/api/approvals/events", nil)
 	areq.Header.Set("Authorization", "Bearer tok-a")

@@ -46,14 +46,17 @@ type approvalEntry struct {
 	DecidedBy string     `json:"decided_by,omitempty"`
 	Reason    string     `json:"reason,omitempty"`
 	DecidedAt *time.Time `json:"decided_at,omitempty"`
+	// Scope is "job" or "namespace" for an approval widened into a grant.
+	Scope string `json:"scope,omitempty"`
+	// JobKey tells the job's submissions apart (a job id may be submitted
+	// again once its record is gone): a job grant holds for one of them.
+	JobKey string `json:"job_key,omitempty"`
 
 	rev uint64 // the bucket's revision of the entry as read (not stored)
 }
 
 // Bounds of approvals.
 const (
-	// MaxApprovalReason bounds the reason of an answer.
-	MaxApprovalReason = 1 << 10
 	// maxListedApprovals bounds the entries a listing or a cap check reads.
 	maxListedApprovals = 1000
 	approvalIDBytes    = 16
@@ -222,55 +225,65 @@ func errNoApproval(id string) error {
 	return errs.New(errs.NotFound, fmt.Sprintf("no such approval %q", errs.Clip(id, 40)))
 }
 
-// Decide answers namespace ns's approval id with decision ("approve" or
-// "deny"), by who, for reason. The first answer wins: a later one, or one
-// for a call no longer waiting, gets a Conflict error saying what happened.
-func (a *approvals) Decide(ctx context.Context, ns, id, decision, by, reason string) (Approval, error) {
+// Decide answers namespace ns's approval id with ans, by who. The first
+// answer wins: a later one, or one for a call no longer waiting, gets a
+// Conflict error saying what happened. An approval whose scope is "job" or
+// "namespace" also records a Grant (returned), which allows the later
+// calls it covers without asking, and approves those of them already
+// waiting.
+func (a *approvals) Decide(ctx context.Context, ns, id string, ans jobs.ApprovalAnswer, by string) (Approval, *jobs.Grant, error) {
 	ns = jobs.NamespaceOf(ns)
-	if decision != DecisionApprove && decision != DecisionDeny {
-		return Approval{}, errs.New(errs.Invalid, fmt.Sprintf("decision %q: want \"approve\" or \"deny\"", errs.Clip(decision, 40)))
-	}
-	if len(reason) > MaxApprovalReason {
-		return Approval{}, errs.New(errs.Invalid, fmt.Sprintf("the reason is %d bytes, over the %d allowed", len(reason), MaxApprovalReason))
+	if err := ans.Validate(); err != nil {
+		return Approval{}, nil, errs.New(errs.Invalid, err.Error())
 	}
 	if !validApprovalID(id) {
-		return Approval{}, errNoApproval(id)
+		return Approval{}, nil, errNoApproval(id)
 	}
 	kv, err := a.bucket(ctx)
 	if err != nil {
-		return Approval{}, err
+		return Approval{}, nil, err
 	}
 	key := a.sub.ApprovalKey(ns, id)
 	for range 3 {
 		e, err := kv.Get(ctx, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return Approval{}, errNoApproval(id)
+			return Approval{}, nil, errNoApproval(id)
 		}
 		if err != nil {
-			return Approval{}, &errs.Error{Kind: errs.Unavailable, Msg: "read approval", Err: err}
+			return Approval{}, nil, &errs.Error{Kind: errs.Unavailable, Msg: "read approval", Err: err}
 		}
 		var ent approvalEntry
 		if json.Unmarshal(e.Value(), &ent) != nil || ent.Namespace != ns || ent.ID != id {
-			return Approval{}, errNoApproval(id)
+			return Approval{}, nil, errNoApproval(id)
 		}
 		now := time.Now().UTC()
 		if !ent.waiting(now) {
-			return Approval{}, errs.New(errs.Conflict, settledMessage(&ent, now))
+			return Approval{}, nil, errs.New(errs.Conflict, settledMessage(&ent, now))
 		}
-		ent.State, ent.DecidedBy, ent.Reason, ent.DecidedAt = approvalDenied, by, reason, &now
-		if decision == DecisionApprove {
+		ent.State, ent.DecidedBy, ent.Reason, ent.DecidedAt = approvalDenied, by, ans.Reason, &now
+		if ans.Decision == DecisionApprove {
 			ent.State = approvalApproved
+		}
+		if ans.Scope != jobs.ScopeCall {
+			ent.Scope = ans.Scope
 		}
 		data, _ := json.Marshal(ent) // plain types always encode
 		if _, err := kv.Update(ctx, key, data, e.Revision()); err != nil {
 			if isWrongRevision(err) {
 				continue // answered meanwhile: say by whom
 			}
-			return Approval{}, &errs.Error{Kind: errs.Unavailable, Msg: "record the answer", Err: err}
+			return Approval{}, nil, &errs.Error{Kind: errs.Unavailable, Msg: "record the answer", Err: err}
 		}
-		return ent.Approval, nil
+		if ent.Scope == "" {
+			return ent.Approval, nil, nil
+		}
+		g, err := a.grant(ctx, kv, &ent, ans, by, now)
+		if err != nil {
+			return ent.Approval, nil, &errs.Error{Kind: errs.Unavailable, Msg: fmt.Sprintf("approval %s is approved, but its %s grant could not be recorded: approve the next calls one by one", id, ans.Scope), Err: err}
+		}
+		return ent.Approval, g, nil
 	}
-	return Approval{}, errs.New(errs.Conflict, "the approval kept changing while it was answered: read GET /api/approvals again")
+	return Approval{}, nil, errs.New(errs.Conflict, "the approval kept changing while it was answered: read GET /api/approvals again")
 }
 
 // settledMessage says why ent no longer waits for an answer.
@@ -306,11 +319,19 @@ func (r *Responder) Approvals(ctx context.Context, ns string) ([]Approval, error
 	return r.approvals.List(ctx, ns)
 }
 
-// DecideApproval answers namespace ns's approval id: decision is "approve" or
-// "deny", by says who answered, reason is optional. An id that is not one of
-// ns's is NotFound; one already answered, timed out or withdrawn is Conflict.
+// DecideApproval answers namespace ns's approval id for its one call:
+// decision is "approve" or "deny", by says who answered, reason is
+// optional. An id that is not one of ns's is NotFound; one already
+// answered, timed out or withdrawn is Conflict.
 func (r *Responder) DecideApproval(ctx context.Context, ns, id, decision, by, reason string) (Approval, error) {
-	return r.approvals.Decide(ctx, ns, id, decision, by, reason)
+	ap, _, err := r.approvals.Decide(ctx, ns, id, jobs.ApprovalAnswer{Decision: decision, Reason: reason}, by)
+	return ap, err
+}
+
+// AnswerApproval answers namespace ns's approval id with ans, which may
+// widen an approval into a grant (returned); see DecideApproval.
+func (r *Responder) AnswerApproval(ctx context.Context, ns, id string, ans jobs.ApprovalAnswer, by string) (Approval, *jobs.Grant, error) {
+	return r.approvals.Decide(ctx, ns, id, ans, by)
 }
 
 // FollowApprovals calls fn with each approval of namespace ns asked or
@@ -346,7 +367,7 @@ func (a *approvals) Follow(ctx context.Context, ns string, fn func(jobs.Approval
 			if json.Unmarshal(e.Value(), &ent) != nil || ent.Namespace != ns || a.sub.ApprovalKey(ns, ent.ID) != e.Key() {
 				continue
 			}
-			ev := jobs.ApprovalEvent{Kind: jobs.ApprovalAnswered, State: ent.State, DecidedBy: ent.DecidedBy, Reason: ent.Reason, Approval: ent.Approval}
+			ev := jobs.ApprovalEvent{Kind: jobs.ApprovalAnswered, State: ent.State, DecidedBy: ent.DecidedBy, Reason: ent.Reason, Scope: ent.Scope, Approval: ent.Approval}
 			if ent.State == approvalPending {
 				ev.Kind = jobs.ApprovalAsked
 			}

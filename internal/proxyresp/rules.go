@@ -54,8 +54,10 @@ type CallDecision struct {
 	Rule    string
 	// Approval is the id of the approval asked, if one was.
 	Approval string
-	// Outcome is the final word: "allow" (rules), "approved", "denied",
-	// "timed_out", "withdrawn", "over_cap" or "unavailable".
+	// Grant is the id of the grant that allowed the call without asking.
+	Grant string
+	// Outcome is the final word: "allow" (rules), "granted", "approved",
+	// "denied", "timed_out", "withdrawn", "over_cap" or "unavailable".
 	Outcome   string
 	DecidedBy string
 }
@@ -105,6 +107,12 @@ func (a *approvals) ask(ctx context.Context, rj *runningJob, lim ApprovalLimits,
 	now := time.Now().UTC()
 	ent := approvalEntry{Namespace: ns, Frontend: a.id, State: approvalPending}
 	ent.ID, ent.Server, ent.Tool, ent.Rule, ent.AskedAt = newApprovalID(), server, tool, rule, now
+	ent.JobKey = jobKey(rj)
+	if g := a.granted(ctx, kv, ns, ent.JobKey, server, tool); g != nil {
+		// An earlier answer widened into a grant covers this call.
+		cd.Outcome, cd.Grant, cd.DecidedBy = "granted", g.ID, grantDecider(g)
+		return cd, nil
+	}
 	ent.JobID, _ = jobs.UnscopedID(ns, rj.job.ID)
 	ent.Arguments, ent.ArgumentsTruncated, ent.ArgumentsBytes, ent.ArgumentsSHA256 = shownArgs(args)
 	ent.ExpiresAt = now.Add(lim.Timeout)
@@ -127,6 +135,16 @@ func (a *approvals) ask(ctx context.Context, rj *runningJob, lim ApprovalLimits,
 		return cd, fmt.Errorf("%s needs a person's approval (tool rule %q), but %w", name, rule, err)
 	}
 	cd.Approval = ent.ID
+	if g := a.granted(ctx, kv, ns, ent.JobKey, server, tool); g != nil {
+		// A grant made while this call was being recorded: the answer that
+		// made it approved the calls it saw waiting, and this one may have
+		// come just too late to be seen.
+		next := ent
+		at := time.Now().UTC()
+		next.State, next.DecidedBy, next.DecidedAt = approvalApproved, grantDecider(g), &at
+		data, _ := json.Marshal(next)
+		_, _ = kv.Update(ctx, key, data, rev) // answered meanwhile: await reads that answer
+	}
 	// The job's clock stands still while the call waits (its worker's, and
 	// this call's own).
 	waited := proxy.Waiting(ctx, time.Until(ent.ExpiresAt))

@@ -155,8 +155,20 @@ func (c *Config) Submit(ctx context.Context, reqs []jobsapi.JobRequest, out, sta
 		return Summary{Total: len(reqs)}, err
 	}
 	var submitted, done, failed atomic.Int64
-	stopProgress := c.progress(len(reqs), &submitted, &done, &failed, status)
+	st := &statusLine{w: status}
+	stopProgress := c.progress(len(reqs), &submitted, &done, &failed, st)
 	defer stopProgress()
+	// Approvals asked for this run's jobs are printed as they come.
+	watch := c.newApprovalWatch(st)
+	for _, q := range reqs {
+		if q.ID != "" {
+			watch.add(q.ID)
+		}
+	}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	var watching sync.WaitGroup
+	watching.Go(func() { watch.run(watchCtx) })
+	defer func() { stopWatch(); watching.Wait() }()
 
 	ids := make(chan string, len(reqs))
 	var outMu sync.Mutex // guards out
@@ -202,6 +214,9 @@ func (c *Config) Submit(ctx context.Context, reqs []jobsapi.JobRequest, out, sta
 		}
 		for i, it := range items {
 			submitted.Add(1)
+			if it.Record != nil {
+				watch.add(it.Job.ID)
+			}
 			if it.Error != nil && (it.Record == nil || !it.Status.Terminal()) {
 				// Not accepted (conflict without a record, broker trouble): report it.
 				failed.Add(1)
@@ -232,14 +247,14 @@ func (c *Config) waitJob(ctx context.Context, id string) (*jobs.Record, error) {
 	}
 }
 
-func (c *Config) progress(total int, submitted, done, failed *atomic.Int64, w io.Writer) (stop func()) {
+func (c *Config) progress(total int, submitted, done, failed *atomic.Int64, w *statusLine) (stop func()) {
 	if c.Progress <= 0 {
 		return func() {}
 	}
 	start := time.Now()
-	print := func(end string) {
+	print := func(end bool) {
 		el := time.Since(start).Seconds()
-		fmt.Fprintf(w, "\rsubmitted %d/%d  done %d  failed %d  %.0f jobs/s%s", submitted.Load(), total, done.Load(), failed.Load(), float64(done.Load())/max(el, 0.001), end)
+		w.progress(fmt.Sprintf("submitted %d/%d  done %d  failed %d  %.0f jobs/s", submitted.Load(), total, done.Load(), failed.Load(), float64(done.Load())/max(el, 0.001)), end)
 	}
 	t := time.NewTicker(c.Progress)
 	quit := make(chan struct{})
@@ -249,7 +264,7 @@ func (c *Config) progress(total int, submitted, done, failed *atomic.Int64, w io
 		for {
 			select {
 			case <-t.C:
-				print("")
+				print(false)
 			case <-quit:
 				return
 			}
@@ -260,7 +275,7 @@ func (c *Config) progress(total int, submitted, done, failed *atomic.Int64, w io
 			t.Stop()
 			close(quit)
 			wg.Wait()
-			print("\n")
+			print(true)
 		})
 	}
 }

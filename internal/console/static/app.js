@@ -2,6 +2,7 @@
 import { h, api, blobURL, follow, store, fmtTime, fmtDur, badge, scroller, notice, TERMINAL, STATUSES } from './lib.js';
 import { highlight } from './hl.js';
 import { fleetPage, memoryPage, chartsPage, sessionsPage } from './pages.js';
+import { approvalsPage, startCount, stopCount } from './approvals.js';
 
 const main = document.getElementById('main');
 let pageAbort = new AbortController();
@@ -30,6 +31,7 @@ function route() {
     memory: () => memoryPage(show, params, signal),
     sessions: () => sessionsPage(show, signal),
     charts: () => chartsPage(show, signal),
+    approvals: () => approvalsPage(show, signal),
   };
   (pages[page] || pages.jobs)().catch((e) => {
     if (signal.aborted) return;
@@ -41,6 +43,7 @@ function route() {
 // Sign-in: the token lives in this tab's session storage only.
 function signIn(message) {
   pageAbort.abort();
+  stopCount();
   document.title = 'Sign in · mcpexec';
   const input = h('input', { id: 'token', type: 'password', autocomplete: 'off', required: true, spellcheck: 'false' });
   const form = h('form', { class: 'signin', onsubmit: (e) => { e.preventDefault(); store.setToken(input.value.trim()); start(); } },
@@ -65,13 +68,14 @@ async function start() {
   if (me.admin) {
     const list = h('datalist', { id: 'ns-list' }, (me.namespaces || []).map((n) => h('option', { value: n })));
     const input = h('input', { id: 'ns', value: store.ns() || me.namespace, list: 'ns-list', size: 10, maxlength: 128, pattern: '[A-Za-z0-9._\\-]{1,128}' });
-    kids.push(h('form', { class: 'nsform', onsubmit: (e) => { e.preventDefault(); store.setNs(input.value.trim()); route(); } },
+    kids.push(h('form', { class: 'nsform', onsubmit: (e) => { e.preventDefault(); store.setNs(input.value.trim()); startCount(); route(); } },
       h('label', { for: 'ns' }, 'Namespace (admin)'), input, list, h('button', { type: 'submit' }, 'View')));
   } else {
     kids.push(h('span', {}, 'Namespace ', h('strong', { id: 'ns-name' }, me.namespace)));
   }
   if (store.token()) kids.push(h('button', { type: 'button', class: 'link', onclick: () => { store.setToken(''); store.setNs(''); signIn(''); } }, 'Sign out'));
   who.replaceChildren(...kids);
+  startCount();
   route();
 }
 

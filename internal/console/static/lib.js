@@ -70,13 +70,18 @@ export async function api(path, opts = {}) {
 // follow reads GET /api/events (Server-Sent Events, read with fetch so the
 // token goes in a header) until signal aborts, reconnecting with the last
 // event id; onEvent gets each event's data, onState true/false for live.
-export async function follow(query, onEvent, onState, signal) {
+export function follow(query, onEvent, onState, signal) {
+  return stream('/api/events', query, onEvent, onState, signal);
+}
+
+// stream reads the Server-Sent Events of path (see follow).
+export async function stream(path, query, onEvent, onState, signal) {
   let last = '';
   while (!signal.aborted) {
     try {
       const hs = headers({ Accept: 'text/event-stream' });
       if (last) hs['Last-Event-ID'] = last;
-      const r = await fetch('/api/events' + (query ? '?' + query : ''), { headers: hs, signal });
+      const r = await fetch(path + (query ? '?' + query : ''), { headers: hs, signal });
       if (!r.ok) throw new Error('events: ' + r.status);
       onState(true);
       const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
