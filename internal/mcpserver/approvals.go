@@ -50,20 +50,36 @@ func (h *handler) askClient(ctx context.Context, ns, job string, log *slog.Logge
 	var wg sync.WaitGroup
 	var mu sync.Mutex // guards asked
 	asked := map[string]bool{}
-	ask := func(ap jobs.Approval) {
+	stopFollow := followParked(ctx, a, ns, job, func(ap jobs.Approval) {
 		mu.Lock()
 		defer mu.Unlock()
-		if ap.JobID != job || asked[ap.ID] || ctx.Err() != nil {
+		if asked[ap.ID] || ctx.Err() != nil {
 			return
 		}
 		asked[ap.ID] = true
 		wg.Go(func() { h.elicit(ctx, a, ns, ap, log) })
+	})
+	return func() {
+		cancel()
+		stopFollow() // no more asking once it returns
+		wg.Wait()
 	}
+}
+
+// followParked calls fn with each call of job that waits for approval:
+// those parked from now on, as namespace ns's watch tells, and those its
+// listings find (one at once, for a call parked before the watch was in
+// place, then one every approvalSweep, should the watch break). fn may be
+// called for the same call more than once, and from two goroutines. stop
+// ends the following and waits for it.
+func followParked(ctx context.Context, a ApprovalAsker, ns, job string, fn func(jobs.Approval)) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
 	wg.Go(func() {
 		// Ends with ctx (or a broken watch: the sweep below goes on).
 		_ = a.FollowApprovals(ctx, ns, func(ev jobs.ApprovalEvent) error {
-			if ev.Kind == jobs.ApprovalAsked {
-				ask(ev.Approval)
+			if ev.Kind == jobs.ApprovalAsked && ev.JobID == job {
+				fn(ev.Approval)
 			}
 			return nil
 		})
@@ -74,7 +90,9 @@ func (h *handler) askClient(ctx context.Context, ns, job string, log *slog.Logge
 		for {
 			if list, err := a.Approvals(ctx, ns); err == nil { // else the next sweep may do better
 				for _, ap := range list {
-					ask(ap)
+					if ap.JobID == job {
+						fn(ap)
+					}
 				}
 			}
 			select {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -167,6 +168,8 @@ func (h *handler) awaitOrAsk(ctx context.Context, req mcp.CallToolRequest, ns st
 			}
 		}
 	}
+	var wg sync.WaitGroup
+	defer wg.Wait() // after cancel, below
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type outcome struct {
@@ -174,29 +177,17 @@ func (h *handler) awaitOrAsk(ctx context.Context, req mcp.CallToolRequest, ns st
 		err error
 	}
 	done := make(chan outcome, 1)
-	go func() {
+	wg.Go(func() {
 		rec, err := tb.Wait(wctx, ns, st.Job)
 		done <- outcome{rec, err}
-	}()
+	})
 	parked := make(chan struct{}, 1)
-	signal := func() {
+	defer followParked(wctx, a, ns, st.Job, func(jobs.Approval) {
 		select {
 		case parked <- struct{}{}:
 		default:
 		}
-	}
-	go func() {
-		// Ends with wctx; the sweep below covers a broken watch.
-		_ = a.FollowApprovals(wctx, ns, func(ev jobs.ApprovalEvent) error {
-			if ev.Kind == jobs.ApprovalAsked && ev.JobID == st.Job {
-				signal()
-			}
-			return nil
-		})
-	}()
-	sweep := time.NewTicker(approvalSweep)
-	defer sweep.Stop()
-	signal() // a call parked before the watch began
+	})()
 	for {
 		select {
 		case o := <-done:
@@ -213,9 +204,6 @@ func (h *handler) awaitOrAsk(ctx context.Context, req mcp.CallToolRequest, ns st
 		case <-ctx.Done():
 			h.cancelGone(ctx, tb, ns, st.Job, log)
 			return mcp.NewToolResultError("the caller went away")
-		case <-sweep.C:
-			signal()
-			continue
 		case <-parked:
 		}
 		if res := h.ask(wctx, ns, st, a); res != nil {
