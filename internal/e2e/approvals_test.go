@@ -3,8 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -24,28 +22,11 @@ import (
 // is denied the same way, with a reason, and handles the MCPError. The
 // audit trail lists every call with its decision and who made it.
 func TestApprovalsOnPodmanWithReferenceServer(t *testing.T) {
-	if _, err := exec.LookPath("podman"); err != nil {
-		testutil.SkipOrFail(t, "podman is not installed (make deps)")
-	}
 	modules := testutil.NodeModules(t)
-	bin := buildFrontend(t)
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "servers.json")
-	servers, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{"everything": map[string]any{
-		"command": "node", "args": []string{filepath.Join(modules, "node_modules/@modelcontextprotocol/server-everything/dist/index.js"), "stdio"}}}})
 	const token = "approvals-e2e-token-0123"
-	tokens, _ := json.Marshal(map[string]any{
-		"tokens": map[string]string{token: "ops"},
-		"namespaces": map[string]any{"ops": map[string]any{
-			"tools": map[string]string{"everything/echo": "deny", "everything/get-sum": "ask"}}},
-	})
-	for path, data := range map[string][]byte{cfg: servers, filepath.Join(dir, "tokens.json"): tokens} {
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	fe := startFrontend(t, bin, "--servers", cfg, "--discover=false", "--pool", "1", "--log-level", "warn",
-		"--data", filepath.Join(dir, "data"), "--worker-id", "approvals-e2e", "--auth-tokens-file", filepath.Join(dir, "tokens.json"))
+	fe := startAskingFrontend(t, "approvals-e2e", map[string]any{"everything": map[string]any{
+		"command": "node", "args": []string{filepath.Join(modules, "node_modules/@modelcontextprotocol/server-everything/dist/index.js"), "stdio"}}},
+		token, map[string]string{"everything/echo": "deny", "everything/get-sum": "ask"})
 	base := "http://" + fe.addr
 	code := `try:
     await call_tool("everything", "echo", {"message": "hi"})
@@ -102,7 +83,7 @@ except MCPError as e:
 			}
 		}
 	}
-	denied := `MCPError: everything/echo is denied by namespace "ops"'s tool rule "everything/echo"`
+	denied := `MCPError: everything/echo is denied by namespace "asker"'s tool rule "everything/echo"`
 
 	submit("approved")
 	ap := pending("approved")

@@ -181,50 +181,7 @@ func TestOfficialTypeScriptSDKv2(t *testing.T) {
 // its answer decides the call within the same run_python: approved, the
 // code prints the tool's answer; denied, it handles MCPError.
 func TestOfficialTypeScriptSDKElicitation(t *testing.T) {
-	if _, err := exec.LookPath("podman"); err != nil {
-		testutil.SkipOrFail(t, "podman is not installed (make deps)")
-	}
-	scriptPath := testutil.NodeScript(t, "elicit_client.mjs")
-	bin := buildFrontend(t)
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "servers.json")
-	servers, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{
-		"ts": map[string]any{"command": testutil.TestServer(t), "description": "the test server"}}})
-	tokens, _ := json.Marshal(map[string]any{
-		"tokens":     map[string]string{"sdk-elicit-token-0123": "asker"},
-		"namespaces": map[string]any{"asker": map[string]any{"tools": map[string]string{"ts/add": "ask"}}},
-	})
-	for path, data := range map[string][]byte{cfg: servers, filepath.Join(dir, "tokens.json"): tokens} {
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	fe := startFrontend(t, bin, "--servers", cfg, "--discover=false", "--pool", "1", "--log-level", "warn",
-		"--data", filepath.Join(dir, "data"), "--worker-id", "sdk-elicit", "--auth-tokens-file", filepath.Join(dir, "tokens.json"))
-	for _, approve := range []string{"true", "false"} {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		out, err := exec.CommandContext(ctx, "node", scriptPath, "http://"+fe.addr+"/mcp", "sdk-elicit-token-0123", approve).Output()
-		cancel()
-		if err != nil {
-			t.Fatalf("node client (approve %s): %v\n%s", approve, err, out)
-		}
-		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		var r struct {
-			Text    string   `json:"text"`
-			IsError bool     `json:"isError"`
-			Asked   []string `json:"asked"`
-		}
-		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
-			t.Fatalf("client output %s: %v", out, err)
-		}
-		want := "sum 42"
-		if approve == "false" {
-			want = "MCPError: ts/add was denied by " + mcpserver.ElicitedBy + " (approval "
-		}
-		if r.IsError || len(r.Asked) != 1 || !strings.Contains(r.Asked[0], "ts/add") || !strings.Contains(r.Text, want) {
-			t.Fatalf("approve %s: %+v, want text with %q and one question", approve, r, want)
-		}
-	}
+	testAskingClient(t, "elicit_client.mjs", "sdk-elicit", "")
 }
 
 // TestOfficialTypeScriptSDKv2InputRequired: the official TypeScript SDK v2
@@ -235,29 +192,20 @@ func TestOfficialTypeScriptSDKElicitation(t *testing.T) {
 // and the requestState, and the retry ends with the job's result: approved,
 // the code prints the tool's answer; denied, it handles MCPError.
 func TestOfficialTypeScriptSDKv2InputRequired(t *testing.T) {
-	if _, err := exec.LookPath("podman"); err != nil {
-		testutil.SkipOrFail(t, "podman is not installed (make deps)")
-	}
-	scriptPath := testutil.NodeScript(t, "mrtr_client.mjs")
-	bin := buildFrontend(t)
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "servers.json")
-	servers, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{
-		"ts": map[string]any{"command": testutil.TestServer(t), "description": "the test server"}}})
-	tokens, _ := json.Marshal(map[string]any{
-		"tokens":     map[string]string{"sdk-mrtr-token-0123": "asker"},
-		"namespaces": map[string]any{"asker": map[string]any{"tools": map[string]string{"ts/add": "ask"}}},
-	})
-	for path, data := range map[string][]byte{cfg: servers, filepath.Join(dir, "tokens.json"): tokens} {
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	fe := startFrontend(t, bin, "--servers", cfg, "--discover=false", "--pool", "1", "--log-level", "warn",
-		"--data", filepath.Join(dir, "data"), "--worker-id", "sdk-mrtr", "--auth-tokens-file", filepath.Join(dir, "tokens.json"))
+	testAskingClient(t, "mrtr_client.mjs", "sdk-mrtr", "modern")
+}
+
+// testAskingClient runs the client script, which answers every question
+// about a parked call with its third argument, against a front-end whose
+// namespace asks for ts/add, approving and then denying. era is the
+// protocol era the client must report ("" when it reports none).
+func testAskingClient(t *testing.T, script, name, era string) {
+	scriptPath := testutil.NodeScript(t, script)
+	token := name + "-token-0123"
+	fe := startAskingFrontend(t, name, tsServer(t), token, map[string]string{"ts/add": "ask"})
 	for _, approve := range []string{"true", "false"} {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		out, err := exec.CommandContext(ctx, "node", scriptPath, "http://"+fe.addr+"/mcp", "sdk-mrtr-token-0123", approve).Output()
+		out, err := exec.CommandContext(ctx, "node", scriptPath, "http://"+fe.addr+"/mcp", token, approve).Output()
 		cancel()
 		if err != nil {
 			t.Fatalf("node client (approve %s): %v\n%s", approve, err, out)
@@ -276,8 +224,39 @@ func TestOfficialTypeScriptSDKv2InputRequired(t *testing.T) {
 		if approve == "false" {
 			want = "MCPError: ts/add was denied by " + mcpserver.ElicitedBy + " (approval "
 		}
-		if r.Era != "modern" || r.IsError || len(r.Asked) != 1 || !strings.Contains(r.Asked[0], "ts/add") || !strings.Contains(r.Text, want) {
-			t.Fatalf("approve %s: %+v, want the modern era, text with %q and one question", approve, r, want)
+		if r.Era != era || r.IsError || len(r.Asked) != 1 || !strings.Contains(r.Asked[0], "ts/add") || !strings.Contains(r.Text, want) {
+			t.Fatalf("approve %s: %+v, want era %q, text with %q and one question", approve, r, era, want)
 		}
 	}
+}
+
+// tsServer is the servers file's entry of the test server, "ts".
+func tsServer(t *testing.T) map[string]any {
+	return map[string]any{"ts": map[string]any{"command": testutil.TestServer(t), "description": "the test server"}}
+}
+
+// startAskingFrontend starts the front-end binary with its embedded broker
+// and Podman worker (named name), proxying servers (the servers file's
+// mcpServers), and one caller: token, of a namespace whose tool rules are
+// rules. It skips, or fails under make test, without Podman.
+func startAskingFrontend(t *testing.T, name string, servers map[string]any, token string, rules map[string]string) *frontendProc {
+	t.Helper()
+	if _, err := exec.LookPath("podman"); err != nil {
+		testutil.SkipOrFail(t, "podman is not installed (make deps)")
+	}
+	bin := buildFrontend(t)
+	dir := t.TempDir()
+	cfg, tokensFile := filepath.Join(dir, "servers.json"), filepath.Join(dir, "tokens.json")
+	serversData, _ := json.Marshal(map[string]any{"mcpServers": servers})
+	tokens, _ := json.Marshal(map[string]any{
+		"tokens":     map[string]string{token: "asker"},
+		"namespaces": map[string]any{"asker": map[string]any{"tools": rules}},
+	})
+	for path, data := range map[string][]byte{cfg: serversData, tokensFile: tokens} {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return startFrontend(t, bin, "--servers", cfg, "--discover=false", "--pool", "1", "--log-level", "warn",
+		"--data", filepath.Join(dir, "data"), "--worker-id", name, "--auth-tokens-file", tokensFile)
 }

@@ -235,26 +235,8 @@ func TestTasksExtensionOfficialClient(t *testing.T) {
 // approval: the task turns input_required with a form asking about the
 // call, the client answers it through tasks/update, and the call runs.
 func TestTasksExtensionApproval(t *testing.T) {
-	if _, err := exec.LookPath("podman"); err != nil {
-		testutil.SkipOrFail(t, "podman is not installed (make deps)")
-	}
 	script := testutil.NodeScript(t, "ext_tasks_client.mjs")
-	bin := buildFrontend(t)
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "servers.json")
-	servers, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{
-		"ts": map[string]any{"command": testutil.TestServer(t), "description": "the test server"}}})
-	tokens, _ := json.Marshal(map[string]any{
-		"tokens":     map[string]string{"ext-tasks-token-0123": "asker"},
-		"namespaces": map[string]any{"asker": map[string]any{"tools": map[string]string{"ts/add": "ask"}}},
-	})
-	for path, data := range map[string][]byte{cfg: servers, filepath.Join(dir, "tokens.json"): tokens} {
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	fe := startFrontend(t, bin, "--servers", cfg, "--discover=false", "--pool", "1", "--log-level", "warn",
-		"--data", filepath.Join(dir, "data"), "--worker-id", "ext-tasks-approve", "--auth-tokens-file", filepath.Join(dir, "tokens.json"))
+	fe := startAskingFrontend(t, "ext-tasks-approve", tsServer(t), "ext-tasks-token-0123", map[string]string{"ts/add": "ask"})
 	var r struct {
 		Kind    string   `json:"kind"`
 		Outcome string   `json:"outcome"`
