@@ -385,18 +385,27 @@ func Call(ctx context.Context, nc *nats.Conn, subject string, req Request, hdr .
 	if err != nil {
 		return nil, fmt.Errorf("proxy call %s: %w", MethodLabel(req.Method), err)
 	}
-	return decodeResponse(msg.Data)
+	resp, err := decodeResponse(msg.Data)
+	if err != nil {
+		return nil, err
+	}
+	return resp.outcome()
 }
 
-func decodeResponse(data []byte) (json.RawMessage, error) {
+func decodeResponse(data []byte) (Response, error) {
 	var resp Response
 	if err := json.Unmarshal(data, &resp); err != nil {
-		return nil, fmt.Errorf("decode proxy response: %w", err)
+		return resp, fmt.Errorf("decode proxy response: %w", err)
 	}
-	if resp.Error != "" {
-		return nil, errors.New(resp.Error)
+	return resp, nil
+}
+
+// outcome is what the call answered r gets: its result, or its error.
+func (r Response) outcome() (json.RawMessage, error) {
+	if r.Error != "" {
+		return nil, errors.New(r.Error)
 	}
-	return resp.Result, nil
+	return r.Result, nil
 }
 
 // callParking sends a request that Parks on an inbox of its own and reads
@@ -425,18 +434,18 @@ func callParking(ctx context.Context, nc *nats.Conn, out *nats.Msg, method strin
 		if len(msg.Data) == 0 && msg.Header.Get("Status") == "503" {
 			return nil, ErrNoResponder
 		}
-		var notice Response
-		if json.Unmarshal(msg.Data, &notice) == nil && notice.Waiting != nil && notice.Result == nil && notice.Error == "" {
-			if *notice.Waiting {
-				resume()
-				resume = pauseFor(ctx, time.Duration(notice.WaitMS)*time.Millisecond+waitSlack)
-			} else {
-				resume()
-				resume = func() {}
-			}
-			continue
+		resp, err := decodeResponse(msg.Data)
+		if err != nil {
+			return nil, err
 		}
-		return decodeResponse(msg.Data)
+		if resp.Waiting == nil || resp.Result != nil || resp.Error != "" {
+			return resp.outcome()
+		}
+		resume()
+		resume = func() {}
+		if *resp.Waiting {
+			resume = pauseFor(ctx, time.Duration(resp.WaitMS)*time.Millisecond+waitSlack)
+		}
 	}
 }
 
