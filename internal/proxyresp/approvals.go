@@ -168,11 +168,26 @@ func shownArgs(args map[string]any) (shown json.RawMessage, truncated bool, size
 
 // entries reads namespace ns's entries (at most maxListedApprovals).
 func (a *approvals) entries(ctx context.Context, kv jetstream.KeyValue, ns string) ([]approvalEntry, error) {
-	lister, err := kv.ListKeysFiltered(ctx, a.sub.ApprovalKeys(ns))
+	out, err := readEntries(ctx, kv, a.sub.ApprovalKeys(ns), func(key string, e jetstream.KeyValueEntry, ent *approvalEntry) bool {
+		ent.rev = e.Revision()
+		return ent.Namespace == ns && a.sub.ApprovalKey(ns, ent.ID) == key
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list approvals of %s: %w", ns, err)
 	}
-	var out []approvalEntry
+	return out, nil
+}
+
+// readEntries decodes the bucket's entries under filter, at most
+// maxListedApprovals of them, keeping those keep accepts (it may also fill
+// in what the value does not carry). An entry deleted meanwhile, or one
+// that does not decode, is skipped.
+func readEntries[T any](ctx context.Context, kv jetstream.KeyValue, filter string, keep func(key string, e jetstream.KeyValueEntry, v *T) bool) ([]T, error) {
+	lister, err := kv.ListKeysFiltered(ctx, filter)
+	if err != nil {
+		return nil, err
+	}
+	var out []T
 	for key := range lister.Keys() {
 		if len(out) == maxListedApprovals {
 			_ = lister.Stop() // enough
@@ -182,10 +197,9 @@ func (a *approvals) entries(ctx context.Context, kv jetstream.KeyValue, ns strin
 		if err != nil {
 			continue // gone meanwhile
 		}
-		var ent approvalEntry
-		if json.Unmarshal(e.Value(), &ent) == nil && ent.Namespace == ns && a.sub.ApprovalKey(ns, ent.ID) == key {
-			ent.rev = e.Revision()
-			out = append(out, ent)
+		var v T
+		if json.Unmarshal(e.Value(), &v) == nil && keep(key, e, &v) {
+			out = append(out, v)
 		}
 	}
 	return out, nil

@@ -119,25 +119,16 @@ func (a *approvals) Grants(ctx context.Context, ns string) ([]jobs.Grant, error)
 	if err != nil {
 		return nil, err
 	}
-	lister, err := kv.ListKeysFiltered(ctx, a.sub.GrantKeys(ns))
+	now := time.Now()
+	ents, err := readEntries(ctx, kv, a.sub.GrantKeys(ns), func(key string, _ jetstream.KeyValueEntry, g *grantEntry) bool {
+		return g.Namespace == ns && a.sub.GrantKey(ns, g.ID) == key && now.Before(g.ExpiresAt)
+	})
 	if err != nil {
 		return nil, &errs.Error{Kind: errs.Unavailable, Msg: "list grants", Err: err}
 	}
-	out := []jobs.Grant{}
-	now := time.Now()
-	for key := range lister.Keys() {
-		if len(out) == maxListedApprovals {
-			_ = lister.Stop() // enough
-			break
-		}
-		e, err := kv.Get(ctx, key)
-		if err != nil {
-			continue // gone meanwhile
-		}
-		var g grantEntry
-		if json.Unmarshal(e.Value(), &g) == nil && g.Namespace == ns && a.sub.GrantKey(ns, g.ID) == key && now.Before(g.ExpiresAt) {
-			out = append(out, g.Grant)
-		}
+	out := make([]jobs.Grant, 0, len(ents))
+	for _, g := range ents {
+		out = append(out, g.Grant)
 	}
 	slices.SortFunc(out, func(x, y jobs.Grant) int { return y.ExpiresAt.Compare(x.ExpiresAt) })
 	return out, nil
