@@ -196,82 +196,6 @@ func (l *Lazy) Drain(ctx context.Context) {
 	}
 }
 
-// Limits implements mcpserver.Runner: the configured limits, known before the
-// stack runs.
-func (l *Lazy) Limits() jobs.Limits { return l.limits }
-
-// Run implements mcpserver.Runner.
-func (l *Lazy) Run(ctx context.Context, job *jobs.Job, progress func(jobs.Event)) (*jobs.Record, error) {
-	fe, err := l.await(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return fe.Run(ctx, job, progress)
-}
-
-// Submit implements mcpserver.TaskBackend.
-func (l *Lazy) Submit(ctx context.Context, job *jobs.Job) (*jobs.Record, error) {
-	fe, err := l.await(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return fe.Submit(ctx, job)
-}
-
-// Get implements mcpserver.TaskBackend.
-func (l *Lazy) Get(ctx context.Context, ns, id string) (*jobs.Record, error) {
-	fe, err := l.frontend()
-	if err != nil {
-		return nil, err
-	}
-	return fe.Get(ctx, ns, id)
-}
-
-// File implements mcpserver.FileReader.
-func (l *Lazy) File(ctx context.Context, ns, id, name string) (jobs.FileInfo, []byte, error) {
-	fe, err := l.frontend()
-	if err != nil {
-		return jobs.FileInfo{}, nil, err
-	}
-	return fe.File(ctx, ns, id, name)
-}
-
-// List implements mcpserver.TaskBackend.
-func (l *Lazy) List(ctx context.Context, ns string, f jobs.Filter) ([]*jobs.Record, string, error) {
-	fe, err := l.frontend()
-	if err != nil {
-		return nil, "", err
-	}
-	return fe.List(ctx, ns, f)
-}
-
-// Cancel implements mcpserver.TaskBackend.
-func (l *Lazy) Cancel(ctx context.Context, ns, id, reason string) error {
-	fe, err := l.frontend()
-	if err != nil {
-		return err
-	}
-	return fe.Cancel(ctx, ns, id, reason)
-}
-
-// Wait implements mcpserver.TaskBackend.
-func (l *Lazy) Wait(ctx context.Context, ns, id string) (*jobs.Record, error) {
-	fe, err := l.frontend()
-	if err != nil {
-		return nil, err
-	}
-	return fe.Wait(ctx, ns, id)
-}
-
-// WatchOutput implements mcpserver.OutputWatcher.
-func (l *Lazy) WatchOutput(ns, id string, fn func(stream, data string)) (func(), error) {
-	fe, err := l.frontend()
-	if err != nil {
-		return nil, err
-	}
-	return fe.WatchOutput(ns, id, fn)
-}
-
 // Health is the front-end's health while it runs; before, an error saying
 // why it does not.
 func (l *Lazy) Health(ctx context.Context) error {
@@ -304,63 +228,157 @@ func (l *Lazy) Handler(build func(*frontend.Frontend) http.Handler) http.Handler
 // IsNotReady reports whether err is a Lazy front-end's ErrNotReady.
 func IsNotReady(err error) bool { return errors.Is(err, ErrNotReady) }
 
-// EnabledServers implements mcpserver.ServerCatalog; it waits, as Run does,
-// for a start in progress (within ctx).
-func (l *Lazy) EnabledServers(ctx context.Context, ns string) ([]string, error) {
-	fe, err := l.await(ctx)
+// The front-end that starts in the background is the callers' job service
+// as the front-end it starts is: each call goes to the running front-end,
+// and until there is one it answers ErrNotReady (Unavailable). Calls that
+// start work (runs, submissions, the catalog) first wait for a start in
+// progress (await); the others answer at once.
+var _ jobs.Service = (*Lazy)(nil)
+
+// running calls fn with the running front-end, or answers ErrNotReady.
+func running[T any](l *Lazy, fn func(*frontend.Frontend) (T, error)) (T, error) {
+	fe, err := l.frontend()
 	if err != nil {
-		return nil, err
+		var zero T
+		return zero, err
 	}
-	return fe.EnabledServers(ctx, ns)
+	return fn(fe)
 }
 
-// FindServers implements mcpserver.ServerCatalog.
-func (l *Lazy) FindServers(ctx context.Context, ns, query string, limit int) ([]discovery.CatalogEntry, error) {
+// started is running after await: it waits for a start in progress.
+func started[T any](ctx context.Context, l *Lazy, fn func(*frontend.Frontend) (T, error)) (T, error) {
 	fe, err := l.await(ctx)
 	if err != nil {
-		return nil, err
+		var zero T
+		return zero, err
 	}
-	return fe.FindServers(ctx, ns, query, limit)
+	return fn(fe)
 }
 
-// EnableServer implements mcpserver.ServerCatalog.
-func (l *Lazy) EnableServer(ctx context.Context, ns, name string) (discovery.CatalogEntry, error) {
+// do is running for a call that answers only an error.
+func (l *Lazy) do(fn func(*frontend.Frontend) error) error {
+	fe, err := l.frontend()
+	if err != nil {
+		return err
+	}
+	return fn(fe)
+}
+
+// notReady is the outcome of submitting js while there is no front-end.
+func notReady(js []*jobs.Job, err error) []jobs.Submitted {
+	out := make([]jobs.Submitted, len(js))
+	for i := range out {
+		out[i].Err = err
+	}
+	return out
+}
+
+// Limits implements jobs.Service: the configured limits, known before the
+// stack runs.
+func (l *Lazy) Limits() jobs.Limits { return l.limits }
+
+// LimitsFor implements jobs.Service; before the stack runs (when nothing
+// can be submitted) it is Limits.
+func (l *Lazy) LimitsFor(ns string) jobs.Limits {
+	if fe, err := l.frontend(); err == nil {
+		return fe.LimitsFor(ns)
+	}
+	return l.limits
+}
+
+// Run implements jobs.Service.
+func (l *Lazy) Run(ctx context.Context, job *jobs.Job, progress func(jobs.Event)) (*jobs.Record, error) {
+	return started(ctx, l, func(fe *frontend.Frontend) (*jobs.Record, error) { return fe.Run(ctx, job, progress) })
+}
+
+// Submit implements jobs.Service.
+func (l *Lazy) Submit(ctx context.Context, job *jobs.Job) (*jobs.Record, error) {
+	return started(ctx, l, func(fe *frontend.Frontend) (*jobs.Record, error) { return fe.Submit(ctx, job) })
+}
+
+// SubmitMany implements jobs.Service.
+func (l *Lazy) SubmitMany(ctx context.Context, js []*jobs.Job, ns string) []jobs.Submitted {
 	fe, err := l.await(ctx)
 	if err != nil {
-		return discovery.CatalogEntry{}, err
+		return notReady(js, err)
 	}
-	return fe.EnableServer(ctx, ns, name)
+	return fe.SubmitMany(ctx, js, ns)
 }
 
-// DisableServer implements mcpserver.ServerCatalog.
-func (l *Lazy) DisableServer(ctx context.Context, ns, name string) (bool, error) {
+// SubmitWorkflow implements jobs.Service.
+func (l *Lazy) SubmitWorkflow(ctx context.Context, js []*jobs.Job, ns string) []jobs.Submitted {
 	fe, err := l.await(ctx)
 	if err != nil {
-		return false, err
+		return notReady(js, err)
 	}
-	return fe.DisableServer(ctx, ns, name)
+	return fe.SubmitWorkflow(ctx, js, ns)
 }
 
-// Approvals lists namespace ns's calls waiting for a person's approval.
+// Get implements jobs.Service.
+func (l *Lazy) Get(ctx context.Context, ns, id string) (*jobs.Record, error) {
+	return running(l, func(fe *frontend.Frontend) (*jobs.Record, error) { return fe.Get(ctx, ns, id) })
+}
+
+// Wait implements jobs.Service.
+func (l *Lazy) Wait(ctx context.Context, ns, id string) (*jobs.Record, error) {
+	return running(l, func(fe *frontend.Frontend) (*jobs.Record, error) { return fe.Wait(ctx, ns, id) })
+}
+
+// List implements jobs.Service.
+func (l *Lazy) List(ctx context.Context, ns string, f jobs.Filter) ([]*jobs.Record, string, error) {
+	fe, err := l.frontend()
+	if err != nil {
+		return nil, "", err
+	}
+	return fe.List(ctx, ns, f)
+}
+
+// DeadLetters implements jobs.Service.
+func (l *Lazy) DeadLetters(ctx context.Context, ns string, f jobs.Filter) ([]*jobs.Record, string, error) {
+	fe, err := l.frontend()
+	if err != nil {
+		return nil, "", err
+	}
+	return fe.DeadLetters(ctx, ns, f)
+}
+
+// Cancel implements jobs.Service.
+func (l *Lazy) Cancel(ctx context.Context, ns, id, reason string) error {
+	return l.do(func(fe *frontend.Frontend) error { return fe.Cancel(ctx, ns, id, reason) })
+}
+
+// Follow implements jobs.Service.
+func (l *Lazy) Follow(ctx context.Context, ns string, after uint64, resume bool, fn func(jobs.EventView) error) error {
+	return l.do(func(fe *frontend.Frontend) error { return fe.Follow(ctx, ns, after, resume, fn) })
+}
+
+// WatchOutput implements jobs.Service.
+func (l *Lazy) WatchOutput(ns, id string, fn func(stream, data string)) (func(), error) {
+	return running(l, func(fe *frontend.Frontend) (func(), error) { return fe.WatchOutput(ns, id, fn) })
+}
+
+// File implements jobs.Service.
+func (l *Lazy) File(ctx context.Context, ns, id, name string) (jobs.FileInfo, []byte, error) {
+	fe, err := l.frontend()
+	if err != nil {
+		return jobs.FileInfo{}, nil, err
+	}
+	return fe.File(ctx, ns, id, name)
+}
+
+// Approvals implements jobs.Service.
 func (l *Lazy) Approvals(ctx context.Context, ns string) ([]jobs.Approval, error) {
-	fe, err := l.frontend()
-	if err != nil {
-		return nil, err
-	}
-	return fe.Approvals(ctx, ns)
+	return running(l, func(fe *frontend.Frontend) ([]jobs.Approval, error) { return fe.Approvals(ctx, ns) })
 }
 
-// DecideApproval answers approval id of namespace ns.
+// DecideApproval implements jobs.Service.
 func (l *Lazy) DecideApproval(ctx context.Context, ns, id, decision, by, reason string) (jobs.Approval, error) {
-	fe, err := l.frontend()
-	if err != nil {
-		return jobs.Approval{}, err
-	}
-	return fe.DecideApproval(ctx, ns, id, decision, by, reason)
+	return running(l, func(fe *frontend.Frontend) (jobs.Approval, error) {
+		return fe.DecideApproval(ctx, ns, id, decision, by, reason)
+	})
 }
 
-// AnswerApproval answers approval id of namespace ns, perhaps widening it
-// into a grant.
+// AnswerApproval implements jobs.Service.
 func (l *Lazy) AnswerApproval(ctx context.Context, ns, id string, ans jobs.ApprovalAnswer, by string) (jobs.Approval, *jobs.Grant, error) {
 	fe, err := l.frontend()
 	if err != nil {
@@ -369,30 +387,40 @@ func (l *Lazy) AnswerApproval(ctx context.Context, ns, id string, ans jobs.Appro
 	return fe.AnswerApproval(ctx, ns, id, ans, by)
 }
 
-// Grants lists namespace ns's grants in force.
+// Grants implements jobs.Service.
 func (l *Lazy) Grants(ctx context.Context, ns string) ([]jobs.Grant, error) {
-	fe, err := l.frontend()
-	if err != nil {
-		return nil, err
-	}
-	return fe.Grants(ctx, ns)
+	return running(l, func(fe *frontend.Frontend) ([]jobs.Grant, error) { return fe.Grants(ctx, ns) })
 }
 
-// RevokeGrant ends namespace ns's grant id.
+// RevokeGrant implements jobs.Service.
 func (l *Lazy) RevokeGrant(ctx context.Context, ns, id string) error {
-	fe, err := l.frontend()
-	if err != nil {
-		return err
-	}
-	return fe.RevokeGrant(ctx, ns, id)
+	return l.do(func(fe *frontend.Frontend) error { return fe.RevokeGrant(ctx, ns, id) })
 }
 
-// FollowApprovals calls fn with each approval of namespace ns asked or
-// answered from now on, until ctx ends.
+// FollowApprovals implements jobs.Service.
 func (l *Lazy) FollowApprovals(ctx context.Context, ns string, fn func(jobs.ApprovalEvent) error) error {
-	fe, err := l.frontend()
-	if err != nil {
-		return err
-	}
-	return fe.FollowApprovals(ctx, ns, fn)
+	return l.do(func(fe *frontend.Frontend) error { return fe.FollowApprovals(ctx, ns, fn) })
+}
+
+// EnabledServers implements mcpserver.ServerCatalog; it waits, as Run does,
+// for a start in progress (within ctx).
+func (l *Lazy) EnabledServers(ctx context.Context, ns string) ([]string, error) {
+	return started(ctx, l, func(fe *frontend.Frontend) ([]string, error) { return fe.EnabledServers(ctx, ns) })
+}
+
+// FindServers implements mcpserver.ServerCatalog.
+func (l *Lazy) FindServers(ctx context.Context, ns, query string, limit int) ([]discovery.CatalogEntry, error) {
+	return started(ctx, l, func(fe *frontend.Frontend) ([]discovery.CatalogEntry, error) {
+		return fe.FindServers(ctx, ns, query, limit)
+	})
+}
+
+// EnableServer implements mcpserver.ServerCatalog.
+func (l *Lazy) EnableServer(ctx context.Context, ns, name string) (discovery.CatalogEntry, error) {
+	return started(ctx, l, func(fe *frontend.Frontend) (discovery.CatalogEntry, error) { return fe.EnableServer(ctx, ns, name) })
+}
+
+// DisableServer implements mcpserver.ServerCatalog.
+func (l *Lazy) DisableServer(ctx context.Context, ns, name string) (bool, error) {
+	return started(ctx, l, func(fe *frontend.Frontend) (bool, error) { return fe.DisableServer(ctx, ns, name) })
 }

@@ -75,14 +75,7 @@ func TestLazyStartRetries(t *testing.T) {
 
 // TestLazyCloseWhileRetrying: Close ends a start that keeps failing.
 func TestLazyCloseWhileRetrying(t *testing.T) {
-	cfg := app.FrontendConfig{
-		DataDir:    t.TempDir(),
-		Frontend:   frontend.Config{ID: "lazy-fe2", Limits: jobs.DefaultLimits()},
-		Worker:     worker.DefaultConfig("lazy-w2"),
-		NewRuntime: func(context.Context) (sandbox.Runtime, error) { return nil, errors.New("never") },
-	}
-	cfg.Worker.Queue = queue.DefaultConfig()
-	l := app.StartLazily(cfg, nil)
+	l := app.StartLazily(lazyConfig(t, "lazy2", func(context.Context) (sandbox.Runtime, error) { return nil, errors.New("never") }), nil)
 	if _, err := l.Submit(context.Background(), &jobs.Job{Code: "x"}); !app.IsNotReady(err) {
 		t.Fatalf("submit: %v", err)
 	}

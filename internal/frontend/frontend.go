@@ -225,6 +225,9 @@ func (f *Frontend) Frontends(ctx context.Context) ([]jobs.FrontendStatus, error)
 	return fs, nil
 }
 
+// The front-end's job client is the callers' job service.
+var _ jobs.Service = (*Frontend)(nil)
+
 // Limits returns the submission limits of namespaces without their own.
 func (f *Frontend) Limits() jobs.Limits { return f.cfg.Limits }
 
