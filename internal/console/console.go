@@ -30,10 +30,11 @@ var static embed.FS
 // fetched with the caller's token.
 const CSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
-// Backend is what the console needs of a front-end beyond the jobs API;
-// *frontend.Frontend is one. Namespaces are the caller's.
+// Backend is what the console needs of a front-end: the job service, and
+// the fleet, memory and sessions beyond it; *frontend.Frontend is one.
+// Namespaces are the caller's.
 type Backend interface {
-	Get(ctx context.Context, ns, id string) (*jobs.Record, error)
+	jobs.Service
 	Workers(ctx context.Context) ([]jobs.WorkerStatus, error)
 	// Frontends asks the fleet's front-ends for their status; Status is
 	// this front-end's own.

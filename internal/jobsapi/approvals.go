@@ -12,15 +12,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
-// Approvals is what the approval routes need of a front-end;
-// *frontend.Frontend is one. Every method works within one namespace.
-type Approvals interface {
-	Approvals(ctx context.Context, namespace string) ([]jobs.Approval, error)
-	AnswerApproval(ctx context.Context, namespace, id string, ans jobs.ApprovalAnswer, by string) (jobs.Approval, *jobs.Grant, error)
-	Grants(ctx context.Context, namespace string) ([]jobs.Grant, error)
-	RevokeGrant(ctx context.Context, namespace, id string) error
-}
-
 // ApprovalsResponse is the body of GET /api/approvals.
 type ApprovalsResponse struct {
 	Approvals []jobs.Approval `json:"approvals"`
@@ -59,27 +50,12 @@ func (a *api) approvalRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("DELETE /api/approvals/grants/{id}", a.revokeGrant)
 }
 
-// ApprovalFollower is the optional ability to stream approvals as they are
-// asked and answered; *frontend.Frontend has it.
-type ApprovalFollower interface {
-	FollowApprovals(ctx context.Context, namespace string, fn func(jobs.ApprovalEvent) error) error
-}
-
 // approvalEvents serves GET /api/approvals/events: a Server-Sent Events
 // stream of the namespace's approvals, "approval_asked" when a call is
 // parked and "approval_answered" when it stops waiting (approved, denied,
 // timed out or withdrawn), from the moment it is opened (GET
 // /api/approvals gives the ones already waiting).
 func (a *api) approvalEvents(w http.ResponseWriter, r *http.Request) {
-	ap := a.approvalsBackend(w)
-	if ap == nil {
-		return
-	}
-	fol, ok := ap.(ApprovalFollower)
-	if !ok {
-		writeError(w, http.StatusNotImplemented, "unsupported", "this front-end does not stream approvals", nil)
-		return
-	}
 	ns := a.cfg.Namespace(r.Context())
 	release, ok := a.streams.Take(ns)
 	if !ok {
@@ -89,29 +65,12 @@ func (a *api) approvalEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	defer release()
 	serveSSE(r.Context(), w, "mcpexec approvals", func(ctx context.Context, emit func(jobs.ApprovalEvent) error) error {
-		return fol.FollowApprovals(ctx, ns, emit)
+		return a.be.FollowApprovals(ctx, ns, emit)
 	}, func(ev jobs.ApprovalEvent) string { return "event: " + ev.Kind + "\n" })
 }
 
-// approvalsBackend is the configured Approvals, else the Backend when it is
-// one, else nil.
-func (a *api) approvalsBackend(w http.ResponseWriter) Approvals {
-	if a.cfg.Approvals != nil {
-		return a.cfg.Approvals
-	}
-	if ap, ok := a.be.(Approvals); ok {
-		return ap
-	}
-	writeError(w, http.StatusNotImplemented, "unsupported", "this front-end does not serve approvals", nil)
-	return nil
-}
-
 func (a *api) listApprovals(w http.ResponseWriter, r *http.Request) {
-	ap := a.approvalsBackend(w)
-	if ap == nil {
-		return
-	}
-	list, err := ap.Approvals(r.Context(), a.cfg.Namespace(r.Context()))
+	list, err := a.be.Approvals(r.Context(), a.cfg.Namespace(r.Context()))
 	if err != nil {
 		status, code, msg := httperr.Classify(err)
 		writeError(w, status, code, msg, nil)
@@ -121,10 +80,6 @@ func (a *api) listApprovals(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) decideApproval(w http.ResponseWriter, r *http.Request) {
-	ap := a.approvalsBackend(w)
-	if ap == nil {
-		return
-	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxDecisionBody))
 	if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
 		writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("the body is over %d bytes: send {\"decision\", \"reason\"} with a short reason", tooLarge.Limit), nil)
@@ -144,7 +99,7 @@ func (a *api) decideApproval(w http.ResponseWriter, r *http.Request) {
 	}
 	ns := a.cfg.Namespace(r.Context())
 	by := fmt.Sprintf("a jobs API caller of namespace %q", jobs.NamespaceOf(ns))
-	got, grant, err := ap.AnswerApproval(r.Context(), ns, r.PathValue("id"), q, by)
+	got, grant, err := a.be.AnswerApproval(r.Context(), ns, r.PathValue("id"), q, by)
 	if err != nil {
 		status, code, msg := httperr.Classify(err)
 		writeError(w, status, code, msg, nil)
@@ -154,11 +109,7 @@ func (a *api) decideApproval(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) listGrants(w http.ResponseWriter, r *http.Request) {
-	ap := a.approvalsBackend(w)
-	if ap == nil {
-		return
-	}
-	list, err := ap.Grants(r.Context(), a.cfg.Namespace(r.Context()))
+	list, err := a.be.Grants(r.Context(), a.cfg.Namespace(r.Context()))
 	if err != nil {
 		status, code, msg := httperr.Classify(err)
 		writeError(w, status, code, msg, nil)
@@ -168,11 +119,7 @@ func (a *api) listGrants(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) revokeGrant(w http.ResponseWriter, r *http.Request) {
-	ap := a.approvalsBackend(w)
-	if ap == nil {
-		return
-	}
-	if err := ap.RevokeGrant(r.Context(), a.cfg.Namespace(r.Context()), r.PathValue("id")); err != nil {
+	if err := a.be.RevokeGrant(r.Context(), a.cfg.Namespace(r.Context()), r.PathValue("id")); err != nil {
 		status, code, msg := httperr.Classify(err)
 		writeError(w, status, code, msg, nil)
 		return

@@ -10,8 +10,9 @@ import (
 	"github.com/mcpexec/mcpexec/internal/httperr"
 )
 
-// AuditBackend is the audit trail's reader; *frontend.Frontend is one. A
-// Backend without it answers GET /api/audit with 404.
+// AuditBackend is the audit trail's reader, an ability beside jobs.Service
+// (*frontend.Frontend has it). A Backend without it answers GET /api/audit
+// with 404.
 type AuditBackend interface {
 	AuditEntries(ctx context.Context, namespace string, q audit.Query) ([]audit.View, string, error)
 }

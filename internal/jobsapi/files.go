@@ -1,7 +1,6 @@
 package jobsapi
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -11,23 +10,11 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
-// FileBackend is an optional ability of a Backend: a file a job of the
-// namespace wrote, or an error of errs.NotFound's kind when the namespace has
-// no such job or file. *frontend.Frontend has it.
-type FileBackend interface {
-	File(ctx context.Context, namespace, id, name string) (jobs.FileInfo, []byte, error)
-}
-
 // file serves GET /api/jobs/{id}/files/{name...}: the bytes of a file the
 // caller's job wrote. Another namespace's job is "no such job". Pictures
 // are served inline (the console shows them); everything else as an
 // attachment, and nothing may run scripts in the API's origin.
 func (a *api) file(w http.ResponseWriter, r *http.Request) {
-	fb, ok := a.be.(FileBackend)
-	if !ok {
-		writeError(w, http.StatusNotFound, "not_found", "this front-end keeps no job files", nil)
-		return
-	}
 	id, name := r.PathValue("id"), r.PathValue("name")
 	if !jobs.ValidUserID(id) {
 		writeError(w, http.StatusBadRequest, "bad_id", fmt.Sprintf("%q is not a job id: ids are 1-128 letters, digits, '-' or '_'", id), nil)
@@ -37,7 +24,7 @@ func (a *api) file(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "bad_name", err.Error(), nil)
 		return
 	}
-	info, data, err := fb.File(r.Context(), a.cfg.Namespace(r.Context()), id, name)
+	info, data, err := a.be.File(r.Context(), a.cfg.Namespace(r.Context()), id, name)
 	if err != nil {
 		status, code, msg := httperr.Classify(err)
 		if errs.KindOf(err) == errs.NotFound {

@@ -36,21 +36,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/slots"
 )
 
-// Backend is what the API needs of a front-end, in job types only;
-// *frontend.Frontend is one.
-// Every method works within one namespace, with the namespace's own job ids.
-type Backend interface {
-	SubmitMany(ctx context.Context, js []*jobs.Job, namespace string) []jobs.Submitted
-	Get(ctx context.Context, namespace, id string) (*jobs.Record, error)
-	Cancel(ctx context.Context, namespace, id, reason string) error
-	Wait(ctx context.Context, namespace, id string) (*jobs.Record, error)
-	List(ctx context.Context, namespace string, f jobs.Filter) ([]*jobs.Record, string, error)
-	SubmitWorkflow(ctx context.Context, js []*jobs.Job, namespace string) []jobs.Submitted
-	Follow(ctx context.Context, namespace string, after uint64, resume bool, fn func(jobs.EventView) error) error
-	DeadLetters(ctx context.Context, namespace string, f jobs.Filter) ([]*jobs.Record, string, error)
-	LimitsFor(namespace string) jobs.Limits
-}
-
 // OpenAPI is the OpenAPI 3.0 description of the front-end's HTTP API, served
 // at GET /api/openapi.json.
 //
@@ -67,14 +52,14 @@ const (
 
 // Config configures the API handler.
 type Config struct {
-	Backend Backend
+	// Backend is the front-end's job service; every route works within the
+	// caller's namespace, with the namespace's own job ids.
+	Backend jobs.Service
 	// Namespace returns the authenticated caller's namespace ("" when the server
 	// has no auth: the default namespace). Jobs are submitted in it, their ids
 	// are its own, and only its jobs are visible. Nil means "".
 	Namespace func(ctx context.Context) string
 	Logger    *slog.Logger
-	// Approvals serves /api/approvals; nil: the Backend, when it is one.
-	Approvals Approvals
 }
 
 // New returns the API handler; mount it at /api/.
@@ -112,7 +97,7 @@ func New(cfg Config) http.Handler {
 
 type api struct {
 	cfg     Config
-	be      Backend
+	be      jobs.Service
 	streams *slots.Keyed // open event streams, per namespace
 }
 

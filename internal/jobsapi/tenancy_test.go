@@ -151,6 +151,3 @@ func TestNamespacePolicies(t *testing.T) {
 		break
 	}
 }
-
-// The front-end is the API's backend.
-var _ jobsapi.Backend = (*frontend.Frontend)(nil)
