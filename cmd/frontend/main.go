@@ -154,7 +154,3 @@ func embeddedWorkerID(host string) string {
 	}
 	return id
 }
-
-// A synchronous run_python asks its client about its job's parked calls
-// through the lazily started front-end.
-var _ mcpserver.ApprovalAsker = (*app.Lazy)(nil)

@@ -15,16 +15,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
-// ApprovalAsker is an optional ability of a Runner: the calls of its jobs
-// parked for a person's approval (the namespace's tool rules said "ask"),
-// and answering them. With it, a synchronous run_python of a client that
-// declared elicitation asks that client about each call of its job.
-type ApprovalAsker interface {
-	FollowApprovals(ctx context.Context, namespace string, fn func(jobs.ApprovalEvent) error) error
-	Approvals(ctx context.Context, namespace string) ([]jobs.Approval, error)
-	DecideApproval(ctx context.Context, namespace, id, decision, by, reason string) (jobs.Approval, error)
-}
-
 // approvalSweep is how often a synchronous call also lists its namespace's
 // parked calls, besides following them as they are parked: the follow
 // starts as the job does, and a call parked before its watch was in place
@@ -42,22 +32,21 @@ const ElicitedBy = "the MCP client that made the call (elicitation)"
 // (the jobs API, the console). The first answer wins, wherever it comes
 // from. stop ends the asking and waits for what it started.
 func (h *handler) askClient(ctx context.Context, ns, job string, log *slog.Logger) (stop func()) {
-	a, ok := h.r.(ApprovalAsker)
-	if !ok || !clientElicits(ctx) {
+	if !clientElicits(ctx) {
 		return func() {}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	var mu sync.Mutex // guards asked
 	asked := map[string]bool{}
-	stopFollow := followParked(ctx, a, ns, job, func(ap jobs.Approval) {
+	stopFollow := followParked(ctx, h.r, ns, job, func(ap jobs.Approval) {
 		mu.Lock()
 		defer mu.Unlock()
 		if asked[ap.ID] || ctx.Err() != nil {
 			return
 		}
 		asked[ap.ID] = true
-		wg.Go(func() { h.elicit(ctx, a, ns, ap, log) })
+		wg.Go(func() { h.elicit(ctx, ns, ap, log) })
 	})
 	return func() {
 		cancel()
@@ -72,12 +61,12 @@ func (h *handler) askClient(ctx context.Context, ns, job string, log *slog.Logge
 // place, then one every approvalSweep, should the watch break). fn may be
 // called for the same call more than once, and from two goroutines. stop
 // ends the following and waits for it.
-func followParked(ctx context.Context, a ApprovalAsker, ns, job string, fn func(jobs.Approval)) (stop func()) {
+func followParked(ctx context.Context, svc jobs.Service, ns, job string, fn func(jobs.Approval)) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		// Ends with ctx (or a broken watch: the sweep below goes on).
-		_ = a.FollowApprovals(ctx, ns, func(ev jobs.ApprovalEvent) error {
+		_ = svc.FollowApprovals(ctx, ns, func(ev jobs.ApprovalEvent) error {
 			if ev.Kind == jobs.ApprovalAsked && ev.JobID == job {
 				fn(ev.Approval)
 			}
@@ -88,7 +77,7 @@ func followParked(ctx context.Context, a ApprovalAsker, ns, job string, fn func(
 		t := time.NewTicker(approvalSweep)
 		defer t.Stop()
 		for {
-			if list, err := a.Approvals(ctx, ns); err == nil { // else the next sweep may do better
+			if list, err := svc.Approvals(ctx, ns); err == nil { // else the next sweep may do better
 				for _, ap := range list {
 					if ap.JobID == job {
 						fn(ap)
@@ -106,7 +95,7 @@ func followParked(ctx context.Context, a ApprovalAsker, ns, job string, fn func(
 }
 
 // elicit asks the client about one parked call and passes on its answer.
-func (h *handler) elicit(ctx context.Context, a ApprovalAsker, ns string, ap jobs.Approval, log *slog.Logger) {
+func (h *handler) elicit(ctx context.Context, ns string, ap jobs.Approval, log *slog.Logger) {
 	msg, schema := approvalQuestion(ap)
 	req := mcp.ElicitationRequest{Request: mcp.Request{Method: string(mcp.MethodElicitationCreate)}, Params: mcp.ElicitationParams{
 		Message: msg, RequestedSchema: schema,
@@ -120,7 +109,7 @@ func (h *handler) elicit(ctx context.Context, a ApprovalAsker, ns string, ap job
 	if !ok {
 		return // dismissed: another answer may come
 	}
-	if _, err := a.DecideApproval(context.WithoutCancel(ctx), ns, ap.ID, decision, ElicitedBy, reason); err != nil && errs.KindOf(err) != errs.Conflict {
+	if _, err := h.r.DecideApproval(context.WithoutCancel(ctx), ns, ap.ID, decision, ElicitedBy, reason); err != nil && errs.KindOf(err) != errs.Conflict {
 		log.Warn("pass on the client's answer to a parked call", "approval", ap.ID, "err", err)
 	}
 }

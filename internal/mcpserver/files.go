@@ -14,13 +14,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
-// FileReader is an optional ability of a Runner: a file a job of namespace
-// ns wrote (id is the namespace's own job id), or an error of ErrNotFound's
-// kind when ns has no such job or file. *frontend.Frontend has it.
-type FileReader interface {
-	File(ctx context.Context, ns, id, name string) (jobs.FileInfo, []byte, error)
-}
-
 // FileURITemplate is the resource template of jobs' files.
 const FileURITemplate = "mcpexec://jobs/{id}/files/{+name}"
 
@@ -56,12 +49,11 @@ func (h *handler) attachFiles(ctx context.Context, ns string, rec *jobs.Record, 
 	if rec.Result == nil || len(rec.Result.Files) == 0 {
 		return
 	}
-	fr, _ := h.r.(FileReader)
 	images, imageBytes := 0, int64(0)
 	for _, f := range rec.Result.Files {
 		uri := jobs.FileURI(rec.Job.ID, f.Name)
-		if fr != nil && jobs.IsImage(f.MimeType) && images < maxImages && imageBytes+f.Size <= maxImageBytes {
-			if data, err := readEnded(ctx, fr, ns, rec.Job.ID, f.Name); err == nil {
+		if jobs.IsImage(f.MimeType) && images < maxImages && imageBytes+f.Size <= maxImageBytes {
+			if data, err := readEnded(ctx, h.r, ns, rec.Job.ID, f.Name); err == nil {
 				images++
 				imageBytes += int64(len(data))
 				out.Content = append(out.Content, mcp.NewImageContent(base64.StdEncoding.EncodeToString(data), f.MimeType))
@@ -74,35 +66,33 @@ func (h *handler) attachFiles(ctx context.Context, ns string, rec *jobs.Record, 
 
 // readFile answers resources/read of a job's file, for the caller's
 // namespace only: any other gets "no such job".
-func (h *handler) readFile(fr FileReader) func(context.Context, mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
-	return func(ctx context.Context, req mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
-		uri := req.Params.URI
-		id, name, ok := jobs.ParseFileURI(uri)
-		if !ok {
-			return nil, fmt.Errorf("%q is not a job file URI (mcpexec://jobs/{id}/files/{name})", uri)
-		}
-		info, data, err := fr.File(ctx, h.namespace(ctx), id, name)
-		if errs.KindOf(err) == errs.NotFound {
-			return nil, fmt.Errorf("no such job or file: %s", uri)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", uri, err)
-		}
-		if jobs.IsText(info.MimeType) && utf8.Valid(data) {
-			return []mcp.ResourceContents{mcp.TextResourceContents{URI: uri, MIMEType: info.MimeType, Text: string(data)}}, nil
-		}
-		return []mcp.ResourceContents{mcp.BlobResourceContents{URI: uri, MIMEType: info.MimeType, Blob: base64.StdEncoding.EncodeToString(data)}}, nil
+func (h *handler) readFile(ctx context.Context, req mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
+	uri := req.Params.URI
+	id, name, ok := jobs.ParseFileURI(uri)
+	if !ok {
+		return nil, fmt.Errorf("%q is not a job file URI (mcpexec://jobs/{id}/files/{name})", uri)
 	}
+	info, data, err := h.r.File(ctx, h.namespace(ctx), id, name)
+	if errs.KindOf(err) == errs.NotFound {
+		return nil, fmt.Errorf("no such job or file: %s", uri)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", uri, err)
+	}
+	if jobs.IsText(info.MimeType) && utf8.Valid(data) {
+		return []mcp.ResourceContents{mcp.TextResourceContents{URI: uri, MIMEType: info.MimeType, Text: string(data)}}, nil
+	}
+	return []mcp.ResourceContents{mcp.BlobResourceContents{URI: uri, MIMEType: info.MimeType, Blob: base64.StdEncoding.EncodeToString(data)}}, nil
 }
 
 // readEnded reads a file of a job the caller saw end: the state replica
 // that answers may not have applied its end yet (the event came first), so
 // "no such file" is asked again, for a few seconds at most.
-func readEnded(ctx context.Context, fr FileReader, ns, id, name string) ([]byte, error) {
+func readEnded(ctx context.Context, svc jobs.Service, ns, id, name string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	for delay := 20 * time.Millisecond; ; delay = min(2*delay, 500*time.Millisecond) {
-		_, data, err := fr.File(ctx, ns, id, name)
+		_, data, err := svc.File(ctx, ns, id, name)
 		if errs.KindOf(err) != errs.NotFound {
 			return data, err
 		}

@@ -16,7 +16,7 @@ import (
 )
 
 // inProcess is an initialised in-process client of New(r, opts).
-func inProcess(t *testing.T, r Runner, opts Options) *client.Client {
+func inProcess(t *testing.T, r jobs.Service, opts Options) *client.Client {
 	t.Helper()
 	c, _ := connect(t, New(r, opts), nil)
 	return c

@@ -23,18 +23,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
-// Runner runs a job to its end; *frontend.Frontend is one.
-type Runner interface {
-	Run(ctx context.Context, job *jobs.Job, progress func(jobs.Event)) (*jobs.Record, error)
-	Limits() jobs.Limits
-}
-
-// OutputWatcher is an optional ability of a Runner: live output of a job,
-// delivered while it runs. *frontend.Frontend has it.
-type OutputWatcher interface {
-	WatchOutput(namespace, id string, fn func(stream, data string)) (stop func(), err error)
-}
-
 // Options configure the MCP server.
 type Options struct {
 	Name    string
@@ -107,7 +95,7 @@ func ToolFor(lang string) string {
 }
 
 // New returns an MCP server exposing run_python backed by r.
-func New(r Runner, opts Options) *server.MCPServer {
+func New(r jobs.Service, opts Options) *server.MCPServer {
 	s, _ := NewServer(r, opts)
 	return s
 }
@@ -158,7 +146,7 @@ func (t *Tools) Log(level mcp.LoggingLevel, data any) {
 const LoggerName = "mcpexec"
 
 // NewServer is New, with the Tools that change its tools later.
-func NewServer(r Runner, opts Options) (*server.MCPServer, *Tools) {
+func NewServer(r jobs.Service, opts Options) (*server.MCPServer, *Tools) {
 	if opts.Name == "" {
 		opts.Name = "mcpexec"
 	}
@@ -189,13 +177,11 @@ func NewServer(r Runner, opts Options) (*server.MCPServer, *Tools) {
 		server.WithInstructions(instructions(opts.Languages)),
 		server.WithToolFilter(h.namespaceServers),
 	}
-	if _, ok := r.(TaskBackend); ok {
-		// Declared here, answered by Tasks in front of mcp-go: the
-		// 2025-11-25 tasks at initialize, the tasks extension at
-		// server/discover (2026-07-28).
-		sopts = append(sopts, server.WithTaskCapabilities(true, true, true))
-		hooks.AddAfterDiscover(discoverTasksExtension)
-	}
+	// Declared here, answered by Tasks in front of mcp-go: the 2025-11-25
+	// tasks at initialize, the tasks extension at server/discover
+	// (2026-07-28).
+	sopts = append(sopts, server.WithTaskCapabilities(true, true, true))
+	hooks.AddAfterDiscover(discoverTasksExtension)
 	s := server.NewMCPServer(opts.Name, opts.Version, sopts...)
 	h.srv = s
 	for _, lang := range h.languages() {
@@ -205,11 +191,9 @@ func NewServer(r Runner, opts Options) (*server.MCPServer, *Tools) {
 		h.addCatalogTools(s)
 	}
 	tools := &Tools{s: s, h: h}
-	if fr, ok := r.(FileReader); ok {
-		s.AddResourceTemplate(mcp.NewResourceTemplate(FileURITemplate, "job file",
-			mcp.WithTemplateDescription("A file a job of your namespace wrote under /workspace/out (or a figure it drew).")),
-			h.readFile(fr))
-	}
+	s.AddResourceTemplate(mcp.NewResourceTemplate(FileURITemplate, "job file",
+		mcp.WithTemplateDescription("A file a job of your namespace wrote under /workspace/out (or a figure it drew).")),
+		h.readFile)
 	for _, uri := range []string{CapabilitiesURI, BridgeCapabilitiesURI} {
 		s.AddResource(mcp.NewResource(uri, "mcpexec capabilities",
 			mcp.WithResourceDescription("The manual of the sandbox's API (Python, and JavaScript where offered): proxied MCP servers, tool docs, memory."),
@@ -222,7 +206,7 @@ func NewServer(r Runner, opts Options) (*server.MCPServer, *Tools) {
 }
 
 type handler struct {
-	r        Runner
+	r        jobs.Service
 	srv      *server.MCPServer
 	mu       sync.Mutex // guards opts.Languages
 	opts     Options
@@ -287,16 +271,8 @@ func (h *handler) toolWith(lang string, names []string) mcp.Tool {
 		mcp.WithString("session", mcp.Description("Share globals and /workspace across calls.")),
 		mcp.WithArray("files", mcp.Description("Put in /workspace: {name, text|base64|uri}."),
 			mcp.Items(map[string]any{"type": "object", "required": []string{"name"}})),
-		mcp.WithTaskSupport(h.taskSupport()),
+		mcp.WithTaskSupport(mcp.TaskSupportOptional), // tasks.go
 	)
-}
-
-// taskSupport says whether run_python may be called as a task.
-func (h *handler) taskSupport() mcp.TaskSupport {
-	if _, ok := h.r.(TaskBackend); ok {
-		return mcp.TaskSupportOptional
-	}
-	return mcp.TaskSupportForbidden
 }
 
 // namespace returns the caller's namespace.
@@ -393,16 +369,14 @@ func (h *handler) call(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	log := h.logger(ctx, job.Namespace, job.ID)
 	log.Info(req.Params.Name+" accepted", "namespace", job.Namespace, "servers", job.Servers, "session", job.Session)
 	h.clientLog(ctx, mcp.LoggingLevelDebug, map[string]any{"event": "accepted", "tool": req.Params.Name, "job": job.ID})
-	if a, tb, ok := h.asksByMRTR(ctx); ok {
-		return h.runByMRTR(ctx, req, job, a, tb, log), nil // mrtr.go
+	if h.asksByMRTR(ctx) {
+		return h.runByMRTR(ctx, req, job, log), nil // mrtr.go
 	}
 	defer h.askClient(ctx, job.Namespace, job.ID, log)() // approvals.go
 	progress := progressSender(ctx, req, h.opts.MaxProgress)
 	if progress != nil {
-		if w, ok := h.r.(OutputWatcher); ok {
-			if stop, err := w.WatchOutput(job.Namespace, job.ID, progress.output); err == nil {
-				defer stop()
-			}
+		if stop, err := h.r.WatchOutput(job.Namespace, job.ID, progress.output); err == nil {
+			defer stop()
 		}
 	}
 	rec, err := h.r.Run(ctx, job, progress.event)

@@ -14,8 +14,12 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
-// echoRunner finishes every job successfully without running it.
-type echoRunner struct{ got *jobs.Job }
+// echoRunner finishes every job successfully without running it. It has
+// no live output; the rest of jobs.Service it leaves out (a call panics).
+type echoRunner struct {
+	jobs.Service
+	got *jobs.Job
+}
 
 func (e *echoRunner) Run(_ context.Context, job *jobs.Job, _ func(jobs.Event)) (*jobs.Record, error) {
 	if err := job.Normalize(jobs.DefaultLimits(), time.Now()); err != nil {
@@ -27,6 +31,10 @@ func (e *echoRunner) Run(_ context.Context, job *jobs.Job, _ func(jobs.Event)) (
 }
 
 func (e *echoRunner) Limits() jobs.Limits { return jobs.DefaultLimits() }
+
+func (e *echoRunner) WatchOutput(string, string, func(stream, data string)) (func(), error) {
+	return func() {}, nil
+}
 
 // TestCallLogsJobID checks that each run_python call is logged with its job id
 // and trace id, so a call can be followed into the fleet's logs.

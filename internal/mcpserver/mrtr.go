@@ -72,24 +72,15 @@ func decodeMRTRState(raw string) (mrtrState, error) {
 }
 
 // asksByMRTR reports whether a call is one to run by multi round-trip
-// requests: a 2026-07-28 request that declared elicitation, to a runner
-// that parks calls and runs jobs without waiting for them.
-func (h *handler) asksByMRTR(ctx context.Context) (ApprovalAsker, TaskBackend, bool) {
+// requests: a 2026-07-28 request that declared elicitation.
+func (h *handler) asksByMRTR(ctx context.Context) bool {
 	info := server.RequestProtocolInfoFromContext(ctx)
-	if info == nil || !info.Modern || info.ClientCapabilities == nil || info.ClientCapabilities.Elicitation == nil {
-		return nil, nil, false
-	}
-	a, ok := h.r.(ApprovalAsker)
-	if !ok {
-		return nil, nil, false
-	}
-	tb, ok := h.r.(TaskBackend)
-	return a, tb, ok
+	return info != nil && info.Modern && info.ClientCapabilities != nil && info.ClientCapabilities.Elicitation != nil
 }
 
 // runByMRTR submits job and waits for it, or for one of its calls to park.
-func (h *handler) runByMRTR(ctx context.Context, req mcp.CallToolRequest, job *jobs.Job, a ApprovalAsker, tb TaskBackend, log *slog.Logger) *mcp.CallToolResult {
-	if _, err := tb.Submit(ctx, job); err != nil {
+func (h *handler) runByMRTR(ctx context.Context, req mcp.CallToolRequest, job *jobs.Job, log *slog.Logger) *mcp.CallToolResult {
+	if _, err := h.r.Submit(ctx, job); err != nil {
 		var inv *jobs.InvalidError
 		if errors.As(err, &inv) {
 			log.Info(req.Params.Name+" refused", "err", err)
@@ -98,14 +89,13 @@ func (h *handler) runByMRTR(ctx context.Context, req mcp.CallToolRequest, job *j
 		log.Warn(req.Params.Name+" failed", "err", err)
 		return mcp.NewToolResultError(fmt.Sprintf("the job could not be run: %v", err))
 	}
-	return h.awaitOrAsk(ctx, req, job.Namespace, mrtrState{Job: job.ID}, a, tb, log)
+	return h.awaitOrAsk(ctx, req, job.Namespace, mrtrState{Job: job.ID}, log)
 }
 
 // resumeByMRTR is a retry of an input_required run: it passes on the
 // answers, then waits for the job again.
 func (h *handler) resumeByMRTR(ctx context.Context, req mcp.CallToolRequest) *mcp.CallToolResult {
-	a, tb, ok := h.asksByMRTR(ctx)
-	if !ok {
+	if !h.asksByMRTR(ctx) {
 		return mcp.NewToolResultError("inputResponses and requestState answer an input_required result, which this server gives only to 2026-07-28 requests that declare elicitation: call the tool again without them")
 	}
 	st, err := decodeMRTRState(req.Params.RequestState)
@@ -114,7 +104,7 @@ func (h *handler) resumeByMRTR(ctx context.Context, req mcp.CallToolRequest) *mc
 	}
 	ns := h.namespace(ctx)
 	log := h.logger(ctx, ns, st.Job)
-	rec, err := tb.Get(ctx, ns, st.Job)
+	rec, err := h.r.Get(ctx, ns, st.Job)
 	if err != nil {
 		if errs.KindOf(err) == errs.NotFound {
 			return mcp.NewToolResultError(fmt.Sprintf("job %s of requestState is not found: call the tool again without it to start a new job", st.Job))
@@ -122,15 +112,15 @@ func (h *handler) resumeByMRTR(ctx context.Context, req mcp.CallToolRequest) *mc
 		return mcp.NewToolResultError(fmt.Sprintf("look up job %s: %v", st.Job, err))
 	}
 	if !rec.Status.Terminal() && len(req.Params.InputResponses) > 0 {
-		h.passAnswers(ctx, ns, st, req.Params.InputResponses, a, log)
+		h.passAnswers(ctx, ns, st, req.Params.InputResponses, log)
 	}
-	return h.awaitOrAsk(ctx, req, ns, st, a, tb, log)
+	return h.awaitOrAsk(ctx, req, ns, st, log)
 }
 
 // passAnswers decides the calls the client answered. Keys that name no call
 // this request asked about are ignored, as are answers that decide nothing
 // (cancelled): those calls wait for another answer.
-func (h *handler) passAnswers(ctx context.Context, ns string, st mrtrState, answers mcp.InputResponses, a ApprovalAsker, log *slog.Logger) {
+func (h *handler) passAnswers(ctx context.Context, ns string, st mrtrState, answers mcp.InputResponses, log *slog.Logger) {
 	for key := range answers {
 		if !slices.Contains(st.Asked, key) {
 			continue
@@ -144,7 +134,7 @@ func (h *handler) passAnswers(ctx context.Context, ns string, st mrtrState, answ
 		if !ok {
 			continue
 		}
-		if _, err := a.DecideApproval(context.WithoutCancel(ctx), ns, key, decision, ElicitedBy, reason); err != nil &&
+		if _, err := h.r.DecideApproval(context.WithoutCancel(ctx), ns, key, decision, ElicitedBy, reason); err != nil &&
 			errs.KindOf(err) != errs.Conflict && errs.KindOf(err) != errs.NotFound {
 			log.Warn("pass on the client's answer to a parked call", "approval", key, "err", err)
 		}
@@ -160,12 +150,10 @@ const mrtrLinger = 150 * time.Millisecond
 // when one of its calls waits for approval and was not asked about in this
 // request before, returns input_required asking about every such call.
 // When the caller goes away, the job is cancelled, as a synchronous run's.
-func (h *handler) awaitOrAsk(ctx context.Context, req mcp.CallToolRequest, ns string, st mrtrState, a ApprovalAsker, tb TaskBackend, log *slog.Logger) *mcp.CallToolResult {
+func (h *handler) awaitOrAsk(ctx context.Context, req mcp.CallToolRequest, ns string, st mrtrState, log *slog.Logger) *mcp.CallToolResult {
 	if progress := progressSender(ctx, req, h.opts.MaxProgress); progress != nil {
-		if w, ok := h.r.(OutputWatcher); ok {
-			if stop, err := w.WatchOutput(ns, st.Job, progress.output); err == nil {
-				defer stop()
-			}
+		if stop, err := h.r.WatchOutput(ns, st.Job, progress.output); err == nil {
+			defer stop()
 		}
 	}
 	var wg sync.WaitGroup
@@ -178,11 +166,11 @@ func (h *handler) awaitOrAsk(ctx context.Context, req mcp.CallToolRequest, ns st
 	}
 	done := make(chan outcome, 1)
 	wg.Go(func() {
-		rec, err := tb.Wait(wctx, ns, st.Job)
+		rec, err := h.r.Wait(wctx, ns, st.Job)
 		done <- outcome{rec, err}
 	})
 	parked := make(chan struct{}, 1)
-	defer followParked(wctx, a, ns, st.Job, func(jobs.Approval) {
+	defer followParked(wctx, h.r, ns, st.Job, func(jobs.Approval) {
 		select {
 		case parked <- struct{}{}:
 		default:
@@ -193,7 +181,7 @@ func (h *handler) awaitOrAsk(ctx context.Context, req mcp.CallToolRequest, ns st
 		case o := <-done:
 			if o.err != nil {
 				if ctx.Err() != nil {
-					h.cancelGone(ctx, tb, ns, st.Job, log)
+					h.cancelGone(ctx, ns, st.Job, log)
 				}
 				return mcp.NewToolResultError(fmt.Sprintf("the job could not be run: %v", o.err))
 			}
@@ -202,11 +190,11 @@ func (h *handler) awaitOrAsk(ctx context.Context, req mcp.CallToolRequest, ns st
 			h.attachFiles(ctx, ns, o.rec, out)
 			return out
 		case <-ctx.Done():
-			h.cancelGone(ctx, tb, ns, st.Job, log)
+			h.cancelGone(ctx, ns, st.Job, log)
 			return mcp.NewToolResultError("the caller went away")
 		case <-parked:
 		}
-		if res := h.ask(wctx, ns, st, a); res != nil {
+		if res := h.ask(wctx, ns, st); res != nil {
 			log.Info(req.Params.Name+" asks the client about parked calls", "calls", len(res.InputRequests))
 			return res
 		}
@@ -216,13 +204,13 @@ func (h *handler) awaitOrAsk(ctx context.Context, req mcp.CallToolRequest, ns st
 // ask returns the input_required result asking about the job's calls that
 // wait for approval and were not asked about before, or nil when there are
 // none.
-func (h *handler) ask(ctx context.Context, ns string, st mrtrState, a ApprovalAsker) *mcp.CallToolResult {
+func (h *handler) ask(ctx context.Context, ns string, st mrtrState) *mcp.CallToolResult {
 	select {
 	case <-ctx.Done():
 		return nil
 	case <-time.After(mrtrLinger):
 	}
-	list, err := a.Approvals(ctx, ns)
+	list, err := h.r.Approvals(ctx, ns)
 	if err != nil {
 		return nil
 	}
@@ -244,10 +232,10 @@ func (h *handler) ask(ctx context.Context, ns string, st mrtrState, a ApprovalAs
 }
 
 // cancelGone cancels the job of a caller that went away.
-func (h *handler) cancelGone(ctx context.Context, tb TaskBackend, ns, id string, log *slog.Logger) {
+func (h *handler) cancelGone(ctx context.Context, ns, id string, log *slog.Logger) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := tb.Cancel(cctx, ns, id, "the caller went away"); err != nil && errs.KindOf(err) != errs.Conflict {
+	if err := h.r.Cancel(cctx, ns, id, "the caller went away"); err != nil && errs.KindOf(err) != errs.Conflict {
 		log.Warn("cancel job", "err", err)
 	}
 }

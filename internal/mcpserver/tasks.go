@@ -19,24 +19,12 @@ import (
 	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
-// TaskBackend is the optional ability of a Runner that makes run_python a
-// task: jobs started without waiting, then found, waited for, listed and
-// cancelled by id from the state service, so any front-end answers for any
-// task of the caller's namespace. *frontend.Frontend has it.
-type TaskBackend interface {
-	Submit(ctx context.Context, job *jobs.Job) (*jobs.Record, error)
-	Get(ctx context.Context, ns, id string) (*jobs.Record, error)
-	List(ctx context.Context, ns string, f jobs.Filter) ([]*jobs.Record, string, error)
-	Cancel(ctx context.Context, ns, id, reason string) error
-	Wait(ctx context.Context, ns, id string) (*jobs.Record, error)
-}
-
 // Tasks answers the MCP task methods (tasks/get, tasks/result, tasks/list,
 // tasks/cancel) and task-augmented run_python calls in front of mcp-go, whose
 // own task store lives in one process's memory and would lose every task with
 // it. A task is a job: its id is the job id, its state is the job's record.
 type Tasks struct {
-	b    TaskBackend
+	b    jobs.Service
 	h    *handler
 	srv  *server.MCPServer
 	ttl  time.Duration
@@ -62,19 +50,16 @@ const (
 )
 
 // NewTasks returns the task layer of srv (made by New with the same r and
-// opts), or nil when r cannot run tasks. ttl is how long the state service
-// keeps finished jobs (zero: DefaultTaskTTL). Close it after the transport
-// has stopped.
-func NewTasks(srv *server.MCPServer, r Runner, opts Options, ttl time.Duration) *Tasks {
-	b, ok := r.(TaskBackend)
-	if !ok {
-		return nil
-	}
+// opts): tasks are found, waited for, listed and cancelled by id from the
+// state service, so any front-end answers for any task of the caller's
+// namespace. ttl is how long the state service keeps finished jobs (zero:
+// DefaultTaskTTL). Close it after the transport has stopped.
+func NewTasks(srv *server.MCPServer, r jobs.Service, opts Options, ttl time.Duration) *Tasks {
 	if ttl <= 0 {
 		ttl = DefaultTaskTTL
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Tasks{b: b, h: &handler{r: r, opts: opts}, srv: srv, ttl: ttl, poll: taskPollInterval,
+	return &Tasks{b: r, h: &handler{r: r, opts: opts}, srv: srv, ttl: ttl, poll: taskPollInterval,
 		ctx: ctx, cancel: cancel, watchers: &slots.Keyed{Max: maxNSWatchers, Total: maxStatusWatchers}}
 }
 

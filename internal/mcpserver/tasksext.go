@@ -234,14 +234,10 @@ func latestAsk(updated string, pending map[string]jobs.Approval) string {
 }
 
 // pending returns the calls of job that wait for approval, by approval id,
-// or nil when the runner parks none (or they cannot be listed now: the
+// or nil when none waits (or they cannot be listed now: the
 // task shows working, and the next poll may do better).
 func (t *Tasks) pending(ctx context.Context, ns, job string) map[string]jobs.Approval {
-	a, ok := t.h.r.(ApprovalAsker)
-	if !ok {
-		return nil
-	}
-	list, err := a.Approvals(ctx, ns)
+	list, err := t.b.Approvals(ctx, ns)
 	if err != nil {
 		return nil
 	}
@@ -299,10 +295,6 @@ func (t *Tasks) update(ctx context.Context, ns string, params json.RawMessage) (
 	if rec.Status.Terminal() {
 		return completeAck, nil // nothing waits any more
 	}
-	a, ok := t.h.r.(ApprovalAsker)
-	if !ok {
-		return completeAck, nil
-	}
 	pending := t.pending(ctx, ns, rec.Job.ID)
 	type answer struct{ id, decision, reason string }
 	var answers []answer
@@ -322,7 +314,7 @@ func (t *Tasks) update(ctx context.Context, ns string, params json.RawMessage) (
 		}
 	}
 	for _, an := range answers {
-		if _, err := a.DecideApproval(ctx, ns, an.id, an.decision, TasksUpdatedBy, an.reason); err != nil && errs.KindOf(err) != errs.Conflict && errs.KindOf(err) != errs.NotFound {
+		if _, err := t.b.DecideApproval(ctx, ns, an.id, an.decision, TasksUpdatedBy, an.reason); err != nil && errs.KindOf(err) != errs.Conflict && errs.KindOf(err) != errs.NotFound {
 			return nil, &rpcError{Code: mcp.INTERNAL_ERROR, Message: fmt.Sprintf("pass on the answer to call %s: %v", an.id, err)}
 		}
 	}

@@ -133,7 +133,7 @@ func pollTask(t *testing.T, url, token, id string, want ...string) map[string]an
 }
 
 // serveTasksWith serves r (a front-end, or one wrapped) like serveTasks.
-func serveTasksWith(t *testing.T, r mcpserver.Runner) string {
+func serveTasksWith(t *testing.T, r jobs.Service) string {
 	t.Helper()
 	opts := mcpserver.Options{Namespace: mcpserver.NamespaceFromContext}
 	srv := mcpserver.New(r, opts)
@@ -314,7 +314,7 @@ func (d *approvalsDouble) FollowApprovals(ctx context.Context, _ string, _ func(
 	return ctx.Err()
 }
 
-var _ mcpserver.ApprovalAsker = (*approvalsDouble)(nil)
+var _ jobs.Service = (*approvalsDouble)(nil)
 
 // TestTasksExtensionApproval: a call of a task's job parked for approval
 // makes the task input_required, with a form elicitation asking about it in
