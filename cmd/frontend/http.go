@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/console"
 	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
@@ -27,8 +29,18 @@ import (
 func httpHandler(ctx context.Context, c *config, srv *server.MCPServer, tasks *mcpserver.Tasks, lazy *app.Lazy, m *metrics.Metrics, spans *tracing.Recorder, late *lateTools, rs *oauth.Validator, log *slog.Logger) (h http.Handler, stop func()) {
 	history := console.NewHistory(m.Registry, 0)
 	history.Start(ctx)
-	opts := mcpserver.HTTPOptions{Health: lazy.Health, Tokens: map[string]string{}, Tasks: tasks, AdminTokens: c.servers.adminTokens,
-		Extra: map[string]http.Handler{"GET /metrics": mcpserver.MetricsGuard(m.Handler(), c.servers.metricsTokens)}}
+	// Authentication is built once, here: /mcp and /api/ (mcpserver.Handler
+	// puts it in front of them), /metrics, and the OAuth metadata.
+	tokens := maps.Clone(c.servers.tokens)
+	if tokens == nil {
+		tokens = map[string]string{}
+	}
+	if c.authToken != "" {
+		tokens[c.authToken] = jobs.DefaultNamespace
+	}
+	auth := httpauth.New(httpauth.Config{Tokens: tokens, AdminTokens: c.servers.adminTokens, MetricsTokens: c.servers.metricsTokens, OAuth: rs})
+	opts := mcpserver.HTTPOptions{Health: lazy.Health, Tasks: tasks, Auth: auth,
+		Extra: map[string]http.Handler{"GET /metrics": auth.Metrics(m.Handler())}}
 	console.Mount(opts.Extra)
 	var namespaces []string
 	for _, ns := range c.servers.tokens {
@@ -39,18 +51,13 @@ func httpHandler(ctx context.Context, c *config, srv *server.MCPServer, tasks *m
 	}
 	slices.Sort(namespaces)
 	opts.API = lazy.Handler(func(fe *frontend.Frontend) http.Handler {
-		return console.Routes(console.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext, IsAdmin: mcpserver.IsAdmin,
+		// The console and the jobs API read the caller auth put in the
+		// request's context (httpauth.FromContext).
+		return console.Routes(console.Config{Backend: fe,
 			Namespaces: slices.Compact(namespaces), Spans: spans, History: history, FrontendID: c.id, Logger: log},
-			jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext, Logger: log}))
+			jobsapi.New(jobsapi.Config{Backend: fe, Logger: log}))
 	})
-	for tok, ns := range c.servers.tokens {
-		opts.Tokens[tok] = ns
-	}
-	if c.authToken != "" {
-		opts.Tokens[c.authToken] = jobs.DefaultNamespace
-	}
 	opts.AllowedHosts = discovery.ParseList(c.servers.allowedHosts)
-	opts.OAuth = rs
 	for _, o := range strings.Split(c.allowedOrigins, ",") {
 		if o = strings.TrimSpace(o); o != "" {
 			opts.AllowedOrigins = append(opts.AllowedOrigins, o)

@@ -15,6 +15,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/app"
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/metrics"
@@ -110,7 +111,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		// One caller on stdio: the default memory namespace.
 		mopts.Namespace = func(context.Context) string { return jobs.DefaultNamespace }
 	} else {
-		mopts.Namespace = mcpserver.NamespaceFromContext
+		mopts.Namespace = httpauth.Namespace
 	}
 	srv, tools := mcpserver.NewServer(lazy, mopts)
 	late.tools.Store(tools)

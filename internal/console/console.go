@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/httperr"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/state"
@@ -55,7 +56,9 @@ type Backend interface {
 type Config struct {
 	Backend Backend
 	// Namespace is the authenticated caller's namespace; IsAdmin says the
-	// caller holds an admin token (it may name any namespace).
+	// caller holds an admin token (it may name any namespace). Nil: the
+	// caller httpauth put in the request's context (httpauth.Namespace,
+	// httpauth.IsAdmin).
 	Namespace func(ctx context.Context) string
 	IsAdmin   func(ctx context.Context) bool
 	// Namespaces are the namespaces an admin is offered (those of the
@@ -131,8 +134,11 @@ func API(cfg Config) http.Handler {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Namespace == nil {
+		cfg.Namespace = httpauth.Namespace
+	}
 	if cfg.IsAdmin == nil {
-		cfg.IsAdmin = func(context.Context) bool { return false }
+		cfg.IsAdmin = httpauth.IsAdmin
 	}
 	if cfg.StaleAfter <= 0 {
 		cfg.StaleAfter = 15 * time.Second

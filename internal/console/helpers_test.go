@@ -16,6 +16,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/console"
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpclients"
@@ -85,14 +86,13 @@ func startFleet(t testing.TB, rt sandbox.Runtime, servers bool) *fleet {
 		}
 	}
 	fe := testutil.FrontendWith(t, b, fc)
-	api := console.Routes(console.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext, IsAdmin: mcpserver.IsAdmin,
+	api := console.Routes(console.Config{Backend: fe, Namespace: httpauth.Namespace, IsAdmin: httpauth.IsAdmin,
 		Namespaces: []string{"a", "b"}, Spans: rec, History: history, FrontendID: "console-fe", StaleAfter: time.Second},
-		jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext}))
-	srv := mcpserver.New(fe, mcpserver.Options{Namespace: mcpserver.NamespaceFromContext})
+		jobsapi.New(jobsapi.Config{Backend: fe, Namespace: httpauth.Namespace}))
+	srv := mcpserver.New(fe, mcpserver.Options{Namespace: httpauth.Namespace})
 	extra := map[string]http.Handler{}
 	console.Mount(extra)
-	hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{Health: fe.Health, API: api,
-		Tokens: map[string]string{tokA: "a", tokB: "b"}, AdminTokens: []string{tokAdmin}, Extra: extra}))
+	hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{Health: fe.Health, API: api, Extra: extra, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{tokA: "a", tokB: "b"}, AdminTokens: []string{tokAdmin}})}))
 	t.Cleanup(hs.Close)
 	return &fleet{url: hs.URL, b: b, fe: fe, workerID: wc.ID}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/metrics"
@@ -86,11 +87,9 @@ func TestAttacksThroughFleet(t *testing.T) {
 	m := metrics.New("frontend")
 	fe := testutil.FrontendWith(t, b, frontend.Config{ID: "fe", Metrics: m, Policy: frontend.DefaultPolicy(),
 		Policies: map[string]frontend.Policy{"a": frontend.Policy{MemoryBytes: 8 << 20}.Inherit(frontend.DefaultPolicy())}})
-	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})
-	srv := mcpserver.New(fe, mcpserver.Options{Namespace: mcpserver.NamespaceFromContext})
-	hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{API: api, Health: fe.Health,
-		Tokens: map[string]string{"tok-aaaaaaaa": "a", "tok-bbbbbbbb": "b"},
-		Extra:  map[string]http.Handler{"GET /metrics": m.Handler()}}))
+	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: httpauth.Namespace})
+	srv := mcpserver.New(fe, mcpserver.Options{Namespace: httpauth.Namespace})
+	hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{API: api, Health: fe.Health, Extra: map[string]http.Handler{"GET /metrics": m.Handler()}, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"tok-aaaaaaaa": "a", "tok-bbbbbbbb": "b"}})}))
 	t.Cleanup(hs.Close)
 	c := mcpClient(t, hs.URL, "tok-aaaaaaaa")
 	heap := watchHeap()

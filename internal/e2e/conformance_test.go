@@ -21,6 +21,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/app"
 	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
@@ -207,7 +208,7 @@ func startConformanceFrontend(t *testing.T) string {
 	}, nil)
 	t.Cleanup(lazy.Close)
 	opts := mcpserver.Options{
-		Namespace: mcpserver.NamespaceFromContext,
+		Namespace: httpauth.Namespace,
 		Languages: []string{jobs.LangPython},
 		Logger:    testutil.Logger(t),
 		// The diagnostic tool of the capability check needs sampling, as

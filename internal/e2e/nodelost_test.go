@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/state"
@@ -42,8 +43,8 @@ func TestRunPythonNodeLost(t *testing.T) {
 		t.Fatalf("the front-end talks to %s first, want node0", got)
 	}
 	fe := testutil.FrontendOn(t, nc, "fe")
-	hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{Namespace: mcpserver.NamespaceFromContext}),
-		mcpserver.HTTPOptions{Tokens: map[string]string{replicaToken: replicaNS}}))
+	hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{Namespace: httpauth.Namespace}),
+		mcpserver.HTTPOptions{Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{replicaToken: replicaNS}})}))
 	t.Cleanup(hs.Close)
 	mc := mcpClient(t, hs.URL, replicaToken)
 

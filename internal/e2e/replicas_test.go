@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/mcpexec/mcpexec/internal/broker"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
@@ -73,9 +74,9 @@ func loseBroker(t *testing.T, victim int) {
 			t.Fatalf("%s talks to %s first, want node0", name, got)
 		}
 		fe := testutil.FrontendOn(t, nc, name)
-		api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})
+		api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: httpauth.Namespace})
 		hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{}),
-			mcpserver.HTTPOptions{API: api, Tokens: map[string]string{replicaToken: replicaNS}}))
+			mcpserver.HTTPOptions{API: api, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{replicaToken: replicaNS}})}))
 		t.Cleanup(hs.Close)
 		urls[i] = hs.URL
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
@@ -39,9 +40,9 @@ func TestWorkflowSurvivesFaults(t *testing.T) {
 	}
 	t.Cleanup(nc.Close)
 	fe := testutil.FrontendOn(t, nc, "fe")
-	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})
+	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: httpauth.Namespace})
 	hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{}),
-		mcpserver.HTTPOptions{API: api, Tokens: map[string]string{replicaToken: replicaNS}}))
+		mcpserver.HTTPOptions{API: api, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{replicaToken: replicaNS}})}))
 	t.Cleanup(hs.Close)
 
 	const fan = 98

@@ -23,6 +23,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/faults/lazyfs"
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
@@ -316,9 +317,9 @@ func (f *fleet) addFrontend(t *testing.T) {
 	f.mu.Unlock()
 	nc := f.connect(t, name, f.serial%3)
 	fe := testutil.FrontendOnWith(t, nc, frontend.Config{ID: name, Logger: logger(t)})
-	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})
+	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: httpauth.Namespace})
 	hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{}),
-		mcpserver.HTTPOptions{API: api, Tokens: map[string]string{token: ns}}))
+		mcpserver.HTTPOptions{API: api, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{token: ns}})}))
 	t.Cleanup(hs.Close)
 	m := &member{name: name, nc: nc, url: hs.URL, stop: func() {
 		hs.CloseClientConnections()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpclients"
@@ -29,9 +30,9 @@ import (
 // apiFrontend serves fe's jobs API (with namespace tokens) and returns its URL.
 func apiFrontend(t *testing.T, fe *frontend.Frontend) string {
 	t.Helper()
-	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})
+	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: httpauth.Namespace})
 	srv := mcpserver.New(fe, mcpserver.Options{})
-	hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{API: api, Tokens: map[string]string{"tok-a": "a"}}))
+	hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{API: api, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"tok-a": "a"}})}))
 	t.Cleanup(hs.Close)
 	return hs.URL
 }

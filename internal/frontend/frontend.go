@@ -356,10 +356,7 @@ func (f *Frontend) cancel(ctx context.Context, id, reason string) error {
 	if err := f.client.PublishEvent(ctx, jobs.Event{Job: id, Kind: jobs.EventCancelled, Reason: reason}); err != nil {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	if err := f.nc.Publish(f.cfg.Subjects.Cancel(id), []byte(reason)); err != nil {
-		return fmt.Errorf("announce cancel of %s: %w", id, err)
-	}
-	return nil
+	return queue.PublishCancel(f.nc, f.cfg.Subjects, id, reason)
 }
 
 // Get returns namespace ns's record of job id, as the namespace sees it;

@@ -1,13 +1,13 @@
 package frontend
 
 import (
-	"encoding/json"
 	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/queue"
 )
 
 // WatchOutput calls fn with each live output chunk workers publish for
@@ -23,8 +23,8 @@ func (f *Frontend) WatchOutput(ns, id string, fn func(stream, data string)) (sto
 	}
 	capability := jobs.Capability(f.key, id)
 	sub, err := f.nc.Subscribe(f.cfg.Subjects.Output(id), func(m *nats.Msg) {
-		var chunk jobs.OutputChunk
-		if json.Unmarshal(m.Data, &chunk) == nil && chunk.Data != "" && jobs.CheckOutput(capability, id, chunk) {
+		chunk, err := queue.DecodeOutput(m.Data)
+		if err == nil && jobs.CheckOutput(capability, id, chunk) {
 			fn(chunk.Stream, chunk.Data)
 		}
 	})

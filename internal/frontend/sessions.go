@@ -2,7 +2,6 @@ package frontend
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -72,8 +71,7 @@ func (f *Frontend) liveSessions(ctx context.Context, ns string) (map[string]bool
 		if err != nil {
 			continue // gone meanwhile
 		}
-		var ent queue.SessionEntry
-		if json.Unmarshal(e.Value(), &ent) == nil && !ent.Ended && ent.Proven(f.key, key) {
+		if ent, err := queue.DecodeSessionEntry(e.Value()); err == nil && !ent.Ended && ent.Proven(f.key, key) {
 			out[key] = true
 		}
 	}
@@ -118,8 +116,7 @@ func (f *Frontend) Sessions(ctx context.Context, ns string) ([]Session, error) {
 		}
 		// Any worker host may write the bucket: only entries of a worker
 		// given a job of the session count.
-		var ent queue.SessionEntry
-		if json.Unmarshal(e.Value(), &ent) == nil && queue.SessionKey(ns, ent.Session) == key && ent.Proven(f.key, key) {
+		if ent, err := queue.DecodeSessionEntry(e.Value()); err == nil && queue.SessionKey(ns, ent.Session) == key && ent.Proven(f.key, key) {
 			out = append(out, Session{Name: ent.Session, Worker: ent.Worker, Since: ent.Since, Ended: ent.Ended})
 		}
 	}

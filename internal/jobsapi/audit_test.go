@@ -12,6 +12,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/audit"
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpclients"
@@ -48,9 +49,9 @@ func TestAuditListsEveryCall(t *testing.T) {
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) }) // in memory: nothing to lose
 	fe := testutil.FrontendWith(t, b, frontend.Config{ID: "fe", Tools: pool, Policy: def, Tracing: tp,
 		Policies: map[string]frontend.Policy{"a": frontend.Policy{Redact: &audit.Redaction{Names: []string{"ssn"}, Patterns: []string{`ghp_[A-Za-z0-9]+`}}}.Inherit(def)}})
-	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})
+	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: httpauth.Namespace})
 	hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{}),
-		mcpserver.HTTPOptions{API: api, Tokens: map[string]string{"tok-a": "a", "tok-b": "b"}}))
+		mcpserver.HTTPOptions{API: api, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"tok-a": "a", "tok-b": "b"}})}))
 	t.Cleanup(hs.Close)
 	e := env{url: hs.URL}
 

@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/errs"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/httperr"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/slots"
@@ -57,7 +58,8 @@ type Config struct {
 	Backend jobs.Service
 	// Namespace returns the authenticated caller's namespace ("" when the server
 	// has no auth: the default namespace). Jobs are submitted in it, their ids
-	// are its own, and only its jobs are visible. Nil means "".
+	// are its own, and only its jobs are visible. Nil means the caller
+	// httpauth put in the request's context (httpauth.Namespace).
 	Namespace func(ctx context.Context) string
 	Logger    *slog.Logger
 }
@@ -65,7 +67,7 @@ type Config struct {
 // New returns the API handler; mount it at /api/.
 func New(cfg Config) http.Handler {
 	if cfg.Namespace == nil {
-		cfg.Namespace = func(context.Context) string { return "" }
+		cfg.Namespace = httpauth.Namespace
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

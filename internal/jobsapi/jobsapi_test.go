@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
@@ -57,9 +58,9 @@ func setup(t *testing.T, withWorker bool) env {
 		testutil.Worker(t, b, g, wc)
 	}
 	fe := testutil.Frontend(t, b, "fe")
-	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})
+	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: httpauth.Namespace})
 	srv := mcpserver.New(fe, mcpserver.Options{})
-	hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{API: api, Tokens: map[string]string{"tok-a": "a", "tok-b": "b"}}))
+	hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{API: api, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"tok-a": "a", "tok-b": "b"}})}))
 	t.Cleanup(hs.Close)
 	return env{url: hs.URL, release: g.release}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
@@ -90,9 +91,8 @@ func TestNamespacePolicies(t *testing.T) {
 		"batch":  {MaxTimeout: 3600, MaxMemoryMB: 4096, MaxCPUs: 2},
 		"narrow": {Servers: []string{"github"}, Pools: []string{"default"}},
 	}})
-	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})
-	hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{}), mcpserver.HTTPOptions{API: api,
-		Tokens: map[string]string{"tok-batch": "batch", "tok-narrow": "narrow", "tok-plain": "plain"}}))
+	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: httpauth.Namespace})
+	hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{}), mcpserver.HTTPOptions{API: api, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"tok-batch": "batch", "tok-narrow": "narrow", "tok-plain": "plain"}})}))
 	t.Cleanup(hs.Close)
 	e := env{url: hs.URL}
 	if st, body := e.call(t, "tok-plain", "POST", "/api/jobs", map[string]any{"code": "x", "timeout": 600}); st != http.StatusBadRequest || !strings.Contains(string(body), "1..120") {

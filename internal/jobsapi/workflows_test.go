@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
@@ -32,9 +33,9 @@ func workflowEnv(t *testing.T) env {
 	wc.Grace = 100 * time.Millisecond
 	testutil.Worker(t, b, testutil.NewFakeRuntime(1000), wc)
 	fe := testutil.Frontend(t, b, "fe")
-	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})
+	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: httpauth.Namespace})
 	hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{}),
-		mcpserver.HTTPOptions{API: api, Tokens: map[string]string{"tok-a": "a", "tok-b": "b"}}))
+		mcpserver.HTTPOptions{API: api, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"tok-a": "a", "tok-b": "b"}})}))
 	t.Cleanup(hs.Close)
 	return env{url: hs.URL}
 }

@@ -3,7 +3,6 @@ package mcpserver
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,73 +13,10 @@ import (
 
 	"github.com/mark3labs/mcp-go/server"
 
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/oauth"
 	"github.com/mcpexec/mcpexec/internal/oauth/oauthtest"
 )
-
-// authSuite is what every Authenticator must do: a token of namespace
-// "alice" with the run and jobs scopes (good), one of namespace "bob"
-// (other), and tokens that must be refused.
-type authSuite struct {
-	auth        Authenticator
-	good, other string
-	refused     map[string]string
-}
-
-func runAuthSuite(t *testing.T, s authSuite) {
-	t.Helper()
-	ctx := context.Background()
-	c, err := s.auth.Authenticate(ctx, s.good)
-	if err != nil {
-		t.Fatalf("good token: %v", err)
-	}
-	if c.Namespace != "alice" || c.Admin || !c.Can(oauth.ScopeRun) || !c.Can(oauth.ScopeJobs) || c.Can(oauth.ScopeAdmin) || c.Key == "" || strings.Contains(c.Key, s.good) {
-		t.Fatalf("good token: %+v", c)
-	}
-	o, err := s.auth.Authenticate(ctx, s.other)
-	if err != nil || o.Namespace != "bob" || o.Key == c.Key {
-		t.Fatalf("other token: %+v, %v", o, err)
-	}
-	s.refused["empty"] = ""
-	s.refused["prefix of good"] = s.good[:len(s.good)-1]
-	s.refused["good with a byte more"] = s.good + "x"
-	for name, tok := range s.refused {
-		if c, err := s.auth.Authenticate(ctx, tok); !errors.Is(err, ErrUnauthenticated) {
-			t.Errorf("%s: got %+v, %v; want ErrUnauthenticated", name, c, err)
-		}
-	}
-}
-
-func TestAuthenticatorsConform(t *testing.T) {
-	t.Run("StaticTokens", func(t *testing.T) {
-		runAuthSuite(t, authSuite{
-			auth: StaticTokens{Tokens: map[string]string{"alice-token-1": "alice", "bob-token-1": "bob"}, AdminTokens: []string{"admin-token-0123456789"}},
-			good: "alice-token-1", other: "bob-token-1",
-			refused: map[string]string{"unknown": "carol-token-1"},
-		})
-	})
-	t.Run("OAuthTokens", func(t *testing.T) {
-		is := oauthtest.NewIssuer(t)
-		const aud = "http://127.0.0.1:1/mcp"
-		v, err := oauth.New(oauth.Config{Issuers: []string{is.URL}, Audience: aud})
-		if err != nil {
-			t.Fatal(err)
-		}
-		expired := is.Claims(aud, "alice", "mcpexec:run mcpexec:jobs")
-		expired["exp"] = time.Now().Add(-time.Hour).Unix()
-		runAuthSuite(t, authSuite{
-			auth:  OAuthTokens{V: v},
-			good:  is.Mint(t, is.Claims(aud, "alice", "mcpexec:run mcpexec:jobs")),
-			other: is.Mint(t, is.Claims(aud, "bob", "mcpexec:run")),
-			refused: map[string]string{
-				"expired":        is.Mint(t, expired),
-				"other audience": is.Mint(t, is.Claims("http://127.0.0.1:2/mcp", "alice", "mcpexec:run")),
-				"unknown key":    oauthtest.Sign(t, oauthtest.NewKey(t, "test-key"), is.Claims(aud, "alice", "mcpexec:run")),
-				"alg none":       oauthtest.Unsigned(t, is.Claims(aud, "alice", "mcpexec:run")),
-			},
-		})
-	})
-}
 
 // TestOAuthBesideStaticTokens: on one handler, static tokens keep working,
 // OAuth tokens work for the scopes they hold, refusals carry the RFC 6750
@@ -93,16 +29,15 @@ func TestOAuthBesideStaticTokens(t *testing.T) {
 	}
 	got := make(chan seen, 1)
 	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got <- seen{NamespaceFromContext(r.Context()), IsAdmin(r.Context())}
+		got <- seen{httpauth.Namespace(r.Context()), httpauth.IsAdmin(r.Context())}
 	})
-	opts := HTTPOptions{Tokens: map[string]string{"tenant-token-1": "alice"}, API: api}
 	hs := httptest.NewUnstartedServer(nil)
 	aud := "http://" + hs.Listener.Addr().String() + "/mcp"
 	v, err := oauth.New(oauth.Config{Issuers: []string{is.URL}, Audience: aud})
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.OAuth = v
+	opts := HTTPOptions{API: api, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"tenant-token-1": "alice"}, OAuth: v})}
 	hs.Config.Handler = Handler(server.NewMCPServer("t", "0"), opts)
 	hs.Start()
 	defer hs.Close()
@@ -134,7 +69,7 @@ func TestOAuthBesideStaticTokens(t *testing.T) {
 				req.Header.Set("Authorization", "Bearer "+tc.token)
 			}
 			if tc.header != "" {
-				req.Header.Set(NamespaceHeader, tc.header)
+				req.Header.Set(httpauth.NamespaceHeader, tc.header)
 			}
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
 
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/testutil"
@@ -63,7 +64,7 @@ func TestMissingClientCapability(t *testing.T) {
 	b := testutil.Broker(t, "", queue.DefaultConfig())
 	testutil.Worker(t, b, testutil.NewFakeRuntime(8), worker.DefaultConfig("w1"))
 	fe := testutil.Frontend(t, b, "fe1")
-	opts := mcpserver.Options{Namespace: mcpserver.NamespaceFromContext, ClientNeeds: mcpserver.ClientNeeds{
+	opts := mcpserver.Options{Namespace: httpauth.Namespace, ClientNeeds: mcpserver.ClientNeeds{
 		"asks":   {"elicitation": map[string]any{}},
 		"tasked": {"extensions": map[string]any{"io.modelcontextprotocol/tasks": map[string]any{}}},
 	}}
@@ -77,7 +78,7 @@ func TestMissingClientCapability(t *testing.T) {
 	}
 	tasks := mcpserver.NewTasks(srv, fe, opts, 0)
 	t.Cleanup(tasks.Close)
-	hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{Tasks: tasks, Tokens: map[string]string{"token-alpha": "alpha"}}))
+	hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{Tasks: tasks, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"token-alpha": "alpha"}})}))
 	t.Cleanup(hs.Close)
 
 	refused := []struct {

@@ -3,15 +3,12 @@ package mcpserver
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
-	"regexp"
 	"strings"
 
 	"github.com/mcpexec/mcpexec/internal/cli"
@@ -19,6 +16,7 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/httperr"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/oauth"
@@ -28,14 +26,11 @@ import (
 
 // HTTPOptions configure the HTTP surface.
 type HTTPOptions struct {
-	// Tokens maps bearer tokens to namespaces. Empty means no auth, which is allowed
-	// only on loopback listeners (the caller enforces that).
-	Tokens map[string]string
-	// AdminTokens may act in every namespace: the namespace of a request is
-	// its NamespaceHeader (jobs.DefaultNamespace without one). Configured only
-	// explicitly (admin_tokens in the tokens file); none means nobody sees
-	// another namespace.
-	AdminTokens []string
+	// Auth authenticates /mcp (scope mcpexec:run) and /api/ (mcpexec:jobs)
+	// and serves the OAuth resource metadata; nil or one without tokens
+	// means no auth, which is allowed only on loopback listeners (the
+	// caller enforces that).
+	Auth *httpauth.Auth
 	// AllowedOrigins are extra Origin hosts accepted besides loopback ones.
 	AllowedOrigins []string
 	// AllowedHosts are extra Host header values accepted on connections to a
@@ -48,9 +43,6 @@ type HTTPOptions struct {
 	// API, when set, is served under /api/ behind the same Origin, auth and size
 	// checks as /mcp.
 	API http.Handler
-	// OAuth, when set, also accepts its issuers' access tokens (beside
-	// Tokens and AdminTokens) and serves the protected resource metadata.
-	OAuth *oauth.Validator
 	// Extra handlers mounted as given (e.g. "/metrics", "/"), without auth.
 	Extra map[string]http.Handler
 	// Tasks, when set, answers the task methods in front of s (NewTasks).
@@ -71,15 +63,6 @@ type HTTPOptions struct {
 // stream) hold a connection and a goroutine each.
 const DefaultMaxRequestsPerToken = 64
 
-type ctxKey struct{}
-
-// tokenKey is the in-flight count key of a token (its hash: the map holds no
-// secret).
-func tokenKey(tok string) string {
-	sum := sha256.Sum256([]byte(tok))
-	return string(sum[:16])
-}
-
 // ownSessionsOnly refuses a request carrying an MCP session id that its
 // namespace did not open, whatever its method (a GET would otherwise listen
 // to another tenant's notifications, a DELETE end its session).
@@ -91,23 +74,6 @@ func ownSessionsOnly(ids *sessionIDs, next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
-}
-
-type adminKey struct{}
-
-// NamespaceHeader names the namespace an admin token's request acts in.
-const NamespaceHeader = "X-Mcpexec-Namespace"
-
-// IsAdmin reports whether the caller authenticated with an admin token.
-func IsAdmin(ctx context.Context) bool {
-	ok, _ := ctx.Value(adminKey{}).(bool)
-	return ok
-}
-
-// NamespaceFromContext returns the namespace of the authenticated caller, or "".
-func NamespaceFromContext(ctx context.Context) string {
-	ns, _ := ctx.Value(ctxKey{}).(string)
-	return ns
 }
 
 // Handler serves streamable HTTP MCP at /mcp and /healthz.
@@ -128,8 +94,8 @@ func Handler(s *server.MCPServer, opts HTTPOptions) http.Handler {
 			if who := jobs.SubmitterOf(r.Context()); who != "" {
 				ctx = jobs.WithSubmitter(ctx, who) // guard's
 			}
-			if ns, ok := r.Context().Value(ctxKey{}).(string); ok {
-				return context.WithValue(ctx, ctxKey{}, ns)
+			if c, ok := httpauth.FromContext(r.Context()); ok {
+				return httpauth.NewContext(ctx, c) // guard's
 			}
 			return ctx
 		}),
@@ -148,11 +114,7 @@ func Handler(s *server.MCPServer, opts HTTPOptions) http.Handler {
 	if opts.API != nil {
 		mux.Handle("/api/", guard(opts.API, opts, oauth.ScopeJobs))
 	}
-	if opts.OAuth != nil {
-		for _, p := range oauth.MetadataPaths(opts.OAuth.Config().Audience) {
-			mux.Handle(p, opts.OAuth.MetadataHandler())
-		}
-	}
+	opts.Auth.MountMetadata(mux)
 	for pattern, h := range opts.Extra {
 		mux.Handle(pattern, h)
 	}
@@ -170,8 +132,9 @@ func Handler(s *server.MCPServer, opts HTTPOptions) http.Handler {
 	return mux
 }
 
-// guard applies the Origin check (DNS rebinding), bearer-token auth (the
-// caller must hold scope) and the body size limit.
+// guard applies the Host and Origin checks (DNS rebinding), opts.Auth (the
+// caller must hold scope), the caller's in-flight bound and the body size
+// limit.
 func guard(next http.Handler, opts HTTPOptions, scope string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !hostAllowed(r, opts.AllowedHosts) {
@@ -182,43 +145,18 @@ func guard(next http.Handler, opts HTTPOptions, scope string) http.Handler {
 			httperr.Write(w, http.StatusForbidden, "forbidden_origin", "Origin "+o+" is not allowed: browsers may reach this server only from localhost pages (or add the origin to --allowed-origins)")
 			return
 		}
-		if ways := opts.authenticators(); len(ways) > 0 {
-			tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			tok = strings.TrimSpace(tok)
+		r, ok := opts.Auth.Check(w, r, scope)
+		if !ok {
+			return
+		}
+		if caller, ok := httpauth.FromContext(r.Context()); ok && opts.inFlight != nil {
+			release, ok := opts.inFlight.Take(caller.Key)
 			if !ok {
-				tok = ""
-			}
-			caller, err := authenticate(r.Context(), ways, tok)
-			if err != nil {
-				unauthorized(w, opts, tok != "", reason(err), scope)
+				w.Header().Set("Retry-After", "1")
+				httperr.Write(w, http.StatusTooManyRequests, "too_many_requests", fmt.Sprintf("this token already has %d requests in flight on this front-end: wait for some to finish (use tasks or /api/jobs for many jobs at once)", opts.MaxRequestsPerToken))
 				return
 			}
-			if !caller.Can(scope) {
-				forbiddenScope(w, opts, scope)
-				return
-			}
-			ns := caller.Namespace
-			if caller.Admin {
-				ns = jobs.DefaultNamespace
-				if h := r.Header.Get(NamespaceHeader); h != "" {
-					if !namespacePattern.MatchString(h) {
-						httperr.Write(w, http.StatusBadRequest, "bad_namespace", NamespaceHeader+" must be 1-128 letters, digits, '.', '_' or '-'")
-						return
-					}
-					ns = h
-				}
-				r = r.WithContext(context.WithValue(r.Context(), adminKey{}, true))
-			}
-			r = r.WithContext(jobs.WithSubmitter(context.WithValue(r.Context(), ctxKey{}, ns), caller.Who))
-			if opts.inFlight != nil {
-				release, ok := opts.inFlight.Take(caller.Key)
-				if !ok {
-					w.Header().Set("Retry-After", "1")
-					httperr.Write(w, http.StatusTooManyRequests, "too_many_requests", fmt.Sprintf("this token already has %d requests in flight on this front-end: wait for some to finish (use tasks or /api/jobs for many jobs at once)", opts.MaxRequestsPerToken))
-					return
-				}
-				defer release()
-			}
+			defer release()
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, opts.MaxBody)
 		// A caller's W3C traceparent becomes the parent of the jobs it
@@ -228,39 +166,6 @@ func guard(next http.Handler, opts HTTPOptions, scope string) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
-}
-
-// unauthorized answers 401 with the challenge that tells a client how to
-// get a token: with OAuth, the resource metadata and the scope needed.
-func unauthorized(w http.ResponseWriter, opts HTTPOptions, sent bool, why, scope string) {
-	msg := "a valid bearer token is required: send Authorization: Bearer <token>"
-	if !sent {
-		why = ""
-	}
-	if opts.OAuth != nil {
-		code := ""
-		if sent {
-			code = "invalid_token"
-		}
-		w.Header().Set("WWW-Authenticate", opts.OAuth.Challenge(code, why, scope))
-		msg = "a valid bearer token is required: send Authorization: Bearer <token>, a token of the tokens file or an access token from " + strings.Join(opts.OAuth.Config().Issuers, " or ") + " for " + opts.OAuth.Config().Audience
-	} else {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="mcpexec"`)
-	}
-	if why != "" {
-		msg += " (" + why + ")"
-	}
-	httperr.Write(w, http.StatusUnauthorized, "unauthorized", msg)
-}
-
-// forbiddenScope answers 403 insufficient_scope (RFC 6750 §3.1).
-func forbiddenScope(w http.ResponseWriter, opts HTTPOptions, scope string) {
-	if opts.OAuth != nil {
-		w.Header().Set("WWW-Authenticate", opts.OAuth.Challenge("insufficient_scope", "this needs scope "+scope, scope))
-	} else {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="mcpexec", error="insufficient_scope", scope="`+scope+`"`)
-	}
-	httperr.Write(w, http.StatusForbidden, "insufficient_scope", "this token lacks scope "+scope+": ask the authorisation server for it")
 }
 
 // hostAllowed applies the DNS-rebinding check: a request that reached a
@@ -287,31 +192,6 @@ func hostAllowed(r *http.Request, extra []string) bool {
 		}
 	}
 	return false
-}
-
-func lookupToken(tokens map[string]string, tok string) (string, bool) {
-	if tok == "" {
-		return "", false
-	}
-	for t, ns := range tokens {
-		if subtle.ConstantTimeCompare([]byte(t), []byte(tok)) == 1 {
-			return ns, true
-		}
-	}
-	return "", false
-}
-
-func isAdminToken(admins []string, tok string) bool {
-	if tok == "" {
-		return false
-	}
-	found := false
-	for _, a := range admins {
-		if subtle.ConstantTimeCompare([]byte(a), []byte(tok)) == 1 {
-			found = true
-		}
-	}
-	return found
 }
 
 func originAllowed(origin string, extra []string) bool {
@@ -348,7 +228,7 @@ type TokensFile struct {
 	// MetricsTokens may read /metrics (besides loopback callers).
 	MetricsTokens []string `json:"metrics_tokens,omitempty"`
 	// AdminTokens act in any namespace (the console's admin view); see
-	// HTTPOptions.AdminTokens.
+	// httpauth.Config.AdminTokens.
 	AdminTokens []string `json:"admin_tokens,omitempty"`
 	// OAuthNamespaces maps values of the OAuth namespace claim to
 	// namespaces (a value not listed is its own namespace).
@@ -406,7 +286,7 @@ func LoadTokensFile(path string) (*TokensFile, error) {
 		if len(tok) < 8 {
 			return nil, fmt.Errorf("tokens file %s: a token is shorter than 8 characters: use long random tokens (e.g. openssl rand -hex 24)", path)
 		}
-		if !namespacePattern.MatchString(ns) {
+		if !httpauth.ValidNamespace(ns) {
 			return nil, fmt.Errorf("tokens file %s: namespace %q must be 1-128 letters, digits, '.', '_' or '-'", path, ns)
 		}
 	}
@@ -424,7 +304,7 @@ func LoadTokensFile(path string) (*TokensFile, error) {
 		}
 	}
 	for v, ns := range out.OAuthNamespaces {
-		if !namespacePattern.MatchString(ns) {
+		if !httpauth.ValidNamespace(ns) {
 			return nil, fmt.Errorf("tokens file %s: oauth_namespaces maps %q to %q, which is not 1-128 letters, digits, '.', '_' or '-'", path, v, ns)
 		}
 	}
@@ -432,31 +312,4 @@ func LoadTokensFile(path string) (*TokensFile, error) {
 		return nil, fmt.Errorf("tokens file %s holds no tokens", path)
 	}
 	return out, nil
-}
-
-var namespacePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
-
-// MetricsGuard serves /metrics to loopback callers and, from elsewhere, only
-// to callers with one of tokens: metric names and label values describe the
-// fleet's tenants and load.
-func MetricsGuard(next http.Handler, tokens []string) http.Handler {
-	allowed := map[string]string{}
-	for _, t := range tokens {
-		allowed[t] = "metrics"
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-			if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
-				next.ServeHTTP(w, r)
-				return
-			}
-		}
-		tok, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if _, ok := lookupToken(allowed, strings.TrimSpace(tok)); !ok {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="mcpexec-metrics"`)
-			httperr.Write(w, http.StatusUnauthorized, "unauthorized", "/metrics from beyond loopback needs a metrics token: list it under metrics_tokens in the tokens file and send Authorization: Bearer <token>")
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
 }

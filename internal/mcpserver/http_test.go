@@ -13,6 +13,7 @@ import (
 
 	"github.com/mark3labs/mcp-go/server"
 
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
@@ -20,11 +21,10 @@ func TestGuardHostOriginTokens(t *testing.T) {
 	s := server.NewMCPServer("t", "0")
 	var sawNS string
 	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sawNS = NamespaceFromContext(r.Context())
+		sawNS = httpauth.Namespace(r.Context())
 		w.WriteHeader(http.StatusTeapot)
 	})
-	hs := httptest.NewServer(Handler(s, HTTPOptions{Tokens: map[string]string{"secret-token-1": "alice"}, API: api,
-		AllowedHosts: []string{"proxy.local"}, MaxBody: 1024}))
+	hs := httptest.NewServer(Handler(s, HTTPOptions{API: api, AllowedHosts: []string{"proxy.local"}, MaxBody: 1024, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"secret-token-1": "alice"}})}))
 	defer hs.Close()
 	cases := []struct {
 		name   string
@@ -138,9 +138,9 @@ func TestAdminTokens(t *testing.T) {
 	}
 	got := make(chan seen, 1)
 	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got <- seen{NamespaceFromContext(r.Context()), IsAdmin(r.Context())}
+		got <- seen{httpauth.Namespace(r.Context()), httpauth.IsAdmin(r.Context())}
 	})
-	hs := httptest.NewServer(Handler(s, HTTPOptions{Tokens: map[string]string{"tenant-token-1": "alice"}, AdminTokens: []string{"admin-token-0123456789"}, API: api}))
+	hs := httptest.NewServer(Handler(s, HTTPOptions{API: api, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"tenant-token-1": "alice"}, AdminTokens: []string{"admin-token-0123456789"}})}))
 	defer hs.Close()
 	for _, tc := range []struct {
 		name, token, header string
@@ -157,7 +157,7 @@ func TestAdminTokens(t *testing.T) {
 			req, _ := http.NewRequestWithContext(context.Background(), "GET", hs.URL+"/api/x", nil)
 			req.Header.Set("Authorization", "Bearer "+tc.token)
 			if tc.header != "" {
-				req.Header.Set(NamespaceHeader, tc.header)
+				req.Header.Set(httpauth.NamespaceHeader, tc.header)
 			}
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
@@ -215,7 +215,7 @@ const initialize = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"pro
 // well-formed id nobody issued, while alice's own requests go through.
 func TestSessionsBelongToTheirNamespace(t *testing.T) {
 	s := server.NewMCPServer("t", "0")
-	hs := httptest.NewServer(Handler(s, HTTPOptions{Tokens: map[string]string{"alice-token-1": "alice", "bob-token-12": "bob"}}))
+	hs := httptest.NewServer(Handler(s, HTTPOptions{Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"alice-token-1": "alice", "bob-token-12": "bob"}})}))
 	defer hs.Close()
 	code, sid, body := mcpPost(t, hs.URL, "alice-token-1", "", initialize)
 	if code != http.StatusOK || !strings.HasPrefix(sid, sessionPrefix) {
@@ -262,7 +262,7 @@ func TestRequestsPerTokenAreBounded(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusTeapot)
 	})
-	hs := httptest.NewServer(Handler(s, HTTPOptions{Tokens: map[string]string{"alice-token-1": "alice", "bob-token-12": "bob"}, API: api, MaxRequestsPerToken: 2}))
+	hs := httptest.NewServer(Handler(s, HTTPOptions{API: api, MaxRequestsPerToken: 2, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"alice-token-1": "alice", "bob-token-12": "bob"}})}))
 	defer hs.Close()
 	get := func(token, path string) int {
 		req, _ := http.NewRequest("GET", hs.URL+path, nil)

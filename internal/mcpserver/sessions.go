@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"net/http"
 	"strings"
 	"sync"
@@ -96,13 +97,13 @@ func (s *sessionIDs) owns(ns, session string) bool {
 
 // ResolveSessionIdManager implements server.SessionIdManagerResolver.
 func (s *sessionIDs) ResolveSessionIdManager(r *http.Request) server.SessionIdManager {
-	return nsSessions{ids: s, ns: NamespaceFromContext(r.Context())}
+	return nsSessions{ids: s, ns: httpauth.Namespace(r.Context())}
 }
 
 // sessionOwned reports whether the request's session id (if any) is its
 // namespace's.
 func (s *sessionIDs) sessionOwned(ctx context.Context, session string) bool {
-	return s.owns(NamespaceFromContext(ctx), session)
+	return s.owns(httpauth.Namespace(ctx), session)
 }
 
 type nsSessions struct {

@@ -1,6 +1,7 @@
 package mcpserver
 
 import (
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,7 +15,7 @@ import (
 // refused and ends nothing.
 func TestEndedSessionIsGone(t *testing.T) {
 	s := server.NewMCPServer("t", "0")
-	hs := httptest.NewServer(Handler(s, HTTPOptions{Tokens: map[string]string{"alice-token-1": "alice", "bob-token-12": "bob"}}))
+	hs := httptest.NewServer(Handler(s, HTTPOptions{Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"alice-token-1": "alice", "bob-token-12": "bob"}})}))
 	defer hs.Close()
 	_, sid, body := mcpPost(t, hs.URL, "alice-token-1", "", initialize)
 	if sid == "" {

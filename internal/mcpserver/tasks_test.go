@@ -18,6 +18,7 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
@@ -93,12 +94,11 @@ func wantError(t *testing.T, r rpcReply, code int, contains string) {
 // namespaces' tokens.
 func serveTasks(t *testing.T, fe *frontend.Frontend) string {
 	t.Helper()
-	opts := mcpserver.Options{Namespace: mcpserver.NamespaceFromContext}
+	opts := mcpserver.Options{Namespace: httpauth.Namespace}
 	srv := mcpserver.New(fe, opts)
 	tasks := mcpserver.NewTasks(srv, fe, opts, 0)
 	t.Cleanup(tasks.Close)
-	hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{Tasks: tasks,
-		Tokens: map[string]string{"token-alpha": "alpha", "token-beta": "beta"}}))
+	hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{Tasks: tasks, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"token-alpha": "alpha", "token-beta": "beta"}})}))
 	t.Cleanup(hs.Close)
 	return hs.URL
 }
@@ -361,11 +361,11 @@ func TestJavaScriptTask(t *testing.T) {
 	testutil.Worker(t, b, rt, worker.DefaultConfig("w1"))
 	fe := testutil.Frontend(t, b, "fe1")
 	serve := func(langs []string) string {
-		opts := mcpserver.Options{Namespace: mcpserver.NamespaceFromContext, Languages: langs}
+		opts := mcpserver.Options{Namespace: httpauth.Namespace, Languages: langs}
 		srv := mcpserver.New(fe, opts)
 		tasks := mcpserver.NewTasks(srv, fe, opts, 0)
 		t.Cleanup(tasks.Close)
-		hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{Tasks: tasks, Tokens: map[string]string{"token-alpha": "alpha"}}))
+		hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{Tasks: tasks, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"token-alpha": "alpha"}})}))
 		t.Cleanup(hs.Close)
 		return hs.URL
 	}

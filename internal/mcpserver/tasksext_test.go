@@ -18,6 +18,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/errs"
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
@@ -135,12 +136,11 @@ func pollTask(t *testing.T, url, token, id string, want ...string) map[string]an
 // serveTasksWith serves r (a front-end, or one wrapped) like serveTasks.
 func serveTasksWith(t *testing.T, r jobs.Service) string {
 	t.Helper()
-	opts := mcpserver.Options{Namespace: mcpserver.NamespaceFromContext}
+	opts := mcpserver.Options{Namespace: httpauth.Namespace}
 	srv := mcpserver.New(r, opts)
 	tasks := mcpserver.NewTasks(srv, r, opts, 0)
 	t.Cleanup(tasks.Close)
-	hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{Tasks: tasks,
-		Tokens: map[string]string{"token-alpha": "alpha", "token-beta": "beta"}}))
+	hs := httptest.NewServer(mcpserver.Handler(srv, mcpserver.HTTPOptions{Tasks: tasks, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"token-alpha": "alpha", "token-beta": "beta"}})}))
 	t.Cleanup(hs.Close)
 	return hs.URL
 }

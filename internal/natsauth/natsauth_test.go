@@ -898,8 +898,10 @@ func TestForgedHistoryStopsNoJob(t *testing.T) {
 // runs (printing as it sleeps), a spy worker identity publishes chunks on
 // that job's output subject without the job's capability (no proof, a proof
 // under another key, a proof of another job, a genuine-looking proof over
-// other data). The tenant's live output (WatchOutput, what run_python's
-// progress and the console show) holds none of it; the real output arrives.
+// other data), and frames that are no chunk at all (not JSON, another
+// stream, a negative sequence number, data over queue.MaxOutputData, none).
+// The tenant's live output (WatchOutput, what run_python's progress and the
+// console show) holds none of it; the real output arrives.
 func TestForgedOutputReachesNoTenant(t *testing.T) {
 	t.Parallel()
 	_, _, connect := fleetIn(t, natsauth.Identity{Role: natsauth.RoleWorker, Name: "spy"})
@@ -965,6 +967,21 @@ func TestForgedOutputReachesNoTenant(t *testing.T) {
 	} {
 		data, _ := json.Marshal(c)
 		if err := spy.Publish(s.Output(id), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Frames that are not an output chunk at all (queue.DecodeOutput
+	// refuses them before any proof is computed).
+	big := proved(jobs.Capability(key, mine), id, jobs.OutputChunk{Stream: "stdout", Data: strings.Repeat("FORGED-big", queue.MaxOutputData/10+1), Attempt: 1, Seq: 2})
+	bigData, _ := json.Marshal(big)
+	for _, raw := range [][]byte{
+		[]byte("FORGED-not-json"),
+		[]byte(`{"stream":"stdin","data":"FORGED-stream","attempt":1,"seq":2,"proof":"x"}`),
+		[]byte(`{"stream":"stdout","data":"FORGED-seq","attempt":1,"seq":-1,"proof":"x"}`),
+		bigData,
+		nil,
+	} {
+		if err := spy.Publish(s.Output(id), raw); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -1090,7 +1107,8 @@ func TestWorkerAnswersOnlyItsOwnLookups(t *testing.T) {
 // (`broker auth add worker spy`), which may write the sessions bucket: it
 // overwrites the entry of another tenant's live session on w1 to name itself
 // (no proof; a proof under another proxy key; a proof made with the
-// capability of a session of its own; w1's genuine proof, which names w1),
+// capability of a session of its own; w1's genuine proof, which names w1;
+// values that are no entry: not JSON, over queue.MaxSessionEntry),
 // answers "held" to its own look-ups and consumes its own routed-job
 // subject. Each time, the victim's next job still runs on w1 in the victim's
 // session (its globals are there); the spy is asked nothing and gets no job,
@@ -1144,6 +1162,12 @@ func TestForgedSessionEntryRedirectsNothing(t *testing.T) {
 	}
 	other := bytes.Repeat([]byte{7}, jobs.CapabilityKeySize)
 	own := jobs.SessionCapability(key, queue.SessionKey("spy", "s1")) // a session the spy may hold
+	forged := map[string][]byte{
+		// Values that are no entry at all (queue.DecodeSessionEntry
+		// refuses them).
+		"not JSON":  []byte(`{"worker":"spy"`),
+		"oversized": []byte(`{"worker":"spy","session":"s1","proof":"` + strings.Repeat("p", queue.MaxSessionEntry) + `"}`),
+	}
 	for name, proof := range map[string]string{
 		"none":                  "",
 		"under another key":     jobs.SessionProof(jobs.SessionCapability(other, skey), skey, "spy"),
@@ -1151,7 +1175,9 @@ func TestForgedSessionEntryRedirectsNothing(t *testing.T) {
 		"of its own key":        jobs.SessionProof(own, queue.SessionKey("spy", "s1"), "spy"),
 		"w1's, naming w1 (sic)": jobs.SessionProof(jobs.SessionCapability(key, skey), skey, "w1"),
 	} {
-		data, _ := json.Marshal(queue.SessionEntry{Worker: "spy", Session: "s1", Since: time.Now().UTC(), Proof: proof})
+		forged[name], _ = json.Marshal(queue.SessionEntry{Worker: "spy", Session: "s1", Since: time.Now().UTC(), Proof: proof})
+	}
+	for name, data := range forged {
 		if _, err := kv.Put(ctx, skey, data); err != nil {
 			t.Fatalf("forge the entry (%s): the bucket refused it (%v), so the test proves nothing", name, err)
 		}
@@ -1159,11 +1185,11 @@ func TestForgedSessionEntryRedirectsNothing(t *testing.T) {
 		rec, err := fe.Run(jctx, &jobs.Job{Code: "print(secret)", Namespace: "victim", Session: "s1"}, nil)
 		jcancel()
 		if err != nil || rec.Status != jobs.StatusSuccess || rec.Worker != "w1" || rec.Result.Stdout != "db-password\n" {
-			t.Fatalf("the victim's job after an entry forged with proof %s: %v %+v", name, err, rec)
+			t.Fatalf("the victim's job after an entry forged (%s): %v %+v", name, err, rec)
 		}
 		ss, err := fe.Sessions(ctx, "victim")
 		if err != nil || len(ss) != 1 || ss[0].Worker != "w1" {
-			t.Fatalf("the victim's sessions after an entry forged with proof %s: %+v %v", name, ss, err)
+			t.Fatalf("the victim's sessions after an entry forged (%s): %+v %v", name, ss, err)
 		}
 	}
 	// w1 put its entry back when the job came from the pool.

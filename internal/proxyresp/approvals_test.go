@@ -18,6 +18,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpclients"
@@ -46,8 +47,8 @@ func newApprovalFleet(t *testing.T, def frontend.Policy, policies map[string]fro
 	for i, id := range []string{"fe1", "fe2"} {
 		fe := testutil.FrontendWith(t, b, frontend.Config{ID: id, Tools: pool, Policy: def, Policies: policies})
 		f.fes[i] = fe
-		api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})
-		hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{}), mcpserver.HTTPOptions{API: api, Tokens: map[string]string{"tok-a": "a", "tok-b": "b", "tok-c": "c", "tok-d": "d"}}))
+		api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: httpauth.Namespace})
+		hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{}), mcpserver.HTTPOptions{API: api, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"tok-a": "a", "tok-b": "b", "tok-c": "c", "tok-d": "d"}})}))
 		t.Cleanup(hs.Close)
 		f.urls[i] = hs.URL
 	}
@@ -505,8 +506,8 @@ func (e *elicitor) Elicit(_ context.Context, req mcp.ElicitationRequest) (*mcp.E
 func TestApprovalByElicitation(t *testing.T) {
 	t.Parallel()
 	f := newApprovalFleet(t, frontend.Policy{}, rulesA)
-	hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(f.fes[0], mcpserver.Options{Namespace: mcpserver.NamespaceFromContext, Servers: func() []string { return []string{"ts"} }}),
-		mcpserver.HTTPOptions{Tokens: map[string]string{"tok-a": "a"}}))
+	hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(f.fes[0], mcpserver.Options{Namespace: httpauth.Namespace, Servers: func() []string { return []string{"ts"} }}),
+		mcpserver.HTTPOptions{Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"tok-a": "a"}})}))
 	t.Cleanup(hs.Close)
 	for _, approve := range []bool{true, false} {
 		el := &elicitor{approve: approve, asked: make(chan string, 4)}

@@ -11,6 +11,7 @@ import (
 	"github.com/mark3labs/mcp-go/client/transport"
 
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/mcpclients"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
@@ -225,7 +226,7 @@ print(delete_memory("notes/a_b"), delete_memory("notes/a_b"))`)
 
 	// Another caller (another token) sees its own namespace.
 	tokens := map[string]string{"token-alice-123": "alice", "token-bob-4567": "bob"}
-	alice := testutil.MCPClientWith(t, s.FE, mcpserver.Options{Namespace: mcpserver.NamespaceFromContext}, mcpserver.HTTPOptions{Tokens: tokens},
+	alice := testutil.MCPClientWith(t, s.FE, mcpserver.Options{Namespace: httpauth.Namespace}, mcpserver.HTTPOptions{Auth: httpauth.New(httpauth.Config{Tokens: tokens})},
 		transportHeader("Bearer token-alice-123"))
 	if got := mustRun(t, alice, `print(load_memory("counter")); save_memory("mine", 1)`); got != "None" {
 		t.Fatalf("alice sees the default namespace: %q", got)

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/proxyresp"
 	"github.com/mcpexec/mcpexec/internal/testutil"
@@ -118,7 +119,7 @@ print(len(list_saved_tools()), [k["key"] for k in list_memories()])`)
 
 	// Another namespace sees none of them.
 	tokens := map[string]string{"token-alice-123": "alice"}
-	alice := testutil.MCPClientWith(t, s.FE, mcpserver.Options{Namespace: mcpserver.NamespaceFromContext}, mcpserver.HTTPOptions{Tokens: tokens},
+	alice := testutil.MCPClientWith(t, s.FE, mcpserver.Options{Namespace: httpauth.Namespace}, mcpserver.HTTPOptions{Auth: httpauth.New(httpauth.Config{Tokens: tokens})},
 		transportHeader("Bearer token-alice-123"))
 	out, st = run(t, alice, `print(list_saved_tools())
 double(1)`)

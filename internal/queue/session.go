@@ -2,7 +2,6 @@ package queue
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -123,8 +122,8 @@ func (c *Client) Route(ctx context.Context, job *jobs.Job) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var ent SessionEntry
-	if json.Unmarshal(e.Value(), &ent) != nil || !jobs.ValidID(ent.Worker) || !ent.Proven(proxyKey, key) {
+	ent, err := DecodeSessionEntry(e.Value())
+	if err != nil || !ent.Proven(proxyKey, key) {
 		// Undecodable, or not written by a worker given a job of the
 		// session (any worker host may write the bucket): as if there were
 		// none. The worker holding the session, if one does, takes the job
@@ -140,31 +139,50 @@ func (c *Client) Route(ctx context.Context, job *jobs.Job) (string, error) {
 }
 
 // HoldsSession asks worker whether it holds the session with key; no answer
-// means no.
+// (or one that does not decode) means no.
 func HoldsSession(ctx context.Context, nc *nats.Conn, s jobs.Subjects, worker, key string) bool {
-	ctx, cancel := context.WithTimeout(ctx, sessionAskTimeout)
-	defer cancel()
-	msg, err := nc.RequestWithContext(ctx, s.WorkerSessions(worker), []byte(key))
-	return err == nil && string(msg.Data) == SessionHeld
+	return askSession(ctx, nc, s, worker, SessionRequest{Key: key}) == SessionHeld
 }
-
-// SessionHeld is a worker's answer when it holds the session asked about.
-const SessionHeld = "held"
-
-// EndSessionRequest, followed by a session's key, asks the worker that holds
-// the session to end it; it answers SessionEnded (or "gone").
-const EndSessionRequest = "end:"
-
-// SessionEnded is a worker's answer when it ended the session as asked.
-const SessionEnded = "ended"
 
 // EndSession asks worker to end the session with key and reports whether it
 // did (false: it did not hold it, or did not answer).
 func EndSession(ctx context.Context, nc *nats.Conn, s jobs.Subjects, worker, key string) bool {
+	return askSession(ctx, nc, s, worker, SessionRequest{Key: key, End: true}) == SessionEnded
+}
+
+// askSession sends worker r and returns its answer: SessionGone when it
+// does not answer, or answers what does not decode.
+func askSession(ctx context.Context, nc *nats.Conn, s jobs.Subjects, worker string, r SessionRequest) SessionAnswer {
 	ctx, cancel := context.WithTimeout(ctx, sessionAskTimeout)
 	defer cancel()
-	msg, err := nc.RequestWithContext(ctx, s.WorkerSessions(worker), []byte(EndSessionRequest+key))
-	return err == nil && string(msg.Data) == SessionEnded
+	msg, err := nc.RequestWithContext(ctx, s.WorkerSessions(worker), r.Encode())
+	if err != nil {
+		return SessionGone
+	}
+	a, err := DecodeSessionAnswer(msg.Data)
+	if err != nil {
+		return SessionGone
+	}
+	return a
+}
+
+// ForwardSessionJob hands a session's job, delivered from the pool to a
+// worker that does not hold the session, to worker, which does: the message
+// goes on as the front-end signed it (same bytes, same signature and trace
+// headers), so the holder verifies it as any delivery. A forward repeated
+// after a lost acknowledgement is deduplicated.
+func ForwardSessionJob(ctx context.Context, js jetstream.JetStream, s jobs.Subjects, worker, job string, msg jetstream.Msg) error {
+	m := nats.NewMsg(s.WorkerJobs(worker))
+	m.Data = msg.Data()
+	for _, h := range []string{jobs.SignatureHeader, jobs.TraceHeader} {
+		if v := msg.Headers().Get(h); v != "" {
+			m.Header.Set(h, v)
+		}
+	}
+	if _, err := js.PublishMsg(ctx, m, jetstream.WithMsgID(s.SessionJobMsgID(job))); err != nil {
+		return fmt.Errorf("forward session job %s to %s: %w", job, worker, err)
+	}
+	return nil
 }
 
 // route is Route for SubmitMany. done reports that the job must not be

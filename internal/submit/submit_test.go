@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpclients"
@@ -54,9 +55,8 @@ func TestSubmitShowsApprovals(t *testing.T) {
 	pool := testutil.Pool(t, mcpclients.Config{}, testutil.TestServerDef(t, "ts", nil))
 	fe := testutil.FrontendWith(t, b, frontend.Config{ID: "fe", Tools: pool, Policies: map[string]frontend.Policy{
 		"a": {Tools: map[string]string{"ts/add": "ask"}, ToolDefaults: &toolrules.Defaults{Destructive: "allow"}}}})
-	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})
-	hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{}), mcpserver.HTTPOptions{API: api,
-		Tokens: map[string]string{"secret-token-of-a": "a", "secret-token-of-b": "b"}}))
+	api := jobsapi.New(jobsapi.Config{Backend: fe, Namespace: httpauth.Namespace})
+	hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(fe, mcpserver.Options{}), mcpserver.HTTPOptions{API: api, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"secret-token-of-a": "a", "secret-token-of-b": "b"}})}))
 	t.Cleanup(hs.Close)
 
 	// Namespace b runs a job at the same time: its run must print nothing

@@ -15,6 +15,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpclients"
@@ -261,7 +262,7 @@ func dump(spans []span) string {
 func TestAPITraceParent(t *testing.T) {
 	r := newReceiver(t)
 	f := startFleet(t, r)
-	api := jobsapi.New(jobsapi.Config{Backend: f.fe, Namespace: mcpserver.NamespaceFromContext})
+	api := jobsapi.New(jobsapi.Config{Backend: f.fe, Namespace: httpauth.Namespace})
 	hs := httptest.NewServer(mcpserver.Handler(mcpserver.New(f.fe, mcpserver.Options{}), mcpserver.HTTPOptions{API: api}))
 	t.Cleanup(hs.Close)
 	req, _ := http.NewRequest("POST", hs.URL+"/api/jobs", strings.NewReader(`{"id": "api-traced", "code": "print(1)"}`))

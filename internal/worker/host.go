@@ -20,6 +20,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobclock"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/proxy"
+	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/tracing"
 )
 
@@ -174,8 +175,11 @@ func (h *natsHost) startCall(ctx context.Context, method, server, tool string) (
 // Output publishes a live output chunk with its proof under the job's
 // capability: front-ends show only chunks whose proof checks.
 func (h *natsHost) Output(stream, data string) {
-	c := jobs.OutputChunk{Stream: stream, Data: data, Attempt: h.attempt, Seq: h.outSeq.Add(1)}
-	c.Proof = jobs.OutputProof(h.capability, h.job.ID, c)
-	b, _ := json.Marshal(c)                      // strings and numbers always encode
-	_ = h.nc.Publish(h.subj.Output(h.job.ID), b) // live output is best effort; the result has it all
+	for _, piece := range queue.SplitOutput(data) {
+		c := jobs.OutputChunk{Stream: stream, Data: piece, Attempt: h.attempt, Seq: h.outSeq.Add(1)}
+		c.Proof = jobs.OutputProof(h.capability, h.job.ID, c)
+		if b, err := queue.EncodeOutput(c); err == nil {
+			_ = h.nc.Publish(h.subj.Output(h.job.ID), b) // live output is best effort; the result has it all
+		}
+	}
 }

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -117,25 +116,30 @@ func (w *Worker) startSessions(loopCtx, jobsCtx context.Context, cons jetstream.
 	go w.sess.janitor()
 }
 
-// answer replies to a front-end asking whether this worker holds a session
-// (the session's key), or asking it to end one (queue.EndSessionRequest and
-// the key): a job of it that is running finishes first; the session's next
-// job is told it ended.
+// answer replies to a front-end's queue.SessionRequest: whether this worker
+// holds a session, or, asked to end one, ending it (a job of it that is
+// running finishes first; the session's next job is told it ended). A
+// request that does not decode is answered queue.SessionGone.
 func (st *sessionTable) answer(m *nats.Msg) {
-	key, end := strings.CutPrefix(string(m.Data), queue.EndSessionRequest)
-	st.mu.Lock()
-	_, ok := st.held[key]
-	st.mu.Unlock()
-	reply := "gone"
-	if ok {
-		reply = queue.SessionHeld
-		if end {
-			st.w.log.Info("ending session on request", "session", key)
-			st.forget(context.Background(), key, true)
-			reply = queue.SessionEnded
-		}
+	reply := queue.SessionGone
+	defer func() { _ = m.Respond([]byte(reply)) }() // the asker may be gone
+	r, err := queue.DecodeSessionRequest(m.Data)
+	if err != nil {
+		st.w.log.Warn("refusing a session look-up", "err", err)
+		return
 	}
-	_ = m.Respond([]byte(reply)) // the asker may be gone
+	st.mu.Lock()
+	_, ok := st.held[r.Key]
+	st.mu.Unlock()
+	if !ok {
+		return
+	}
+	reply = queue.SessionHeld
+	if r.End {
+		st.w.log.Info("ending session on request", "session", r.Key)
+		st.forget(context.Background(), r.Key, true)
+		reply = queue.SessionEnded
+	}
 }
 
 // admit decides whether this worker runs a job of a session. When it does
@@ -184,8 +188,8 @@ func (w *Worker) admit(ctx context.Context, d *delivery) (outcomeKind, error, bo
 		if err == nil {
 			// Any worker host may write the bucket: forward only to a worker
 			// the entry proves was given a job of the session.
-			var ent queue.SessionEntry
-			if json.Unmarshal(e.Value(), &ent) == nil && ent.Worker != w.cfg.ID && !ent.Ended &&
+			ent, derr := queue.DecodeSessionEntry(e.Value())
+			if derr == nil && ent.Worker != w.cfg.ID && !ent.Ended &&
 				jobs.CheckSessionProof(d.sessionCapability, key, ent.Worker, ent.Proof) &&
 				queue.HoldsSession(ctx, w.nc, w.client.Subjects(), ent.Worker, key) {
 				if err := w.forward(ctx, d, ent.Worker); err != nil {
@@ -207,8 +211,11 @@ func (w *Worker) admit(ctx context.Context, d *delivery) (outcomeKind, error, bo
 		}
 		st.held[key] = &heldSession{name: job.Session, since: now, lastUsed: now, busy: 1, fresh: true, proof: proof}
 		st.mu.Unlock()
-		data, _ := json.Marshal(queue.SessionEntry{Worker: w.cfg.ID, Session: job.Session, Since: now.UTC(), Proof: proof}) // plain strings and a time encode
-		if _, err := st.kv.Create(ctx, key, data); err == nil || !errors.Is(err, jetstream.ErrKeyExists) {
+		data, err := queue.SessionEntry{Worker: w.cfg.ID, Session: job.Session, Since: now.UTC(), Proof: proof}.Encode()
+		if err == nil {
+			_, err = st.kv.Create(ctx, key, data)
+		}
+		if err == nil || !errors.Is(err, jetstream.ErrKeyExists) {
 			if err != nil {
 				w.log.Warn("announce session", "job", job.ID, "session", job.Session, "err", err)
 			}
@@ -224,18 +231,8 @@ func (w *Worker) admit(ctx context.Context, d *delivery) (outcomeKind, error, bo
 
 // forward hands a pool-delivered job of a session to the worker holding it.
 func (w *Worker) forward(ctx context.Context, d *delivery, worker string) error {
-	// The message goes on as the front-end signed it: the holder verifies it
-	// as any delivery.
-	m := nats.NewMsg(w.client.Subjects().WorkerJobs(worker))
-	m.Data = d.msg.Data()
-	for _, h := range []string{jobs.SignatureHeader, jobs.TraceHeader} {
-		if v := d.msg.Headers().Get(h); v != "" {
-			m.Header.Set(h, v)
-		}
-	}
-	_, err := w.client.JetStream().PublishMsg(ctx, m, jetstream.WithMsgID(w.client.Subjects().SessionJobMsgID(d.job.ID)))
-	if err != nil {
-		return fmt.Errorf("forward session job to %s: %w", worker, err)
+	if err := queue.ForwardSessionJob(ctx, w.client.JetStream(), w.client.Subjects(), worker, d.job.ID, d.msg); err != nil {
+		return err
 	}
 	w.log.Debug("forwarded session job", "job", d.job.ID, "session", d.job.Session, "to", worker)
 	return nil
@@ -316,8 +313,8 @@ func (st *sessionTable) unannounce(ctx context.Context, key string, tombstone bo
 		}
 		return
 	}
-	var ent queue.SessionEntry
-	if json.Unmarshal(e.Value(), &ent) != nil || ent.Worker != st.w.cfg.ID {
+	ent, err := queue.DecodeSessionEntry(e.Value())
+	if err != nil || ent.Worker != st.w.cfg.ID {
 		return
 	}
 	if !tombstone {
@@ -328,7 +325,7 @@ func (st *sessionTable) unannounce(ctx context.Context, key string, tombstone bo
 		return
 	}
 	ent.Ended = true
-	data, err := json.Marshal(ent)
+	data, err := ent.Encode()
 	if err == nil {
 		_, err = st.kv.Update(ctx, key, data, e.Revision())
 	}
@@ -378,10 +375,13 @@ func (st *sessionTable) janitor() {
 
 // announce puts ent, this worker's entry of a session it holds, in the bucket.
 func (st *sessionTable) announce(ctx context.Context, key string, ent queue.SessionEntry) {
-	data, _ := json.Marshal(ent) // plain strings and a time encode
+	data, err := ent.Encode()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if _, err := st.kv.Put(ctx, key, data); err != nil {
+	if err == nil {
+		_, err = st.kv.Put(ctx, key, data)
+	}
+	if err != nil {
 		st.w.log.Warn("announce session", "session", key, "err", err)
 	}
 }

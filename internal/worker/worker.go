@@ -261,7 +261,13 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 	defer cancelRun(nil)
 	// Listen for a cancellation before looking for one already recorded, so that
 	// none falls between the two: a job cancelled while queued never runs.
-	cancelSub, err := w.nc.Subscribe(w.client.Subjects().Cancel(d.job.ID), func(*nats.Msg) {
+	cancelSub, err := w.nc.Subscribe(w.client.Subjects().Cancel(d.job.ID), func(m *nats.Msg) {
+		if _, err := queue.DecodeCancel(d.job.ID, m.Data); err != nil {
+			// Not a front-end's announcement: the job runs on (a cancel
+			// is recorded before it is announced, so none is lost).
+			d.log.Warn("refusing a cancel announcement", "err", err)
+			return
+		}
 		cancelRun(errCancelled)
 	})
 	if err != nil {

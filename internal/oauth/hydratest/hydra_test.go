@@ -18,6 +18,7 @@ import (
 	"github.com/mark3labs/mcp-go/client/transport"
 	"go.uber.org/goleak"
 
+	"github.com/mcpexec/mcpexec/internal/httpauth"
 	"github.com/mcpexec/mcpexec/internal/jobsapi"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/oauth"
@@ -87,10 +88,8 @@ func setup(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := mcpserver.New(fe, mcpserver.Options{Namespace: mcpserver.NamespaceFromContext})
-	hs.Config.Handler = mcpserver.Handler(srv, mcpserver.HTTPOptions{OAuth: v, Health: fe.Health,
-		Tokens: map[string]string{"static-token-1": "static"},
-		API:    jobsapi.New(jobsapi.Config{Backend: fe, Namespace: mcpserver.NamespaceFromContext})})
+	srv := mcpserver.New(fe, mcpserver.Options{Namespace: httpauth.Namespace})
+	hs.Config.Handler = mcpserver.Handler(srv, mcpserver.HTTPOptions{Health: fe.Health, API: jobsapi.New(jobsapi.Config{Backend: fe, Namespace: httpauth.Namespace}), Auth: httpauth.New(httpauth.Config{OAuth: v, Tokens: map[string]string{"static-token-1": "static"}})})
 	hs.Start()
 	t.Cleanup(hs.Close)
 	return f

@@ -1,42 +1,17 @@
-package mcpserver
+package httpauth
 
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/oauth"
 )
-
-// Caller is who an authenticated request is: the one answer every way of
-// authenticating gives (static tokens, OAuth access tokens).
-type Caller struct {
-	// Namespace is the caller's own namespace.
-	Namespace string
-	// Admin callers act in any namespace (NamespaceHeader names it).
-	Admin bool
-	// Scopes are what the caller may do (oauth.ScopeRun, ...); ScopeAdmin
-	// grants every other.
-	Scopes []string
-	// Key groups the caller's requests for the in-flight bound (no secret:
-	// a hash).
-	Key string
-	// Who names the caller in job records and the audit trail, never with
-	// a secret: "token:" and a fingerprint of a tokens-file token (the
-	// file gives tokens no names), "admin-token:" and one of an admin
-	// token, "oauth:" and the issuer and subject of an OAuth token.
-	Who string
-}
-
-// Can reports whether the caller holds scope.
-func (c Caller) Can(scope string) bool {
-	return c.Admin || slices.Contains(c.Scopes, scope) || slices.Contains(c.Scopes, oauth.ScopeAdmin)
-}
 
 // ErrUnauthenticated is wrapped by every refusal of a bearer token; its text
 // says why (it is shown to the caller).
@@ -48,11 +23,18 @@ type Authenticator interface {
 	Authenticate(ctx context.Context, token string) (Caller, error)
 }
 
-// StaticTokens authenticates the tokens file's tokens: each names a
-// namespace and may use MCP and the jobs API; an admin token may do all.
+// ScopeMetrics is what a metrics token may do: read /metrics, and nothing
+// else (no MCP, no jobs API). Only metrics tokens hold it; no other way of
+// authenticating grants it.
+const ScopeMetrics = "mcpexec:metrics"
+
+// StaticTokens authenticates the tokens file's tokens: each of Tokens names
+// a namespace and may use MCP and the jobs API; an admin token may do all
+// but read metrics; a metrics token may read metrics only.
 type StaticTokens struct {
-	Tokens      map[string]string
-	AdminTokens []string
+	Tokens        map[string]string
+	AdminTokens   []string
+	MetricsTokens []string
 }
 
 var _ Authenticator = StaticTokens{}
@@ -62,13 +44,36 @@ var staticScopes = []string{oauth.ScopeRun, oauth.ScopeJobs}
 
 // Authenticate implements Authenticator.
 func (s StaticTokens) Authenticate(_ context.Context, tok string) (Caller, error) {
-	if ns, ok := lookupToken(s.Tokens, tok); ok {
-		return Caller{Namespace: ns, Scopes: staticScopes, Key: tokenKey(tok), Who: "token:" + fingerprint(tok)}, nil
-	}
-	if isAdminToken(s.AdminTokens, tok) {
-		return Caller{Namespace: jobs.DefaultNamespace, Admin: true, Scopes: []string{oauth.ScopeAdmin}, Key: tokenKey(tok), Who: "admin-token:" + fingerprint(tok)}, nil
+	if tok != "" {
+		for t, ns := range s.Tokens {
+			if equal(t, tok) {
+				return Caller{Namespace: ns, Scopes: staticScopes, Key: TokenKey(tok), Who: "token:" + fingerprint(tok)}, nil
+			}
+		}
+		if anyEqual(s.AdminTokens, tok) {
+			return Caller{Namespace: jobs.DefaultNamespace, Admin: true, Scopes: []string{oauth.ScopeAdmin}, Key: TokenKey(tok), Who: "admin-token:" + fingerprint(tok)}, nil
+		}
+		if anyEqual(s.MetricsTokens, tok) {
+			return Caller{Scopes: []string{ScopeMetrics}, Key: TokenKey(tok), Who: "metrics-token:" + fingerprint(tok)}, nil
+		}
 	}
 	return Caller{}, fmt.Errorf("%w: unknown token", ErrUnauthenticated)
+}
+
+// equal compares a configured token with a presented one in constant time.
+func equal(configured, tok string) bool {
+	return subtle.ConstantTimeCompare([]byte(configured), []byte(tok)) == 1
+}
+
+// anyEqual reports whether tok is one of tokens, comparing with each.
+func anyEqual(tokens []string, tok string) bool {
+	found := false
+	for _, t := range tokens {
+		if equal(t, tok) {
+			found = true
+		}
+	}
+	return found
 }
 
 // OAuthTokens authenticates OAuth access tokens with v: the namespace is
@@ -87,16 +92,23 @@ func (o OAuthTokens) Authenticate(ctx context.Context, tok string) (Caller, erro
 	if err != nil {
 		return Caller{}, fmt.Errorf("%w: %s", ErrUnauthenticated, reason(err))
 	}
-	c := Caller{Namespace: t.Namespace, Scopes: t.Scopes, Key: tokenKey("oauth\x00" + t.Issuer + "\x00" + t.Subject), Who: "oauth:" + t.Issuer + "#" + t.Subject}
+	c := Caller{Namespace: t.Namespace, Scopes: t.Scopes, Key: TokenKey("oauth\x00" + t.Issuer + "\x00" + t.Subject), Who: "oauth:" + t.Issuer + "#" + t.Subject}
 	if t.Has(oauth.ScopeAdmin) {
 		c.Admin = true
 	}
 	return c, nil
 }
 
+// TokenKey is the in-flight count key of a token (its hash: the map holds
+// no secret).
+func TokenKey(tok string) string {
+	sum := sha256.Sum256([]byte(tok))
+	return string(sum[:16])
+}
+
 // fingerprint names a static token without revealing it: the first 12 hex
 // digits of its SHA-256 under a label of its own (so it is not a prefix of
-// tokenKey).
+// TokenKey).
 func fingerprint(tok string) string {
 	sum := sha256.Sum256([]byte("mcpexec token fingerprint\x00" + tok))
 	return hex.EncodeToString(sum[:6])
@@ -105,19 +117,6 @@ func fingerprint(tok string) string {
 // reason is an authentication error's text without its code.
 func reason(err error) string {
 	return strings.TrimPrefix(strings.TrimPrefix(err.Error(), ErrUnauthenticated.Error()+": "), oauth.ErrInvalidToken.Error()+": ")
-}
-
-// authenticators are the ways opts authenticates, static tokens first; nil:
-// no auth (loopback only).
-func (opts HTTPOptions) authenticators() []Authenticator {
-	var out []Authenticator
-	if len(opts.Tokens) > 0 || len(opts.AdminTokens) > 0 {
-		out = append(out, StaticTokens{Tokens: opts.Tokens, AdminTokens: opts.AdminTokens})
-	}
-	if opts.OAuth != nil {
-		out = append(out, OAuthTokens{V: opts.OAuth})
-	}
-	return out
 }
 
 // authenticate tries each way in turn; the last refusal is the one told.
