@@ -127,6 +127,11 @@ func For(id Identity, pubKey string, s jobs.Subjects) (Permissions, error) {
 			s.Output("*"),
 			s.AllProxy(),
 			s.WorkerJobs("*"), // a session's job forwarded to the worker holding it (as signed)
+			// Whether the worker a session's entry names still holds it (a
+			// session's job taken from the pool). Such a request may also
+			// end a session; a worker host may delete the sessions
+			// bucket's entries anyway.
+			s.WorkerSessions("*"),
 			// The job-signing public key, and no other secret.
 			"$JS.API.DIRECT.GET.KV_" + secrets + ".$KV." + secrets + "." + jobs.SigningKeyName,
 		}

@@ -1282,3 +1282,30 @@ func TestOnlyFrontendsAnswerApprovals(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkerAsksTheSessionHolder: a worker that takes a session's job from
+// the pool asks the worker its entry names whether it still holds the
+// session (queue.HoldsSession). Under the worker role that request must get
+// through: refused, it reads as "gone", and the asking worker would take
+// the session over with none of its state.
+func TestWorkerAsksTheSessionHolder(t *testing.T) {
+	t.Parallel()
+	_, _, connect := fleetIn(t, natsauth.Identity{Role: natsauth.RoleWorker, Name: "w2"})
+	s := jobs.Subjects{}
+	wnc, wr := connect(natsauth.RoleWorker)
+	testutil.WorkerOn(t, wnc, testutil.ProcessRuntime(t), worker.DefaultConfig("w1"))
+	fnc, fr := connect(natsauth.RoleFrontend)
+	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if rec, err := fe.Run(ctx, &jobs.Job{Code: "x = 1", Namespace: "ns", Session: "s1"}, nil); err != nil || rec.Status != jobs.StatusSuccess {
+		t.Fatalf("session job: %v %+v", err, rec)
+	}
+	other, or := connect("worker-w2")
+	if !queue.HoldsSession(ctx, other, s, "w1", queue.SessionKey("ns", "s1")) {
+		t.Fatalf("another worker asked w1 about its session and heard it is gone (refusals: %v)", or.errs)
+	}
+	if len(wr.errs) > 0 || len(fr.errs) > 0 || len(or.errs) > 0 {
+		t.Fatalf("refusals: worker %v, front-end %v, other worker %v", wr.errs, fr.errs, or.errs)
+	}
+}
