@@ -219,6 +219,8 @@ class _Supervisor:
             self.to_ex = bytearray()
             self.to_executor(self.pending)
             self.pending = None
+        elif kind == "spared":
+            pass  # the next job's executor waits, warm
         elif kind == "exited" and self.ex is not None and frame.get("pid") == self.ex.pid:
             status = frame.get("status")
             self.ex.exited = status if isinstance(status, int) else 0
@@ -331,11 +333,11 @@ class _Supervisor:
         self.finish(done, last=not clean, files=files)
         if not clean:
             self.exit()
-        if self.js_seen:
-            try:
-                self.zygote.sock.send(b'{"type": "spare"}')  # clean: the next JavaScript job's executor may start
-            except OSError:
-                self.zygote_gone()
+        try:
+            # Clean: the next job's executors may start.
+            self.zygote.sock.send(json.dumps({"type": "spare", "javascript": self.js_seen}).encode())
+        except OSError:
+            self.zygote_gone()
 
     def read_rest(self):
         """Reads what an exited executor left in its channel (non-blocking: a
