@@ -78,6 +78,10 @@ type Frame struct {
 	ExitCode int    `json:"exit_code,omitempty"`
 	Status   string `json:"status,omitempty"`
 	Last     bool   `json:"last,omitempty"`
+	// NotRun (done) says the runner retired without running the job: the
+	// sweep after its previous job found damage. The host runs the job in
+	// another sandbox. A done with NotRun always has Last.
+	NotRun bool `json:"not_run,omitempty"`
 }
 
 // Frame types.
@@ -89,6 +93,11 @@ const (
 	TypeExec  = "exec"
 	TypeDone  = "done"
 	TypeFile  = "file"
+	// TypeReady (runner → host, between jobs): the sandbox was swept after
+	// its last job and the next job's process is started and waiting. The
+	// host prefers such a sandbox; it is the only frame a runner may send
+	// while idle.
+	TypeReady = "ready"
 )
 
 // Writer encodes frames onto a stream. It is not safe for concurrent use.
@@ -165,7 +174,7 @@ func DecodeFrame(body []byte) (*Frame, error) {
 		return nil, fmt.Errorf("%w: %w", ErrBadFrame, err)
 	}
 	switch f.Type {
-	case TypeHello, TypeExec, TypeDone:
+	case TypeHello, TypeExec, TypeDone, TypeReady:
 	case TypeOut:
 		if f.Stream != "stdout" && f.Stream != "stderr" {
 			return nil, fmt.Errorf("%w: out frame with stream %q", ErrBadFrame, f.Stream)

@@ -72,6 +72,9 @@ type RunnerConn struct {
 	// (take): the reader cannot uncount it after the handover, which would
 	// leave it counted for a moment after Drive returned with it.
 	unread atomic.Int32
+	// armed is true from the runner's ready frame (or its hello) until the
+	// next exec: its sandbox is swept and the next job's process waits.
+	armed atomic.Bool
 
 	frameTokens *bucket           // throttles frames read, across jobs
 	async       chan *proxy.Frame // small frames written by asyncWriter (refusals)
@@ -92,6 +95,12 @@ func (c *RunnerConn) Resets() bool { return c.resets }
 // Idle reports whether the runner may take a job now: it finished its last
 // one cleanly and has said nothing since.
 func (c *RunnerConn) Idle() bool { return c.reusable.Load() && c.unread.Load() == 0 }
+
+// Armed reports whether the runner said, since its last job, that its
+// sandbox is swept and the next job's process is started (a ready frame):
+// a job sent now starts at once. A runner that is idle but not armed takes
+// the job too, once it is ready.
+func (c *RunnerConn) Armed() bool { return c.armed.Load() }
 
 // take uncounts a frame received from c.frames.
 func (c *RunnerConn) take(rd readResult) readResult {
@@ -160,6 +169,10 @@ func (c *RunnerConn) readLoop() {
 			return
 		}
 		f, err := c.r.Read()
+		if err == nil && f.Type == proxy.TypeReady {
+			c.armed.Store(true) // between jobs: not a frame for Drive
+			continue
+		}
 		c.unread.Add(1)
 		select {
 		case c.frames <- readResult{f, err}: // the taker uncounts it
@@ -223,6 +236,7 @@ func (c *RunnerConn) Handshake(ctx context.Context, secret string) error {
 		return fmt.Errorf("runner hello without the sandbox's secret: %w", errWrongSecret)
 	}
 	c.isolated, c.resets = f.Isolated, f.Reset
+	c.armed.Store(true) // a runner says hello once its first job's process waits
 	go c.readLoop()
 	go c.asyncWriter()
 	c.reusable.Store(true)
@@ -311,6 +325,7 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 		}
 	}
 	c.reusable.Store(false)
+	c.armed.Store(false)
 	var err error
 	for _, in := range job.Files {
 		if err = c.write(&proxy.Frame{Type: proxy.TypeFile, Job: job.ID, Name: in.Name, Data: base64.StdEncoding.EncodeToString(in.Data)}); err != nil {
@@ -392,6 +407,12 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 			case proxy.TypeFile:
 				out.add(f.Name, f.Data)
 			case proxy.TypeDone:
+				if f.NotRun {
+					// The runner retired before this job: nothing of it ran.
+					clean = true
+					c.reusable.Store(false)
+					return result(Result{}), ErrNotRun
+				}
 				st := Status(f.Status)
 				if st != StatusSuccess && st != StatusError {
 					st = StatusError
@@ -410,6 +431,11 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 		}
 	}
 }
+
+// ErrNotRun is Drive's error when the runner retired without running the job
+// (its sweep after the previous job found damage): the job may run in
+// another sandbox.
+var ErrNotRun = errors.New("the sandbox retired before running the job")
 
 // ErrTimeout is the cause of a run's context when the job's time limit passed.
 var ErrTimeout = errors.New("job time limit reached")

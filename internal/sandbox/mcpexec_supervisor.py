@@ -92,7 +92,10 @@ class _Supervisor:
         self.pending = None  # the exec frame waiting for its executor
         self.pending_lang = "python"  # and its language
         self.js_seen = False  # a JavaScript job ran here: keep a spare executor for the next
-        self.result = None  # a fresh job's done frame, sent once its process is gone
+        self.result = None  # a fresh job's done frame
+        self.answered = False  # a fresh job's done was sent: its process's end and the sweep follow
+        self.held = []  # host frames that came meanwhile: handled once the sweep found the container clean
+        self.retired = False  # the sweep found damage: no job runs here any more
         self.fresh = False
         self.job = None
         self.cap = 1 << 20
@@ -146,7 +149,17 @@ class _Supervisor:
 
     # -- frames -------------------------------------------------------------------
     def on_host(self, frame):
+        if self.answered:
+            # The next job waits for the sweep of the last one.
+            if len(self.held) >= MAX_HELD:
+                self.exit()
+            self.held.append(frame)
+            return
         kind = frame.get("type")
+        if self.retired:
+            if kind == "exec":
+                self.not_run(frame.get("job"))
+            return
         if kind == "file" and self.job is None:
             err = _place(self.workspace, frame.get("name"), frame.get("data"))
             if err:
@@ -219,6 +232,9 @@ class _Supervisor:
             self.to_ex = bytearray()
             self.to_executor(self.pending)
             self.pending = None
+        elif kind == "spared":
+            if self.job is None and self.ex is None and self.pending is None and not self.retired:
+                self.send_host({"type": "ready"})  # swept, and the next job's process waits
         elif kind == "exited" and self.ex is not None and frame.get("pid") == self.ex.pid:
             status = frame.get("status")
             self.ex.exited = status if isinstance(status, int) else 0
@@ -253,8 +269,15 @@ class _Supervisor:
                 "exit_code": code if isinstance(code, int) and not isinstance(code, bool) else 1,
                 "error": err[:65536] if isinstance(err, str) else "",
             }
-            if self.fresh:
-                self.result = done  # sent once the job's process is gone and swept
+            if self.fresh and self.reset_ok and self.ex.exited is None:
+                # Answered at once: the process's end and the sweep follow,
+                # off the job's path, and the next job waits for them. (Once
+                # its end is known, executor_gone answers as before.)
+                self.result = done
+                self.finish(done, files=self.collect())
+                self.answered = True
+            elif self.fresh:
+                self.result = done  # sent once the job's process is gone
             else:
                 self.finish(done, files=self.collect())
         else:
@@ -280,12 +303,14 @@ class _Supervisor:
         self.kill_all()
         if self.job is not None:
             self.finish({"status": "error", "exit_code": -1, "error": "the code broke the runner protocol: " + why}, last=True)
+        self.refuse_held()
         self.exit()
 
     def fail_zygote(self, why):
         self.kill_all()
         if self.job is not None:
             self.finish({"status": "error", "exit_code": -1, "error": "the sandbox broke: " + why}, last=True)
+        self.refuse_held()
         self.exit()
 
     def zygote_gone(self):
@@ -304,7 +329,20 @@ class _Supervisor:
 
     def executor_gone(self):
         """The zygote reaped the executor: the job ends (a fresh one now, with
-        the result it sent), and a fresh job's leftovers are swept."""
+        the result it sent, unless that was sent already), and a fresh job's
+        leftovers are swept."""
+        if self.answered:
+            self.answered = False
+            self.result = None
+            self.end_executor()
+            if not self.sweep():
+                self.retire()
+                return
+            self.spare()
+            held, self.held = self.held, []
+            for frame in held:
+                self.on_host(frame)
+            return
         ex = self.ex
         self.drain()
         self.read_rest()  # its last frames (its done) may not have been read yet
@@ -331,11 +369,35 @@ class _Supervisor:
         self.finish(done, last=not clean, files=files)
         if not clean:
             self.exit()
-        if self.js_seen:
-            try:
-                self.zygote.sock.send(b'{"type": "spare"}')  # clean: the next JavaScript job's executor may start
-            except OSError:
-                self.zygote_gone()
+        self.spare()
+
+    def spare(self):
+        try:
+            # Clean: the next job's executors may start.
+            self.zygote.sock.send(json.dumps({"type": "spare", "javascript": self.js_seen}).encode())
+        except OSError:
+            self.zygote_gone()
+
+    def retire(self):
+        """The sweep after an answered job found damage: this sandbox runs no
+        further job. The host hears it as a done that ran nothing (not_run),
+        for the job it sent meanwhile, if any, and runs that job elsewhere."""
+        self.retired = True
+        self.refuse_held()
+        self.not_run("")  # an idle sandbox that speaks is not offered again
+
+    def refuse_held(self):
+        """Answers the jobs the host sent while the last one's sweep was due:
+        none of them ran (a job answered early whose process then broke the
+        protocol must not fail the next one)."""
+        held, self.held = self.held, []
+        for frame in held:
+            if frame.get("type") == "exec":
+                self.not_run(frame.get("job"))
+
+    def not_run(self, job):
+        self.send_host({"type": "done", "job": job if isinstance(job, str) else "", "status": "error", "exit_code": -1,
+                        "error": "the sandbox retired before running the job", "not_run": True, "last": True})
 
     def read_rest(self):
         """Reads what an exited executor left in its channel (non-blocking: a
@@ -610,6 +672,7 @@ class _Supervisor:
 
 # Bounds of the files collected after a job (the host checks them again).
 MAX_SCAN = 10000  # entries of out/ looked at
+MAX_HELD = 1024  # host frames held while a job's sweep runs (its input files and exec)
 MAX_NOTES = 20
 
 

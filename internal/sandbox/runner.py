@@ -141,13 +141,14 @@ def _zygote_main(zsock, spare_js=False, preload=()):
 
     It first imports the preload modules (the data stack by default).
 
-    In a sandbox that expects JavaScript jobs (spare_js, from the host, which
-    has seen some lately; or the supervisor's word after one ran here) it
-    also keeps one JavaScript executor started ahead (a spare: Node takes
-    ~100 ms to start), so that a JavaScript job finds one loaded. A spare is
-    started only when no code runs in the container (before the first job,
-    and after a sweep found it clean) and killed when a job that did not use
-    it ends: code never meets a spare that a later job will use."""
+    It forks each job's executor ahead (a spare), so that a job's request
+    finds one started: a Python one always, and a JavaScript one in a
+    sandbox that expects JavaScript jobs (spare_js, from the host, which has
+    seen some lately; or the supervisor's word after one ran here; Node
+    takes ~100 ms to start). Spares are started only when no code runs in
+    the container (before the first job, and after a sweep found it clean);
+    those a job does not take are killed when it starts and reaped when it
+    ends: code never meets a spare that a later job will use."""
     _open_std()
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -162,7 +163,9 @@ def _zygote_main(zsock, spare_js=False, preload=()):
 
     gc.freeze()  # forks share these pages: keep the collector off them
     node = _find("node")
-    spare = [None]  # the spare JavaScript executor's (pid, fds)
+    # Executors forked ahead, by language: (pid, fds). A job takes its
+    # language's; the others end with it (its code could reach them).
+    spares = {}
 
     def fork_executor(run):
         """Forks an executor that calls run(channel) with its output on fds 1
@@ -171,7 +174,7 @@ def _zygote_main(zsock, spare_js=False, preload=()):
         parent_end, child_end = socket.socketpair()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        others = [out_r, err_r] + (list(spare[0][1]) if spare[0] else [])
+        others = [out_r, err_r] + [fd for _, fds in spares.values() for fd in fds]
 
         def child():
             zsock.close()
@@ -192,25 +195,55 @@ def _zygote_main(zsock, spare_js=False, preload=()):
         fds = [parent_end.detach(), out_r, err_r]
         return pid, fds
 
-    def drop_spare():
-        if spare[0] is None:
-            return
-        pid, fds = spare[0]
-        spare[0] = None
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-        os.waitpid(pid, 0)
-        for fd in fds:
-            os.close(fd)
+    def fork_python(spare=False):
+        return fork_executor(lambda chan: _executor_main(runner, chan, spare))
 
-    def start_spare():
-        if node is not None and spare[0] is None:
-            spare[0] = fork_executor(_exec_node)
+    def kill_spares():
+        """Kills the spares a job did not take: reaped once it ends."""
+        for pid, _ in spares.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
-    if spare_js:
-        start_spare()
+    def drop_spares():
+        while spares:
+            _, (pid, fds) = spares.popitem()
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            os.waitpid(pid, 0)
+            for fd in fds:
+                os.close(fd)
+
+    def start_spares(js):
+        """Forks the executors the next job may take: only while no code runs
+        in the container (before the first job, after a sweep found it clean).
+        A Python one always (its fork and start leave the job's path); a
+        JavaScript one where JavaScript is expected (Node takes ~100 ms)."""
+        if "python" not in spares:
+            pid, fds = fork_python(spare=True)
+            # Its word that it ran the warm-up (a zero byte, read here so the
+            # supervisor sees only frames), or nothing if it died.
+            try:
+                warm = os.read(fds[0], 1) == b"\0"
+            except OSError:
+                warm = False
+            if warm:
+                spares["python"] = (pid, fds)
+            else:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                os.waitpid(pid, 0)
+                for fd in fds:
+                    os.close(fd)
+        if js and node is not None and "javascript" not in spares:
+            spares["javascript"] = fork_executor(_exec_node)
+
+    start_spares(spare_js)
     zsock.send(json.dumps({"type": "ready"}).encode())
     while True:
         try:
@@ -225,31 +258,28 @@ def _zygote_main(zsock, spare_js=False, preload=()):
             os._exit(70)
         kind = frame.get("type")
         if kind == "spare":
-            start_spare()
+            start_spares(frame.get("javascript") is True)
+            zsock.send(b'{"type": "spared"}')  # the next job's executor waits, warm
             continue
         if kind != "fork":
             os._exit(70)
-        persist = bool(frame.get("persist"))
-        if frame.get("lang") == "javascript":
-            if spare[0] is not None:
-                (pid, fds), spare[0] = spare[0], None
-            else:
-                pid, fds = fork_executor(_exec_node)
+        lang = "javascript" if frame.get("lang") == "javascript" else "python"
+        taken = spares.pop(lang, None)
+        # The spares this job does not take could be reached by its code: they
+        # end with it. Killed now, they free their memory for the job and are
+        # reaped, off the job's path, when the job ends.
+        kill_spares()
+        if taken is not None:
+            pid, fds = taken
+        elif lang == "javascript":
+            pid, fds = fork_executor(_exec_node)
         else:
-            if spare[0] is not None:
-                # This job's code could reach the spare: it ends with the job.
-                # Killed now, it frees its memory for the job and is reaped,
-                # off the job's path, when the job ends.
-                try:
-                    os.kill(spare[0][0], signal.SIGKILL)
-                except OSError:
-                    pass
-            pid, fds = fork_executor(lambda chan: _executor_main(runner, chan, persist))
+            pid, fds = fork_python()
         socket.send_fds(zsock, [json.dumps({"type": "forked", "pid": pid}).encode()], fds)
         for fd in fds:
             os.close(fd)
         _, status = os.waitpid(pid, 0)
-        drop_spare()  # the job's code may have reached it
+        drop_spares()  # the job's code may have reached them
         zsock.send(json.dumps({"type": "exited", "pid": pid, "status": status}).encode())
 
 
@@ -286,15 +316,29 @@ def _exec_node(chan_sock):
     os.execv(node, [node, script])
 
 
-def _executor_main(runner, chan_sock, persist):
+def _executor_main(runner, chan_sock, spare=False):
     """Runs in a forked executor: fds 1 and 2 are already its output pipes.
-    It runs the jobs sent on chan_sock: one (then exits), or, for a session,
-    each until the supervisor closes the channel."""
+    It runs the jobs sent on chan_sock: one (then exits), or, when the first
+    exec frame says persist (a session), each until the supervisor closes the
+    channel. It may be forked ahead of its job (a spare): it waits for the
+    frame, having run a job's steps on nothing (Runner.warm_up), so that the
+    job's run copies few pages.
+
+    It stays single-threaded until the code makes its first proxy call: the
+    main thread reads the channel between jobs, and a reader thread takes
+    over only when replies must arrive while code runs. A process with one
+    thread keeps its memory's TLB flushes on one CPU: a second thread makes
+    every copy-on-write fault of the fork an inter-processor interrupt, which
+    costs a virtual machine several milliseconds a job."""
     _open_std()
     chan = _Channel(chan_sock)
     runner.chan = chan
+    if spare:
+        runner.warm_up()
+        chan_sock.sendall(b"\0")  # to the zygote: warm
     execs = []
     cond = threading.Condition()
+    reading = threading.Lock()  # held for good by whoever starts the reader
 
     def reader():
         try:
@@ -310,16 +354,30 @@ def _executor_main(runner, chan_sock, persist):
         except BaseException:
             os._exit(0)  # supervisor gone: nothing left to do
 
-    threading.Thread(target=reader, daemon=True).start()
+    def start_reader():
+        if reading.acquire(blocking=False):
+            threading.Thread(target=reader, daemon=True).start()
+
+    runner.before_call = start_reader
+    persist = None
     while True:
-        with cond:
-            while not execs:
-                cond.wait()
-            frame = execs.pop(0)
+        if reading.locked():
+            with cond:
+                while not execs:
+                    cond.wait()
+                frame = execs.pop(0)
+        else:
+            try:
+                frame = chan.recv()
+            except BaseException:
+                os._exit(0)  # supervisor gone: nothing left to do
+            if frame.get("type") != "exec":
+                continue  # no call is in flight: a reply is stale
+        if persist is None:
+            persist = frame.get("persist") is True
         chan.send(runner.run_job(frame))
         if not persist:
             return 0
-
 
 
 def main():

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -232,9 +233,12 @@ func (p *Pool) take() *Box {
 	return b
 }
 
-// takeIdle returns the most recently used idle box of tenant that is still
-// fit for a job, or nil. Boxes past IdleTTL, or whose runner spoke or went
-// while idle, are discarded.
+// takeIdle returns an idle box of tenant that is still fit for a job: the
+// most recently used one that is armed (swept, its next job's process
+// started), else the most recently used one, which starts the job once it
+// is armed (sooner than a warm box of no namespace: that one's refill costs
+// a container start). Or nil. Boxes past IdleTTL, or whose runner spoke or
+// went while idle, are discarded.
 func (p *Pool) takeIdle(tenant string) *Box {
 	var stale []*Box
 	defer func() {
@@ -244,20 +248,32 @@ func (p *Pool) takeIdle(tenant string) *Box {
 	}()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	bs := p.idle[tenant]
-	for len(bs) > 0 {
-		b := bs[len(bs)-1]
-		bs = bs[:len(bs)-1]
-		p.idleN--
+	var fit []*Box
+	for _, b := range p.idle[tenant] {
 		if time.Since(b.idleFrom) > p.cfg.IdleTTL || !b.rc.Idle() {
 			stale = append(stale, b)
+			p.idleN--
 			continue
 		}
-		p.setIdle(tenant, bs)
-		return b
+		fit = append(fit, b)
 	}
-	p.setIdle(tenant, bs)
-	return nil
+	pick := -1
+	for i := len(fit) - 1; i >= 0 && pick < 0; i-- {
+		if fit[i].rc.Armed() {
+			pick = i
+		}
+	}
+	if pick < 0 && len(fit) > 0 {
+		pick = len(fit) - 1
+	}
+	if pick < 0 {
+		p.setIdle(tenant, fit)
+		return nil
+	}
+	b := fit[pick]
+	p.setIdle(tenant, slices.Delete(fit, pick, pick+1))
+	p.idleN--
+	return b
 }
 
 func (p *Pool) setIdle(tenant string, bs []*Box) {

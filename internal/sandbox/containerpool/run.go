@@ -27,6 +27,15 @@ func (p *Pool) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (san
 	}
 	job.Fresh = true
 	res, err := p.drive(ctx, b, job, host)
+	if errors.Is(err, sandbox.ErrNotRun) {
+		// A reused container answers a job before its sweep; the sweep found
+		// damage, and it retired without running this one: a new one does.
+		p.Discard(b)
+		if b, err = p.Acquire(ctx, job.ID, l); err != nil {
+			return sandbox.Result{}, err
+		}
+		res, err = p.drive(ctx, b, job, host)
+	}
 	b.uses++
 	if reuse && err == nil && res.Status != sandbox.StatusTimeout && b.rc.Resets() && b.rc.Idle() && b.uses < p.cfg.MaxUses {
 		b.tenant = job.Tenant

@@ -324,6 +324,16 @@ print(seen, len(procs))`
 	if strings.Fields(after[0])[0] == first[0] || after[1] != "[] 3" {
 		t.Fatalf("after a job left a process: %q (container %s)", after, first[0])
 	}
+	// A container answers a job before its sweep: a job sent right after one
+	// that leaves a process behind runs, in another container, whether it
+	// reached the retiring one before or after the sweep.
+	for i := range 5 {
+		leaver := strings.Fields(run("a", who+"import subprocess\nsubprocess.Popen(['sleep', '60'], start_new_session=True)"))
+		next := strings.SplitN(run("a", check), "\n", 2)
+		if strings.Fields(next[0])[0] == leaver[0] || next[1] != "[] 3" {
+			t.Fatalf("round %d: after a job left a process: %q (container %s)", i, next, leaver[0])
+		}
+	}
 	// Another namespace never gets a's container.
 	for range 3 {
 		if b := strings.Fields(run("b", who))[0]; b == first[0] || b == strings.Fields(after[0])[0] {
