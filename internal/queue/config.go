@@ -164,6 +164,9 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 			Discard:     jetstream.DiscardNew,
 			Duplicates:  cfg.DedupeWindow,
 			Replicas:    cfg.Replicas,
+			// A submission's jobs are enqueued in atomic batches: one sync
+			// (one Raft proposal) for many.
+			AllowAtomicPublish: true,
 		},
 		{
 			Name:        s.EventsStream(),

@@ -68,10 +68,12 @@ type pendingPub struct {
 	done chan pubResult // one value: the result, or the lead
 }
 
-// pubResult answers a pendingPub: its sequence or error, or lead (the
-// caller is to publish what is pending next).
+// pubResult answers a pendingPub: its sequence or error (dup: JetStream
+// had it already, by its Nats-Msg-Id), or lead (the caller is to publish
+// what is pending next).
 type pubResult struct {
 	seq  uint64
+	dup  bool
 	err  error
 	lead bool
 }
@@ -82,7 +84,8 @@ type pubResult struct {
 // leave the lead with nobody; every batch is bounded by publishTimeout.
 func (g *groupCommit) publish(ctx context.Context, m *nats.Msg) (uint64, error) {
 	if len(m.Data) > groupMaxMsgBytes {
-		return g.publishOne(ctx, m)
+		r := g.publishOne(ctx, m)
+		return r.seq, r.err
 	}
 	p := &pendingPub{msg: m, done: make(chan pubResult, 1)}
 	g.mu.Lock()
@@ -96,11 +99,7 @@ func (g *groupCommit) publish(ctx context.Context, m *nats.Msg) (uint64, error) 
 	}
 	g.leading = true
 	// p is first in line: the lead goes to the first caller waiting.
-	n, size := 0, 0
-	for n < len(g.pending) && n < groupMaxMsgs && (n == 0 || size+len(g.pending[n].msg.Data) <= groupMaxBytes) {
-		size += len(g.pending[n].msg.Data)
-		n++
-	}
+	n := batchLen(g.pending, func(p *pendingPub) *nats.Msg { return p.msg })
 	batch := append([]*pendingPub(nil), g.pending[:n]...)
 	g.pending = g.pending[n:]
 	disabled := g.disabled
@@ -126,7 +125,7 @@ func (g *groupCommit) publish(ctx context.Context, m *nats.Msg) (uint64, error) 
 func (g *groupCommit) publishBatch(ctx context.Context, batch []*pendingPub, disabled bool) []pubResult {
 	results := make([]pubResult, len(batch))
 	if len(batch) == 1 {
-		results[0].seq, results[0].err = g.publishOne(ctx, batch[0].msg)
+		results[0] = g.publishOne(ctx, batch[0].msg)
 		return results
 	}
 	if !disabled {
@@ -163,7 +162,7 @@ func (g *groupCommit) publishBatch(ctx context.Context, batch []*pendingPub, dis
 		}
 		ack, err := waitAck(context.WithoutCancel(ctx), f)
 		if err == nil {
-			results[i].seq = ack.Sequence
+			results[i].seq, results[i].dup = ack.Sequence, ack.Duplicate
 		}
 		results[i].err = err
 	}
@@ -171,14 +170,52 @@ func (g *groupCommit) publishBatch(ctx context.Context, batch []*pendingPub, dis
 }
 
 // publishOne publishes m alone and waits for its ack.
-func (g *groupCommit) publishOne(ctx context.Context, m *nats.Msg) (uint64, error) {
+func (g *groupCommit) publishOne(ctx context.Context, m *nats.Msg) pubResult {
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
 	defer cancel()
 	ack, err := g.js.PublishMsg(pctx, m)
 	if err != nil {
-		return 0, err
+		return pubResult{err: err}
 	}
-	return ack.Sequence, nil
+	return pubResult{seq: ack.Sequence, dup: ack.Duplicate}
+}
+
+// batchLen is how many of items, from the first, go in one batch: at most
+// groupMaxMsgs and groupMaxBytes, and a message over groupMaxMsgBytes alone.
+func batchLen[T any](items []T, msg func(T) *nats.Msg) int {
+	n, size := 0, 0
+	for n < len(items) && n < groupMaxMsgs {
+		l := len(msg(items[n]).Data)
+		if n > 0 && (size+l > groupMaxBytes || l > groupMaxMsgBytes) {
+			break
+		}
+		size += l
+		n++
+		if l > groupMaxMsgBytes {
+			break
+		}
+	}
+	return n
+}
+
+// publishAll stores msgs, in as few atomic batches as the bounds allow, one
+// batch after another, and returns each one's result: what a publish of
+// each alone would have returned, or the error of a batch left unanswered.
+func (g *groupCommit) publishAll(ctx context.Context, msgs []*nats.Msg) []pubResult {
+	results := make([]pubResult, 0, len(msgs))
+	for len(msgs) > 0 {
+		n := batchLen(msgs, func(m *nats.Msg) *nats.Msg { return m })
+		batch := make([]*pendingPub, n)
+		for i, m := range msgs[:n] {
+			batch[i] = &pendingPub{msg: m}
+		}
+		g.mu.Lock()
+		disabled := g.disabled
+		g.mu.Unlock()
+		results = append(results, g.publishBatch(ctx, batch, disabled)...)
+		msgs = msgs[n:]
+	}
+	return results
 }
 
 // atomic publishes batch as one atomic batch and returns the stream
@@ -202,12 +239,12 @@ func (g *groupCommit) atomic(batch []*pendingPub) (uint64, error) {
 			break
 		}
 		if err := g.nc.PublishMsg(m); err != nil {
-			return 0, fmt.Errorf("stage batch of %d events: %w", len(batch), err)
+			return 0, fmt.Errorf("stage a batch of %d messages: %w", len(batch), err)
 		}
 	}
 	resp, err := g.nc.RequestMsg(commit, publishTimeout)
 	if err != nil {
-		return 0, fmt.Errorf("commit batch of %d events: %w", len(batch), err)
+		return 0, fmt.Errorf("commit a batch of %d messages: %w", len(batch), err)
 	}
 	var ack struct {
 		Error    *jetstream.APIError `json:"error"`
@@ -215,13 +252,13 @@ func (g *groupCommit) atomic(batch []*pendingPub) (uint64, error) {
 		Count    int                 `json:"count"`
 	}
 	if err := json.Unmarshal(resp.Data, &ack); err != nil {
-		return 0, fmt.Errorf("commit batch of %d events: undecodable answer: %w", len(batch), err)
+		return 0, fmt.Errorf("commit a batch of %d messages: undecodable answer: %w", len(batch), err)
 	}
 	if ack.Error != nil {
 		return 0, ack.Error
 	}
 	if ack.Count != len(batch) {
-		return 0, fmt.Errorf("commit batch of %d events: JetStream stored %d", len(batch), ack.Count)
+		return 0, fmt.Errorf("commit a batch of %d messages: JetStream stored %d", len(batch), ack.Count)
 	}
 	return ack.Sequence, nil
 }

@@ -179,3 +179,31 @@ func TestGroupCommitConcurrentCallers(t *testing.T) {
 		t.Fatalf("after the last caller: leading %v, %d pending", g.leading, len(g.pending))
 	}
 }
+
+func TestBatchLen(t *testing.T) {
+	t.Parallel()
+	msgs := func(sizes ...int) []*nats.Msg {
+		var ms []*nats.Msg
+		for _, n := range sizes {
+			ms = append(ms, &nats.Msg{Data: make([]byte, n)})
+		}
+		return ms
+	}
+	many := make([]int, groupMaxMsgs+5)
+	for _, tc := range []struct {
+		name  string
+		sizes []int
+		want  int
+	}{
+		{"one", []int{10}, 1},
+		{"all small ones", []int{10, 20, 30}, 3},
+		{"at most groupMaxMsgs", many, groupMaxMsgs},
+		{"a large one first goes alone", []int{groupMaxMsgBytes + 1, 10}, 1},
+		{"a large one later ends the batch", []int{10, 10, groupMaxMsgBytes + 1}, 2},
+		{"at most groupMaxBytes", []int{groupMaxMsgBytes, groupMaxMsgBytes, groupMaxBytes - 2*groupMaxMsgBytes + 1}, 2},
+	} {
+		if got := batchLen(msgs(tc.sizes...), func(m *nats.Msg) *nats.Msg { return m }); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}

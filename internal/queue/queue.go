@@ -34,7 +34,8 @@ type Client struct {
 	Patience time.Duration
 
 	eventsSeq atomic.Uint64 // highest events-stream sequence this client wrote
-	events    *groupCommit  // PublishEvent's writes
+	events    *groupCommit  // writes to the events stream
+	jobs      *groupCommit  // writes to the jobs stream
 
 	keyMu sync.Mutex // guards key
 	key   []byte     // the fleet's proxy key, read on first submission
@@ -116,7 +117,7 @@ func NewClient(nc *nats.Conn, s jobs.Subjects) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	return &Client{nc: nc, js: js, sub: s, events: &groupCommit{nc: nc, js: js}}, nil
+	return &Client{nc: nc, js: js, sub: s, events: &groupCommit{nc: nc, js: js}, jobs: &groupCommit{nc: nc, js: js}}, nil
 }
 
 // JetStream returns the client's JetStream context.
