@@ -164,6 +164,9 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 			Discard:     jetstream.DiscardNew,
 			Duplicates:  cfg.DedupeWindow,
 			Replicas:    cfg.Replicas,
+			// A submission's jobs are enqueued in atomic batches: one sync
+			// (one Raft proposal) for many.
+			AllowAtomicPublish: true,
 		},
 		{
 			Name:        s.EventsStream(),
@@ -176,6 +179,9 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 			Duplicates:  cfg.DedupeWindow,
 			Replicas:    cfg.Replicas,
 			AllowDirect: true, // cheap look-ups of a job's cancel and submit events
+			// Events published together go in one atomic batch: one sync
+			// (one Raft proposal) for all of them (groupCommit).
+			AllowAtomicPublish: true,
 		},
 		{
 			Name:              s.MemoryStream(),

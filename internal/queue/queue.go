@@ -34,6 +34,8 @@ type Client struct {
 	Patience time.Duration
 
 	eventsSeq atomic.Uint64 // highest events-stream sequence this client wrote
+	events    *groupCommit  // writes to the events stream
+	jobs      *groupCommit  // writes to the jobs stream
 
 	keyMu sync.Mutex // guards key
 	key   []byte     // the fleet's proxy key, read on first submission
@@ -115,7 +117,7 @@ func NewClient(nc *nats.Conn, s jobs.Subjects) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	return &Client{nc: nc, js: js, sub: s}, nil
+	return &Client{nc: nc, js: js, sub: s, events: &groupCommit{nc: nc, js: js}, jobs: &groupCommit{nc: nc, js: js}}, nil
 }
 
 // JetStream returns the client's JetStream context.
@@ -161,7 +163,10 @@ func EventMsgID(ev jobs.Event) string {
 
 // PublishEvent records ev in the events stream and waits for the stream's ack.
 // The event's trace header is the span in ctx (the job's derived trace when
-// ctx holds none), so the state service's apply span is its child.
+// ctx holds none), so the state service's apply span is its child. Events
+// published at the same time through the client are stored as one atomic
+// batch (groupCommit): one sync for all of them. The wait for the ack is
+// bounded by publishTimeout, not by ctx.
 func (c *Client) PublishEvent(ctx context.Context, ev jobs.Event) error {
 	tp := tracing.TraceParent(ctx)
 	if tp == "" {
@@ -171,11 +176,11 @@ func (c *Client) PublishEvent(ctx context.Context, ev jobs.Event) error {
 	if err != nil {
 		return err
 	}
-	ack, err := c.js.PublishMsg(ctx, m)
+	seq, err := c.events.publish(ctx, m)
 	if err != nil {
 		return fmt.Errorf("publish %s event of %s: %w", ev.Kind, ev.Job, err)
 	}
-	c.sawEvent(ack.Sequence)
+	c.sawEvent(seq)
 	return nil
 }
 

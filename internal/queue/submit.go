@@ -116,40 +116,40 @@ func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, k
 		return
 	}
 	// 1. Claim each id: the event is stored only if its subject is empty.
-	claims := make([]jetstream.PubAckFuture, len(js))
+	// The claims go in atomic batches (one sync for many); a batch holding
+	// a duplicate is refused whole, and its claims are then made one by one.
+	var claims []*nats.Msg
+	var claimOf []int // claims[k] is js[claimOf[k]]'s
 	for i, job := range js {
 		ev := &jobs.Event{Job: job.ID, Kind: kind}
 		if kind == jobs.EventSubmitted {
 			ev.Spec, ev.At = job, job.SubmittedAt
 		}
 		m, err := c.eventMsg(ev, job.Trace())
-		if err == nil {
-			m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
-			claims[i], err = c.js.PublishMsgAsync(m)
-		}
 		if err != nil {
 			errs[i] = fmt.Errorf("record %s of %s: %w", kind, job.ID, err)
-		}
-	}
-	for i, f := range claims {
-		if f == nil {
 			continue
 		}
-		ack, err := waitAck(ctx, f)
-		if err == nil {
-			c.sawEvent(ack.Sequence)
+		m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
+		claims, claimOf = append(claims, m), append(claimOf, i)
+	}
+	for k, r := range c.events.publishAll(ctx, claims) {
+		i := claimOf[k]
+		if r.err == nil {
+			c.sawEvent(r.seq)
 		}
 		switch {
-		case isWrongLastSeq(err) || (err == nil && ack.Duplicate):
+		case isWrongLastSeq(r.err) || (r.err == nil && r.dup):
 			errs[i] = ErrDuplicate
-		case err != nil:
-			errs[i] = fmt.Errorf("record %s of %s: %w", kind, js[i].ID, err)
+		case r.err != nil:
+			errs[i] = fmt.Errorf("record %s of %s: %w", kind, js[i].ID, r.err)
 		}
 	}
 	// 2. Enqueue the claimed jobs, and repair a duplicate whose first claimer
 	// may have died between claim and enqueue (the jobs stream deduplicates).
 	// A submitted job that waits for parents is enqueued by its release.
-	enq := make([]jetstream.PubAckFuture, len(js))
+	var enq []*nats.Msg
+	var enqOf []int // enq[k] is js[enqOf[k]]'s
 	for i, job := range js {
 		if kind == jobs.EventSubmitted && job.Waits() {
 			continue
@@ -176,23 +176,22 @@ func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, k
 		}
 		msg := NewMessage(key, job)
 		data, err := msg.Encode()
-		if err == nil {
-			m := nats.NewMsg(subject)
-			m.Data = data
-			m.Header.Set(jobs.TraceHeader, job.Trace())
-			SignMessage(m, sign)
-			enq[i], err = c.js.PublishMsgAsync(m, jetstream.WithMsgID(c.sub.JobMsgID(job.ID)))
-		}
-		if err != nil && errs[i] == nil {
-			errs[i] = fmt.Errorf("publish job %s: %w", job.ID, err)
-		}
-	}
-	var rejects []jetstream.PubAckFuture
-	for i, f := range enq {
-		if f == nil {
+		if err != nil {
+			if errs[i] == nil {
+				errs[i] = fmt.Errorf("publish job %s: %w", job.ID, err)
+			}
 			continue
 		}
-		_, err := waitAck(ctx, f)
+		m := nats.NewMsg(subject)
+		m.Data = data
+		m.Header.Set(jobs.TraceHeader, job.Trace())
+		m.Header.Set(jetstream.MsgIDHeader, c.sub.JobMsgID(job.ID))
+		SignMessage(m, sign)
+		enq, enqOf = append(enq, m), append(enqOf, i)
+	}
+	var rejects []jetstream.PubAckFuture
+	for k, r := range c.jobs.publishAll(ctx, enq) {
+		i, err := enqOf[k], r.err
 		if err == nil {
 			continue
 		}

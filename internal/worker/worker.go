@@ -404,9 +404,12 @@ func (w *Worker) settle(ctx context.Context, d *delivery, o outcome) {
 	var err error
 	switch v.action {
 	case actAck:
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		err = d.msg.DoubleAck(actx)
-		cancel()
+		// Not waited for: the outcome (or the cancellation, or the
+		// forwarded copy) is durable before this, and a lost ack only
+		// brings a redelivery that finds it and is acked without running.
+		// Waiting cost every job one more replicated, fsynced round trip
+		// while it held its slot.
+		err = d.msg.Ack()
 	case actRetry:
 		if o.kind == infraFailure || o.kind == transient {
 			d.log.Warn("job goes back to the queue", "why", errText(o.err), "delay", v.delay)

@@ -1,0 +1,209 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// jetStreamServer starts an in-process nats-server with JetStream under
+// sync always, and returns a connection to it.
+func jetStreamServer(t *testing.T) *nats.Conn {
+	t.Helper()
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		SyncAlways: true, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server did not start")
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func groupCommitOn(t *testing.T, atomic bool) (*groupCommit, jetstream.Stream) {
+	t.Helper()
+	nc := jetStreamServer(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "EV", Subjects: []string{"ev.>"},
+		Storage: jetstream.FileStorage, Duplicates: time.Minute, AllowAtomicPublish: atomic, AllowDirect: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &groupCommit{nc: nc, js: js}, s
+}
+
+func pending(ids ...string) []*pendingPub {
+	var b []*pendingPub
+	for _, id := range ids {
+		m := nats.NewMsg("ev." + id)
+		m.Data = []byte(id)
+		m.Header.Set(jetstream.MsgIDHeader, id)
+		b = append(b, &pendingPub{msg: m, done: make(chan pubResult, 1)})
+	}
+	return b
+}
+
+// stored returns the stream's messages by sequence: data, and whether each
+// came in an atomic batch.
+func stored(t *testing.T, s jetstream.Stream) map[uint64]string {
+	t.Helper()
+	ctx := context.Background()
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[uint64]string{}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		batched := ""
+		if m.Header.Get(batchIDHeader) != "" {
+			batched = "+batch"
+		}
+		out[seq] = string(m.Data) + batched
+	}
+	return out
+}
+
+func TestGroupCommitStoresABatchAtomically(t *testing.T) {
+	t.Parallel()
+	g, s := groupCommitOn(t, true)
+	res := g.publishBatch(context.Background(), pending("a", "b", "c"), false)
+	for i, r := range res {
+		if r.err != nil || r.seq != uint64(i+1) {
+			t.Fatalf("event %d: %+v, want sequence %d", i, r, i+1)
+		}
+	}
+	want := map[uint64]string{1: "a+batch", 2: "b+batch", 3: "c+batch"}
+	if got := stored(t, s); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("stored %v, want %v", got, want)
+	}
+}
+
+// A duplicate refuses a whole atomic batch: each event is then published
+// alone, and the duplicate is a duplicate only.
+func TestGroupCommitDuplicateFallsBack(t *testing.T) {
+	t.Parallel()
+	g, s := groupCommitOn(t, true)
+	if r := g.publishBatch(context.Background(), pending("a"), false); r[0].err != nil {
+		t.Fatal(r[0].err)
+	}
+	res := g.publishBatch(context.Background(), pending("b", "a", "c"), false)
+	for i, r := range res {
+		if r.err != nil {
+			t.Fatalf("event %d: %v", i, r.err)
+		}
+	}
+	if res[0].seq != 2 || res[1].seq != 1 || res[2].seq != 3 {
+		t.Fatalf("sequences %+v, want 2, 1 (the first a), 3", res)
+	}
+	want := map[uint64]string{1: "a", 2: "b", 3: "c"}
+	if got := stored(t, s); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("stored %v, want %v", got, want)
+	}
+}
+
+// A stream that refuses atomic batches gets the events one by one, and the
+// group commit stops trying.
+func TestGroupCommitWithoutAtomicPublish(t *testing.T) {
+	t.Parallel()
+	g, s := groupCommitOn(t, false)
+	for i, r := range g.publishBatch(context.Background(), pending("a", "b"), false) {
+		if r.err != nil || r.seq != uint64(i+1) {
+			t.Fatalf("event %d: %+v", i, r)
+		}
+	}
+	if !g.disabled {
+		t.Fatal("the group commit did not notice that the stream refuses atomic batches")
+	}
+	want := map[uint64]string{1: "a", 2: "b"}
+	if got := stored(t, s); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("stored %v, want %v", got, want)
+	}
+}
+
+// Many callers at once: each is answered with its own event's sequence,
+// every event is stored once, and the lead passes on (no caller is left
+// waiting).
+func TestGroupCommitConcurrentCallers(t *testing.T) {
+	t.Parallel()
+	g, s := groupCommitOn(t, true)
+	const n = 300
+	seqs := make([]uint64, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			m := pending(fmt.Sprintf("e%03d", i))[0].msg
+			seq, err := g.publish(context.Background(), m)
+			if err != nil {
+				t.Errorf("event %d: %v", i, err)
+			}
+			seqs[i] = seq
+		})
+	}
+	wg.Wait()
+	got := stored(t, s)
+	if len(got) != n {
+		t.Fatalf("%d events stored, want %d", len(got), n)
+	}
+	at := map[string]uint64{}
+	for seq, d := range got {
+		at[d[:4]] = seq
+	}
+	for i, seq := range seqs {
+		own := at[fmt.Sprintf("e%03d", i)]
+		if own == 0 || seq != own {
+			t.Fatalf("event %d answered with sequence %d, stored at %d", i, seq, own)
+		}
+	}
+	if g.leading || len(g.pending) > 0 {
+		t.Fatalf("after the last caller: leading %v, %d pending", g.leading, len(g.pending))
+	}
+}
+
+func TestBatchLen(t *testing.T) {
+	t.Parallel()
+	msgs := func(sizes ...int) []*nats.Msg {
+		var ms []*nats.Msg
+		for _, n := range sizes {
+			ms = append(ms, &nats.Msg{Data: make([]byte, n)})
+		}
+		return ms
+	}
+	many := make([]int, groupMaxMsgs+5)
+	for _, tc := range []struct {
+		name  string
+		sizes []int
+		want  int
+	}{
+		{"one", []int{10}, 1},
+		{"all small ones", []int{10, 20, 30}, 3},
+		{"at most groupMaxMsgs", many, groupMaxMsgs},
+		{"a large one first goes alone", []int{groupMaxMsgBytes + 1, 10}, 1},
+		{"a large one later ends the batch", []int{10, 10, groupMaxMsgBytes + 1}, 2},
+		{"at most groupMaxBytes", []int{groupMaxMsgBytes, groupMaxMsgBytes, groupMaxBytes - 2*groupMaxMsgBytes + 1}, 2},
+	} {
+		if got := batchLen(msgs(tc.sizes...), func(m *nats.Msg) *nats.Msg { return m }); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
