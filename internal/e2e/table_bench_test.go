@@ -1,16 +1,20 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/mark3labs/mcp-go/client"
 
+	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/mcpclients"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
@@ -23,7 +27,8 @@ import (
 
 // The benchmarks of this file print, in one `make bench`, the table of the
 // warm-call issue (docs/design.md, "Performance: the warm-call table"): warm
-// calls of both languages next to `podman run --rm`. They report figures
+// calls of both languages next to `podman run --rm` and a proxied call's
+// overhead. They report figures
 // and assert only that every call answered.
 
 // BenchmarkWarmCalls is the table's latency rows, in one run through one fleet
@@ -118,4 +123,70 @@ func benchImage() string {
 		return image
 	}
 	return podman.DefaultImage
+}
+
+// echoCalls is how many proxied calls one job of BenchmarkProxiedEcho makes.
+const echoCalls = 50
+
+// BenchmarkProxiedEcho is the table's proxied-call row: what mcpexec adds to a
+// tool call from sandbox code to a proxied stdio MCP server (the repo's test
+// server's echo) and back. Each op is one run_python job on real Podman that
+// times echoCalls sequential `await mcp_ts.echo(text="x")` in the sandbox
+// (time.perf_counter around each call), followed by as many calls of the same
+// tool from the front-end's own MCP client of the server (mcpclients.Pool, the
+// hop every proxied call ends with): that is the server's own time, stdio
+// included. The overhead is the difference of the two p50s.
+//
+//	go test -tags "$TAGS" -run '^$' -bench ProxiedEcho -benchtime 50x ./internal/e2e
+func BenchmarkProxiedEcho(b *testing.B) {
+	bk := testutil.Broker(b, "", queue.DefaultConfig())
+	rt := podmantest.New(b, podman.Config{Config: containerpool.Config{Pool: worker.DefaultConfig("").Slots}})
+	testutil.Worker(b, bk, rt, worker.DefaultConfig("bench-worker"))
+	pool := testutil.Pool(b, mcpclients.Config{}, testutil.TestServerDef(b, "ts", nil))
+	fe := testutil.FrontendWith(b, bk, frontend.Config{ID: "bench-fe", Tools: pool})
+	c := testutil.MCPClientWith(b, fe, mcpserver.Options{Servers: pool.Names, Definitions: pool.Servers}, mcpserver.HTTPOptions{})
+	code := fmt.Sprintf(`import time
+await mcp_ts.echo(text="warm")
+ts = []
+for _ in range(%d):
+    t0 = time.perf_counter()
+    await mcp_ts.echo(text="x")
+    ts.append(int((time.perf_counter() - t0) * 1e6))
+print(" ".join(map(str, ts)))`, echoCalls)
+	ctx := context.Background()
+	var sandboxed, direct samples
+	b.ResetTimer()
+	for range b.N {
+		res := testutil.CallRunPython(b, c, map[string]any{"code": code, "servers": []string{"ts"}})
+		if res.IsError {
+			b.Fatalf("run_python: %q", testutil.Text(res))
+		}
+		for f := range strings.FieldsSeq(testutil.Text(res)) {
+			us, err := strconv.Atoi(f)
+			if err != nil {
+				b.Fatalf("run_python printed %q: %v", testutil.Text(res), err)
+			}
+			sandboxed = append(sandboxed, time.Duration(us)*time.Microsecond)
+		}
+		for range echoCalls {
+			start := time.Now()
+			r, err := pool.CallTool(ctx, "ts", "echo", map[string]any{"text": "x"})
+			el := time.Since(start)
+			if err != nil || r.IsError || testutil.Text(r) != "x" {
+				b.Fatalf("direct echo: %v %+v", err, r)
+			}
+			direct = append(direct, el)
+		}
+	}
+	b.StopTimer()
+	over := sandboxed.pct(50) - direct.pct(50)
+	b.ReportMetric(ms(sandboxed.pct(50)), "sandbox-echo-p50-ms")
+	b.ReportMetric(ms(sandboxed.pct(90)), "sandbox-echo-p90-ms")
+	b.ReportMetric(ms(direct.pct(50)), "server-echo-p50-ms")
+	b.ReportMetric(ms(over), "overhead-p50-ms")
+	b.Logf("\n| proxied `echo` | calls | p50 ms | p90 ms |\n| --- | --- | --- | --- |\n"+
+		"| from sandbox code (Podman → runner → worker → NATS → front-end → server) | %d | %.3f | %.3f |\n"+
+		"| the server's own time (front-end's MCP client → stdio server) | %d | %.3f | %.3f |\n"+
+		"| mcpexec's overhead (p50 difference; goal ≤ 0.5) | | %.3f | |",
+		len(sandboxed), ms(sandboxed.pct(50)), ms(sandboxed.pct(90)), len(direct), ms(direct.pct(50)), ms(direct.pct(90)), ms(over))
 }
