@@ -4,13 +4,17 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -27,8 +31,8 @@ import (
 
 // The benchmarks of this file print, in one `make bench`, the table of the
 // warm-call issue (docs/design.md, "Performance: the warm-call table"): warm
-// calls of both languages next to `podman run --rm` and a proxied call's
-// overhead. They report figures
+// calls of both languages next to `podman run --rm`, a proxied call's
+// overhead, and calls per second of concurrent clients. They report figures
 // and assert only that every call answered.
 
 // BenchmarkWarmCalls is the table's latency rows, in one run through one fleet
@@ -189,4 +193,188 @@ print(" ".join(map(str, ts)))`, echoCalls)
 		"| the server's own time (front-end's MCP client → stdio server) | %d | %.3f | %.3f |\n"+
 		"| mcpexec's overhead (p50 difference; goal ≤ 0.5) | | %.3f | |",
 		len(sandboxed), ms(sandboxed.pct(50)), ms(sandboxed.pct(90)), len(direct), ms(direct.pct(50)), ms(direct.pct(90)), ms(over))
+}
+
+// cpuTimes reads the machine's CPU time from /proc/stat: busy and total
+// jiffies over all CPUs. ok is false where there is no /proc/stat.
+func cpuTimes() (busy, total uint64, ok bool) {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, 0, false
+	}
+	// user nice system idle iowait irq softirq steal (guest is within user).
+	for i, s := range f[1:9] {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return 0, 0, false
+		}
+		total += v
+		if i != 3 && i != 4 {
+			busy += v
+		}
+	}
+	return busy, total, true
+}
+
+// concurrencyClients are the client counts of BenchmarkConcurrency's columns.
+var concurrencyClients = []int{1, 4, 8, 16}
+
+// cell is one measurement of BenchmarkConcurrency.
+type cell struct {
+	calls  int
+	perSec float64
+	cpu    float64 // busy % of all CPUs; -1 unknown
+	p50    time.Duration
+}
+
+// BenchmarkConcurrency is the table's concurrency matrix: 1, 4, 8 and 16 MCP
+// clients (each its own streamable HTTP session) calling run_python
+// `print(1)` back to back at once, all of one namespace or each of a
+// namespace of its own (up to 16), first on one worker with 4 slots (the
+// default configuration), then with a second such worker added. Each cell
+// runs b.N × 60 ms (3 s at -benchtime 50x) from a full warm pool and reports
+// calls per second and the machine's CPU busy % over the cell (/proc/stat,
+// all processes: the fleet, Podman and the containers, and whatever else
+// runs).
+//
+//	go test -tags "$TAGS" -run '^$' -bench Concurrency -benchtime 50x ./internal/e2e
+func BenchmarkConcurrency(b *testing.B) {
+	bk := testutil.Broker(b, "", queue.DefaultConfig())
+	fe := testutil.Frontend(b, bk, "bench-fe")
+	slots := worker.DefaultConfig("").Slots
+	var rts []*podman.Runtime
+	addWorker := func() {
+		rt := podmantest.New(b, podman.Config{Config: containerpool.Config{Pool: slots}})
+		testutil.Worker(b, bk, rt, worker.DefaultConfig(fmt.Sprintf("bench-worker-%d", len(rts))))
+		rts = append(rts, rt)
+	}
+	waitWarm := func() {
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) && slices.ContainsFunc(rts, func(rt *podman.Runtime) bool { return rt.Warm() < slots }) {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	maxClients := slices.Max(concurrencyClients)
+	modes := []struct {
+		name    string
+		spread  bool // each client a namespace of its own
+		clients []*client.Client
+	}{{name: "1 namespace"}, {name: "a namespace each", spread: true}}
+	for i := range maxClients {
+		for m, ns := range []string{"bench", fmt.Sprintf("bench-%02d", i)} {
+			opts := mcpserver.Options{Namespace: func(context.Context) string { return ns }}
+			modes[m].clients = append(modes[m].clients, testutil.MCPClientWith(b, fe, opts, mcpserver.HTTPOptions{}))
+		}
+	}
+	cellTime := time.Duration(b.N) * 60 * time.Millisecond
+
+	var tbl strings.Builder
+	fmt.Fprintf(&tbl, "\ncalls/s (CPU busy %% of %d CPUs; p50 ms of a call), each cell %v of back-to-back `print(1)`:\n", runtime.NumCPU(), cellTime)
+	b.ResetTimer()
+	for w := 1; w <= 2; w++ {
+		addWorker()
+		fmt.Fprintf(&tbl, "\n| %s × %d slots | %s |\n| --- |%s\n", plural(w, "worker"), slots,
+			strings.Join(mapSlice(concurrencyClients, func(n int) string { return plural(n, "client") }), " | "),
+			strings.Repeat(" --- |", len(concurrencyClients)))
+		for _, m := range modes {
+			fmt.Fprintf(&tbl, "| %s |", m.name)
+			for _, n := range concurrencyClients {
+				b.StopTimer()
+				waitWarm()
+				b.StartTimer()
+				r := runCell(b, m.clients[:n], cellTime)
+				nss := 1
+				if m.spread {
+					nss = n
+				}
+				b.ReportMetric(r.perSec, fmt.Sprintf("w%d-ns%d-c%d-calls/s", w, nss, n))
+				cpu := "n/a"
+				if r.cpu >= 0 {
+					cpu = fmt.Sprintf("%.0f%%", r.cpu)
+					b.ReportMetric(r.cpu, fmt.Sprintf("w%d-ns%d-c%d-cpu-%%", w, nss, n))
+				}
+				fmt.Fprintf(&tbl, " %.1f (%s; %.1f) |", r.perSec, cpu, ms(r.p50))
+			}
+			tbl.WriteString("\n")
+		}
+	}
+	b.StopTimer()
+	b.Log(tbl.String())
+}
+
+// runCell has every client of cs call run_python `print(1)` back to back for
+// d, and measures the calls per second and the machine's CPU use. Every call
+// must answer 1.
+func runCell(b *testing.B, cs []*client.Client, d time.Duration) cell {
+	b.Helper()
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		lat      samples
+		failures atomic.Int64
+		firstErr atomic.Value
+	)
+	busy0, total0, cpuOK := cpuTimes()
+	start := time.Now()
+	deadline := start.Add(d)
+	for _, c := range cs {
+		wg.Go(func() {
+			var mine samples
+			for time.Now().Before(deadline) {
+				req := mcp.CallToolRequest{}
+				req.Params.Name = mcpserver.ToolName
+				req.Params.Arguments = map[string]any{"code": "print(1)"}
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+				t0 := time.Now()
+				res, err := c.CallTool(ctx, req)
+				el := time.Since(t0)
+				cancel()
+				if err == nil && (res.IsError || testutil.Text(res) != "1") {
+					err = fmt.Errorf("run_python: %q", testutil.Text(res))
+				}
+				if err != nil {
+					failures.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				mine = append(mine, el)
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	el := time.Since(start)
+	busy1, total1, cpuOK1 := cpuTimes()
+	if n := failures.Load(); n > 0 {
+		b.Fatalf("%d clients: %d calls failed, the first: %v", len(cs), n, firstErr.Load())
+	}
+	r := cell{calls: len(lat), perSec: float64(len(lat)) / el.Seconds(), cpu: -1, p50: lat.pct(50)}
+	if cpuOK && cpuOK1 && total1 > total0 {
+		r.cpu = 100 * float64(busy1-busy0) / float64(total1-total0)
+	}
+	return r
+}
+
+// mapSlice returns f of each element of s.
+func mapSlice[T, U any](s []T, f func(T) U) []U {
+	out := make([]U, 0, len(s))
+	for _, v := range s {
+		out = append(out, f(v))
+	}
+	return out
+}
+
+// plural is n and noun, with an s unless n is 1.
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
