@@ -267,10 +267,9 @@ func BenchmarkConcurrency(b *testing.B) {
 	}
 	maxClients := slices.Max(concurrencyClients)
 	modes := []struct {
-		name    string
-		spread  bool // each client a namespace of its own
-		clients []*client.Client
-	}{{name: "1 namespace"}, {name: "a namespace each", spread: true}}
+		name, key string // key names the mode in metrics
+		clients   []*client.Client
+	}{{name: "1 namespace", key: "one-ns"}, {name: "a namespace each", key: "ns-each"}}
 	for i := range maxClients {
 		for m, ns := range []string{"bench", fmt.Sprintf("bench-%02d", i)} {
 			opts := mcpserver.Options{Namespace: func(context.Context) string { return ns }}
@@ -295,15 +294,11 @@ func BenchmarkConcurrency(b *testing.B) {
 				waitWarm()
 				b.StartTimer()
 				r := runCell(b, m.clients[:n], cellTime)
-				nss := 1
-				if m.spread {
-					nss = n
-				}
-				b.ReportMetric(r.perSec, fmt.Sprintf("w%d-ns%d-c%d-calls/s", w, nss, n))
+				b.ReportMetric(r.perSec, fmt.Sprintf("w%d-%s-c%d-calls/s", w, m.key, n))
 				cpu := "n/a"
 				if r.cpu >= 0 {
 					cpu = fmt.Sprintf("%.0f%%", r.cpu)
-					b.ReportMetric(r.cpu, fmt.Sprintf("w%d-ns%d-c%d-cpu-%%", w, nss, n))
+					b.ReportMetric(r.cpu, fmt.Sprintf("w%d-%s-c%d-cpu-%%", w, m.key, n))
 				}
 				fmt.Fprintf(&tbl, " %.1f (%s; %.1f) |", r.perSec, cpu, ms(r.p50))
 			}
