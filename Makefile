@@ -72,9 +72,13 @@ test-short: ## run the tests that need no Podman or Docker
 # Iterations of each benchmark; BENCH selects them (a regexp).
 BENCHTIME ?= 50x
 BENCH ?= .
-bench: image ## run the benchmarks: run_python p50/p90 through the fleet next to `podman run --rm`, warm/cold sandbox, throughput (BENCH=Throughput BENCHTIME=20000x), state reads over 1M records, update_memory
+bench: image ## run the benchmarks: the warm-call table (bench-table), run_python p50/p90 through the fleet next to `podman run --rm`, warm/cold sandbox, throughput (BENCH=Throughput BENCHTIME=20000x), state reads over 1M records, update_memory
 	MCPEXEC_REQUIRE_PODMAN=1 $(GO) test -tags "$(TAGS)" -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -timeout 30m ./...
 	$(MAKE) bench-batch
+
+.PHONY: bench-table
+bench-table: image ## the warm-call table alone (also part of bench): warm calls of both languages, a proxied call's overhead, the concurrency matrix
+	MCPEXEC_REQUIRE_PODMAN=1 $(GO) test -tags "$(TAGS)" -run '^$$' -bench 'WarmCalls|ProxiedEcho|Concurrency' -benchtime $(BENCHTIME) -timeout 30m ./internal/e2e
 
 .PHONY: bench-batch
 bench-batch: image build ## N jobs (N=200, RUNS=3), each in a process of its own, through broker+worker+frontend vs 4 lanes of podman run --rm; median ratio; peak RSS

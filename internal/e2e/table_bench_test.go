@@ -1,0 +1,383 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/mcpexec/mcpexec/internal/frontend"
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/mcpclients"
+	"github.com/mcpexec/mcpexec/internal/mcpserver"
+	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
+	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
+	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
+	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/worker"
+)
+
+// The benchmarks of this file print, in one `make bench`, the table of the
+// warm-call issue (docs/design.md, "Performance: the warm-call table"): warm
+// calls of both languages next to `podman run --rm`, a proxied call's
+// overhead, and calls per second of concurrent clients. They report figures
+// and assert only that every call answered.
+
+// BenchmarkWarmCalls is the table's latency rows, in one run through one fleet
+// (MCP over streamable HTTP → front-end → JetStream → one worker with the
+// default configuration → Podman), each call printing 1: run_python back to
+// back (n calls: b.Loop's iterations), run_javascript back to back (n),
+// run_javascript alternating with run_python (n each), each language spaced
+// one second apart (min(n, 10) each), and one `podman run --rm` per call
+// (min(n, 10)). b.Loop runs the function once, so the fleet starts once and
+// the table, written to standard output (b.Log's output of a benchmark is cut
+// at 10 lines), is printed once.
+//
+//	go test -tags "$TAGS" -run '^$' -bench WarmCalls -benchtime 50x ./internal/e2e
+func BenchmarkWarmCalls(b *testing.B) {
+	bk := testutil.Broker(b, "", queue.DefaultConfig())
+	rt := podmantest.New(b, podman.Config{Config: containerpool.Config{Pool: worker.DefaultConfig("").Slots}})
+	if !slices.Contains(sandbox.Languages(rt), sandbox.JavaScript) {
+		b.Fatalf("the sandbox image runs %v: rebuild it with Node.js (sudo deploy/sandbox/build.sh --force)", sandbox.Languages(rt))
+	}
+	testutil.Worker(b, bk, rt, worker.DefaultConfig("bench-worker"))
+	fe := testutil.Frontend(b, bk, "bench-fe")
+	c := testutil.MCPClientWith(b, fe, mcpserver.Options{Languages: jobs.Languages}, mcpserver.HTTPOptions{})
+	py := func() time.Duration { return timedCall(b, c, mcpserver.ToolName, "print(1)") }
+	js := func() time.Duration { return timedCall(b, c, mcpserver.JSToolName, "console.log(1)") }
+	for range 3 {
+		py()
+		js()
+	}
+	var pyB2B, jsB2B, jsAlt, pyAlt, pySpaced, jsSpaced, baseline samples
+	for b.Loop() {
+		pyB2B = append(pyB2B, py())
+	}
+	n := len(pyB2B)
+	for range n {
+		jsB2B = append(jsB2B, js())
+	}
+	for range n {
+		jsAlt = append(jsAlt, js())
+		pyAlt = append(pyAlt, py())
+	}
+	spaced := min(n, 10)
+	for range spaced {
+		time.Sleep(time.Second)
+		pySpaced = append(pySpaced, py())
+	}
+	for range spaced {
+		time.Sleep(time.Second)
+		jsSpaced = append(jsSpaced, js())
+	}
+	for range spaced {
+		baseline = append(baseline, podmanRunOnce(b, benchImage()))
+	}
+	rows := []struct {
+		name, what, goal string
+		s                samples
+	}{
+		{"python-b2b", "`print(1)` back to back", "p50 ≤ 5, p90 ≤ 8", pyB2B},
+		{"python-spaced", "`print(1)` spaced 1 s", "p50 ≤ 5, p90 ≤ 8", pySpaced},
+		{"javascript-b2b", "`console.log(1)` back to back", "p90 ≤ 40", jsB2B},
+		{"javascript-spaced", "`console.log(1)` spaced 1 s", "p90 ≤ 40", jsSpaced},
+		{"javascript-alternating", "`console.log(1)` alternating with `print(1)`", "p90 ≤ 40", jsAlt},
+		{"python-alternating", "`print(1)` alternating with `console.log(1)`", "", pyAlt},
+		{"podman-run", "`podman run --rm` per call (python3 -c)", "", baseline},
+	}
+	var tbl strings.Builder
+	tbl.WriteString("\nBenchmarkWarmCalls: one worker, default configuration, real Podman; Go MCP client over streamable HTTP\n\n| case | calls | p50 ms | p90 ms | goal (ms) |\n| --- | --- | --- | --- | --- |\n")
+	for _, r := range rows {
+		b.ReportMetric(ms(r.s.pct(50)), r.name+"-p50-ms")
+		b.ReportMetric(ms(r.s.pct(90)), r.name+"-p90-ms")
+		fmt.Fprintf(&tbl, "| %s | %d | %.2f | %.2f | %s |\n", r.what, len(r.s), ms(r.s.pct(50)), ms(r.s.pct(90)), r.goal)
+	}
+	ratio := float64(baseline.pct(50)) / float64(pyB2B.pct(50))
+	b.ReportMetric(ratio, "python-b2b-speedup-p50-x")
+	fmt.Fprintf(&tbl, "| ratio of `podman run` to `print(1)` back to back, p50 | | %.1f× | | ≥ 30× |\n", ratio)
+	fmt.Print(tbl.String())
+	b.Logf("python b2b p50 %.2f ms, javascript b2b p90 %.2f ms, alternating p90 %.2f ms; podman run p50 %.1f ms (table above)",
+		ms(pyB2B.pct(50)), ms(jsB2B.pct(90)), ms(jsAlt.pct(90)), ms(baseline.pct(50)))
+}
+
+// timedCall calls tool with code, which must print 1, and returns how long
+// the call took.
+func timedCall(b *testing.B, c *client.Client, tool, code string) time.Duration {
+	b.Helper()
+	start := time.Now()
+	res := testutil.CallTool(b, c, tool, map[string]any{"code": code})
+	el := time.Since(start)
+	if res.IsError || testutil.Text(res) != "1" {
+		b.Fatalf("%s: %q", tool, testutil.Text(res))
+	}
+	return el
+}
+
+// benchImage is the sandbox image the benchmarks' `podman run --rm` runs.
+func benchImage() string {
+	if image := os.Getenv("MCPEXEC_IMAGE"); image != "" {
+		return image
+	}
+	return podman.DefaultImage
+}
+
+// echoCalls is how many proxied calls one job of BenchmarkProxiedEcho makes.
+const echoCalls = 50
+
+// BenchmarkProxiedEcho is the table's proxied-call row: what mcpexec adds to a
+// tool call from sandbox code to a proxied stdio MCP server (the repo's test
+// server's echo) and back. Each op is one run_python job on real Podman that
+// times echoCalls sequential `await mcp_ts.echo(text="x")` in the sandbox
+// (time.perf_counter around each call), followed by as many calls of the same
+// tool from the front-end's own MCP client of the server (mcpclients.Pool, the
+// hop every proxied call ends with): that is the server's own time, stdio
+// included. The overhead is the difference of the two p50s. b.Loop runs the
+// function once; the table goes to standard output.
+//
+//	go test -tags "$TAGS" -run '^$' -bench ProxiedEcho -benchtime 50x ./internal/e2e
+func BenchmarkProxiedEcho(b *testing.B) {
+	bk := testutil.Broker(b, "", queue.DefaultConfig())
+	rt := podmantest.New(b, podman.Config{Config: containerpool.Config{Pool: worker.DefaultConfig("").Slots}})
+	testutil.Worker(b, bk, rt, worker.DefaultConfig("bench-worker"))
+	pool := testutil.Pool(b, mcpclients.Config{}, testutil.TestServerDef(b, "ts", nil))
+	fe := testutil.FrontendWith(b, bk, frontend.Config{ID: "bench-fe", Tools: pool})
+	c := testutil.MCPClientWith(b, fe, mcpserver.Options{Servers: pool.Names, Definitions: pool.Servers}, mcpserver.HTTPOptions{})
+	code := fmt.Sprintf(`import time
+await mcp_ts.echo(text="warm")
+ts = []
+for _ in range(%d):
+    t0 = time.perf_counter()
+    await mcp_ts.echo(text="x")
+    ts.append(int((time.perf_counter() - t0) * 1e6))
+print(" ".join(map(str, ts)))`, echoCalls)
+	ctx := context.Background()
+	var sandboxed, direct samples
+	for b.Loop() {
+		res := testutil.CallRunPython(b, c, map[string]any{"code": code, "servers": []string{"ts"}})
+		if res.IsError {
+			b.Fatalf("run_python: %q", testutil.Text(res))
+		}
+		for f := range strings.FieldsSeq(testutil.Text(res)) {
+			us, err := strconv.Atoi(f)
+			if err != nil {
+				b.Fatalf("run_python printed %q: %v", testutil.Text(res), err)
+			}
+			sandboxed = append(sandboxed, time.Duration(us)*time.Microsecond)
+		}
+		for range echoCalls {
+			start := time.Now()
+			r, err := pool.CallTool(ctx, "ts", "echo", map[string]any{"text": "x"})
+			el := time.Since(start)
+			if err != nil || r.IsError || testutil.Text(r) != "x" {
+				b.Fatalf("direct echo: %v %+v", err, r)
+			}
+			direct = append(direct, el)
+		}
+	}
+	over := sandboxed.pct(50) - direct.pct(50)
+	b.ReportMetric(ms(sandboxed.pct(50)), "sandbox-echo-p50-ms")
+	b.ReportMetric(ms(sandboxed.pct(90)), "sandbox-echo-p90-ms")
+	b.ReportMetric(ms(direct.pct(50)), "server-echo-p50-ms")
+	b.ReportMetric(ms(over), "overhead-p50-ms")
+	fmt.Printf("\nBenchmarkProxiedEcho: one worker, real Podman, the repo's stdio test server\n\n| proxied `echo` | calls | p50 ms | p90 ms |\n| --- | --- | --- | --- |\n"+
+		"| from sandbox code (Podman → runner → worker → NATS → front-end → server) | %d | %.3f | %.3f |\n"+
+		"| the server's own time (front-end's MCP client → stdio server) | %d | %.3f | %.3f |\n"+
+		"| mcpexec's overhead (p50 difference; goal ≤ 0.5) | | %.3f | |\n",
+		len(sandboxed), ms(sandboxed.pct(50)), ms(sandboxed.pct(90)), len(direct), ms(direct.pct(50)), ms(direct.pct(90)), ms(over))
+	b.Logf("proxied echo p50 %.3f ms from the sandbox, %.3f ms the server's own: overhead %.3f ms (table above)",
+		ms(sandboxed.pct(50)), ms(direct.pct(50)), ms(over))
+}
+
+// cpuTimes reads the machine's CPU time from /proc/stat: busy and total
+// jiffies over all CPUs. ok is false where there is no /proc/stat.
+func cpuTimes() (busy, total uint64, ok bool) {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, 0, false
+	}
+	// user nice system idle iowait irq softirq steal (guest is within user).
+	for i, s := range f[1:9] {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return 0, 0, false
+		}
+		total += v
+		if i != 3 && i != 4 {
+			busy += v
+		}
+	}
+	return busy, total, true
+}
+
+// concurrencyClients are the client counts of BenchmarkConcurrency's columns.
+var concurrencyClients = []int{1, 4, 8, 16}
+
+// cell is one measurement of BenchmarkConcurrency.
+type cell struct {
+	calls  int
+	perSec float64
+	cpu    float64 // busy % of all CPUs; -1 unknown
+	p50    time.Duration
+}
+
+// BenchmarkConcurrency is the table's concurrency matrix: 1, 4, 8 and 16 MCP
+// clients (each its own streamable HTTP session) calling run_python
+// `print(1)` back to back at once, all of one namespace or each of a
+// namespace of its own (up to 16), first on one worker with 4 slots (the
+// default configuration), then with a second such worker added. Each cell
+// runs b.N × 60 ms (3 s at -benchtime 50x) from a full warm pool and reports
+// calls per second and the machine's CPU busy % over the cell (/proc/stat,
+// all processes: the fleet, Podman and the containers, and whatever else
+// runs). The table goes to standard output; Go runs a benchmark with b.N = 1
+// first (60 ms cells), so the run's table is the second, headed with its b.N.
+//
+//	go test -tags "$TAGS" -run '^$' -bench Concurrency -benchtime 50x ./internal/e2e
+func BenchmarkConcurrency(b *testing.B) {
+	bk := testutil.Broker(b, "", queue.DefaultConfig())
+	fe := testutil.Frontend(b, bk, "bench-fe")
+	slots := worker.DefaultConfig("").Slots
+	var rts []*podman.Runtime
+	addWorker := func() {
+		rt := podmantest.New(b, podman.Config{Config: containerpool.Config{Pool: slots}})
+		testutil.Worker(b, bk, rt, worker.DefaultConfig(fmt.Sprintf("bench-worker-%d", len(rts))))
+		rts = append(rts, rt)
+	}
+	waitWarm := func() {
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) && slices.ContainsFunc(rts, func(rt *podman.Runtime) bool { return rt.Warm() < slots }) {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	maxClients := slices.Max(concurrencyClients)
+	modes := []struct {
+		name, key string // key names the mode in metrics
+		clients   []*client.Client
+	}{{name: "1 namespace", key: "one-ns"}, {name: "a namespace each", key: "ns-each"}}
+	for i := range maxClients {
+		for m, ns := range []string{"bench", fmt.Sprintf("bench-%02d", i)} {
+			opts := mcpserver.Options{Namespace: func(context.Context) string { return ns }}
+			modes[m].clients = append(modes[m].clients, testutil.MCPClientWith(b, fe, opts, mcpserver.HTTPOptions{}))
+		}
+	}
+	cellTime := time.Duration(b.N) * 60 * time.Millisecond
+
+	var tbl strings.Builder
+	fmt.Fprintf(&tbl, "\nBenchmarkConcurrency (b.N = %d): calls/s (CPU busy %% of %d CPUs; p50 ms of a call), each cell %v of back-to-back `print(1)`\n",
+		b.N, runtime.NumCPU(), cellTime)
+	b.ResetTimer()
+	for w := 1; w <= 2; w++ {
+		addWorker()
+		fmt.Fprintf(&tbl, "\n| %s × %d slots | %s |\n| --- |%s\n", plural(w, "worker"), slots,
+			strings.Join(mapSlice(concurrencyClients, func(n int) string { return plural(n, "client") }), " | "),
+			strings.Repeat(" --- |", len(concurrencyClients)))
+		for _, m := range modes {
+			fmt.Fprintf(&tbl, "| %s |", m.name)
+			for _, n := range concurrencyClients {
+				b.StopTimer()
+				waitWarm()
+				b.StartTimer()
+				r := runCell(b, m.clients[:n], cellTime)
+				b.ReportMetric(r.perSec, fmt.Sprintf("w%d-%s-c%d-calls/s", w, m.key, n))
+				cpu := "n/a"
+				if r.cpu >= 0 {
+					cpu = fmt.Sprintf("%.0f%%", r.cpu)
+					b.ReportMetric(r.cpu, fmt.Sprintf("w%d-%s-c%d-cpu-%%", w, m.key, n))
+				}
+				fmt.Fprintf(&tbl, " %.1f (%s; %.1f) |", r.perSec, cpu, ms(r.p50))
+			}
+			tbl.WriteString("\n")
+		}
+	}
+	b.StopTimer()
+	fmt.Println(tbl.String())
+	b.Logf("%d cells of %v (table above)", 2*len(modes)*len(concurrencyClients), cellTime)
+}
+
+// runCell has every client of cs call run_python `print(1)` back to back for
+// d, and measures the calls per second and the machine's CPU use. Every call
+// must answer 1.
+func runCell(b *testing.B, cs []*client.Client, d time.Duration) cell {
+	b.Helper()
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		lat      samples
+		failures atomic.Int64
+		firstErr atomic.Value
+	)
+	busy0, total0, cpuOK := cpuTimes()
+	start := time.Now()
+	deadline := start.Add(d)
+	for _, c := range cs {
+		wg.Go(func() {
+			var mine samples
+			for time.Now().Before(deadline) {
+				req := mcp.CallToolRequest{}
+				req.Params.Name = mcpserver.ToolName
+				req.Params.Arguments = map[string]any{"code": "print(1)"}
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+				t0 := time.Now()
+				res, err := c.CallTool(ctx, req)
+				el := time.Since(t0)
+				cancel()
+				if err == nil && (res.IsError || testutil.Text(res) != "1") {
+					err = fmt.Errorf("run_python: %q", testutil.Text(res))
+				}
+				if err != nil {
+					failures.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				mine = append(mine, el)
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	el := time.Since(start)
+	busy1, total1, cpuOK1 := cpuTimes()
+	if n := failures.Load(); n > 0 {
+		b.Fatalf("%d clients: %d calls failed, the first: %v", len(cs), n, firstErr.Load())
+	}
+	r := cell{calls: len(lat), perSec: float64(len(lat)) / el.Seconds(), cpu: -1, p50: lat.pct(50)}
+	if cpuOK && cpuOK1 && total1 > total0 {
+		r.cpu = 100 * float64(busy1-busy0) / float64(total1-total0)
+	}
+	return r
+}
+
+// mapSlice returns f of each element of s.
+func mapSlice[T, U any](s []T, f func(T) U) []U {
+	out := make([]U, 0, len(s))
+	for _, v := range s {
+		out = append(out, f(v))
+	}
+	return out
+}
+
+// plural is n and noun, with an s unless n is 1.
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
