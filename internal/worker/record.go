@@ -1,0 +1,72 @@
+package worker
+
+// This file records a job's events: its outcome, retried while the cluster
+// fails over, and shrunk when it does not fit a message.
+import (
+	"context"
+	"errors"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/queue"
+)
+
+// record publishes the job's terminal event (its result), shrinking the output
+// if the message would be too large.
+func (w *Worker) record(ctx context.Context, d *delivery, attempt int, res jobs.Result) error {
+	res.Worker, res.Attempt = w.cfg.ID, attempt
+	ev := jobs.Event{Job: d.job.ID, Kind: jobs.EventFinished, Attempt: attempt, Worker: w.cfg.ID, Result: &res,
+		Proof: jobs.EventProof(d.capability, jobs.EventFinished, attempt)}
+	err := w.publishEvent(ctx, d, ev, func() { shrinkOutput(&res, int(w.nc.MaxPayload())/4) })
+	if err == nil {
+		w.cfg.Metrics.WorkerJob(string(res.Status))
+	}
+	return err
+}
+
+// publishEvent records ev, retrying while the cluster fails over (the
+// event's Nats-Msg-Id makes a retry of one that landed a no-op): a start or an
+// outcome not recorded would cost the job an attempt. shrink, when set, is
+// called once if ev is too large for a message, before publishing it again.
+func (w *Worker) publishEvent(ctx context.Context, d *delivery, ev jobs.Event, shrink func()) error {
+	deadline := time.Now().Add(queue.DefaultPatience)
+	for {
+		pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 4*time.Second)
+		err := w.client.PublishEvent(d.traced(pubCtx), ev)
+		if err != nil && shrink != nil && isTooLarge(err) {
+			shrink()
+			err = w.client.PublishEvent(d.traced(pubCtx), ev)
+		}
+		cancel()
+		if !queue.Transient(err) || time.Now().After(deadline) {
+			return err
+		}
+		d.log.Warn("record event: retrying", "event", ev.Kind, "err", err)
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+func isTooLarge(err error) bool {
+	return errors.Is(err, nats.ErrMaxPayload)
+}
+
+// shrinkOutput keeps at most limit bytes of each stream, cut at a character
+// boundary.
+func shrinkOutput(res *jobs.Result, limit int) {
+	cut := func(s string) string {
+		n := limit
+		for n > 0 && !utf8.RuneStart(s[n]) {
+			n--
+		}
+		return s[:n]
+	}
+	if len(res.Stdout) > limit {
+		res.Stdout, res.StdoutTruncated = cut(res.Stdout), true
+	}
+	if len(res.Stderr) > limit {
+		res.Stderr, res.StderrTruncated = cut(res.Stderr), true
+	}
+}
