@@ -206,16 +206,18 @@ def _zygote_main(zsock, spare_js=False, preload=()):
             except OSError:
                 pass
 
+    def drop(pid, fds):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        os.waitpid(pid, 0)
+        for fd in fds:
+            os.close(fd)
+
     def drop_spares():
         while spares:
-            _, (pid, fds) = spares.popitem()
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-            os.waitpid(pid, 0)
-            for fd in fds:
-                os.close(fd)
+            drop(*spares.popitem()[1])
 
     def start_spares(js):
         """Forks the executors the next job may take: only while no code runs
@@ -233,13 +235,7 @@ def _zygote_main(zsock, spare_js=False, preload=()):
             if warm:
                 spares["python"] = (pid, fds)
             else:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-                os.waitpid(pid, 0)
-                for fd in fds:
-                    os.close(fd)
+                drop(pid, fds)
         if js and node is not None and "javascript" not in spares:
             spares["javascript"] = fork_executor(_exec_node)
 
