@@ -224,28 +224,31 @@ func (s *Service) drain(ctx context.Context, stream string, cons jetstream.Consu
 	defer check.Stop()
 	var published time.Time // of the message at from, once this drain applied it
 	prev := 0               // the size of the last batch: more than one means load
+	lostTail := func() *lostTail {
+		if from == 0 {
+			return nil
+		}
+		var notAfter time.Time // when the replica applied from, when this drain did not
+		if published.IsZero() {
+			evAt, memAt, _ := s.store.AppliedAt() // zero on error: no comparison
+			notAfter = memAt
+			if stream == s.sub.EventsStream() {
+				notAfter = evAt
+			}
+		}
+		lost, err := s.checkTail(ctx, stream, from, published, notAfter)
+		if err != nil {
+			s.logger.Debug("check the stream holds what was applied", "stream", stream, "err", err)
+		}
+		return lost
+	}
 	for {
 		var batch []jetstream.Msg
 		select {
 		case m := <-msgs:
 			batch = append(batch, m)
 		case <-check.C:
-			if from == 0 {
-				continue
-			}
-			var notAfter time.Time // when the replica applied from, when this drain did not
-			if published.IsZero() {
-				evAt, memAt, _ := s.store.AppliedAt() // zero on error: no comparison
-				notAfter = memAt
-				if stream == s.sub.EventsStream() {
-					notAfter = evAt
-				}
-			}
-			lost, err := s.checkTail(ctx, stream, from, published, notAfter)
-			if err != nil {
-				s.logger.Debug("check the stream holds what was applied", "stream", stream, "err", err)
-			}
-			if lost != nil {
+			if lost := lostTail(); lost != nil {
 				return from, lost
 			}
 			continue
@@ -258,6 +261,19 @@ func (s *Service) drain(ctx context.Context, stream string, cons jetstream.Consu
 		// message is applied at once (a write waits for it).
 		batch = gather(msgs, batch, maxBatch, prev > 1)
 		prev = len(batch)
+		// The ordered consumer's first message, and its first after it was
+		// created again (a node or the stream lost and back): what it
+		// delivers now may follow writes that took the sequences the stream
+		// lost, which the tick's check would find too late, once later ones
+		// had moved from past them.
+		for _, m := range batch {
+			if md, err := m.Metadata(); err == nil && md.Sequence.Consumer == 1 {
+				if lost := lostTail(); lost != nil {
+					return from, lost
+				}
+				break
+			}
+		}
 		// Drop what a reset redelivered: applied already.
 		fresh, last, lastAt := batch[:0], from, published
 		for _, m := range batch {
