@@ -906,10 +906,7 @@ func TestForgedOutputReachesNoTenant(t *testing.T) {
 	t.Parallel()
 	_, _, connect := fleetIn(t, natsauth.Identity{Role: natsauth.RoleWorker, Name: "spy"})
 	s := jobs.Subjects{}
-	wnc, wr := connect(natsauth.RoleWorker)
-	testutil.WorkerOn(t, wnc, testutil.ProcessRuntime(t), worker.DefaultConfig("w1"))
-	fnc, fr := connect(natsauth.RoleFrontend)
-	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
+	fe, wr, fr := workerAndFrontend(t, connect)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := fe.Health(ctx); err != nil {
@@ -1059,10 +1056,7 @@ func TestWorkerAnswersOnlyItsOwnLookups(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	wnc, wr := connect(natsauth.RoleWorker)
-	testutil.WorkerOn(t, wnc, testutil.ProcessRuntime(t), worker.DefaultConfig("w1"))
-	fnc, fr := connect(natsauth.RoleFrontend)
-	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
+	fe, wr, fr := workerAndFrontend(t, connect)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for i, code := range []string{"secret = 'db-password'", "print(secret)"} {
@@ -1117,10 +1111,7 @@ func TestForgedSessionEntryRedirectsNothing(t *testing.T) {
 	t.Parallel()
 	_, _, connect := fleetIn(t, natsauth.Identity{Role: natsauth.RoleWorker, Name: "spy"})
 	s := jobs.Subjects{}
-	wnc, wr := connect(natsauth.RoleWorker)
-	testutil.WorkerOn(t, wnc, testutil.ProcessRuntime(t), worker.DefaultConfig("w1"))
-	fnc, fr := connect(natsauth.RoleFrontend)
-	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
+	fe, wr, fr := workerAndFrontend(t, connect)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := fe.Health(ctx); err != nil {
@@ -1292,10 +1283,7 @@ func TestWorkerAsksTheSessionHolder(t *testing.T) {
 	t.Parallel()
 	_, _, connect := fleetIn(t, natsauth.Identity{Role: natsauth.RoleWorker, Name: "w2"})
 	s := jobs.Subjects{}
-	wnc, wr := connect(natsauth.RoleWorker)
-	testutil.WorkerOn(t, wnc, testutil.ProcessRuntime(t), worker.DefaultConfig("w1"))
-	fnc, fr := connect(natsauth.RoleFrontend)
-	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
+	fe, wr, fr := workerAndFrontend(t, connect)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if rec, err := fe.Run(ctx, &jobs.Job{Code: "x = 1", Namespace: "ns", Session: "s1"}, nil); err != nil || rec.Status != jobs.StatusSuccess {
@@ -1308,4 +1296,14 @@ func TestWorkerAsksTheSessionHolder(t *testing.T) {
 	if len(wr.errs) > 0 || len(fr.errs) > 0 || len(or.errs) > 0 {
 		t.Fatalf("refusals: worker %v, front-end %v, other worker %v", wr.errs, fr.errs, or.errs)
 	}
+}
+
+// workerAndFrontend starts worker w1 (process runtime) and front-end fe1, each
+// connected under its role; the refusals are the worker's and the front-end's.
+func workerAndFrontend(t *testing.T, connect func(string) (*nats.Conn, *refusals)) (*frontend.Frontend, *refusals, *refusals) {
+	t.Helper()
+	wnc, wr := connect(natsauth.RoleWorker)
+	testutil.WorkerOn(t, wnc, testutil.ProcessRuntime(t), worker.DefaultConfig("w1"))
+	fnc, fr := connect(natsauth.RoleFrontend)
+	return testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()}), wr, fr
 }

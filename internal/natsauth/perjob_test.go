@@ -166,10 +166,7 @@ func TestMalformedSessionLookupsEndNothing(t *testing.T) {
 	t.Parallel()
 	_, _, connect := fleetIn(t)
 	s := jobs.Subjects{}
-	wnc, wr := connect(natsauth.RoleWorker)
-	testutil.WorkerOn(t, wnc, testutil.ProcessRuntime(t), worker.DefaultConfig("w1"))
-	fnc, fr := connect(natsauth.RoleFrontend)
-	fe := testutil.FrontendOnWith(t, fnc, frontend.Config{ID: "fe1", Policy: frontend.DefaultPolicy()})
+	fe, wr, fr := workerAndFrontend(t, connect)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if rec, err := fe.Run(ctx, &jobs.Job{Code: "secret = 'db-password'", Namespace: "victim", Session: "s1"}, nil); err != nil || rec.Status != jobs.StatusSuccess || rec.Worker != "w1" {
