@@ -81,7 +81,7 @@ func Register(fs *flag.FlagSet) *Flags {
 	fs.StringVar(&f.OCIRuntime, "oci-runtime", "runc", "OCI runtime Podman (or Docker) uses (runc works on cgroups v1 hosts; crun does not)")
 	fs.IntVar(&f.Pool, "pool", 2, "warm sandboxes kept started and waiting")
 	fs.StringVar(&f.Reuse, "reuse", containerpool.ReuseNamespace, "namespace: a sandbox serves the next job of the same namespace (each job in a fresh process, the sandbox swept in between); none: a sandbox per job")
-	fs.IntVar(&f.MaxUses, "reuse-max-jobs", 100, "jobs a reused sandbox runs before it is retired")
+	fs.IntVar(&f.MaxUses, "reuse-max-jobs", containerpool.DefaultMaxUses, "jobs a reused sandbox runs before it is retired")
 	fs.StringVar(&f.Memory, "memory", "512m", "memory limit of a sandbox (e.g. 512m, 1g)")
 	fs.Int64Var(&f.Pids, "pids", d.Pids, "process limit of a sandbox")
 	fs.Float64Var(&f.CPUs, "cpus", d.CPUs, "CPU limit of a sandbox (0: none)")
