@@ -51,6 +51,10 @@ type Frame struct {
 	// hello, what the sandbox can run.
 	Lang      string   `json:"lang,omitempty"`
 	Languages []string `json:"languages,omitempty"`
+	// Spares, in a hello or a ready frame, are the languages whose executor
+	// the runner started ahead for the next job (Python's, and JavaScript's
+	// where one is expected).
+	Spares    []string `json:"spares,omitempty"`
 	Servers   []string `json:"servers,omitempty"`
 	TimeoutMS int64    `json:"timeout_ms,omitempty"`
 	OutputCap int      `json:"output_cap,omitempty"`

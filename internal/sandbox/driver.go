@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -75,6 +76,9 @@ type RunnerConn struct {
 	// armed is true from the runner's ready frame (or its hello) until the
 	// next exec: its sandbox is swept and the next job's process waits.
 	armed atomic.Bool
+	// armedJS is true while armed and its spares include JavaScript's: a
+	// JavaScript job sent now finds Node started.
+	armedJS atomic.Bool
 
 	frameTokens *bucket           // throttles frames read, across jobs
 	async       chan *proxy.Frame // small frames written by asyncWriter (refusals)
@@ -101,6 +105,22 @@ func (c *RunnerConn) Idle() bool { return c.reusable.Load() && c.unread.Load() =
 // a job sent now starts at once. A runner that is idle but not armed takes
 // the job too, once it is ready.
 func (c *RunnerConn) Armed() bool { return c.armed.Load() }
+
+// ArmedFor reports whether the runner is armed with an executor of lang
+// started: Python's (or "") whenever it is armed, JavaScript's when its
+// ready frame said so.
+func (c *RunnerConn) ArmedFor(lang string) bool {
+	if lang == JavaScript {
+		return c.armedJS.Load() && c.armed.Load()
+	}
+	return c.armed.Load()
+}
+
+// arm notes a ready frame or hello: armed, with executors of spares started.
+func (c *RunnerConn) arm(spares []string) {
+	c.armedJS.Store(slices.Contains(spares, JavaScript))
+	c.armed.Store(true)
+}
 
 // take uncounts a frame received from c.frames.
 func (c *RunnerConn) take(rd readResult) readResult {
@@ -170,7 +190,7 @@ func (c *RunnerConn) readLoop() {
 		}
 		f, err := c.r.Read()
 		if err == nil && f.Type == proxy.TypeReady {
-			c.armed.Store(true) // between jobs: not a frame for Drive
+			c.arm(f.Spares) // between jobs: not a frame for Drive
 			continue
 		}
 		c.unread.Add(1)
@@ -236,7 +256,7 @@ func (c *RunnerConn) Handshake(ctx context.Context, secret string) error {
 		return fmt.Errorf("runner hello without the sandbox's secret: %w", errWrongSecret)
 	}
 	c.isolated, c.resets = f.Isolated, f.Reset
-	c.armed.Store(true) // a runner says hello once its first job's process waits
+	c.arm(f.Spares) // a runner says hello once its first job's process waits
 	go c.readLoop()
 	go c.asyncWriter()
 	c.reusable.Store(true)
@@ -326,6 +346,7 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 	}
 	c.reusable.Store(false)
 	c.armed.Store(false)
+	c.armedJS.Store(false)
 	var err error
 	for _, in := range job.Files {
 		if err = c.write(&proxy.Frame{Type: proxy.TypeFile, Job: job.ID, Name: in.Name, Data: base64.StdEncoding.EncodeToString(in.Data)}); err != nil {

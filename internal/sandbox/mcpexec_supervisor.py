@@ -91,7 +91,7 @@ class _Supervisor:
         self.to_ex = bytearray()
         self.pending = None  # the exec frame waiting for its executor
         self.pending_lang = "python"  # and its language
-        self.js_seen = False  # a JavaScript job ran here: keep a spare executor for the next
+        self.js_last = False  # the last job here was JavaScript's: start a JavaScript executor for the next
         self.result = None  # a fresh job's done frame
         self.answered = False  # a fresh job's done was sent: its process's end and the sweep follow
         self.held = []  # host frames that came meanwhile: handled once the sweep found the container clean
@@ -182,8 +182,7 @@ class _Supervisor:
                 return
             exec_frame = {"type": "exec", "code": frame.get("code", ""), "servers": frame.get("servers") or [], "persist": not self.fresh}
             lang = frame.get("lang") or "python"
-            if lang == "javascript":
-                self.js_seen = True
+            self.js_last = lang == "javascript"
             if self.ex is not None and self.ex.persist and not self.fresh:
                 if self.ex.lang != lang:
                     # A session keeps one interpreter: its state is not carried over.
@@ -219,6 +218,7 @@ class _Supervisor:
             frame = {}
         kind = frame.get("type")
         if kind == "ready" and self.hello is not None:
+            self.hello["spares"] = _spares(frame)
             self.send_host(self.hello)
             self.hello = None
         elif kind == "forked" and len(fds) == 3 and self.pending is not None and self.ex is None:
@@ -234,7 +234,8 @@ class _Supervisor:
             self.pending = None
         elif kind == "spared":
             if self.job is None and self.ex is None and self.pending is None and not self.retired:
-                self.send_host({"type": "ready"})  # swept, and the next job's process waits
+                # Swept, and the next job's process waits (of these languages).
+                self.send_host({"type": "ready", "spares": _spares(frame)})
         elif kind == "exited" and self.ex is not None and frame.get("pid") == self.ex.pid:
             status = frame.get("status")
             self.ex.exited = status if isinstance(status, int) else 0
@@ -374,7 +375,7 @@ class _Supervisor:
     def spare(self):
         try:
             # Clean: the next job's executors may start.
-            self.zygote.sock.send(json.dumps({"type": "spare", "javascript": self.js_seen}).encode())
+            self.zygote.sock.send(json.dumps({"type": "spare", "javascript": self.js_last}).encode())
         except OSError:
             self.zygote_gone()
 
@@ -674,6 +675,13 @@ class _Supervisor:
 MAX_SCAN = 10000  # entries of out/ looked at
 MAX_HELD = 1024  # host frames held while a job's sweep runs (its input files and exec)
 MAX_NOTES = 20
+
+
+def _spares(frame):
+    """The languages whose executor the zygote started ahead, from its ready
+    or spared message (known names only)."""
+    got = frame.get("spares")
+    return [lang for lang in ("python", "javascript") if isinstance(got, list) and lang in got]
 
 
 def _int(v):

@@ -142,10 +142,13 @@ def _zygote_main(zsock, spare_js=False, preload=()):
     It first imports the preload modules (the data stack by default).
 
     It forks each job's executor ahead (a spare), so that a job's request
-    finds one started: a Python one always, and a JavaScript one in a
-    sandbox that expects JavaScript jobs (spare_js, from the host, which has
-    seen some lately; or the supervisor's word after one ran here; Node
-    takes ~100 ms to start). Spares are started only when no code runs in
+    finds one started: a Python one always, and a JavaScript one where a
+    JavaScript job is expected (Node takes ~100 ms of CPU to start): before
+    the first job, if the host has seen some lately (spare_js); after a job,
+    if that job was JavaScript's (the supervisor's word). A Python job kills
+    a JavaScript spare, so it is started only where it is likely used. The
+    host hears which languages' executors wait (ready frames' spares) and
+    sends a JavaScript job to a sandbox whose JavaScript executor waits. Spares are started only when no code runs in
     the container (before the first job, and after a sweep found it clean);
     those a job does not take are killed when it starts and reaped when it
     ends: code never meets a spare that a later job will use."""
@@ -240,7 +243,7 @@ def _zygote_main(zsock, spare_js=False, preload=()):
             spares["javascript"] = fork_executor(_exec_node)
 
     start_spares(spare_js)
-    zsock.send(json.dumps({"type": "ready"}).encode())
+    zsock.send(json.dumps({"type": "ready", "spares": sorted(spares)}).encode())
     while True:
         try:
             msg = zsock.recv(4096)
@@ -255,7 +258,8 @@ def _zygote_main(zsock, spare_js=False, preload=()):
         kind = frame.get("type")
         if kind == "spare":
             start_spares(frame.get("javascript") is True)
-            zsock.send(b'{"type": "spared"}')  # the next job's executor waits, warm
+            # The next job's executors wait, warm: say of which languages.
+            zsock.send(json.dumps({"type": "spared", "spares": sorted(spares)}).encode())
             continue
         if kind != "fork":
             os._exit(70)

@@ -224,6 +224,11 @@ func (p *Pool) NewBox(ctx context.Context, jobLabel string, l sandbox.Limits) (_
 func (p *Pool) take() *Box {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.takeWarmLocked()
+}
+
+// takeWarmLocked returns a warm box, or nil; p.mu is held.
+func (p *Pool) takeWarmLocked() *Box {
 	if len(p.warm) == 0 {
 		return nil
 	}
@@ -233,13 +238,20 @@ func (p *Pool) take() *Box {
 	return b
 }
 
-// takeIdle returns an idle box of tenant that is still fit for a job: the
-// most recently used one that is armed (swept, its next job's process
-// started), else the most recently used one, which starts the job once it
-// is armed (sooner than a warm box of no namespace: that one's refill costs
-// a container start). Or nil. Boxes past IdleTTL, or whose runner spoke or
-// went while idle, are discarded.
-func (p *Pool) takeIdle(tenant string) *Box {
+// takeIdle returns a box for a job of tenant in lang, in this order:
+//   - the most recently used idle box of tenant armed for lang (swept, an
+//     executor of lang started); for Python, one without a JavaScript
+//     executor first (a Python job ends that executor unused);
+//   - a warm box, when the tenant has fewer than two idle boxes and the pool
+//     has one: it stays with the tenant, so that a tenant calling back to
+//     back holds two boxes, one armed while the other re-arms (the refill
+//     costs one container start, once);
+//   - the least recently used idle box of tenant: it has re-armed longest,
+//     and starts the job once it is armed.
+//
+// Or nil. Boxes past IdleTTL, or whose runner spoke or went while idle, are
+// discarded.
+func (p *Pool) takeIdle(tenant, lang string) *Box {
 	var stale []*Box
 	defer func() {
 		for _, b := range stale {
@@ -258,13 +270,22 @@ func (p *Pool) takeIdle(tenant string) *Box {
 		fit = append(fit, b)
 	}
 	pick := -1
-	for i := len(fit) - 1; i >= 0 && pick < 0; i-- {
-		if fit[i].rc.Armed() {
-			pick = i
+	for pass := 0; pass < 2 && pick < 0; pass++ {
+		for i := len(fit) - 1; i >= 0 && pick < 0; i-- {
+			rc := fit[i].rc
+			if rc.ArmedFor(lang) && (pass == 1 || lang == sandbox.JavaScript || !rc.ArmedFor(sandbox.JavaScript)) {
+				pick = i
+			}
+		}
+	}
+	if pick < 0 && len(fit) < 2 {
+		if b := p.takeWarmLocked(); b != nil {
+			p.setIdle(tenant, fit)
+			return b
 		}
 	}
 	if pick < 0 && len(fit) > 0 {
-		pick = len(fit) - 1
+		pick = 0
 	}
 	if pick < 0 {
 		p.setIdle(tenant, fit)
@@ -349,6 +370,20 @@ func (p *Pool) Idle() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.idleN
+}
+
+// Armed is how many of tenant's idle containers are armed (swept, the next
+// job's process started): a job of tenant sent now takes one of them.
+func (p *Pool) Armed(tenant string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, b := range p.idle[tenant] {
+		if b.rc.Armed() {
+			n++
+		}
+	}
+	return n
 }
 
 // Warm returns how many started containers wait in the pool.

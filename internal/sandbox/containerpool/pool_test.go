@@ -87,6 +87,10 @@ func runner(conn net.Conn, id, secret string) {
 		}
 		_ = w.Write(&proxy.Frame{Type: proxy.TypeOut, Job: f.Job, Stream: "stdout", Data: id})
 		_ = w.Write(&proxy.Frame{Type: proxy.TypeDone, Job: f.Job, Status: "success"})
+		// "ready:LANG,...": swept, with executors of those languages waiting.
+		if spares, ok := strings.CutPrefix(f.Code, "ready:"); ok {
+			_ = w.Write(&proxy.Frame{Type: proxy.TypeReady, Spares: strings.Split(spares, ",")})
+		}
 	}
 }
 
@@ -222,6 +226,49 @@ func TestReuseWithinNamespace(t *testing.T) {
 	res, err := p.Run(context.Background(), sandbox.Job{ID: "j", Tenant: "a", Code: "x", Memory: 1 << 30, Timeout: 5 * time.Second}, nil)
 	if err != nil || res.Stdout == a1 || p.Idle() != 2 {
 		t.Fatalf("sized job: %v %+v, %d idle", err, res, p.Idle())
+	}
+}
+
+// TestIdleForLanguage: a job takes its namespace's idle container armed for
+// its language; a namespace whose only idle container is not armed takes a
+// warm one too (back-to-back calls then alternate between two); with none
+// armed, the one that has re-armed longest.
+func TestIdleForLanguage(t *testing.T) {
+	t.Parallel()
+	p, _ := setup(t, containerpool.Config{Pool: 1})
+	runLang := func(lang, code string) string {
+		t.Helper()
+		res, err := p.Run(context.Background(), sandbox.Job{ID: "j", Tenant: "a", Language: lang, Code: code, Timeout: 5 * time.Second}, nil)
+		if err != nil || res.Status != sandbox.StatusSuccess {
+			t.Fatalf("run %s %q: %v %+v", lang, code, err, res)
+		}
+		return res.Stdout
+	}
+	eventually(t, "1 warm", func() bool { return p.Warm() == 1 })
+	py := runLang(sandbox.Python, "ready:python")
+	eventually(t, "the warm pool refilled", func() bool { return p.Warm() == 1 })
+	// Python's container is armed, but not for JavaScript: a warm one joins.
+	js := runLang(sandbox.JavaScript, "ready:python,javascript")
+	if js == py || p.Idle() != 2 {
+		t.Fatalf("javascript ran in %s (python's is %s), %d idle", js, py, p.Idle())
+	}
+	// Each language to the container armed for it, the most recent notwithstanding.
+	if got := runLang(sandbox.Python, "ready:python"); got != py {
+		t.Fatalf("python ran in %s, not in %s (armed for python alone)", got, py)
+	}
+	if got := runLang(sandbox.JavaScript, "x"); got != js {
+		t.Fatalf("javascript ran in %s, not in %s (armed for it)", got, js)
+	}
+	// py is armed, js is not: python goes to py; then neither is armed, and
+	// the next job takes the one idle longest (js).
+	if got := runLang(sandbox.Python, "x"); got != py {
+		t.Fatalf("python ran in %s, not in the armed %s", got, py)
+	}
+	if got := runLang(sandbox.Python, "x"); got != js {
+		t.Fatalf("with none armed, python ran in %s, not in %s (idle longest)", got, js)
+	}
+	if p.Idle() != 2 {
+		t.Fatalf("%d idle, want the namespace's two", p.Idle())
 	}
 }
 

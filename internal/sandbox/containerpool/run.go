@@ -17,7 +17,7 @@ func (p *Pool) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (san
 	reuse := p.cfg.Reuse == ReuseNamespace && job.Tenant != "" && l == p.cfg.Limits
 	var b *Box
 	if reuse {
-		b = p.takeIdle(job.Tenant)
+		b = p.takeIdle(job.Tenant, job.Language)
 	}
 	if b == nil {
 		var err error

@@ -302,6 +302,7 @@ os.remove("/tmp/room")
 procs = [p for p in os.listdir("/proc") if p.isdigit()]
 print(seen, len(procs))`
 	first := strings.Fields(run("a", dirty))
+	sandboxtest.WaitArmed(t, rt, "a")
 	out := strings.SplitN(run("a", check), "\n", 2)
 	second := strings.Fields(out[0])
 	if second[0] != first[0] {
@@ -316,6 +317,7 @@ print(seen, len(procs))`
 		t.Fatalf("the next job saw %q", out[1])
 	}
 	// A job that leaves a process running retires its container.
+	sandboxtest.WaitArmed(t, rt, "a")
 	left := strings.Fields(run("a", who+"import subprocess\nsubprocess.Popen(['sleep', '60'], start_new_session=True)"))
 	if left[0] != first[0] {
 		t.Fatalf("the third job of a ran in another container")

@@ -14,8 +14,13 @@ import (
 // imported them); display() and a DataFrame left as the last expression print
 // a compact table, and no other trailing value is printed; the container,
 // with the data stack in its memory, still serves its namespace's next job
-// (the sweep's "memory still held" check passes with them loaded).
-func DataStack(t *testing.T, rt sandbox.Runtime) {
+// (the sweep's "memory still held" check passes with them loaded): each
+// job waits for it to be armed again, as a job sent sooner would take a
+// warm container.
+func DataStack(t *testing.T, rt interface {
+	sandbox.Runtime
+	Armed(tenant string) int
+}) {
 	run := func(code string) sandbox.Result {
 		t.Helper()
 		res, err := rt.Run(context.Background(), sandbox.Job{ID: "data", Tenant: "data", Code: code, Timeout: 60 * time.Second}, nil)
@@ -47,6 +52,7 @@ df[["x", "y"]].describe()`)
 		t.Fatalf("a trailing DataFrame was not shown: %q", described)
 	}
 	// display(fig) shows the figure once, as a picture of the result.
+	WaitArmed(t, rt, "data")
 	pics := run(`import matplotlib.pyplot as plt
 fig, ax = plt.subplots()
 ax.plot([1, 2, 3], [3, 1, 2])
@@ -55,6 +61,7 @@ print(len(plt.get_fignums()))`)
 	if strings.TrimSpace(pics.Stdout) != "0" || len(pics.Files) != 1 || pics.Files[0].Name != "figure-1.png" {
 		t.Fatalf("display(fig): stdout %q, files %+v, notes %v", pics.Stdout, pics.Files, pics.Notes)
 	}
+	WaitArmed(t, rt, "data")
 	second := run("import socket\nprint(socket.gethostname())\n1 + 1")
 	if got := strings.TrimSpace(second.Stdout); got != host {
 		t.Fatalf("the next job of the namespace ran in %q, not in %q: the container was retired (memory held after the sweep?); or a trailing value was printed", got, host)

@@ -27,6 +27,7 @@ type ContainerRuntime interface {
 	Warmer
 	Info() containerpool.Info
 	Idle() int
+	Armed(tenant string) int
 	Close() error
 	// The Pool's.
 	NewBox(ctx context.Context, label string, l sandbox.Limits) (*containerpool.Box, error)
@@ -195,6 +196,9 @@ func warmPoolReuse(t *testing.T, rt ContainerRuntime) {
 	ctx := context.Background()
 	seen := map[string]int{} // jobs by container (its host name)
 	for i := range 4 {
+		if i > 0 {
+			WaitArmed(t, rt, "t1") // else the job takes a warm container while this one re-arms
+		}
 		res, err := rt.Run(ctx, sandbox.Job{ID: "reuse", Tenant: "t1", Code: "import os, socket\nprint(socket.gethostname(), os.listdir('/tmp'))\nopen('/tmp/mark', 'w').write('x')", Timeout: 10 * time.Second}, nil)
 		if err != nil {
 			t.Fatal(err)
