@@ -62,9 +62,11 @@ func BenchmarkWarmCalls(b *testing.B) {
 		js()
 	}
 	var pyB2B, jsB2B, jsAlt, pyAlt, pySpaced, jsSpaced, baseline samples
+	busy0, _, cpuOK := cpuTimes()
 	for b.Loop() {
 		pyB2B = append(pyB2B, py())
 	}
+	busy1, _, _ := cpuTimes()
 	n := len(pyB2B)
 	for range n {
 		jsB2B = append(jsB2B, js())
@@ -103,6 +105,13 @@ func BenchmarkWarmCalls(b *testing.B) {
 		b.ReportMetric(ms(r.s.pct(50)), r.name+"-p50-ms")
 		b.ReportMetric(ms(r.s.pct(90)), r.name+"-p90-ms")
 		fmt.Fprintf(&tbl, "| %s | %d | %.2f | %.2f | %s |\n", r.what, len(r.s), ms(r.s.pct(50)), ms(r.s.pct(90)), r.goal)
+	}
+	if cpuOK {
+		// The machine's CPU time (every process: client, fleet, Podman,
+		// sandboxes) per call; jiffies are 10 ms (USER_HZ 100).
+		perCall := float64(busy1-busy0) * 10 / float64(len(pyB2B))
+		b.ReportMetric(perCall, "python-b2b-cpu-ms/call")
+		fmt.Fprintf(&tbl, "| CPU time of the machine per `print(1)` back to back (all processes) | | %.1f | | |\n", perCall)
 	}
 	ratio := float64(baseline.pct(50)) / float64(pyB2B.pct(50))
 	b.ReportMetric(ratio, "python-b2b-speedup-p50-x")
