@@ -79,6 +79,12 @@ type RunnerConn struct {
 	// armedJS is true while armed and its spares include JavaScript's: a
 	// JavaScript job sent now finds Node started.
 	armedJS atomic.Bool
+	// armMu orders arming (readLoop) and disarming (Exec): a ready frame
+	// counts only if every exec sent before it was read has been answered
+	// (execs == dones); one the runner sent before it read the latest exec
+	// is stale, as that job takes the executor it announced.
+	armMu        sync.Mutex
+	execs, dones uint64 // guarded by armMu
 
 	frameTokens *bucket           // throttles frames read, across jobs
 	async       chan *proxy.Frame // small frames written by asyncWriter (refusals)
@@ -116,10 +122,32 @@ func (c *RunnerConn) ArmedFor(lang string) bool {
 	return c.armed.Load()
 }
 
-// arm notes a ready frame or hello: armed, with executors of spares started.
+// arm notes a ready frame or hello: armed, with executors of spares
+// started, unless a job was sent since the runner sent it.
 func (c *RunnerConn) arm(spares []string) {
+	c.armMu.Lock()
+	defer c.armMu.Unlock()
+	if c.execs != c.dones {
+		return
+	}
 	c.armedJS.Store(slices.Contains(spares, JavaScript))
 	c.armed.Store(true)
+}
+
+// disarm notes an exec about to be sent: the runner is armed no more.
+func (c *RunnerConn) disarm() {
+	c.armMu.Lock()
+	defer c.armMu.Unlock()
+	c.execs++
+	c.armed.Store(false)
+	c.armedJS.Store(false)
+}
+
+// answered notes a done frame read from the runner.
+func (c *RunnerConn) answered() {
+	c.armMu.Lock()
+	defer c.armMu.Unlock()
+	c.dones++
 }
 
 // take uncounts a frame received from c.frames.
@@ -192,6 +220,9 @@ func (c *RunnerConn) readLoop() {
 		if err == nil && f.Type == proxy.TypeReady {
 			c.arm(f.Spares) // between jobs: not a frame for Drive
 			continue
+		}
+		if err == nil && f.Type == proxy.TypeDone {
+			c.answered()
 		}
 		c.unread.Add(1)
 		select {
@@ -345,8 +376,7 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 		}
 	}
 	c.reusable.Store(false)
-	c.armed.Store(false)
-	c.armedJS.Store(false)
+	c.disarm()
 	var err error
 	for _, in := range job.Files {
 		if err = c.write(&proxy.Frame{Type: proxy.TypeFile, Job: job.ID, Name: in.Name, Data: base64.StdEncoding.EncodeToString(in.Data)}); err != nil {

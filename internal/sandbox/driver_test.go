@@ -420,3 +420,44 @@ func TestDriveCleanDoneIsIdleAtOnce(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestReadyArmsForItsLanguages: a ready frame after a job's done arms the
+// runner for the languages it names; one that arrives while a job runs (the
+// runner sent it before it read that job's exec, which takes the executor
+// it announced) does not.
+func TestReadyArmsForItsLanguages(t *testing.T) {
+	rc, fr := setup(t, 0)
+	if !rc.ArmedFor(sandbox.Python) || rc.ArmedFor(sandbox.JavaScript) {
+		t.Fatalf("after a hello without spares: python %v, javascript %v", rc.ArmedFor(sandbox.Python), rc.ArmedFor(sandbox.JavaScript))
+	}
+	armedWithin := func(lang string) bool {
+		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if rc.ArmedFor(lang) {
+				return true
+			}
+		}
+		return false
+	}
+	drive(t, rc, fr, func() {
+		_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeDone, Status: "success"})
+		_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeReady, Spares: []string{sandbox.Python, sandbox.JavaScript}})
+	})
+	if !armedWithin(sandbox.JavaScript) || !rc.ArmedFor(sandbox.Python) {
+		t.Fatal("a ready frame naming both languages did not arm the runner for both")
+	}
+	// Stale: sent while the job runs, before its done.
+	drive(t, rc, fr, func() {
+		_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeReady, Spares: []string{sandbox.Python}})
+		_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeDone, Status: "success"})
+	})
+	if armedWithin(sandbox.Python) {
+		t.Fatal("a ready frame sent during a job armed the runner after it")
+	}
+	drive(t, rc, fr, func() {
+		_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeDone, Status: "success"})
+		_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeReady, Spares: []string{sandbox.Python}})
+	})
+	if !armedWithin(sandbox.Python) || rc.ArmedFor(sandbox.JavaScript) {
+		t.Fatalf("after a ready for python alone: python %v, javascript %v", rc.ArmedFor(sandbox.Python), rc.ArmedFor(sandbox.JavaScript))
+	}
+}
