@@ -242,10 +242,10 @@ func (p *Pool) takeWarmLocked() *Box {
 //   - the most recently used idle box of tenant armed for lang (swept, an
 //     executor of lang started); for Python, one without a JavaScript
 //     executor first (a Python job ends that executor unused);
-//   - a warm box, when the tenant has fewer than two idle boxes and the pool
-//     has one: it stays with the tenant, so that a tenant calling back to
-//     back holds two boxes, one armed while the other re-arms (the refill
-//     costs one container start, once);
+//   - a warm box, when the tenant has fewer than two idle boxes, the pool
+//     has one and MaxIdle leaves room for it: it stays with the tenant, so
+//     that a tenant calling back to back holds two boxes, one armed while
+//     the other re-arms (the refill costs one container start, once);
 //   - the least recently used idle box of tenant: it has re-armed longest,
 //     and starts the job once it is armed.
 //
@@ -278,7 +278,7 @@ func (p *Pool) takeIdle(tenant, lang string) *Box {
 			}
 		}
 	}
-	if pick < 0 && len(fit) < 2 {
+	if pick < 0 && len(fit) < 2 && p.idleN < p.cfg.MaxIdle {
 		if b := p.takeWarmLocked(); b != nil {
 			p.setIdle(tenant, fit)
 			return b

@@ -419,7 +419,7 @@ func TestConfigDefaults(t *testing.T) {
 	if err := c.SetDefaults("x sandbox"); err != nil {
 		t.Fatal(err)
 	}
-	if c.Pool != 0 || c.Reuse != containerpool.ReuseNamespace || c.MaxUses != containerpool.DefaultMaxUses || c.MaxIdle != 8 || c.MaxIdlePerTenant != 4 ||
+	if c.Pool != 0 || c.Reuse != containerpool.ReuseNamespace || c.MaxUses != containerpool.DefaultMaxUses || c.MaxIdle < 8 || c.MaxIdle > 32 || c.MaxIdlePerTenant != 4 ||
 		c.IdleTTL != 2*time.Minute || c.Limits.User != "65534:65534" || c.WorkerID == "" || c.RunDir == "" || c.Image != containerpool.DefaultImage {
 		t.Fatalf("defaults %+v", c)
 	}
