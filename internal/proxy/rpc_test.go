@@ -112,3 +112,35 @@ func TestRequestWithoutParksHearsOnlyTheAnswer(t *testing.T) {
 		t.Fatalf("call: %s %v", res, err)
 	}
 }
+
+// TestParkedCallEnds: a parking call with no responder hears ErrNoResponder
+// at once, and one whose connection closes while it waits ends with the
+// connection's error, well before its context.
+func TestParkedCallEnds(t *testing.T) {
+	nc := natsConn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := Call(ctx, nc, "proxy.nobody", Request{Job: "j", Method: MethodCallTool, Parks: true}); !errors.Is(err, ErrNoResponder) {
+		t.Fatalf("no responder: %v", err)
+	}
+	sub, err := nc.Subscribe("proxy.silent", func(*nats.Msg) {}) // hears, never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	done := make(chan error, 1)
+	go func() {
+		_, err := Call(ctx, nc, "proxy.silent", Request{Job: "j", Method: MethodCallTool, Parks: true})
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	nc.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, nats.ErrConnectionClosed) {
+			t.Fatalf("closed connection: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a parked call waited on a closed connection")
+	}
+}
