@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/mcpexec/mcpexec/internal/queue"
 )
 
 // SyncPolicy is when JetStream's writes (jobs, events, memory, buckets) reach
@@ -18,8 +20,8 @@ type SyncPolicy struct {
 }
 
 // SyncMetadata is the key of the sync policy in the state service's metadata
-// ($SRV.INFO), which doctor reads.
-const SyncMetadata = "sync"
+// ($SRV.INFO), which doctor and the queue's clients read.
+const SyncMetadata = queue.SyncMetadata
 
 // SyncUsage says what --sync accepts.
 const SyncUsage = "when JetStream's writes reach the disk, the sync `policy`: always (the default: each write is fsynced before it is acknowledged, " +

@@ -132,6 +132,9 @@ func For(id Identity, pubKey string, s jobs.Subjects) (Permissions, error) {
 			// end a session; a worker host may delete the sessions
 			// bucket's entries anyway.
 			s.WorkerSessions("*"),
+			// The brokers' sync policy (their state service's metadata):
+			// the worker group-commits its events only under sync always.
+			"$SRV.INFO." + s.StateService(),
 			// The job-signing public key, and no other secret.
 			"$JS.API.DIRECT.GET.KV_" + secrets + ".$KV." + secrets + "." + jobs.SigningKeyName,
 		}

@@ -10,10 +10,13 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 	"github.com/nats-io/nuid"
 )
 
@@ -52,15 +55,70 @@ const errCodeAtomicDisabled = 10174
 // duplicate alone). A batch whose answer did not come (a node lost as it
 // committed) is an error to every caller: it may have landed, and a retry
 // with the same Nats-Msg-Id is deduplicated.
+//
+// Group commit pays only where each write waits for its own fsync: under a
+// sync interval, writes are acknowledged at once, and publishing each one at
+// once (many in flight) is faster than one batch at a time (one broker,
+// BenchmarkThroughput: 2,873 jobs/s before group commit, 1,694 with it).
+// So it groups only when the brokers' state service says they sync every
+// write (its $SRV.INFO metadata, as doctor reads it), or says nothing (no
+// state service answered yet, a broker older than the policy); the policy
+// is read at first use and once every policyEvery after.
 type groupCommit struct {
-	nc *nats.Conn
-	js jetstream.JetStream
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	service string // the state service whose metadata says the sync policy ("": always group)
 
-	mu       sync.Mutex // guards pending, leading, disabled
+	mu       sync.Mutex // guards pending, leading, disabled, policyAt, ungrouped
 	pending  []*pendingPub
 	leading  bool
 	disabled bool // the stream refused an atomic batch: publish one by one
+	policyAt time.Time
+	// ungrouped: the brokers sync on an interval; publish each write at once.
+	ungrouped bool
 }
+
+// policyEvery is how often a groupCommit reads the brokers' sync policy.
+const policyEvery = time.Minute
+
+// SyncMetadata is the key of the brokers' sync policy in their state
+// service's metadata: "always", or "interval:D".
+const SyncMetadata = "sync"
+
+// grouped reports whether writes are group-committed, reading the brokers'
+// sync policy when it was not read for policyEvery: one caller reads it, on
+// its path (one request, answered by the nearest state replica); the others
+// use what was read last. A policy that cannot be read leaves the last one.
+func (g *groupCommit) grouped(ctx context.Context) bool {
+	g.mu.Lock()
+	ungrouped := g.ungrouped
+	stale := g.service != "" && time.Since(g.policyAt) >= policyEvery
+	if stale {
+		g.policyAt = time.Now()
+	}
+	g.mu.Unlock()
+	if !stale {
+		return !ungrouped
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), policyWait)
+	defer cancel()
+	msg, err := g.nc.RequestWithContext(rctx, "$SRV.INFO."+g.service, nil)
+	if err != nil {
+		return !ungrouped
+	}
+	var info micro.Info
+	if json.Unmarshal(msg.Data, &info) != nil {
+		return !ungrouped
+	}
+	ungrouped = strings.HasPrefix(info.Metadata[SyncMetadata], "interval:")
+	g.mu.Lock()
+	g.ungrouped = ungrouped
+	g.mu.Unlock()
+	return !ungrouped
+}
+
+// policyWait bounds the read of the sync policy.
+const policyWait = time.Second
 
 // pendingPub is one caller's event waiting in a groupCommit.
 type pendingPub struct {
@@ -83,7 +141,7 @@ type pubResult struct {
 // the batch it joins even when ctx ends first: a caller that left would
 // leave the lead with nobody; every batch is bounded by publishTimeout.
 func (g *groupCommit) publish(ctx context.Context, m *nats.Msg) (uint64, error) {
-	if len(m.Data) > groupMaxMsgBytes {
+	if len(m.Data) > groupMaxMsgBytes || !g.grouped(ctx) {
 		r := g.publishOne(ctx, m)
 		return r.seq, r.err
 	}
@@ -212,7 +270,9 @@ func (g *groupCommit) publishAll(ctx context.Context, msgs []*nats.Msg) []pubRes
 		g.mu.Lock()
 		disabled := g.disabled
 		g.mu.Unlock()
-		results = append(results, g.publishBatch(ctx, batch, disabled)...)
+		// Ungrouped: publishBatch's path for a stream without atomic
+		// batches, every message in flight at once.
+		results = append(results, g.publishBatch(ctx, batch, disabled || !g.grouped(ctx))...)
 		msgs = msgs[n:]
 	}
 	return results

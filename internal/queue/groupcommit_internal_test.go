@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 )
 
 // jetStreamServer starts an in-process nats-server with JetStream under
@@ -205,5 +206,62 @@ func TestBatchLen(t *testing.T) {
 		if got := batchLen(msgs(tc.sizes...), func(m *nats.Msg) *nats.Msg { return m }); got != tc.want {
 			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestGroupCommitFollowsTheSyncPolicy: while the brokers' state service
+// says they sync on an interval, each write goes at once (no atomic batch);
+// while it says they sync always, or nothing answers, writes go in
+// batches. The policy is read again once policyEvery has passed.
+func TestGroupCommitFollowsTheSyncPolicy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	g, s := groupCommitOn(t, true)
+	g.service = "test-state"
+	var svc micro.Service
+	setPolicy := func(policy string) {
+		t.Helper()
+		if svc != nil {
+			if err := svc.Stop(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var err error
+		svc, err = micro.AddService(g.nc, micro.Config{Name: g.service, Version: "1.0.0", Metadata: map[string]string{SyncMetadata: policy}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.mu.Lock()
+		g.policyAt = time.Time{} // policyEvery has passed
+		g.mu.Unlock()
+	}
+	t.Cleanup(func() {
+		if svc != nil {
+			_ = svc.Stop() // the test is over with it
+		}
+	})
+	publish := func(ids ...string) {
+		t.Helper()
+		var msgs []*nats.Msg
+		for _, p := range pending(ids...) {
+			msgs = append(msgs, p.msg)
+		}
+		for i, r := range g.publishAll(ctx, msgs) {
+			if r.err != nil {
+				t.Fatalf("%s: %v", ids[i], r.err)
+			}
+		}
+	}
+	publish("a", "b") // no state service answers
+	setPolicy("interval:2m0s")
+	publish("c", "d")
+	if seq, err := g.publish(ctx, pending("e")[0].msg); err != nil || seq != 5 {
+		t.Fatalf("e: %d %v", seq, err)
+	}
+	setPolicy("always")
+	publish("f", "g")
+	want := map[uint64]string{1: "a+batch", 2: "b+batch", 3: "c", 4: "d", 5: "e", 6: "f+batch", 7: "g+batch"}
+	if got := stored(t, s); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("stored %v, want %v", got, want)
 	}
 }

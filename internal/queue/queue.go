@@ -117,7 +117,8 @@ func NewClient(nc *nats.Conn, s jobs.Subjects) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	return &Client{nc: nc, js: js, sub: s, events: &groupCommit{nc: nc, js: js}, jobs: &groupCommit{nc: nc, js: js}}, nil
+	return &Client{nc: nc, js: js, sub: s, events: &groupCommit{nc: nc, js: js, service: s.StateService()},
+		jobs: &groupCommit{nc: nc, js: js, service: s.StateService()}}, nil
 }
 
 // JetStream returns the client's JetStream context.
