@@ -56,29 +56,38 @@ const errCodeAtomicDisabled = 10174
 // committed) is an error to every caller: it may have landed, and a retry
 // with the same Nats-Msg-Id is deduplicated.
 //
-// Group commit pays only where each write waits for its own fsync: under a
-// sync interval, writes are acknowledged at once, and publishing each one at
-// once (many in flight) is faster than one batch at a time (one broker,
-// BenchmarkThroughput: 2,873 jobs/s before group commit, 1,694 with it).
-// So it groups only when the brokers' state service says they sync every
-// write (its $SRV.INFO metadata, as doctor reads it), or says nothing (no
-// state service answered yet, a broker older than the policy); the policy
-// is read at first use and once every policyEvery after.
+// It groups only where each write waits for its own fsync (syncPolicy).
 type groupCommit struct {
-	nc      *nats.Conn
-	js      jetstream.JetStream
-	service string // the state service whose metadata says the sync policy ("": always group)
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	policy *syncPolicy // nil: always group
 
-	mu       sync.Mutex // guards pending, leading, disabled, policyAt, ungrouped
+	mu       sync.Mutex // guards pending, leading, disabled
 	pending  []*pendingPub
 	leading  bool
 	disabled bool // the stream refused an atomic batch: publish one by one
-	policyAt time.Time
+}
+
+// syncPolicy is the brokers' sync policy as a client reads it, for its
+// group commits. Under a sync interval, writes are acknowledged at once,
+// and publishing each one at once (many in flight) is faster than one batch
+// at a time (one broker, BenchmarkThroughput: 2,873 jobs/s before group
+// commit, 1,694 with it). So a client groups only when the brokers' state
+// service says they sync every write (its $SRV.INFO metadata, as doctor
+// reads it), or says nothing (no state service answered yet, a broker older
+// than the policy). It is read at first use and once every policyEvery
+// after, once for all of a client's group commits.
+type syncPolicy struct {
+	nc      *nats.Conn
+	service string // the state service whose metadata says the policy
+
+	mu     sync.Mutex // guards readAt, ungrouped
+	readAt time.Time
 	// ungrouped: the brokers sync on an interval; publish each write at once.
 	ungrouped bool
 }
 
-// policyEvery is how often a groupCommit reads the brokers' sync policy.
+// policyEvery is how often a client reads the brokers' sync policy.
 const policyEvery = time.Minute
 
 // SyncMetadata is the key of the brokers' sync policy in their state
@@ -89,20 +98,24 @@ const SyncMetadata = "sync"
 // sync policy when it was not read for policyEvery: one caller reads it, on
 // its path (one request, answered by the nearest state replica); the others
 // use what was read last. A policy that cannot be read leaves the last one.
-func (g *groupCommit) grouped(ctx context.Context) bool {
-	g.mu.Lock()
-	ungrouped := g.ungrouped
-	stale := g.service != "" && time.Since(g.policyAt) >= policyEvery
-	if stale {
-		g.policyAt = time.Now()
+// A nil policy always groups.
+func (p *syncPolicy) grouped(ctx context.Context) bool {
+	if p == nil {
+		return true
 	}
-	g.mu.Unlock()
+	p.mu.Lock()
+	ungrouped := p.ungrouped
+	stale := time.Since(p.readAt) >= policyEvery
+	if stale {
+		p.readAt = time.Now()
+	}
+	p.mu.Unlock()
 	if !stale {
 		return !ungrouped
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), policyWait)
 	defer cancel()
-	msg, err := g.nc.RequestWithContext(rctx, "$SRV.INFO."+g.service, nil)
+	msg, err := p.nc.RequestWithContext(rctx, "$SRV.INFO."+p.service, nil)
 	if err != nil {
 		return !ungrouped
 	}
@@ -111,9 +124,9 @@ func (g *groupCommit) grouped(ctx context.Context) bool {
 		return !ungrouped
 	}
 	ungrouped = strings.HasPrefix(info.Metadata[SyncMetadata], "interval:")
-	g.mu.Lock()
-	g.ungrouped = ungrouped
-	g.mu.Unlock()
+	p.mu.Lock()
+	p.ungrouped = ungrouped
+	p.mu.Unlock()
 	return !ungrouped
 }
 
@@ -141,7 +154,7 @@ type pubResult struct {
 // the batch it joins even when ctx ends first: a caller that left would
 // leave the lead with nobody; every batch is bounded by publishTimeout.
 func (g *groupCommit) publish(ctx context.Context, m *nats.Msg) (uint64, error) {
-	if len(m.Data) > groupMaxMsgBytes || !g.grouped(ctx) {
+	if len(m.Data) > groupMaxMsgBytes || !g.policy.grouped(ctx) {
 		r := g.publishOne(ctx, m)
 		return r.seq, r.err
 	}
@@ -261,6 +274,9 @@ func batchLen[T any](items []T, msg func(T) *nats.Msg) int {
 // each alone would have returned, or the error of a batch left unanswered.
 func (g *groupCommit) publishAll(ctx context.Context, msgs []*nats.Msg) []pubResult {
 	results := make([]pubResult, 0, len(msgs))
+	// Ungrouped: publishBatch's path for a stream without atomic batches,
+	// every message in flight at once.
+	ungrouped := !g.policy.grouped(ctx)
 	for len(msgs) > 0 {
 		n := batchLen(msgs, func(m *nats.Msg) *nats.Msg { return m })
 		batch := make([]*pendingPub, n)
@@ -270,9 +286,7 @@ func (g *groupCommit) publishAll(ctx context.Context, msgs []*nats.Msg) []pubRes
 		g.mu.Lock()
 		disabled := g.disabled
 		g.mu.Unlock()
-		// Ungrouped: publishBatch's path for a stream without atomic
-		// batches, every message in flight at once.
-		results = append(results, g.publishBatch(ctx, batch, disabled || !g.grouped(ctx))...)
+		results = append(results, g.publishBatch(ctx, batch, disabled || ungrouped)...)
 		msgs = msgs[n:]
 	}
 	return results

@@ -217,7 +217,7 @@ func TestGroupCommitFollowsTheSyncPolicy(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	g, s := groupCommitOn(t, true)
-	g.service = "test-state"
+	g.policy = &syncPolicy{nc: g.nc, service: "test-state"}
 	var svc micro.Service
 	setPolicy := func(policy string) {
 		t.Helper()
@@ -227,13 +227,13 @@ func TestGroupCommitFollowsTheSyncPolicy(t *testing.T) {
 			}
 		}
 		var err error
-		svc, err = micro.AddService(g.nc, micro.Config{Name: g.service, Version: "1.0.0", Metadata: map[string]string{SyncMetadata: policy}})
+		svc, err = micro.AddService(g.nc, micro.Config{Name: g.policy.service, Version: "1.0.0", Metadata: map[string]string{SyncMetadata: policy}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		g.mu.Lock()
-		g.policyAt = time.Time{} // policyEvery has passed
-		g.mu.Unlock()
+		g.policy.mu.Lock()
+		g.policy.readAt = time.Time{} // policyEvery has passed
+		g.policy.mu.Unlock()
 	}
 	t.Cleanup(func() {
 		if svc != nil {

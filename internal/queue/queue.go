@@ -117,8 +117,9 @@ func NewClient(nc *nats.Conn, s jobs.Subjects) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	return &Client{nc: nc, js: js, sub: s, events: &groupCommit{nc: nc, js: js, service: s.StateService()},
-		jobs: &groupCommit{nc: nc, js: js, service: s.StateService()}}, nil
+	policy := &syncPolicy{nc: nc, service: s.StateService()}
+	return &Client{nc: nc, js: js, sub: s, events: &groupCommit{nc: nc, js: js, policy: policy},
+		jobs: &groupCommit{nc: nc, js: js, policy: policy}}, nil
 }
 
 // JetStream returns the client's JetStream context.
