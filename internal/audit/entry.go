@@ -7,7 +7,8 @@ import (
 	"encoding/json"
 	"strings"
 	"time"
-	"unicode/utf8"
+
+	"github.com/mcpexec/mcpexec/internal/errs"
 )
 
 // Decisions and who makes them: the namespace's policy (its tool rules,
@@ -123,12 +124,5 @@ func Check(key []byte, e Entry) bool {
 
 // Clip cuts s to at most n bytes at a rune boundary, valid UTF-8.
 func Clip(s string, n int) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
+	return errs.Cut(strings.ToValidUTF8(s, "\uFFFD"), n)
 }

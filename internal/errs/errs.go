@@ -88,8 +88,17 @@ func Clip(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
+	return Cut(s, n) + "…"
+}
+
+// Cut returns s, or its first n bytes at most when it is longer, cut at a
+// character boundary: what was valid UTF-8 stays valid.
+func Cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
 	for n > 0 && !utf8.RuneStart(s[n]) {
 		n--
 	}
-	return s[:n] + "…"
+	return s[:n]
 }

@@ -61,3 +61,23 @@ func TestClip(t *testing.T) {
 		}
 	}
 }
+
+// TestCut: Cut is Clip without the mark.
+func TestCut(t *testing.T) {
+	for _, tc := range []struct {
+		s    string
+		n    int
+		want string
+	}{
+		{"short", 10, "short"},
+		{"exactly", 7, "exactly"},
+		{"abcdef", 3, "abc"},
+		{"héllo", 2, "h"},
+		{"日本語", 4, "日"},
+		{"日本語", 0, ""},
+	} {
+		if got := errs.Cut(tc.s, tc.n); got != tc.want || !utf8.ValidString(got) {
+			t.Errorf("errs.Cut(%q, %d) = %q, want %q", tc.s, tc.n, got, tc.want)
+		}
+	}
+}

@@ -6,10 +6,10 @@ import (
 	"context"
 	"errors"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/mcpexec/mcpexec/internal/errs"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
 )
@@ -56,17 +56,10 @@ func isTooLarge(err error) bool {
 // shrinkOutput keeps at most limit bytes of each stream, cut at a character
 // boundary.
 func shrinkOutput(res *jobs.Result, limit int) {
-	cut := func(s string) string {
-		n := limit
-		for n > 0 && !utf8.RuneStart(s[n]) {
-			n--
-		}
-		return s[:n]
-	}
 	if len(res.Stdout) > limit {
-		res.Stdout, res.StdoutTruncated = cut(res.Stdout), true
+		res.Stdout, res.StdoutTruncated = errs.Cut(res.Stdout, limit), true
 	}
 	if len(res.Stderr) > limit {
-		res.Stderr, res.StderrTruncated = cut(res.Stderr), true
+		res.Stderr, res.StderrTruncated = errs.Cut(res.Stderr, limit), true
 	}
 }
