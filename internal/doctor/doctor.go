@@ -268,10 +268,6 @@ func checkNATS(ctx context.Context, cfg Config) []Check {
 	return out
 }
 
-// syncMetadata is the key of the broker's sync policy in the state service's
-// metadata (broker.SyncMetadata).
-const syncMetadata = "sync"
-
 // fleetSync reports the sync policy of the brokers whose state replicas
 // answer $SRV.INFO.<service> within a second.
 func fleetSync(ctx context.Context, nc *nats.Conn, service string) Check {
@@ -300,7 +296,7 @@ func fleetSync(ctx context.Context, nc *nats.Conn, service string) Check {
 		if err := json.Unmarshal(m.Data, &info); err != nil {
 			continue
 		}
-		policy, ok := info.Metadata[syncMetadata]
+		policy, ok := info.Metadata[queue.SyncMetadata]
 		if !ok {
 			// Brokers before the sync policy ran with nats-server's default.
 			policy = "interval:2m0s (a broker older than --sync)"
