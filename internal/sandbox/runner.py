@@ -148,10 +148,11 @@ def _zygote_main(zsock, spare_js=False, preload=()):
     if that job was JavaScript's (the supervisor's word). A Python job kills
     a JavaScript spare, so it is started only where it is likely used. The
     host hears which languages' executors wait (ready frames' spares) and
-    sends a JavaScript job to a sandbox whose JavaScript executor waits. Spares are started only when no code runs in
-    the container (before the first job, and after a sweep found it clean);
-    those a job does not take are killed when it starts and reaped when it
-    ends: code never meets a spare that a later job will use."""
+    sends a JavaScript job to a sandbox whose JavaScript executor waits.
+    Spares are started only when no code runs in the container (before the
+    first job, and after a sweep found it clean); those a job does not take
+    are killed when it starts and reaped when it ends: code never meets a
+    spare that a later job will use."""
     _open_std()
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
