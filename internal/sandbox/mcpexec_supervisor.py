@@ -114,8 +114,19 @@ class _Supervisor:
         if self.ex is None:
             return
         self.to_ex += _encode(frame)
+        self.flush_executor()  # now: not a round of the loop later
         if len(self.to_ex) > MAX_PENDING_TO_EXECUTOR:
             self.fail("the code stopped reading the answers to its calls")
+
+    def flush_executor(self):
+        """Sends the executor what waits for it, as much as its socket takes."""
+        try:
+            n = self.ex.chan.send(self.to_ex[:1 << 20])
+            del self.to_ex[:n]
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.to_ex = bytearray()  # the executor closed it: its exit is reported
 
     # -- output -------------------------------------------------------------------
     def drain(self, fds=None):
@@ -639,13 +650,7 @@ class _Supervisor:
                     wl.append(ex.chan.fileno())
             readable, writable, _ = select.select(rl, wl, [])
             if ex is not None and ex is self.ex and ex.chan.fileno() in writable:
-                try:
-                    n = ex.chan.send(self.to_ex[:1 << 20])
-                    del self.to_ex[:n]
-                except BlockingIOError:
-                    pass
-                except OSError:
-                    self.to_ex = bytearray()  # the executor closed it: its exit is reported
+                self.flush_executor()
             for fd in readable:
                 if fd == host_fd:
                     data = self.host.recv(1 << 20)
