@@ -4,6 +4,8 @@ and the API the sandbox's code sees. Standard library only."""
 import builtins
 import json
 import opcode
+import os
+import select
 import sys
 import threading
 
@@ -23,7 +25,18 @@ class Runner:
         self.globals = None
         self.servers = []
         self._call_slots = None
-        self.before_call = None  # called before each call is sent (starts the executor's reader)
+        # Who reads the channel. The executor's main thread does, as long as
+        # only it calls: its event loop watches the channel (add_reader) and a
+        # blocking call reads it until its reply comes, so the executor keeps
+        # one thread (runner._executor_main says why that matters). A call
+        # from another thread (the code's own) starts a reader thread, which
+        # reads for good. _rlock keeps each frame whole between readers.
+        self.main = None  # the main thread's ident, set by the executor
+        self.threaded = False
+        self._rlock = threading.Lock()
+        self._watched = None  # the event loop watching the channel
+        self.execs = []  # exec frames read, not yet run
+        self.cond = threading.Condition()  # execs appended, for the main thread
         # The code of this executor's jobs (a session's, newest last), where
         # save_tool finds the source of a function the code defined.
         self.codes = []
@@ -42,6 +55,7 @@ class Runner:
 
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        self._route(loop)
         self._send_call(method, params, (loop, fut))
         return await fut
 
@@ -50,17 +64,92 @@ class Runner:
         functions, such as memory and docs)."""
         done = threading.Event()
         box = {}
+        self._route()
         self._send_call(method, params, (None, (done, box)))
+        if threading.get_ident() == self.main:
+            while not done.is_set() and not self.threaded:
+                if self._readable(0.05):  # bounded: a reader thread may start
+                    self._read_ready()
         done.wait()
         if box.get("error"):
             raise MCPError(box["error"])
         return box.get("result")
 
+    def _route(self, loop=None):
+        """Sees that the reply to a call about to be sent will be read: by the
+        loop (on the main thread), by the blocking call itself, or by a reader
+        thread once a call comes from another thread."""
+        if self.threaded:
+            return
+        if threading.get_ident() != self.main:
+            with self._plock:
+                if self.threaded:
+                    return
+                self.threaded = True
+            threading.Thread(target=self._reader, daemon=True).start()
+        elif loop is not None and self._watched is not loop:
+            loop.add_reader(self.chan.fileno(), self._on_readable, loop)
+            self._watched = loop
+
+    def _on_readable(self, loop):
+        if self.threaded:  # the reader thread reads from now on
+            loop.remove_reader(self.chan.fileno())
+            self._watched = None
+            return
+        self._read_ready()
+
+    def _reader(self):
+        while True:
+            self._readable(None)
+            self._read_ready()
+
+    def _readable(self, timeout):
+        """Waits up to timeout seconds (None: for ever) for the channel to be
+        readable."""
+        p = select.poll()
+        p.register(self.chan.fileno(), select.POLLIN)
+        return bool(p.poll(None if timeout is None else int(timeout * 1000)))
+
+    def _read_ready(self):
+        """Reads one frame if one waits. No reader holds _rlock while it waits
+        for a frame: each frame goes whole to one reader, and none starves."""
+        with self._rlock:
+            if self._readable(0):
+                self._read()
+
+    def _read(self):
+        """Reads one frame and dispatches it: a reply settles its call, an exec
+        frame waits in execs. The supervisor gone ends the executor."""
+        try:
+            frame = self.chan.recv()
+        except BaseException:
+            os._exit(0)  # nothing left to do
+        kind = frame.get("type")
+        if kind == "reply":
+            self.on_reply(frame)
+        elif kind == "exec":
+            with self.cond:
+                self.execs.append(frame)
+                self.cond.notify()
+
+    def next_exec(self):
+        """The next exec frame: read on this (the main) thread, or waited for
+        while a reader thread reads. A reply read here (to a call of a task a
+        session's job left running) settles its call."""
+        while True:
+            with self.cond:
+                if self.execs:
+                    return self.execs.pop(0)
+                if self.threaded:
+                    self.cond.wait()
+                    continue
+            # Bounded while a thread of the code's could start a reader.
+            if self._readable(None if threading.active_count() == 1 else 1):
+                self._read_ready()
+
     def _send_call(self, method, params, entry):
         """Sends a call frame under a new id, with entry (loop, future) waiting in
         _pending for on_reply; a failed send takes the entry back."""
-        if self.before_call is not None:
-            self.before_call()
         with self._plock:
             self._next_id += 1
             cid = self._next_id
@@ -92,7 +181,10 @@ class Runner:
             else:
                 fut.set_result(frame.get("result"))
 
-        loop.call_soon_threadsafe(settle)
+        if threading.get_ident() == self.main and loop.is_running():
+            settle()  # on the loop's own thread (its reader)
+        else:
+            loop.call_soon_threadsafe(settle)
 
     # -- execution ---------------------------------------------------------------
     def warm_up(self):

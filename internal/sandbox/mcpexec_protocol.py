@@ -50,6 +50,9 @@ class _Channel:
         self._sock = sock
         self._wlock = threading.Lock()
 
+    def fileno(self):
+        return self._sock.fileno()
+
     def send(self, frame):
         data = _encode(frame)
         with self._wlock:

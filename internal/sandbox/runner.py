@@ -325,9 +325,11 @@ def _executor_main(runner, chan_sock, spare=False):
     frame, having run a job's steps on nothing (Runner.warm_up), so that the
     job's run copies few pages.
 
-    It stays single-threaded until the code makes its first proxy call: the
-    main thread reads the channel between jobs, and a reader thread takes
-    over only when replies must arrive while code runs. A process with one
+    It stays single-threaded unless the code calls the host from a thread of
+    its own: the main thread reads the channel, between jobs and while code
+    runs (the event loop watches it; a blocking call reads until its reply
+    comes); a reader thread takes over only for a call from another thread
+    (Runner._route). A process with one
     thread keeps its memory's TLB flushes on one CPU: a second thread makes
     every copy-on-write fault of the fork an inter-processor interrupt, which
     costs a virtual machine several milliseconds a job."""
@@ -337,43 +339,10 @@ def _executor_main(runner, chan_sock, spare=False):
     if spare:
         runner.warm_up()
         chan_sock.sendall(b"\0")  # to the zygote: warm
-    execs = []
-    cond = threading.Condition()
-    reading = threading.Lock()  # held for good by whoever starts the reader
-
-    def reader():
-        try:
-            while True:
-                frame = chan.recv()
-                kind = frame.get("type")
-                if kind == "reply":
-                    runner.on_reply(frame)
-                elif kind == "exec":
-                    with cond:
-                        execs.append(frame)
-                        cond.notify()
-        except BaseException:
-            os._exit(0)  # supervisor gone: nothing left to do
-
-    def start_reader():
-        if reading.acquire(blocking=False):
-            threading.Thread(target=reader, daemon=True).start()
-
-    runner.before_call = start_reader
+    runner.main = threading.get_ident()
     persist = None
     while True:
-        if reading.locked():
-            with cond:
-                while not execs:
-                    cond.wait()
-                frame = execs.pop(0)
-        else:
-            try:
-                frame = chan.recv()
-            except BaseException:
-                os._exit(0)  # supervisor gone: nothing left to do
-            if frame.get("type") != "exec":
-                continue  # no call is in flight: a reply is stale
+        frame = runner.next_exec()
         if persist is None:
             persist = frame.get("persist") is True
         chan.send(runner.run_job(frame))

@@ -90,6 +90,30 @@ raise ValueError("real outcome")`
 			t.Fatalf("host saw %d calls, want 2", len(h.Calls))
 		}
 	})
+	t.Run("CallsKeepOneThread", func(t *testing.T) {
+		// Replies to the code's calls are read on its own thread (a second
+		// thread makes each copy-on-write fault of the fork an interrupt of
+		// every CPU): awaited, gathered and blocking calls leave one thread;
+		// a call from a thread of the code's own still gets its reply, and so
+		// do the main thread's after it.
+		h := &EchoHost{}
+		code := `import asyncio, threading
+r = await call_tool('s', 't', {'a': 1})
+rs = await asyncio.gather(*[call_tool('s', 't', {'a': i}) for i in range(5)])
+discovered_servers()
+print(r['echo']['a'], [x['echo']['a'] for x in rs], threading.active_count())
+box = []
+th = threading.Thread(target=lambda: box.append(asyncio.run(call_tool('s', 't', {'a': 7}))))
+th.start()
+th.join(10)
+r2 = await call_tool('s', 't', {'a': 8})
+print(box[0]['echo']['a'], r2['echo']['a'], discovered_servers()['method'])`
+		res := run(t, code, short, h)
+		expect(t, res, sandbox.StatusSuccess, 0)
+		if want := "1 [0, 1, 2, 3, 4] 1\n7 8 discovered_servers\n"; res.Stdout != want {
+			t.Fatalf("stdout %q, want %q (stderr %q)", res.Stdout, want, res.Stderr)
+		}
+	})
 	t.Run("LiveOutput", func(t *testing.T) {
 		h := &EchoHost{}
 		res := run(t, "print('live')", short, h)
