@@ -241,6 +241,11 @@ func (b *Broker) clientOptions(name string) []nats.Option {
 	return append(opts, b.cfg.ClientOptions...)
 }
 
+// stallWarnAfter is how long stream setup waits, with every node connected
+// and a stream leaderless, before it warns that the stream may never get a
+// leader (a restart after a power cut of every node takes 12-18 s).
+const stallWarnAfter = 45 * time.Second
+
 // clusterRetry is how often stream setup is retried while a cluster forms.
 const clusterRetry = 250 * time.Millisecond
 
@@ -280,6 +285,7 @@ func (b *Broker) retryUntilReady(ctx context.Context, what string, op func(conte
 		return op(ctx)
 	}
 	var lastLog time.Time
+	start := time.Now()
 	for attempt := 1; ; attempt++ {
 		var err error
 		if !b.ns.JetStreamIsCurrent() {
@@ -297,12 +303,19 @@ func (b *Broker) retryUntilReady(ctx context.Context, what string, op func(conte
 			return nil
 		}
 		if ctx.Err() != nil {
+			if stalled := b.stalledStreams(); len(stalled) > 0 {
+				return stalledError(what, b.cfg.Cluster.Name, stalled, err)
+			}
 			return fmt.Errorf("%s: the cluster %q did not become ready (%w): start the other nodes (routes %v), or check that they reach each other", what, b.cfg.Cluster.Name, err, b.cfg.Cluster.Routes)
 		}
 		if time.Since(lastLog) > 5*time.Second {
 			lastLog = time.Now()
 			b.cfg.Logger.Info("waiting for the cluster", "step", what, "cluster", b.cfg.Cluster.Name,
 				"routes", b.ns.NumRoutes(), "nodes_configured", b.cfg.Cluster.Size(), "replicas", b.cfg.Queue.Replicas, "err", err)
+			if stalled := b.stalledStreams(); len(stalled) > 0 && time.Since(start) > stallWarnAfter {
+				b.cfg.Logger.Warn("streams have no leader although every node is up", "streams", stalled, "waiting", time.Since(start).Round(time.Second),
+					"why", stalledError(what, b.cfg.Cluster.Name, stalled, err).Error())
+			}
 		}
 		select {
 		case <-ctx.Done():
