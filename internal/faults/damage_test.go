@@ -39,6 +39,46 @@ func (f *fleet) blockFile(i int, stream string) string {
 	return filepath.Join(f.nodes[i].cfg.DataDir, "jetstream", "jetstream", "$G", "streams", stream, "msgs", "1.blk")
 }
 
+// raftGroup is the name of stream's Raft group, as node i knows it.
+func (f *fleet) raftGroup(t *testing.T, i int, stream string) string {
+	t.Helper()
+	info, err := f.nodes[i].broker().Server().Jsz(&server.JSzOptions{Streams: true, Accounts: true, RaftGroups: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range info.AccountDetails {
+		for _, s := range a.Streams {
+			if s.Name == stream && s.RaftGroup != "" {
+				return s.RaftGroup
+			}
+		}
+	}
+	t.Fatalf("node %d knows no Raft group of %s", i, stream)
+	return ""
+}
+
+// raftLogFile is the last block of Raft group's log on node i: the entries
+// not yet folded into a snapshot (the node must be down, killed).
+func (f *fleet) raftLogFile(t *testing.T, i int, group string) string {
+	t.Helper()
+	dir := filepath.Join(f.nodes[i].cfg.DataDir, "jetstream", "jetstream", "$SYS", "_js_", group, "msgs")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, lastN := "", -1
+	for _, e := range entries {
+		var n int
+		if _, err := fmt.Sscanf(e.Name(), "%d.blk", &n); err == nil && n > lastN {
+			last, lastN = e.Name(), n
+		}
+	}
+	if last == "" {
+		t.Fatalf("no log block in %s", dir)
+	}
+	return filepath.Join(dir, last)
+}
+
 // flipBit flips one bit of the file at off.
 func flipBit(t *testing.T, path string, off int64) {
 	t.Helper()
@@ -61,8 +101,8 @@ func flipBit(t *testing.T, path string, off int64) {
 }
 
 // TestDamagedStreamFiles flips a bit in the middle of one node's events
-// stream file, and truncates another node's to half, while they are down
-// (killed): restarted, each holds what the healthy majority holds, and
+// stream file, truncates another node's to half, and flips a bit in the
+// third node's Raft log of that stream, while they are down (killed): restarted, each holds what the healthy majority holds, and
 // leading the stream it serves every message as it was written. nats-server
 // rebuilds a stream's store from its Raft log and the other replicas; this
 // proves it does for mcpexec's streams, and that a damaged node neither
@@ -87,26 +127,33 @@ func TestDamagedStreamFiles(t *testing.T) {
 	want := f.messages(t, stream)
 	t.Logf("the events stream holds %d messages", len(want))
 
+	flip := func(t *testing.T, path string, size int64) { flipBit(t, path, size/2) }
+	group := f.raftGroup(t, 0, stream)
 	for _, tc := range []struct {
 		name   string
 		node   int
+		file   func(t *testing.T, i int) string
 		damage func(t *testing.T, path string, size int64)
 	}{
-		{"bit flip", 1, func(t *testing.T, path string, size int64) { flipBit(t, path, size/2) }},
-		{"truncation", 2, func(t *testing.T, path string, size int64) {
+		{"bit flip", 1, func(_ *testing.T, i int) string { return f.blockFile(i, stream) }, flip},
+		{"truncation", 2, func(_ *testing.T, i int) string { return f.blockFile(i, stream) }, func(t *testing.T, path string, size int64) {
 			if err := os.Truncate(path, size/2); err != nil {
 				t.Fatal(err)
 			}
 		}},
+		// The stream's Raft log, not its store: the entries since the last
+		// snapshot, which a node replays at its start.
+		{"raft log bit flip", 0, func(t *testing.T, i int) string { return f.raftLogFile(t, i, group) }, flip},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f.down(tc.node, kill)
-			path := f.blockFile(tc.node, stream)
+			path := tc.file(t, tc.node)
 			st, err := os.Stat(path)
 			if err != nil {
 				t.Fatal(err)
 			}
 			tc.damage(t, path, st.Size())
+			t.Logf("node %d: %s of %s damaged (%d bytes)", tc.node, tc.name, filepath.Base(path), st.Size())
 			f.up(t, tc.node)
 			deadline := time.Now().Add(30 * time.Second)
 			for {
