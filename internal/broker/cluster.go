@@ -313,7 +313,7 @@ func (b *Broker) retryUntilReady(ctx context.Context, what string, op func(conte
 			b.cfg.Logger.Info("waiting for the cluster", "step", what, "cluster", b.cfg.Cluster.Name,
 				"routes", b.ns.NumRoutes(), "nodes_configured", b.cfg.Cluster.Size(), "replicas", b.cfg.Queue.Replicas, "err", err)
 			if stalled := b.stalledStreams(); len(stalled) > 0 && time.Since(start) > stallWarnAfter {
-				b.cfg.Logger.Warn("streams have no leader although every node is up", "streams", stalled, "waiting", time.Since(start).Round(time.Second),
+				b.cfg.Logger.Warn("streams have no leader although every node is up", "streams", len(stalled), "waiting", time.Since(start).Round(time.Second),
 					"why", stalledError(what, b.cfg.Cluster.Name, stalled, err).Error())
 			}
 		}

@@ -2,11 +2,14 @@ package broker
 
 import "github.com/nats-io/nats-server/v2/server"
 
+// Stalled is a stream no replica will lead, and its files here.
+type Stalled = stalled
+
 // StalledStreams exposes stalledStreams to the external tests.
-func (b *Broker) StalledStreams() []string { return b.stalledStreams() }
+func (b *Broker) StalledStreams() []Stalled { return b.stalledStreams() }
 
 // Leaderless exposes leaderless to the external tests.
-func Leaderless(info *server.JSInfo) []string { return leaderless(info) }
+func Leaderless(info *server.JSInfo, root string) []Stalled { return leaderless(info, root) }
 
 // LeaderlessHere names the streams this node's server sees without a leader,
 // whether or not every node is connected.
@@ -15,5 +18,9 @@ func (b *Broker) LeaderlessHere() []string {
 	if err != nil {
 		return nil
 	}
-	return leaderless(jsz)
+	var names []string
+	for _, s := range leaderless(jsz, "") {
+		names = append(names, s.Name)
+	}
+	return names
 }

@@ -2,11 +2,19 @@ package broker
 
 import (
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 
 	"github.com/nats-io/nats-server/v2/server"
 )
+
+// stalled is a replicated stream that no replica will lead, and the files
+// on this node its repair removes.
+type stalled struct {
+	Name  string
+	Files []string // its store, and the Raft logs of it and its consumers
+}
 
 // stalledStreams names the replicated streams this node holds that have no
 // leader although every node of the cluster is connected to it. That is not
@@ -17,7 +25,7 @@ import (
 // waits to catch up from a leader, none campaigns while it waits, and the
 // stream stays without one (docs/design.md, "A stream no replica will lead").
 // It returns nil while a node is missing or nothing is known.
-func (b *Broker) stalledStreams() []string {
+func (b *Broker) stalledStreams() []stalled {
 	if !b.cfg.Cluster.Enabled() {
 		return nil
 	}
@@ -32,34 +40,50 @@ func (b *Broker) stalledStreams() []string {
 	if len(peers) < b.cfg.Cluster.Size()-1 {
 		return nil
 	}
-	jsz, err := b.ns.Jsz(&server.JSzOptions{Accounts: true, Streams: true})
+	jsz, err := b.ns.Jsz(&server.JSzOptions{Accounts: true, Streams: true, Consumer: true, RaftGroups: true})
 	if err != nil {
 		return nil
 	}
-	return leaderless(jsz)
+	return leaderless(jsz, b.ns.StoreDir())
 }
 
-// leaderless names the streams of info whose Raft group knows no leader.
-func leaderless(info *server.JSInfo) []string {
-	var names []string
+// leaderless lists the streams of info whose Raft group knows no leader,
+// with their files under root (a node's JetStream directory).
+func leaderless(info *server.JSInfo, root string) []stalled {
+	var out []stalled
 	for _, acc := range info.AccountDetails {
 		for _, st := range acc.Streams {
-			if st.Cluster != nil && st.Cluster.Leader == "" && len(st.Cluster.Replicas) > 0 {
-				names = append(names, st.Name)
+			if st.Cluster == nil || st.Cluster.Leader != "" || len(st.Cluster.Replicas) == 0 {
+				continue
 			}
+			s := stalled{Name: st.Name, Files: []string{filepath.Join(root, acc.Name, "streams", st.Name)}}
+			if st.RaftGroup != "" {
+				s.Files = append(s.Files, filepath.Join(root, server.DEFAULT_SYSTEM_ACCOUNT, "_js_", st.RaftGroup))
+			}
+			for _, c := range st.ConsumerRaftGroups {
+				s.Files = append(s.Files, filepath.Join(root, server.DEFAULT_SYSTEM_ACCOUNT, "_js_", c.RaftGroup))
+			}
+			out = append(out, s)
 		}
 	}
-	slices.Sort(names)
-	return names
+	slices.SortFunc(out, func(a, b stalled) int { return strings.Compare(a.Name, b.Name) })
+	return out
 }
 
 // stalledError says what the operator of a node whose streams stay
 // leaderless can do.
-func stalledError(what, cluster string, streams []string, err error) error {
+func stalledError(what, cluster string, streams []stalled, err error) error {
+	names := make([]string, len(streams))
+	var files []string
+	for i, s := range streams {
+		names[i] = s.Name
+		files = append(files, s.Files...)
+	}
 	return fmt.Errorf("%s: the cluster %q is up, but stream %s has no leader (%w): each replica waits to catch up "+
 		"from a leader none of them will become, as nats-server does when every replica is behind the stream's last "+
-		"snapshot (seen after a power cut of every node); restarting does not help. To repair, delete the stream "+
-		"(nats stream rm, with the cluster's admin credentials) and restart the brokers, which create it again; "+
-		"jobs it held stay recorded queued until --queued-max-age records them rejected, so submit them again "+
-		"under new ids (docs/design.md, \"A stream no replica will lead\")", what, cluster, strings.Join(streams, ", "), err)
+		"snapshot (seen after a power cut of every node); restarting does not help, nor does deleting the stream "+
+		"(the request times out). To repair: stop every broker, remove on every node the stream's files (on this "+
+		"node: %s), and start them again: the cluster creates the stream and its consumers again, empty. Jobs it "+
+		"held stay recorded queued until --queued-max-age records them rejected; submit them again under new ids "+
+		"(docs/design.md, \"A stream no replica will lead\")", what, cluster, strings.Join(names, ", "), err, strings.Join(files, " "))
 }

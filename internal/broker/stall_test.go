@@ -1,7 +1,7 @@
 package broker_test
 
 import (
-	"slices"
+	"reflect"
 	"testing"
 	"time"
 
@@ -13,17 +13,23 @@ import (
 )
 
 // TestLeaderless: a replicated stream whose Raft group knows no leader is
-// named; one with a leader, and one not replicated, are not.
+// listed, with its store and the Raft logs of it and its consumers; one
+// with a leader, and one not replicated, are not.
 func TestLeaderless(t *testing.T) {
 	peer := []*server.PeerInfo{{Name: "node1"}}
-	info := &server.JSInfo{AccountDetails: []*server.AccountDetail{{Streams: []server.StreamDetail{
-		{Name: "MCPEXEC_JOBS", Cluster: &server.ClusterInfo{Replicas: peer}},
+	info := &server.JSInfo{AccountDetails: []*server.AccountDetail{{Name: "$G", Streams: []server.StreamDetail{
+		{Name: "MCPEXEC_JOBS", Cluster: &server.ClusterInfo{Replicas: peer}, RaftGroup: "S-R3F-jobs",
+			ConsumerRaftGroups: []*server.RaftGroupDetail{{Name: "workers-default", RaftGroup: "C-R3F-w"}}},
 		{Name: "MCPEXEC_EVENTS", Cluster: &server.ClusterInfo{Leader: "node0", Replicas: peer}},
 		{Name: "SINGLE", Cluster: &server.ClusterInfo{Leader: "node0"}},
 		{Name: "LOCAL"},
-	}}, {Streams: []server.StreamDetail{{Name: "AUDIT", Cluster: &server.ClusterInfo{Replicas: peer}}}}}}
-	if got, want := broker.Leaderless(info), []string{"AUDIT", "MCPEXEC_JOBS"}; !slices.Equal(got, want) {
-		t.Fatalf("leaderless streams %v, want %v", got, want)
+	}}, {Name: "$G", Streams: []server.StreamDetail{{Name: "AUDIT", Cluster: &server.ClusterInfo{Replicas: peer}}}}}}
+	want := []broker.Stalled{
+		{Name: "AUDIT", Files: []string{"/js/$G/streams/AUDIT"}},
+		{Name: "MCPEXEC_JOBS", Files: []string{"/js/$G/streams/MCPEXEC_JOBS", "/js/$SYS/_js_/S-R3F-jobs", "/js/$SYS/_js_/C-R3F-w"}},
+	}
+	if got := broker.Leaderless(info, "/js"); !reflect.DeepEqual(got, want) {
+		t.Fatalf("leaderless streams\n got %+v\nwant %+v", got, want)
 	}
 }
 
