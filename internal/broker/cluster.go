@@ -312,9 +312,8 @@ func (b *Broker) retryUntilReady(ctx context.Context, what string, op func(conte
 			lastLog = time.Now()
 			b.cfg.Logger.Info("waiting for the cluster", "step", what, "cluster", b.cfg.Cluster.Name,
 				"routes", b.ns.NumRoutes(), "nodes_configured", b.cfg.Cluster.Size(), "replicas", b.cfg.Queue.Replicas, "err", err)
-			if stalled := b.stalledStreams(); len(stalled) > 0 && time.Since(start) > stallWarnAfter {
-				b.cfg.Logger.Warn("streams have no leader although every node is up", "streams", len(stalled), "waiting", time.Since(start).Round(time.Second),
-					"why", stalledError(what, b.cfg.Cluster.Name, stalled, err).Error())
+			if time.Since(start) > stallWarnAfter {
+				b.warnStalled(what, time.Since(start), err)
 			}
 		}
 		select {

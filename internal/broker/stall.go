@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 )
@@ -68,6 +69,15 @@ func leaderless(info *server.JSInfo, root string) []stalled {
 	}
 	slices.SortFunc(out, func(a, b stalled) int { return strings.Compare(a.Name, b.Name) })
 	return out
+}
+
+// warnStalled warns, after waiting long in setup step what, if streams have
+// no replica that will lead them.
+func (b *Broker) warnStalled(what string, waiting time.Duration, err error) {
+	if stalled := b.stalledStreams(); len(stalled) > 0 {
+		b.cfg.Logger.Warn("streams have no leader although every node is up", "streams", len(stalled),
+			"waiting", waiting.Round(time.Second), "why", stalledError(what, b.cfg.Cluster.Name, stalled, err).Error())
+	}
 }
 
 // stalledError says what the operator of a node whose streams stay
