@@ -169,7 +169,7 @@ func (s *Service) drainAudit(ctx context.Context, as AuditStore, cons jetstream.
 		case <-ctx.Done():
 			return from
 		}
-		batch = gather(msgs, batch, maxBatch, prev > 1)
+		batch = gather(msgs, batch, maxBatch, prev > 1, nil) // no request waits for the audit trail
 		prev = len(batch)
 		last := from
 		var in []AuditIn

@@ -44,10 +44,13 @@ const (
 const (
 	followExpiry    = 5 * time.Second
 	followHeartbeat = 500 * time.Millisecond
-	// Under load, a batch smaller than lingerBelow waits up to
-	// followLinger for more.
-	followLinger = 2 * time.Millisecond
-	lingerBelow  = 64
+	// Under load (the last batch held more than one message), a batch
+	// smaller than lingerBelow waits up to followLinger for more, so that
+	// each commit (page writes and an fsync, which the replicas of a
+	// cluster on one machine contend for) applies many messages; unless a
+	// request waits for what the batch holds (applied.hurry).
+	followLinger = 10 * time.Millisecond
+	lingerBelow  = 512
 )
 
 // ErrBehind is the error of a replica that has not applied what a request's
@@ -68,10 +71,30 @@ type applied struct {
 	// the memory stream again (the stream's last sequence then).
 	memoryFloor uint64
 	wake        chan struct{} // closed (and replaced) at each advance
+	// hurryEvents and hurryMemory get a token when a request waits for
+	// more of that stream than is applied: its follower stops lingering
+	// for a larger batch and applies what it has.
+	hurryEvents, hurryMemory chan struct{}
 }
 
 func newApplied(events, memory uint64) *applied {
-	return &applied{events: events, memory: memory, wake: make(chan struct{})}
+	return &applied{events: events, memory: memory, wake: make(chan struct{}),
+		hurryEvents: make(chan struct{}, 1), hurryMemory: make(chan struct{}, 1)}
+}
+
+// hurry returns the channel that tells stream's follower a request waits.
+func (a *applied) hurry(memory bool) <-chan struct{} {
+	if memory {
+		return a.hurryMemory
+	}
+	return a.hurryEvents
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
 }
 
 func (a *applied) get() (events, memory uint64) {
@@ -138,6 +161,12 @@ func (a *applied) wait(ctx context.Context, events, memory uint64, d time.Durati
 		a.mu.Unlock()
 		if ok {
 			return nil
+		}
+		if ae < events {
+			signal(a.hurryEvents)
+		}
+		if am < mem {
+			signal(a.hurryMemory)
 		}
 		select {
 		case <-wake:
@@ -255,11 +284,10 @@ func (s *Service) drain(ctx context.Context, stream string, cons jetstream.Consu
 		case <-ctx.Done():
 			return from, nil
 		}
-		// Under load (the last batch held more than one message), linger
-		// for more, so that commits (fsyncs, which three replicas on one
-		// disk contend for) each apply many messages; without load, a
-		// message is applied at once (a write waits for it).
-		batch = gather(msgs, batch, maxBatch, prev > 1)
+		// Under load, linger for more, so that commits each apply many
+		// messages; without load, or when a request waits, a message is
+		// applied at once.
+		batch = gather(msgs, batch, maxBatch, prev > 1, s.applied.hurry(stream == s.sub.MemoryStream()))
 		prev = len(batch)
 		// The ordered consumer's first message, and its first after it was
 		// created again (a node or the stream lost and back): what it
@@ -296,8 +324,8 @@ func (s *Service) drain(ctx context.Context, stream string, cons jetstream.Consu
 
 // gather adds to batch what has arrived on msgs, up to limit messages; when
 // linger is set and the batch is under lingerBelow, it waits up to
-// followLinger for more.
-func gather(msgs <-chan jetstream.Msg, batch []jetstream.Msg, limit int, linger bool) []jetstream.Msg {
+// followLinger for more, unless hurry says a request waits (nil: none does).
+func gather(msgs <-chan jetstream.Msg, batch []jetstream.Msg, limit int, linger bool, hurry <-chan struct{}) []jetstream.Msg {
 	var deadline <-chan time.Time
 	for len(batch) < limit {
 		select {
@@ -318,6 +346,8 @@ func gather(msgs <-chan jetstream.Msg, batch []jetstream.Msg, limit int, linger 
 		case m := <-msgs:
 			batch = append(batch, m)
 		case <-deadline:
+			return batch
+		case <-hurry:
 			return batch
 		}
 	}
