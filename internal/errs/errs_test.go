@@ -43,41 +43,27 @@ func TestKindOf(t *testing.T) {
 	}
 }
 
-func TestClip(t *testing.T) {
+// TestClipAndCut: both keep at most n bytes of s, cut at a character
+// boundary; Clip marks the cut with "…", Cut does not. One table serves
+// both.
+func TestClipAndCut(t *testing.T) {
 	for _, tc := range []struct {
-		s    string
-		n    int
-		want string
+		s         string
+		n         int
+		clip, cut string
 	}{
-		{"short", 10, "short"},
-		{"exactly", 7, "exactly"},
-		{"abcdef", 3, "abc…"},
-		{"héllo", 2, "h…"}, // é is two bytes: not split
-		{"日本語", 4, "日…"},
-		{"日本語", 0, "…"},
+		{"short", 10, "short", "short"},
+		{"exactly", 7, "exactly", "exactly"},
+		{"abcdef", 3, "abc…", "abc"},
+		{"héllo", 2, "h…", "h"}, // é is two bytes: not split
+		{"日本語", 4, "日…", "日"},
+		{"日本語", 0, "…", ""},
 	} {
-		if got := errs.Clip(tc.s, tc.n); got != tc.want || !utf8.ValidString(got) {
-			t.Errorf("errs.Clip(%q, %d) = %q, want %q", tc.s, tc.n, got, tc.want)
+		if got := errs.Clip(tc.s, tc.n); got != tc.clip || !utf8.ValidString(got) {
+			t.Errorf("errs.Clip(%q, %d) = %q, want %q", tc.s, tc.n, got, tc.clip)
 		}
-	}
-}
-
-// TestCut: Cut is Clip without the mark.
-func TestCut(t *testing.T) {
-	for _, tc := range []struct {
-		s    string
-		n    int
-		want string
-	}{
-		{"short", 10, "short"},
-		{"exactly", 7, "exactly"},
-		{"abcdef", 3, "abc"},
-		{"héllo", 2, "h"},
-		{"日本語", 4, "日"},
-		{"日本語", 0, ""},
-	} {
-		if got := errs.Cut(tc.s, tc.n); got != tc.want || !utf8.ValidString(got) {
-			t.Errorf("errs.Cut(%q, %d) = %q, want %q", tc.s, tc.n, got, tc.want)
+		if got := errs.Cut(tc.s, tc.n); got != tc.cut || !utf8.ValidString(got) {
+			t.Errorf("errs.Cut(%q, %d) = %q, want %q", tc.s, tc.n, got, tc.cut)
 		}
 	}
 }
