@@ -5,6 +5,7 @@ package queue
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -148,8 +149,7 @@ func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, k
 	// 2. Enqueue the claimed jobs, and repair a duplicate whose first claimer
 	// may have died between claim and enqueue (the jobs stream deduplicates).
 	// A submitted job that waits for parents is enqueued by its release.
-	var enq []*nats.Msg
-	var enqOf []int // enq[k] is js[enqOf[k]]'s
+	enqueue := make([]bool, len(js))
 	for i, job := range js {
 		if kind == jobs.EventSubmitted && job.Waits() {
 			continue
@@ -168,6 +168,50 @@ func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, k
 			if !repair {
 				continue
 			}
+		}
+		enqueue[i] = true
+	}
+	c.enqueue(ctx, key, sign, js, enqueue, errs)
+}
+
+// Requeue publishes again the message of each job (as recorded: normalised,
+// claimed, and not waiting for parents), for jobs whose message the jobs
+// stream lost: after a broker replaced a jobs stream no replica would lead
+// (docs/design.md, "A stream no replica will lead"). The message is the one
+// the submission published, under the same Nats-Msg-Id, so a job requeued
+// twice within the dedupe window is queued once; a worker that gets a job
+// already started or ended finds it in the job's history. It returns one
+// error per job, as SubmitMany's second step does.
+func (c *Client) Requeue(ctx context.Context, js []*jobs.Job) []error {
+	errs := make([]error, len(js))
+	key, sign, err := c.proxyKey(ctx)
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	enqueue := make([]bool, len(js))
+	for i := range enqueue {
+		enqueue[i] = true
+	}
+	for lo := 0; lo < len(js); lo += submitChunk {
+		hi := min(lo+submitChunk, len(js))
+		c.enqueue(ctx, key, sign, js[lo:hi], enqueue[lo:hi], errs[lo:hi])
+	}
+	return errs
+}
+
+// enqueue publishes the message of each js[i] with enqueue[i], signed with
+// sign and carrying the capability of key, and sets errs[i] when that fails.
+// errs[i] may already hold ErrDuplicate (a repaired duplicate claim): a
+// failed republish then makes it errUnsure.
+func (c *Client) enqueue(ctx context.Context, key []byte, sign ed25519.PrivateKey, js []*jobs.Job, enqueue []bool, errs []error) {
+	var enq []*nats.Msg
+	var enqOf []int // enq[k] is js[enqOf[k]]'s
+	for i, job := range js {
+		if !enqueue[i] {
+			continue
 		}
 		subject, done, rerr := c.route(ctx, job)
 		if done {
