@@ -4,6 +4,7 @@ import (
 	"flag"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -23,6 +24,7 @@ type fleetFlags struct {
 	state         bool
 	rebuild       bool
 	sync          broker.SyncPolicy
+	stallRepair   time.Duration
 	sec           broker.Security
 	client        *natsflags.Flags // the broker's own connections, under --nats-config
 }
@@ -37,6 +39,7 @@ func registerFleetFlags(fs *flag.FlagSet) *fleetFlags {
 	fs.BoolVar(&f.state, "state", true, "run a state replica on this node (every node of a cluster runs one by default)")
 	fs.BoolVar(&f.rebuild, "rebuild-state", false, "delete this node's state file at start and rebuild it from the streams")
 	fs.Var(&f.sync, "sync", broker.SyncUsage)
+	fs.DurationVar(&f.stallRepair, "stall-repair", broker.DefaultStallRepair, "cluster: replace the jobs stream, and queue its jobs again, once every replica has found it without a leader for this long with every node up (-1: never, say how to repair it by hand)")
 	fs.StringVar(&f.sec.ConfigFile, "nats-config", "", "nats-server configuration file for authorization/accounts (flags override it)")
 	fs.StringVar(&f.sec.User, "auth-user", "", "require this NATS user on clients and routes (with --auth-password)")
 	fs.StringVar(&f.sec.Password, "auth-password", "", "password of --auth-user (prefer MCPEXEC_AUTH_PASSWORD)")
@@ -73,6 +76,14 @@ func (f *fleetFlags) apply(cfg *broker.Config, log *slog.Logger) error {
 		cfg.Queue.Replicas = f.replicas
 	}
 	cfg.Security, cfg.NoState, cfg.RebuildState, cfg.Sync = f.sec, !f.state, f.rebuild, f.sync
+	switch {
+	case f.stallRepair < 0:
+		cfg.StallRepair = -1
+	case f.stallRepair < 10*time.Second:
+		return cli.Usagef("--stall-repair must be -1 (never) or at least 10s, got %s: a shorter wait could replace a stream that is only electing a leader", f.stallRepair)
+	default:
+		cfg.StallRepair = f.stallRepair
+	}
 	if f.client.Secured() {
 		opts, err := f.client.Auth()
 		if err != nil {

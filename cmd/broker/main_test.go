@@ -30,6 +30,7 @@ func TestCommandLine(t *testing.T) {
 		{"beyond loopback without auth", []string{"--data", filepath.Join(dir, "d1"), "--listen", "0.0.0.0:0"}, cli.ExitFailure, "broker auth init DIR"},
 		{"sync sometimes", []string{"--data", filepath.Join(dir, "d4"), "--sync", "sometimes"}, cli.ExitUsage, "want always or interval:D"},
 		{"sync interval zero", []string{"--data", filepath.Join(dir, "d5"), "--sync", "interval:0s"}, cli.ExitUsage, "positive duration"},
+		{"stall repair too soon", []string{"--data", filepath.Join(dir, "d6"), "--stall-repair", "2s"}, cli.ExitUsage, "--stall-repair must be -1 (never) or at least 10s"},
 		{"unexpected argument", []string{"--data", filepath.Join(dir, "d2"), "serve"}, cli.ExitUsage, `unexpected argument "serve"`},
 		{"queued max age under the dedupe window", []string{"--data", filepath.Join(dir, "d2"), "--queued-max-age", "1m"}, cli.ExitUsage, "QueuedMaxAge (1m0s) must be at least DedupeWindow"},
 		{"audit retention under the dedupe window", []string{"--data", filepath.Join(dir, "d2"), "--audit-retention", "1m"}, cli.ExitUsage, "AuditMaxAge (the audit retention, 1m0s) must be at least DedupeWindow"},
@@ -106,6 +107,12 @@ func TestSyncFlag(t *testing.T) {
 	}
 	if cfg, err := parse("--sync", "interval:30s"); err != nil || cfg.Sync.Interval != 30*time.Second {
 		t.Fatalf("--sync interval:30s: %v %v", cfg.Sync, err)
+	}
+	if cfg, err := parse(); err != nil || cfg.StallRepair != broker.DefaultStallRepair {
+		t.Fatalf("default stall repair: %v %v, want %v", cfg.StallRepair, err, broker.DefaultStallRepair)
+	}
+	if cfg, err := parse("--stall-repair", "-1s"); err != nil || cfg.StallRepair >= 0 {
+		t.Fatalf("--stall-repair -1s: %v %v, want never (negative)", cfg.StallRepair, err)
 	}
 	t.Setenv("MCPEXEC_SYNC", "interval:1m")
 	if cfg, err := parse(); err != nil || cfg.Sync.Interval != time.Minute {

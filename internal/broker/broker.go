@@ -53,6 +53,11 @@ type Config struct {
 	// RebuildState deletes this node's state file at start: the replica is
 	// rebuilt from the streams.
 	RebuildState bool
+	// StallRepair is how long the jobs stream may stay without a leader,
+	// with every node connected, before the brokers replace it (0:
+	// DefaultStallRepair; negative: never, the start fails with the
+	// repair to make by hand). See stall.go.
+	StallRepair time.Duration
 	// ClientOptions are added to the broker's own in-process connections, e.g.
 	// the credentials it needs under a --nats-config authorization.
 	ClientOptions []nats.Option
@@ -72,6 +77,8 @@ type Broker struct {
 	store *boltstore.Store
 	svc   *state.Service
 
+	repaired bool // this start has replaced a stalled jobs stream once
+
 	once sync.Once
 }
 
@@ -90,6 +97,50 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 	if err := checkExposure(cfg, opts); err != nil {
 		return nil, err
 	}
+	if !cfg.Sync.Always() {
+		cfg.Logger.Warn("JetStream acknowledges writes before they reach the disk: a power cut loses up to the sync interval of acknowledged jobs and memory writes",
+			"sync", cfg.Sync.String(), "fix", "run with --sync always (the default)")
+	}
+	b, err := start(ctx, cfg, opts, false)
+	var stall *stallRepair
+	if !errors.As(err, &stall) {
+		return b, err
+	}
+	// Every node found the jobs stream stalled: replace this node's copy
+	// and start again; the stream comes back empty, and the jobs it held
+	// are queued again from their submissions.
+	aside, err := setAside(cfg.DataDir, stall.files)
+	if err != nil {
+		return nil, fmt.Errorf("replace the stalled stream %s: %w", stall.stream, err)
+	}
+	cfg.Logger.Error("the jobs stream had no leader on any node although every node was up: this node's copy is set aside and the cluster creates it again; the jobs it held are queued again",
+		"stream", stall.stream, "stalled_for", stall.after.Round(time.Second), "aside", aside,
+		"why", "after a power cut of every node, each replica of a work-queue stream can find itself behind the stream's last snapshot (docs/design.md, \"A stream no replica will lead\")")
+	if opts, err = serverOptions(cfg); err != nil {
+		return nil, err
+	}
+	if b, err = start(ctx, cfg, opts, true); err != nil {
+		return nil, err
+	}
+	if b.svc == nil {
+		cfg.Logger.Warn("this node runs no state replica: the jobs the replaced stream held are requeued by the nodes that run one")
+		return b, nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	n, err := b.svc.RequeueQueued(rctx)
+	if err != nil {
+		cfg.Logger.Error("requeue the jobs of the replaced stream", "requeued", n, "err", err)
+	} else {
+		cfg.Logger.Info("requeued the jobs of the replaced stream", "requeued", n)
+	}
+	return b, nil
+}
+
+// start starts the NATS server of opts and the broker around it. repaired
+// says whether this node has replaced a stalled stream in this start: a
+// second stall is then an error to the operator.
+func start(ctx context.Context, cfg Config, opts *server.Options, repaired bool) (*Broker, error) {
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("configure NATS server: %w", err)
@@ -100,11 +151,7 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 		ns.Shutdown()
 		return nil, fmt.Errorf("NATS server did not start listening on %s within 10s (port in use?)", cfg.Listen)
 	}
-	b := &Broker{cfg: cfg, ns: ns}
-	if !cfg.Sync.Always() {
-		cfg.Logger.Warn("JetStream acknowledges writes before they reach the disk: a power cut loses up to the sync interval of acknowledged jobs and memory writes",
-			"sync", cfg.Sync.String(), "fix", "run with --sync always (the default)")
-	}
+	b := &Broker{cfg: cfg, ns: ns, repaired: repaired}
 	if err := b.init(ctx); err != nil {
 		_ = b.Close() // Close always returns nil
 		return nil, err

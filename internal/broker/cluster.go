@@ -253,8 +253,19 @@ const clusterRetry = 250 * time.Millisecond
 // leader yet or too few nodes for the replicas (queue.Setup is idempotent, so
 // every node may run it). It returns when the streams exist or ctx ends.
 func (b *Broker) setupStreams(ctx context.Context, js jetstream.JetStream) error {
+	w, err := b.watchStall()
+	if err != nil {
+		return err
+	}
+	defer w.stop()
 	return b.retryUntilReady(ctx, "create streams", func(ctx context.Context) error {
-		return queue.Setup(ctx, js, b.cfg.Queue)
+		err := queue.Setup(ctx, js, b.cfg.Queue)
+		if err != nil {
+			if rerr := w.check(); rerr != nil {
+				return rerr
+			}
+		}
+		return err
 	})
 }
 
@@ -295,6 +306,10 @@ func (b *Broker) retryUntilReady(ctx context.Context, what string, op func(conte
 			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			err = op(actx)
 			cancel()
+		}
+		var stall *stallRepair
+		if errors.As(err, &stall) {
+			return err
 		}
 		if err == nil {
 			if attempt > 1 {

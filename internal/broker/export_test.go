@@ -14,12 +14,8 @@ func Leaderless(info *server.JSInfo, root string) []Stalled { return leaderless(
 // LeaderlessHere names the streams this node's server sees without a leader,
 // whether or not every node is connected.
 func (b *Broker) LeaderlessHere() []string {
-	jsz, err := b.ns.Jsz(&server.JSzOptions{Accounts: true, Streams: true})
-	if err != nil {
-		return nil
-	}
 	var names []string
-	for _, s := range leaderless(jsz, "") {
+	for _, s := range b.leaderlessHere() {
 		names = append(names, s.Name)
 	}
 	return names

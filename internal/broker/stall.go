@@ -1,19 +1,26 @@
 package broker
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 )
 
 // stalled is a replicated stream that no replica will lead, and the files
 // on this node its repair removes.
 type stalled struct {
 	Name  string
+	Group string   // its Raft group
+	Peers []string // the other nodes holding a replica
 	Files []string // its store, and the Raft logs of it and its consumers
 }
 
@@ -27,20 +34,32 @@ type stalled struct {
 // stream stays without one (docs/design.md, "A stream no replica will lead").
 // It returns nil while a node is missing or nothing is known.
 func (b *Broker) stalledStreams() []stalled {
-	if !b.cfg.Cluster.Enabled() {
+	if !b.connectedToAll() {
 		return nil
+	}
+	return b.leaderlessHere()
+}
+
+// connectedToAll reports whether this node, of a cluster, has a route to
+// every other node.
+func (b *Broker) connectedToAll() bool {
+	if !b.cfg.Cluster.Enabled() {
+		return false
 	}
 	rz, err := b.ns.Routez(nil)
 	if err != nil {
-		return nil
+		return false
 	}
 	peers := map[string]bool{}
 	for _, r := range rz.Routes {
 		peers[r.RemoteID] = true
 	}
-	if len(peers) < b.cfg.Cluster.Size()-1 {
-		return nil
-	}
+	return len(peers) >= b.cfg.Cluster.Size()-1
+}
+
+// leaderlessHere lists the replicated streams of this node whose Raft group
+// knows no leader, with their files.
+func (b *Broker) leaderlessHere() []stalled {
 	jsz, err := b.ns.Jsz(&server.JSzOptions{Accounts: true, Streams: true, Consumer: true, RaftGroups: true})
 	if err != nil {
 		return nil
@@ -57,7 +76,10 @@ func leaderless(info *server.JSInfo, root string) []stalled {
 			if st.Cluster == nil || st.Cluster.Leader != "" || len(st.Cluster.Replicas) == 0 {
 				continue
 			}
-			s := stalled{Name: st.Name, Files: []string{filepath.Join(root, acc.Name, "streams", st.Name)}}
+			s := stalled{Name: st.Name, Group: st.RaftGroup, Files: []string{filepath.Join(root, acc.Name, "streams", st.Name)}}
+			for _, p := range st.Cluster.Replicas {
+				s.Peers = append(s.Peers, p.Name)
+			}
 			if st.RaftGroup != "" {
 				s.Files = append(s.Files, filepath.Join(root, server.DEFAULT_SYSTEM_ACCOUNT, "_js_", st.RaftGroup))
 			}
@@ -92,8 +114,220 @@ func stalledError(what, cluster string, streams []stalled, err error) error {
 	return fmt.Errorf("%s: the cluster %q is up, but stream %s has no leader (%w): each replica waits to catch up "+
 		"from a leader none of them will become, as nats-server does when every replica is behind the stream's last "+
 		"snapshot (seen after a power cut of every node); restarting does not help, nor does deleting the stream "+
-		"(the request times out). To repair: stop every broker, remove on every node the stream's files (on this "+
-		"node: %s), and start them again: the cluster creates the stream and its consumers again, empty. Jobs it "+
-		"held stay recorded queued until --queued-max-age records them rejected; submit them again under new ids "+
-		"(docs/design.md, \"A stream no replica will lead\")", what, cluster, strings.Join(names, ", "), err, strings.Join(files, " "))
+		"(the request times out). The brokers replace the jobs stream themselves once each of its replicas has "+
+		"waited --stall-repair (default %s) with every node up, and queue its jobs again; that was not done here "+
+		"(--stall-repair -1, a start that ended first, a stream stalled again after it was replaced, or another "+
+		"stream). To repair by hand: stop every broker, remove on every node the stream's files (on this "+
+		"node: %s), and start them again: the cluster creates the stream and its consumers again, empty. Jobs a "+
+		"jobs stream held stay recorded queued until --queued-max-age records them rejected; submit them again under "+
+		"new ids (docs/design.md, \"A stream no replica will lead\")", what, cluster, strings.Join(names, ", "), err,
+		DefaultStallRepair, strings.Join(files, " "))
+}
+
+// DefaultStallRepair is how long the jobs stream may stay without a leader,
+// with every node connected, before the brokers replace it.
+const DefaultStallRepair = time.Minute
+
+// stallReportEvery bounds how often a waiting node tells the others that its
+// jobs stream is stalled; a report older than stallReportFresh is not
+// counted.
+const (
+	stallReportEvery = time.Second
+	stallReportFresh = 15 * time.Second
+)
+
+// stallRepair is the error that ends a start whose jobs stream every replica
+// found stalled for StallRepair: Start then sets this node's copy aside and
+// starts again.
+type stallRepair struct {
+	stream string
+	files  []string
+	after  time.Duration
+}
+
+func (e *stallRepair) Error() string {
+	return fmt.Sprintf("stream %s has had no leader for %s on every node: replacing it", e.stream, e.after.Round(time.Second))
+}
+
+// stallReport is what a node whose jobs stream is stalled tells the others:
+// for how long, and, last, that it is replacing its copy.
+type stallReport struct {
+	Node      string        `json:"node"`
+	Group     string        `json:"group"`
+	Stream    string        `json:"stream"`
+	For       time.Duration `json:"stalled_for"`
+	Replacing bool          `json:"replacing,omitempty"`
+}
+
+// stallWatch follows, while stream setup waits, whether this node's jobs
+// stream stays stalled and what the other replicas report. The replicas
+// replace the stream only together: one replaced alone would come back
+// empty beside replicas that still wait, and be refused as their leader.
+// So a replica replaces its copy once every replica of the stream has said,
+// within stallReportFresh, that it has waited StallRepair, or once one of
+// them has said it is replacing its copy (its routes are then down while it
+// restarts, so "every node connected" no longer holds for the others).
+type stallWatch struct {
+	b     *Broker
+	sub   *nats.Subscription
+	after time.Duration
+
+	since    time.Time // when the stall was first seen, zero while not stalled
+	reported time.Time
+
+	mu      sync.Mutex
+	reports map[string]heard // node -> its last report
+}
+
+type heard struct {
+	stallReport
+	at time.Time
+}
+
+// watchStall starts watching, or returns nil where no repair is made: a
+// single node, repair turned off, or a stream this start replaced already.
+func (b *Broker) watchStall() (*stallWatch, error) {
+	after := b.cfg.StallRepair
+	if after == 0 {
+		after = DefaultStallRepair
+	}
+	if !b.cfg.Cluster.Enabled() || after < 0 || b.repaired {
+		return nil, nil
+	}
+	w := &stallWatch{b: b, after: after, reports: map[string]heard{}}
+	sub, err := b.nc.Subscribe(b.cfg.Queue.Subjects.BrokerStalled(), w.hear)
+	if err != nil {
+		return nil, fmt.Errorf("listen for the other nodes' stall reports: %w", err)
+	}
+	w.sub = sub
+	return w, nil
+}
+
+// hear keeps a report of another node. Only brokers may publish on the
+// subject; even so it is checked as received: bounded, decodable, and kept
+// per node, at most one each, for the stream this node waits on.
+func (w *stallWatch) hear(m *nats.Msg) {
+	if len(m.Data) > 4096 {
+		return
+	}
+	var r stallReport
+	if err := json.Unmarshal(m.Data, &r); err != nil || r.Node == "" || r.Group == "" {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.reports[r.Node]; !ok && len(w.reports) >= 16 {
+		return
+	}
+	if old, ok := w.reports[r.Node]; ok && old.Replacing {
+		return // a node's decision stands for this start
+	}
+	w.reports[r.Node] = heard{r, time.Now()}
+}
+
+func (w *stallWatch) stop() {
+	if w != nil {
+		_ = w.sub.Unsubscribe() // the connection may be closing; the watch ends either way
+	}
+}
+
+// check looks at this node's jobs stream once stream setup has failed: it
+// returns a *stallRepair when this node is to replace its copy, and nil
+// otherwise.
+func (w *stallWatch) check() error {
+	if w == nil {
+		return nil
+	}
+	jobsStream := w.b.cfg.Queue.Subjects.JobsStream()
+	var st *stalled
+	for _, s := range w.b.leaderlessHere() {
+		if s.Name == jobsStream && s.Group != "" {
+			st = &s
+		}
+	}
+	if st == nil {
+		w.since = time.Time{}
+		return nil
+	}
+	now := time.Now()
+	if !w.since.IsZero() && w.peerReplacing(st.Group) {
+		return w.replace(st, now)
+	}
+	if !w.b.connectedToAll() {
+		return nil // a cluster forming, or a node away: not a stall
+	}
+	if w.since.IsZero() {
+		w.since = now
+	}
+	me := stallReport{Node: w.b.ns.Name(), Group: st.Group, Stream: st.Name, For: now.Sub(w.since)}
+	if now.Sub(w.reported) >= stallReportEvery {
+		w.report(me)
+		w.reported = now
+	}
+	if me.For < w.after || !w.peersWaited(st, now) {
+		return nil
+	}
+	return w.replace(st, now)
+}
+
+// replace tells the other replicas that this node replaces its copy of st,
+// and returns the error that makes Start do it.
+func (w *stallWatch) replace(st *stalled, now time.Time) error {
+	w.report(stallReport{Node: w.b.ns.Name(), Group: st.Group, Stream: st.Name, For: now.Sub(w.since), Replacing: true})
+	_ = w.b.nc.Flush() // best effort: a replica that missed it decides on its own reports
+	return &stallRepair{stream: st.Name, files: st.Files, after: now.Sub(w.since)}
+}
+
+func (w *stallWatch) report(r stallReport) {
+	if data, err := json.Marshal(r); err == nil {
+		_ = w.b.nc.Publish(w.b.cfg.Queue.Subjects.BrokerStalled(), data) // the next check reports again
+	}
+}
+
+// peersWaited reports whether every other replica of st has said, lately,
+// that it has waited the repair delay.
+func (w *stallWatch) peersWaited(st *stalled, now time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, p := range st.Peers {
+		r, ok := w.reports[p]
+		if !ok || r.Group != st.Group || now.Sub(r.at) > stallReportFresh || r.For < w.after {
+			return false
+		}
+	}
+	return true
+}
+
+// peerReplacing reports whether another replica said it replaces its copy
+// of the stream of Raft group group.
+func (w *stallWatch) peerReplacing(group string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, r := range w.reports {
+		if r.Replacing && r.Group == group {
+			return true
+		}
+	}
+	return false
+}
+
+// setAside moves files (under dataDir) into a directory of their own under
+// dataDir, keeping their paths below it, and returns that directory: kept
+// for the operator to inspect and remove.
+func setAside(dataDir string, files []string) (string, error) {
+	aside := filepath.Join(dataDir, fmt.Sprintf("stalled-%d", time.Now().Unix()))
+	for _, f := range files {
+		rel, err := filepath.Rel(dataDir, f)
+		if err != nil || strings.HasPrefix(rel, "..") {
+			return "", fmt.Errorf("%s is not under the data directory %s", f, dataDir)
+		}
+		dst := filepath.Join(aside, rel)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+			return "", fmt.Errorf("set %s aside: %w", f, err)
+		}
+		if err := os.Rename(f, dst); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return "", fmt.Errorf("set %s aside: %w", f, err)
+		}
+	}
+	return aside, nil
 }

@@ -1,6 +1,11 @@
 package broker_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 	"time"
@@ -8,8 +13,10 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/mcpexec/mcpexec/internal/broker"
+	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
 // TestLeaderless: a replicated stream whose Raft group knows no leader is
@@ -25,8 +32,8 @@ func TestLeaderless(t *testing.T) {
 		{Name: "LOCAL"},
 	}}, {Name: "$G", Streams: []server.StreamDetail{{Name: "AUDIT", Cluster: &server.ClusterInfo{Replicas: peer}}}}}}
 	want := []broker.Stalled{
-		{Name: "AUDIT", Files: []string{"/js/$G/streams/AUDIT"}},
-		{Name: "MCPEXEC_JOBS", Files: []string{"/js/$G/streams/MCPEXEC_JOBS", "/js/$SYS/_js_/S-R3F-jobs", "/js/$SYS/_js_/C-R3F-w"}},
+		{Name: "AUDIT", Peers: []string{"node1"}, Files: []string{"/js/$G/streams/AUDIT"}},
+		{Name: "MCPEXEC_JOBS", Group: "S-R3F-jobs", Peers: []string{"node1"}, Files: []string{"/js/$G/streams/MCPEXEC_JOBS", "/js/$SYS/_js_/S-R3F-jobs", "/js/$SYS/_js_/C-R3F-w"}},
 	}
 	if got := broker.Leaderless(info, "/js"); !reflect.DeepEqual(got, want) {
 		t.Fatalf("leaderless streams\n got %+v\nwant %+v", got, want)
@@ -58,5 +65,77 @@ func TestStalledStreams(t *testing.T) {
 	}
 	if s := c.Nodes[0].StalledStreams(); len(s) > 0 {
 		t.Errorf("node 0 alone (streams %v without a quorum) calls %v stalled", c.Nodes[0].LeaderlessHere(), s)
+	}
+}
+
+// TestStalledJobsStreamReplaced makes the stall of "A stream no replica will
+// lead" on purpose and checks that the brokers get out of it alone, losing
+// no job: 20 jobs queued for a pool no worker serves yet; every node stopped
+// (each snapshots the jobs stream, listing the 20); each node's store of the
+// stream removed, which leaves it behind its snapshot as the power cut did.
+// Started again, every replica waits for a leader none will become; after
+// the repair delay each node sets its copy aside (kept under the data
+// directory) and starts, the stream comes back empty, and the state
+// replicas queue the 20 jobs again: a worker of the pool then runs each of
+// them, once.
+func TestStalledJobsStreamReplaced(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	t.Parallel()
+	const n = 20
+	c := testutil.StartCluster(t, 3, queue.DefaultConfig())
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	fnc := c.ConnectAll(t, "fe")
+	testutil.AnnouncePool(t, fnc, "later")
+	fe := testutil.FrontendOn(t, fnc, "fe")
+	var js []*jobs.Job
+	for i := range n {
+		js = append(js, &jobs.Job{ID: fmt.Sprint("j", i), Code: "hi", Pool: "later"})
+	}
+	for i, s := range fe.SubmitMany(ctx, js, "a") {
+		if s.Err != nil {
+			t.Fatalf("submit %d: %v", i, s.Err)
+		}
+	}
+	for i := range c.Nodes {
+		c.Kill(i)
+	}
+	stream := jobs.Subjects{}.JobsStream()
+	for i := range c.Nodes {
+		msgs := filepath.Join(c.DataDir(i), "jetstream", "jetstream", "$G", "streams", stream, "msgs")
+		if err := os.RemoveAll(msgs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if errs := c.RestartAll(t, 2*time.Minute, func(_ int, cfg *broker.Config) { cfg.StallRepair = 2 * time.Second }); errors.Join(errs...) != nil {
+		t.Fatalf("restart: %v", errs)
+	}
+	for i := range c.Nodes {
+		aside, _ := filepath.Glob(filepath.Join(c.DataDir(i), "stalled-*", "jetstream", "jetstream", "$G", "streams", stream))
+		if len(aside) != 1 {
+			t.Errorf("node %d set no copy of %s aside: the stall was not made, or not repaired", i, stream)
+		}
+	}
+	wnc := c.ConnectAll(t, "worker")
+	rt := testutil.NewFakeRuntime(n)
+	wcfg := worker.DefaultConfig("w")
+	wcfg.Pool = "later"
+	testutil.WorkerOn(t, wnc, rt, wcfg)
+	for _, j := range js {
+		for {
+			rec, err := fe.Get(ctx, "a", j.ID)
+			if err == nil && rec.Status == jobs.StatusSuccess {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("job %s after the repair: %+v %v", j.ID, rec, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if got := rt.Runs(); got != n {
+		t.Fatalf("%d runs of %d requeued jobs, want one each", got, n)
 	}
 }

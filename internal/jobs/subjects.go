@@ -174,6 +174,11 @@ const ProxyKeyName = "proxy-key"
 // group: an asker collects all answers).
 func (s Subjects) WorkerStatus() string { return s.p() + ".workers.status" }
 
+// BrokerStalled is the subject on which the brokers of a cluster whose jobs
+// stream no replica will lead say so to each other, before each replaces
+// its copy (only the broker role may use it).
+func (s Subjects) BrokerStalled() string { return s.p() + ".broker.stalled" }
+
 // FrontendStatus is the subject every front-end answers with its status (no
 // queue group: an asker, a console, collects all answers).
 func (s Subjects) FrontendStatus() string { return s.p() + ".frontends.status" }

@@ -148,6 +148,10 @@ func TestRolesAreRefused(t *testing.T) {
 	// ...records no submission or cancellation, and administers no stream.
 	_ = worker.Publish(jobs.Subjects{}.Event("x", jobs.EventSubmitted), []byte(`{}`))
 	wr.wait(t, "Permissions Violation for Publish")
+	// Nor does it speak for a broker whose jobs stream stalled (the brokers
+	// replace a stream together when each says so).
+	_ = worker.Publish(jobs.Subjects{}.BrokerStalled(), []byte(`{"node":"x","group":"g","replacing":true}`))
+	wr.wait(t, `Permissions Violation for Publish to "`+jobs.Subjects{}.BrokerStalled()+`"`)
 	sctx, scancel := context.WithTimeout(ctx, time.Second)
 	defer scancel()
 	if err := wjs.DeleteStream(sctx, jobs.Subjects{}.EventsStream()); err == nil {
@@ -161,6 +165,8 @@ func TestRolesAreRefused(t *testing.T) {
 	fr.wait(t, `Permissions Violation for Publish to "`+jobs.Subjects{}.Memory("a", "k")+`"`)
 	_ = fe.Publish(jobs.Subjects{}.AdminBackup("any"), []byte(`{"path":"/tmp/x"}`))
 	fr.wait(t, `Permissions Violation for Publish to "mcpexec.admin.backup.any"`)
+	_ = fe.Publish(jobs.Subjects{}.BrokerStalled(), []byte(`{"node":"x","group":"g","replacing":true}`))
+	fr.wait(t, `Permissions Violation for Publish to "`+jobs.Subjects{}.BrokerStalled()+`"`)
 	fjs, _ := jetstream.New(fe)
 	dctx, dcancel := context.WithTimeout(ctx, time.Second)
 	defer dcancel()

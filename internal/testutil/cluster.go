@@ -133,6 +133,43 @@ func (c *Cluster) Restart(t testing.TB, i int, mutate ...func(cfg *broker.Config
 	c.mu.Unlock()
 }
 
+// RestartAll starts every node again at once, as after a power cut of all
+// of them (a node alone cannot start: it waits for a quorum), within wait;
+// mutate may change each node's configuration first. It returns each node's
+// start error; nodes that started are stopped when the test ends.
+func (c *Cluster) RestartAll(t testing.TB, wait time.Duration, mutate ...func(i int, cfg *broker.Config)) []error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	errs := make([]error, len(c.Nodes))
+	var wg sync.WaitGroup
+	for i := range c.Nodes {
+		c.mu.Lock()
+		closed := c.closed[i]
+		c.mu.Unlock()
+		if !closed {
+			t.Fatalf("restart node %d: it is running", i)
+		}
+		cfg := c.cfgs[i]
+		for _, m := range mutate {
+			m(i, &cfg)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b, err := broker.Start(ctx, cfg)
+			if errs[i] = err; err != nil {
+				return
+			}
+			c.mu.Lock()
+			c.Nodes[i], c.closed[i] = b, false
+			c.mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
 // Index returns the index of the node whose server name is name, or -1.
 func (c *Cluster) Index(name string) int {
 	for i, b := range c.Nodes {
