@@ -42,7 +42,6 @@ type fault struct {
 func powerCut(name string, hold time.Duration, pick func(f *fleet) []int) fault {
 	return fault{name: name, hold: hold, inject: func(t *testing.T, f *fleet) func(*testing.T) {
 		idx := pick(f)
-		f.noteJobsGroups()
 		var wg sync.WaitGroup
 		dropped := make([]int, len(idx))
 		for k, i := range idx {
