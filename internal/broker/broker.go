@@ -109,7 +109,7 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 	// Every node found the jobs stream stalled: replace this node's copy
 	// and start again; the stream comes back empty, and the jobs it held
 	// are queued again from their submissions.
-	aside, err := setAside(cfg.DataDir, stall.files)
+	aside, err := setAside(opts.StoreDir, stall.files)
 	if err != nil {
 		return nil, fmt.Errorf("replace the stalled stream %s: %w", stall.stream, err)
 	}

@@ -258,7 +258,7 @@ func (b *Broker) setupStreams(ctx context.Context, js jetstream.JetStream) error
 		return err
 	}
 	defer w.stop()
-	return b.retryUntilReady(ctx, "create streams", func(ctx context.Context) error {
+	err = b.retryUntilReady(ctx, "create streams", func(ctx context.Context) error {
 		err := queue.Setup(ctx, js, b.cfg.Queue)
 		if err != nil {
 			if rerr := w.check(); rerr != nil {
@@ -267,6 +267,10 @@ func (b *Broker) setupStreams(ctx context.Context, js jetstream.JetStream) error
 		}
 		return err
 	})
+	if err != nil {
+		return err
+	}
+	return w.afterReady()
 }
 
 // startState starts the state service, retrying while the cluster settles (its

@@ -18,10 +18,11 @@ import (
 // stalled is a replicated stream that no replica will lead, and the files
 // on this node its repair removes.
 type stalled struct {
-	Name  string
-	Group string   // its Raft group
-	Peers []string // the other nodes holding a replica
-	Files []string // its store, and the Raft logs of it and its consumers
+	Name    string
+	Account string   // its account
+	Group   string   // its Raft group
+	Peers   []string // the other nodes holding a replica
+	Files   []string // its store, and the Raft logs of it and its consumers
 }
 
 // stalledStreams names the replicated streams this node holds that have no
@@ -76,7 +77,7 @@ func leaderless(info *server.JSInfo, root string) []stalled {
 			if st.Cluster == nil || st.Cluster.Leader != "" || len(st.Cluster.Replicas) == 0 {
 				continue
 			}
-			s := stalled{Name: st.Name, Group: st.RaftGroup, Files: []string{filepath.Join(root, acc.Name, "streams", st.Name)}}
+			s := stalled{Name: st.Name, Account: acc.Name, Group: st.RaftGroup, Files: []string{filepath.Join(root, acc.Name, "streams", st.Name)}}
 			for _, p := range st.Cluster.Replicas {
 				s.Peers = append(s.Peers, p.Name)
 			}
@@ -126,7 +127,7 @@ func stalledError(what, cluster string, streams []stalled, err error) error {
 
 // DefaultStallRepair is how long the jobs stream may stay without a leader,
 // with every node connected, before the brokers replace it.
-const DefaultStallRepair = time.Minute
+const DefaultStallRepair = 20 * time.Second
 
 // stallReportEvery bounds how often a waiting node tells the others that its
 // jobs stream is stalled; a report older than stallReportFresh is not
@@ -160,7 +161,8 @@ type stallReport struct {
 }
 
 // stallWatch follows, while stream setup waits, whether this node's jobs
-// stream stays stalled and what the other replicas report. The replicas
+// stream stays stalled (its replica paused, waiting to catch up, and no
+// leader, with every node connected) and what the other replicas report. The replicas
 // replace the stream only together: one replaced alone would come back
 // empty beside replicas that still wait, and be refused as their leader.
 // So a replica replaces its copy once every replica of the stream has said,
@@ -174,6 +176,7 @@ type stallWatch struct {
 
 	since    time.Time // when the stall was first seen, zero while not stalled
 	reported time.Time
+	seen     *stalled // the stall last seen, if ever in this start
 
 	mu      sync.Mutex
 	reports map[string]heard // node -> its last report
@@ -249,6 +252,12 @@ func (w *stallWatch) check() error {
 		w.since = time.Time{}
 		return nil
 	}
+	// The clock starts when the replica is seen paused without a leader;
+	// it goes on while the stream has no leader, since a paused replica
+	// replays its snapshot every 5 s and shows unpaused for a moment.
+	if w.since.IsZero() && !w.b.pausedWithoutLeader(st.Account, st.Group) {
+		return nil
+	}
 	now := time.Now()
 	if !w.since.IsZero() && w.peerReplacing(st.Group) {
 		return w.replace(st, now)
@@ -259,6 +268,7 @@ func (w *stallWatch) check() error {
 	if w.since.IsZero() {
 		w.since = now
 	}
+	w.seen = st
 	me := stallReport{Node: w.b.ns.Name(), Group: st.Group, Stream: st.Name, For: now.Sub(w.since)}
 	if now.Sub(w.reported) >= stallReportEvery {
 		w.report(me)
@@ -270,9 +280,25 @@ func (w *stallWatch) check() error {
 	return w.replace(st, now)
 }
 
+// afterReady is called once stream setup has succeeded: a node that saw
+// its jobs stream stalled and heard another replica replace its copy
+// replaces its own too, even if the replaced replicas have meanwhile
+// elected a leader (setup then succeeds here): its copy still holds the
+// old stream's term and snapshot, which the new stream's replicas know
+// nothing of.
+func (w *stallWatch) afterReady() error {
+	if w == nil || w.seen == nil || !w.peerReplacing(w.seen.Group) {
+		return nil
+	}
+	return w.replace(w.seen, time.Now())
+}
+
 // replace tells the other replicas that this node replaces its copy of st,
 // and returns the error that makes Start do it.
 func (w *stallWatch) replace(st *stalled, now time.Time) error {
+	if w.since.IsZero() {
+		w.since = now
+	}
 	w.report(stallReport{Node: w.b.ns.Name(), Group: st.Group, Stream: st.Name, For: now.Sub(w.since), Replacing: true})
 	_ = w.b.nc.Flush() // best effort: a replica that missed it decides on its own reports
 	return &stallRepair{stream: st.Name, files: st.Files, after: now.Sub(w.since)}
@@ -311,15 +337,35 @@ func (w *stallWatch) peerReplacing(group string) bool {
 	return false
 }
 
-// setAside moves files (under dataDir) into a directory of their own under
-// dataDir, keeping their paths below it, and returns that directory: kept
-// for the operator to inspect and remove.
-func setAside(dataDir string, files []string) (string, error) {
-	aside := filepath.Join(dataDir, fmt.Sprintf("stalled-%d", time.Now().Unix()))
+// pausedWithoutLeader reports whether this node's replica of Raft group
+// group (of a stream of account) has paused applying (it waits to catch up from a leader) while the
+// group knows no leader: a paused replica does not campaign, so when every
+// replica is in this state none ever will. A replica paused while a leader
+// exists, or one not paused, is not.
+func (b *Broker) pausedWithoutLeader(account, group string) bool {
+	rz := b.ns.Raftz(&server.RaftzOptions{AccountFilter: account, GroupFilter: group})
+	if rz == nil {
+		return false
+	}
+
+	for _, groups := range *rz {
+		if g, ok := groups[group]; ok {
+			return g.Paused && g.Leader == ""
+		}
+	}
+	return false
+}
+
+// setAside moves files (under root, the JetStream directory, so that a
+// rename stays on its file system) into a directory of their own under
+// root, keeping their paths below it, and returns that directory: kept for
+// the operator to inspect and remove.
+func setAside(root string, files []string) (string, error) {
+	aside := filepath.Join(root, fmt.Sprintf("stalled-%d", time.Now().Unix()))
 	for _, f := range files {
-		rel, err := filepath.Rel(dataDir, f)
+		rel, err := filepath.Rel(root, f)
 		if err != nil || strings.HasPrefix(rel, "..") {
-			return "", fmt.Errorf("%s is not under the data directory %s", f, dataDir)
+			return "", fmt.Errorf("%s is not under the JetStream directory %s", f, root)
 		}
 		dst := filepath.Join(aside, rel)
 		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {

@@ -75,12 +75,12 @@ func TestStallReportsAsReceived(t *testing.T) {
 }
 
 // TestSetAside: the stalled stream's files move under one directory of the
-// data dir, keeping their paths; files already gone are skipped; a path
-// outside the data dir is refused, and nothing outside it is moved.
+// JetStream directory, keeping their paths; files already gone are
+// skipped; a path outside it is refused, and nothing outside it is moved.
 func TestSetAside(t *testing.T) {
 	dir := t.TempDir()
-	store := filepath.Join(dir, "jetstream", "jetstream", "$G", "streams", "MCPEXEC_JOBS")
-	group := filepath.Join(dir, "jetstream", "jetstream", "$SYS", "_js_", "S-R3F-x")
+	store := filepath.Join(dir, "jetstream", "$G", "streams", "MCPEXEC_JOBS")
+	group := filepath.Join(dir, "jetstream", "$SYS", "_js_", "S-R3F-x")
 	for _, d := range []string{store, group} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			t.Fatal(err)
@@ -90,6 +90,9 @@ func TestSetAside(t *testing.T) {
 		}
 	}
 	aside, err := setAside(dir, []string{store, group, filepath.Join(dir, "jetstream", "gone")})
+	if filepath.Dir(aside) != dir {
+		t.Fatalf("set aside in %s, want a directory of %s (the same file system)", aside, dir)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +106,7 @@ func TestSetAside(t *testing.T) {
 		}
 	}
 	outside := t.TempDir()
-	if _, err := setAside(dir, []string{outside}); err == nil || !strings.Contains(err.Error(), "not under the data directory") {
+	if _, err := setAside(dir, []string{outside}); err == nil || !strings.Contains(err.Error(), "not under the JetStream directory") {
 		t.Fatalf("a path outside the data dir: %v", err)
 	}
 	if _, err := os.Stat(outside); err != nil {

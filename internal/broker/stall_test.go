@@ -32,8 +32,8 @@ func TestLeaderless(t *testing.T) {
 		{Name: "LOCAL"},
 	}}, {Name: "$G", Streams: []server.StreamDetail{{Name: "AUDIT", Cluster: &server.ClusterInfo{Replicas: peer}}}}}}
 	want := []broker.Stalled{
-		{Name: "AUDIT", Peers: []string{"node1"}, Files: []string{"/js/$G/streams/AUDIT"}},
-		{Name: "MCPEXEC_JOBS", Group: "S-R3F-jobs", Peers: []string{"node1"}, Files: []string{"/js/$G/streams/MCPEXEC_JOBS", "/js/$SYS/_js_/S-R3F-jobs", "/js/$SYS/_js_/C-R3F-w"}},
+		{Name: "AUDIT", Account: "$G", Peers: []string{"node1"}, Files: []string{"/js/$G/streams/AUDIT"}},
+		{Name: "MCPEXEC_JOBS", Account: "$G", Group: "S-R3F-jobs", Peers: []string{"node1"}, Files: []string{"/js/$G/streams/MCPEXEC_JOBS", "/js/$SYS/_js_/S-R3F-jobs", "/js/$SYS/_js_/C-R3F-w"}},
 	}
 	if got := broker.Leaderless(info, "/js"); !reflect.DeepEqual(got, want) {
 		t.Fatalf("leaderless streams\n got %+v\nwant %+v", got, want)
@@ -113,7 +113,7 @@ func TestStalledJobsStreamReplaced(t *testing.T) {
 		t.Fatalf("restart: %v", errs)
 	}
 	for i := range c.Nodes {
-		aside, _ := filepath.Glob(filepath.Join(c.DataDir(i), "stalled-*", "jetstream", "jetstream", "$G", "streams", stream))
+		aside, _ := filepath.Glob(filepath.Join(c.DataDir(i), "jetstream", "stalled-*", "jetstream", "$G", "streams", stream))
 		if len(aside) != 1 {
 			t.Errorf("node %d set no copy of %s aside: the stall was not made, or not repaired", i, stream)
 		}
