@@ -74,6 +74,9 @@ type fleet struct {
 	// the name podmanWorker.
 	podmanStarted bool
 	podmanWorker  string
+	// replaced are the copies of a stalled jobs stream the brokers set
+	// aside, logged once each.
+	replaced map[string]bool
 }
 
 // node is one broker and what it runs on.
@@ -226,6 +229,20 @@ func (f *fleet) startAll(t *testing.T, idx ...int) {
 	}
 	if d := time.Since(start); d > time.Minute {
 		t.Logf("nodes %v took %s to start", idx, d.Round(time.Second))
+	}
+	for _, i := range idx {
+		aside, _ := filepath.Glob(filepath.Join(f.nodes[i].cfg.DataDir, "jetstream", "stalled-*"))
+		f.mu.Lock()
+		for _, a := range aside {
+			if !f.replaced[a] {
+				if f.replaced == nil {
+					f.replaced = map[string]bool{}
+				}
+				f.replaced[a] = true
+				t.Logf("node %d replaced its copy of the stalled jobs stream (set aside in %s); start took %s", i, filepath.Base(a), time.Since(start).Round(time.Second))
+			}
+		}
+		f.mu.Unlock()
 	}
 }
 
