@@ -122,6 +122,12 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 	if b, err = start(ctx, cfg, opts, true); err != nil {
 		return nil, err
 	}
+	cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
+	defer ccancel()
+	if _, err := b.resetStaleConsumers(cctx); err != nil {
+		cfg.Logger.Error("reset the consumers of the replaced jobs stream: workers may not get its jobs; delete and create them again (nats consumer rm/add)",
+			"stream", stall.stream, "err", err)
+	}
 	if b.svc == nil {
 		cfg.Logger.Warn("this node runs no state replica: the jobs the replaced stream held are requeued by the nodes that run one")
 		return b, nil

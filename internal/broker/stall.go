@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // stalled is a replicated stream that no replica will lead, and the files
@@ -376,4 +378,67 @@ func setAside(root string, files []string) (string, error) {
 		}
 	}
 	return aside, nil
+}
+
+// resetStaleConsumers deletes, and creates again with the same
+// configuration, each consumer of the jobs stream that has delivered past
+// the replaced stream's last sequence. The replicas replace their copies a
+// few seconds apart, so a consumer's Raft group can keep the old stream's
+// state (a leader on a node not yet replaced catches the replaced ones up
+// with it): such a consumer counts as delivered every new message up to
+// the old stream's last sequence, and its workers would never get the
+// requeued jobs or new ones. A consumer made again starts at the new
+// stream's first message. Every replaced node calls it before requeueing;
+// a consumer another node made again is not stale, so it is reset once.
+// It returns the names of the consumers it made again.
+func (b *Broker) resetStaleConsumers(ctx context.Context) ([]string, error) {
+	js, err := jetstream.New(b.nc)
+	if err != nil {
+		return nil, err
+	}
+	var reset []string
+	for delay := 250 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
+		var done bool
+		reset, done, err = b.resetStaleOnce(ctx, js, reset)
+		if done || ctx.Err() != nil {
+			return reset, err
+		}
+		select {
+		case <-ctx.Done():
+			return reset, fmt.Errorf("%w (last: %w)", ctx.Err(), err)
+		case <-time.After(delay):
+		}
+	}
+}
+
+func (b *Broker) resetStaleOnce(ctx context.Context, js jetstream.JetStream, reset []string) ([]string, bool, error) {
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := js.Stream(actx, b.cfg.Queue.Subjects.JobsStream())
+	if err != nil {
+		return reset, false, err
+	}
+	last := st.CachedInfo().State.LastSeq
+	lister := st.ListConsumers(actx)
+	var stale []*jetstream.ConsumerInfo
+	for ci := range lister.Info() {
+		if ci.Delivered.Stream > last || ci.AckFloor.Stream > last {
+			stale = append(stale, ci)
+		}
+	}
+	if err := lister.Err(); err != nil {
+		return reset, false, err
+	}
+	for _, ci := range stale {
+		if err := st.DeleteConsumer(actx, ci.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return reset, false, fmt.Errorf("delete stale consumer %s: %w", ci.Name, err)
+		}
+		if _, err := st.CreateOrUpdateConsumer(actx, ci.Config); err != nil {
+			return reset, false, fmt.Errorf("create consumer %s again: %w", ci.Name, err)
+		}
+		b.cfg.Logger.Warn("consumer of the replaced jobs stream kept the old stream's position: made again", "consumer", ci.Name,
+			"delivered", ci.Delivered.Stream, "stream_last", last)
+		reset = append(reset, ci.Name)
+	}
+	return reset, true, nil
 }

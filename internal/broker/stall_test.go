@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/mcpexec/mcpexec/internal/broker"
+	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/testutil"
@@ -70,35 +71,43 @@ func TestStalledStreams(t *testing.T) {
 
 // TestStalledJobsStreamReplaced makes the stall of "A stream no replica will
 // lead" on purpose and checks that the brokers get out of it alone, losing
-// no job: 20 jobs queued for a pool no worker serves yet; every node stopped
-// (each snapshots the jobs stream, listing the 20); each node's store of the
-// stream removed, which leaves it behind its snapshot as the power cut did.
-// Started again, every replica waits for a leader none will become; after
-// the repair delay each node sets its copy aside (kept under the data
-// directory) and starts, the stream comes back empty, and the state
-// replicas queue the 20 jobs again: a worker of the pool then runs each of
-// them, once.
+// no job: a worker of pool "later" runs 30 jobs and stops (the pool's
+// consumer has delivered up to sequence 30); 20 more jobs are queued; every
+// node is stopped (each snapshots the jobs stream, listing the 20); each
+// node's store of the stream is removed, which leaves it behind its
+// snapshot as the power cut did. Started again, every replica waits for a
+// leader none will become; after the repair delay each node sets its copy
+// aside (kept under its JetStream directory) and starts, the stream comes
+// back empty, the worker's consumer, which kept its position in the old
+// stream, is made again, and the state replicas queue the 20 jobs again:
+// the worker, started again, then runs each of them, once.
 func TestStalledJobsStreamReplaced(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
 	t.Parallel()
-	const n = 20
+	const warm, n = 30, 20
 	c := testutil.StartCluster(t, 3, queue.DefaultConfig())
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	fnc := c.ConnectAll(t, "fe")
 	testutil.AnnouncePool(t, fnc, "later")
 	fe := testutil.FrontendOn(t, fnc, "fe")
+	wcfg := worker.DefaultConfig("w1")
+	wcfg.Pool = "later"
+	w1 := testutil.WorkerOn(t, c.ConnectAll(t, "w1"), testutil.NewFakeRuntime(warm), wcfg)
+	var before []*jobs.Job
+	for i := range warm {
+		before = append(before, &jobs.Job{ID: fmt.Sprint("warm", i), Code: "hi", Pool: "later"})
+	}
+	submitAll(ctx, t, fe, before)
+	waitSuccess(ctx, t, fe, before)
+	w1.Stop()
 	var js []*jobs.Job
 	for i := range n {
 		js = append(js, &jobs.Job{ID: fmt.Sprint("j", i), Code: "hi", Pool: "later"})
 	}
-	for i, s := range fe.SubmitMany(ctx, js, "a") {
-		if s.Err != nil {
-			t.Fatalf("submit %d: %v", i, s.Err)
-		}
-	}
+	submitAll(ctx, t, fe, js)
 	for i := range c.Nodes {
 		c.Kill(i)
 	}
@@ -109,7 +118,16 @@ func TestStalledJobsStreamReplaced(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if errs := c.RestartAll(t, 2*time.Minute, func(_ int, cfg *broker.Config) { cfg.StallRepair = 2 * time.Second }); errors.Join(errs...) != nil {
+	// Node 0 decides first; the others when they hear it, a few seconds
+	// later, as in the fault suite: meanwhile the consumers' Raft groups
+	// on the nodes not yet replaced catch node 0's fresh ones up with the
+	// old stream's positions.
+	if errs := c.RestartAll(t, 2*time.Minute, func(i int, cfg *broker.Config) {
+		cfg.StallRepair = 2 * time.Second
+		if i > 0 {
+			cfg.StallRepair = time.Minute
+		}
+	}); errors.Join(errs...) != nil {
 		t.Fatalf("restart: %v", errs)
 	}
 	for i := range c.Nodes {
@@ -118,11 +136,28 @@ func TestStalledJobsStreamReplaced(t *testing.T) {
 			t.Errorf("node %d set no copy of %s aside: the stall was not made, or not repaired", i, stream)
 		}
 	}
-	wnc := c.ConnectAll(t, "worker")
+	// The same worker again: its consumer is the one that delivered the
+	// 30 (a worker's consumer outlives a power cut of the brokers).
 	rt := testutil.NewFakeRuntime(n)
-	wcfg := worker.DefaultConfig("w")
-	wcfg.Pool = "later"
-	testutil.WorkerOn(t, wnc, rt, wcfg)
+	testutil.WorkerOn(t, c.ConnectAll(t, "w1 again"), rt, wcfg)
+	waitSuccess(ctx, t, fe, js)
+	if got := rt.Runs(); got != n {
+		t.Fatalf("%d runs of %d requeued jobs, want one each", got, n)
+	}
+}
+
+func submitAll(ctx context.Context, t *testing.T, fe *frontend.Frontend, js []*jobs.Job) {
+	t.Helper()
+	for i, s := range fe.SubmitMany(ctx, js, "a") {
+		if s.Err != nil {
+			t.Fatalf("submit %s: %v", js[i].ID, s.Err)
+		}
+	}
+}
+
+// waitSuccess waits until every job of js is recorded success.
+func waitSuccess(ctx context.Context, t *testing.T, fe *frontend.Frontend, js []*jobs.Job) {
+	t.Helper()
 	for _, j := range js {
 		for {
 			rec, err := fe.Get(ctx, "a", j.ID)
@@ -130,12 +165,9 @@ func TestStalledJobsStreamReplaced(t *testing.T) {
 				break
 			}
 			if ctx.Err() != nil {
-				t.Fatalf("job %s after the repair: %+v %v", j.ID, rec, err)
+				t.Fatalf("job %s: %+v %v", j.ID, rec, err)
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-	}
-	if got := rt.Runs(); got != n {
-		t.Fatalf("%d runs of %d requeued jobs, want one each", got, n)
 	}
 }
