@@ -42,7 +42,10 @@ const (
 	ns    = "faults"
 )
 
-// logEnv makes the fleet's processes log to stderr (with -v).
+// logEnv makes the fleet's processes log to stderr (with -v): everything
+// with 1, warnings and errors only with warn (what a broker says of a
+// stall and its repair, without the debug logs that slow the fleet enough
+// to change which faults do what).
 const logEnv = "MCPEXEC_FAULTS_LOG"
 
 func logging() bool { return os.Getenv(logEnv) == "1" && testing.Verbose() }
@@ -50,8 +53,11 @@ func logging() bool { return os.Getenv(logEnv) == "1" && testing.Verbose() }
 // logger is the fleet's processes' logger: silent unless logging, so that
 // `make faults` (-v) prints the schedule and the results table.
 func logger(t *testing.T) *slog.Logger {
-	if logging() {
+	switch {
+	case logging():
 		return testutil.Logger(t)
+	case os.Getenv(logEnv) == "warn" && testing.Verbose():
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	return slog.New(slog.DiscardHandler)
 }
