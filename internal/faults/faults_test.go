@@ -5,12 +5,14 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
 	"github.com/mcpexec/mcpexec/internal/broker"
@@ -50,6 +52,47 @@ func powerCut(name string, hold time.Duration, pick func(f *fleet) []int) fault 
 		wg.Wait()
 		t.Logf("%s: power cut of nodes %v, unsynced writes dropped: %v", name, idx, dropped)
 		return func(t *testing.T) { f.up(t, idx...) }
+	}}
+}
+
+// stallJobs makes the jobs stream no replica will lead (docs/design.md, "A
+// stream no replica will lead") under load, rather than waiting for a power
+// cut to: every node stopped cleanly (each snapshots the jobs stream), each
+// node's store of that stream removed, every node started again. That is
+// what such a cut leaves: each replica behind its snapshot. The brokers
+// must replace the stream, make again the workers' consumers (which keep
+// their positions in the old stream) and requeue its jobs, losing none.
+func stallJobs(hold time.Duration) fault {
+	return fault{name: "jobs stream stalled", hold: hold, inject: func(t *testing.T, f *fleet) func(*testing.T) {
+		// The snapshot must list queued messages for the replicas to be
+		// behind it: five for a pool no worker serves (not jobs of the
+		// history; no worker would take them anyway).
+		nc := f.connect(t, "staller", 0)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for k := range 5 {
+			if _, err := js.Publish(ctx, f.q.Subjects.Job("parked"), []byte(fmt.Sprint("parked ", k))); err != nil {
+				t.Fatalf("park a message in the jobs stream: %v", err)
+			}
+		}
+		nc.Close()
+		var wg sync.WaitGroup
+		for i := range f.nodes {
+			wg.Go(func() { f.down(i, clean) })
+		}
+		wg.Wait()
+		for _, n := range f.nodes {
+			msgs := filepath.Join(n.cfg.DataDir, "jetstream", "jetstream", "$G", "streams", f.q.Subjects.JobsStream(), "msgs")
+			if err := os.RemoveAll(msgs); err != nil {
+				t.Fatalf("remove %s: %v", msgs, err)
+			}
+		}
+		t.Logf("jobs stream stalled: every node stopped, its store of the jobs stream removed")
+		return func(t *testing.T) { f.up(t, 0, 1, 2) }
 	}}
 }
 
@@ -144,7 +187,13 @@ func longSchedule() []fault {
 		killLeader(2 * time.Second),
 		partition(10 * time.Second),
 		powerCut("power cut all three", 1*time.Second, nodes(0, 1, 2)),
+		stallJobs(time.Second),
 	}
+}
+
+// stallSchedule (MCPEXEC_FAULTS=stall) makes the jobs stream stall twice.
+func stallSchedule() []fault {
+	return []fault{stallJobs(time.Second), killLeader(2 * time.Second), stallJobs(2 * time.Second)}
 }
 
 // partitionSchedule (MCPEXEC_FAULTS=partition) repeats the fault that once
@@ -181,6 +230,8 @@ func TestFaults(t *testing.T) {
 		schedule = partitionSchedule()
 	case "cuts":
 		schedule = cutsSchedule()
+	case "stall":
+		schedule = stallSchedule()
 	}
 	// One worker on Podman, one on the process runtime: the suite holds on
 	// both.

@@ -177,6 +177,7 @@ const (
 	cutPower downMode = iota // unsynced writes dropped, file system unmounted
 	kill                     // kill -9: file system frozen while the server stops, then kept
 	stop                     // the end of the test: like kill, then unmounted
+	clean                    // a clean stop: the server writes what it writes at shutdown
 )
 
 // down stops the node's broker as mode says; it returns how many unsynced
@@ -194,14 +195,17 @@ func (n *node) down(mode downMode) (dropped int) {
 			fmt.Fprintf(os.Stderr, "node %d: power cut drops unsynced writes of %v\n", n.i, fs.UnsyncedFiles())
 		}
 		dropped = fs.Cut()
-	} else {
+	} else if mode != clean {
 		fs.Freeze()
 	}
 	if b != nil {
 		_ = b.Close() // a failing file system: its errors are the point
 	}
-	if mode == kill {
+	switch mode {
+	case kill:
 		fs.Thaw()
+		return 0
+	case clean:
 		return 0
 	}
 	if err := fs.Unmount(); err != nil {
