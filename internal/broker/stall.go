@@ -164,8 +164,8 @@ type stallReport struct {
 
 // stallWatch follows, while stream setup waits, whether this node's jobs
 // stream stays stalled (its replica paused, waiting to catch up, and no
-// leader, with every node connected) and what the other replicas report. The replicas
-// replace the stream only together: one replaced alone would come back
+// leader, with every node connected) and what the other replicas report.
+// The replicas replace the stream only together: one replaced alone would come back
 // empty beside replicas that still wait, and be refused as their leader.
 // So a replica replaces its copy once every replica of the stream has said,
 // within stallReportFresh, that it has waited StallRepair, or once one of
@@ -208,9 +208,11 @@ func (b *Broker) watchStall() (*stallWatch, error) {
 	return w, nil
 }
 
-// hear keeps a report of another node. Only brokers may publish on the
-// subject; even so it is checked as received: bounded, decodable, and kept
-// per node, at most one each, for the stream this node waits on.
+// hear keeps a report of a node (this one's own too). Only brokers may
+// publish on the subject; even so it is checked as received: bounded,
+// decodable, named, and kept per node, one each, for at most 16 nodes. The
+// checks count only reports of this node's stream's Raft group, from its
+// peers.
 func (w *stallWatch) hear(m *nats.Msg) {
 	if len(m.Data) > 4096 {
 		return
