@@ -124,7 +124,7 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 	}
 	cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
 	defer ccancel()
-	if _, err := b.resetStaleConsumers(cctx); err != nil {
+	if err := b.resetStaleConsumers(cctx); err != nil {
 		cfg.Logger.Error("reset the consumers of the replaced jobs stream: workers may not get its jobs; delete and create them again (nats consumer rm/add)",
 			"stream", stall.stream, "err", err)
 	}

@@ -342,16 +342,15 @@ func (w *stallWatch) peerReplacing(group string) bool {
 }
 
 // pausedWithoutLeader reports whether this node's replica of Raft group
-// group (of a stream of account) has paused applying (it waits to catch up from a leader) while the
-// group knows no leader: a paused replica does not campaign, so when every
-// replica is in this state none ever will. A replica paused while a leader
-// exists, or one not paused, is not.
+// group (of a stream of account) has paused applying (it waits to catch up
+// from a leader) while the group knows no leader: a paused replica does not
+// campaign, so when every replica is in this state none ever will. A
+// replica paused while a leader exists, or one not paused, is not.
 func (b *Broker) pausedWithoutLeader(account, group string) bool {
 	rz := b.ns.Raftz(&server.RaftzOptions{AccountFilter: account, GroupFilter: group})
 	if rz == nil {
 		return false
 	}
-
 	for _, groups := range *rz {
 		if g, ok := groups[group]; ok {
 			return g.Paused && g.Leader == ""
@@ -392,33 +391,32 @@ func setAside(root string, files []string) (string, error) {
 // requeued jobs or new ones. A consumer made again starts at the new
 // stream's first message. Every replaced node calls it before requeueing;
 // a consumer another node made again is not stale, so it is reset once.
-// It returns the names of the consumers it made again.
-func (b *Broker) resetStaleConsumers(ctx context.Context) ([]string, error) {
+func (b *Broker) resetStaleConsumers(ctx context.Context) error {
 	js, err := jetstream.New(b.nc)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var reset []string
 	for delay := 250 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
-		var done bool
-		reset, done, err = b.resetStaleOnce(ctx, js, reset)
+		done, err := b.resetStaleOnce(ctx, js)
 		if done || ctx.Err() != nil {
-			return reset, err
+			return err
 		}
 		select {
 		case <-ctx.Done():
-			return reset, fmt.Errorf("%w (last: %w)", ctx.Err(), err)
+			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
 		case <-time.After(delay):
 		}
 	}
 }
 
-func (b *Broker) resetStaleOnce(ctx context.Context, js jetstream.JetStream, reset []string) ([]string, bool, error) {
+// resetStaleOnce makes the stale consumers again; done is false when the
+// stream or a consumer could not be read or made (try again).
+func (b *Broker) resetStaleOnce(ctx context.Context, js jetstream.JetStream) (done bool, err error) {
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	st, err := js.Stream(actx, b.cfg.Queue.Subjects.JobsStream())
 	if err != nil {
-		return reset, false, err
+		return false, err
 	}
 	last := st.CachedInfo().State.LastSeq
 	lister := st.ListConsumers(actx)
@@ -429,18 +427,17 @@ func (b *Broker) resetStaleOnce(ctx context.Context, js jetstream.JetStream, res
 		}
 	}
 	if err := lister.Err(); err != nil {
-		return reset, false, err
+		return false, err
 	}
 	for _, ci := range stale {
 		if err := st.DeleteConsumer(actx, ci.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return reset, false, fmt.Errorf("delete stale consumer %s: %w", ci.Name, err)
+			return false, fmt.Errorf("delete stale consumer %s: %w", ci.Name, err)
 		}
 		if _, err := st.CreateOrUpdateConsumer(actx, ci.Config); err != nil {
-			return reset, false, fmt.Errorf("create consumer %s again: %w", ci.Name, err)
+			return false, fmt.Errorf("create consumer %s again: %w", ci.Name, err)
 		}
 		b.cfg.Logger.Warn("consumer of the replaced jobs stream kept the old stream's position: made again", "consumer", ci.Name,
 			"delivered", ci.Delivered.Stream, "stream_last", last)
-		reset = append(reset, ci.Name)
 	}
-	return reset, true, nil
+	return true, nil
 }
