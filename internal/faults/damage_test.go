@@ -33,10 +33,21 @@ func (f *fleet) streamState(i int, stream string) (server.StreamState, error) {
 	return server.StreamState{}, fmt.Errorf("node %d holds no replica of %s", i, stream)
 }
 
+// storeDir is node i's JetStream directory (through its lazy file system),
+// where nats-server keeps each account's streams and the Raft groups.
+func (f *fleet) storeDir(i int) string {
+	return filepath.Join(f.nodes[i].cfg.DataDir, "jetstream", "jetstream")
+}
+
+// msgsDir holds the message blocks of stream's store on node i.
+func (f *fleet) msgsDir(i int, stream string) string {
+	return filepath.Join(f.storeDir(i), "$G", "streams", stream, "msgs")
+}
+
 // blockFile is the first message block of stream on node i (through its
 // lazy file system: the node must be down, killed).
 func (f *fleet) blockFile(i int, stream string) string {
-	return filepath.Join(f.nodes[i].cfg.DataDir, "jetstream", "jetstream", "$G", "streams", stream, "msgs", "1.blk")
+	return filepath.Join(f.msgsDir(i, stream), "1.blk")
 }
 
 // raftGroup is the name of stream's Raft group, as node i knows it.
@@ -61,7 +72,7 @@ func (f *fleet) raftGroup(t *testing.T, i int, stream string) string {
 // not yet folded into a snapshot (the node must be down, killed).
 func (f *fleet) raftLogFile(t *testing.T, i int, group string) string {
 	t.Helper()
-	dir := filepath.Join(f.nodes[i].cfg.DataDir, "jetstream", "jetstream", "$SYS", "_js_", group, "msgs")
+	dir := filepath.Join(f.storeDir(i), "$SYS", "_js_", group, "msgs")
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -85,8 +84,8 @@ func stallJobs(hold time.Duration) fault {
 			wg.Go(func() { f.down(i, clean) })
 		}
 		wg.Wait()
-		for _, n := range f.nodes {
-			msgs := filepath.Join(n.cfg.DataDir, "jetstream", "jetstream", "$G", "streams", f.q.Subjects.JobsStream(), "msgs")
+		for i := range f.nodes {
+			msgs := f.msgsDir(i, f.q.Subjects.JobsStream())
 			if err := os.RemoveAll(msgs); err != nil {
 				t.Fatalf("remove %s: %v", msgs, err)
 			}

@@ -229,8 +229,8 @@ func (n *node) broker() *broker.Broker {
 // 12-18 s here. After a history of faults the jobs stream can come back
 // with no replica that will lead it (docs/design.md, "A stream no replica
 // will lead"): the brokers then replace it after their default stall repair
-// delay (a minute) and queue its jobs again, which the checker's count of
-// lost jobs covers.
+// delay (20 s) and queue its jobs again, which the checker's count of lost
+// jobs covers.
 func (f *fleet) startAll(t *testing.T, idx ...int) {
 	t.Helper()
 	start := time.Now()
