@@ -6,7 +6,7 @@ import (
 )
 
 // JSWarmFor is how long after a JavaScript job a runtime's new sandboxes
-// keep a JavaScript executor started ahead (Node takes ~100 ms to start; a
+// keep a JavaScript executor started ahead (Node takes ~70 ms to start; a
 // worker that runs Python only never pays for it).
 const JSWarmFor = 30 * time.Minute
 

@@ -143,7 +143,7 @@ def _zygote_main(zsock, spare_js=False, preload=()):
 
     It forks each job's executor ahead (a spare), so that a job's request
     finds one started: a Python one always, and a JavaScript one where a
-    JavaScript job is expected (Node takes ~100 ms of CPU to start): before
+    JavaScript job is expected (Node takes ~70 ms of CPU to start): before
     the first job, if the host has seen some lately (spare_js); after a job,
     if that job was JavaScript's (the supervisor's word). A Python job kills
     a JavaScript spare, so it is started only where it is likely used. The
@@ -227,7 +227,7 @@ def _zygote_main(zsock, spare_js=False, preload=()):
         """Forks the executors the next job may take: only while no code runs
         in the container (before the first job, after a sweep found it clean).
         A Python one always (its fork and start leave the job's path); a
-        JavaScript one where JavaScript is expected (Node takes ~100 ms)."""
+        JavaScript one where JavaScript is expected (Node takes ~70 ms)."""
         if "python" not in spares:
             pid, fds = fork_python(spare=True)
             # Its word that it ran the warm-up (a zero byte, read here so the

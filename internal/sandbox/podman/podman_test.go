@@ -378,6 +378,14 @@ print(os.getuid())`, Timeout: 30 * time.Second}, nil)
 	if _, err := os.Stat(filepath.Join(dir, "etc", "written")); err == nil {
 		t.Fatal("the job wrote into the host's root directory")
 	}
+	// The image's Node.js is found in the exported tree too.
+	if !slices.Contains(sandbox.Languages(rt), sandbox.JavaScript) {
+		t.Fatalf("a rootfs exported from %s runs %v, not JavaScript", image, sandbox.Languages(rt))
+	}
+	res, err = rt.Run(context.Background(), sandbox.Job{ID: "rootfs-js", Language: sandbox.JavaScript, Code: `console.log(process.getuid())`, Timeout: 30 * time.Second}, nil)
+	if err != nil || res.Status != sandbox.StatusSuccess || res.Stdout != "65534\n" {
+		t.Fatalf("JavaScript in the rootfs: %v %+v", err, res)
+	}
 	if _, err := New(context.Background(), Config{Config: containerpool.Config{WorkerID: sandboxtest.WorkerID(t)}, Rootfs: t.TempDir(), URI: os.Getenv("MCPEXEC_PODMAN")}); err == nil || !strings.Contains(err.Error(), "usr/bin/python3") {
 		t.Fatalf("an empty rootfs: %v", err)
 	}

@@ -362,8 +362,13 @@ func (r *Runtime) checkImage(ctx context.Context) ([]string, error) {
 		if _, err := os.Stat(filepath.Join(r.cfg.Rootfs, "usr", "bin", "python3")); err != nil {
 			return nil, fmt.Errorf("podman sandbox: --rootfs %s has no usr/bin/python3 (%w): give a directory holding a root file system with Python 3, e.g. an exported sandbox image", r.cfg.Rootfs, err)
 		}
-		if _, err := os.Stat(filepath.Join(r.cfg.Rootfs, "usr", "bin", "node")); err == nil {
-			langs = append(langs, sandbox.JavaScript)
+		// Where the sandbox's PATH finds node: the image's official build
+		// (usr/local/bin), or a distribution's package.
+		for _, bin := range []string{"usr/local/bin", "usr/bin"} {
+			if _, err := os.Stat(filepath.Join(r.cfg.Rootfs, bin, "node")); err == nil {
+				langs = append(langs, sandbox.JavaScript)
+				break
+			}
 		}
 		return langs, nil
 	}

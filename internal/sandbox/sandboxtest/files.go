@@ -201,9 +201,9 @@ func runFigures(t *testing.T, rt sandbox.Runtime, run runFunc) {
 	t.Run("MatplotlibFigures", func(t *testing.T) {
 		if out := run(t, "import importlib.util\nprint(importlib.util.find_spec('matplotlib') is not None)", short, nil); out.Stdout != "True\n" {
 			if os.Getenv("MCPEXEC_REQUIRE_PODMAN") == "1" {
-				t.Fatalf("the sandbox image has no matplotlib (MCPEXEC_REQUIRE_PODMAN=1): build the data image (deploy/sandbox, recipe 3)")
+				t.Fatalf("the sandbox image has no matplotlib (MCPEXEC_REQUIRE_PODMAN=1): build the data image (deploy/sandbox, recipe 3 or later)")
 			}
-			t.Skip("the sandbox image has no matplotlib: build the data image (deploy/sandbox, recipe 3)")
+			t.Skip("the sandbox image has no matplotlib: build the data image (deploy/sandbox, recipe 3 or later)")
 		}
 		code := `import pandas as pd, matplotlib.pyplot as plt
 df = pd.DataFrame({"x": [1, 2, 3], "y": [3, 1, 2]})
