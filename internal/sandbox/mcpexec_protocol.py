@@ -99,15 +99,25 @@ class _FrameBuffer:
         return frames
 
 
+_PRCTL = []  # libc's prctl, once resolved
+
+
+def _prctl(option, arg):
+    """prctl(option, arg, 0, 0, 0) through libc, resolved once per process
+    tree: forks inherit it, so an executor's start makes no ctypes lookup
+    (each one copies some fifty pages of the zygote)."""
+    if not _PRCTL:
+        import ctypes
+
+        _PRCTL.append(ctypes.CDLL(None, use_errno=True).prctl)
+    return _PRCTL[0](option, arg, 0, 0, 0)
+
 
 def _set_nondumpable():
     """prctl(PR_SET_DUMPABLE, 0): no process of the same user may ptrace this one
     or open its /proc files (memory, file descriptors)."""
     try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(4, 0, 0, 0, 0) == 0
+        return _prctl(4, 0) == 0
     except Exception:
         return False
 
@@ -115,9 +125,7 @@ def _set_nondumpable():
 def _set_pdeathsig():
     """The calling process dies with its parent (outside a container too)."""
     try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+        _prctl(1, signal.SIGKILL)
     except Exception:
         pass
 
