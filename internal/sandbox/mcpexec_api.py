@@ -9,7 +9,7 @@ import select
 import sys
 import threading
 
-from mcpexec_protocol import CO_COROUTINE, MAX_CONCURRENT_CALLS, MCPError, PYCF_ALLOW_TOP_LEVEL_AWAIT
+from mcpexec_protocol import CO_COROUTINE, MAX_CONCURRENT_CALLS, MCPError, PYCF_ALLOW_TOP_LEVEL_AWAIT, _encode
 
 
 class Runner:
@@ -188,15 +188,25 @@ class Runner:
 
     # -- execution ---------------------------------------------------------------
     def warm_up(self):
-        """Runs what every job runs, on nothing and with no output, in an
-        executor forked ahead of its job: the pages a job touches are then
-        copied (the fork's copy-on-write faults, tens of microseconds each on
-        a virtual machine) before the job comes, not while it runs."""
-        compiled, _ = _compile("_ = None\n")
-        exec(compiled, dict(self.globals))  # noqa: S102 - a constant, in a throwaway namespace
-        for stream in (sys.stdout, sys.stderr):
-            print(end="", file=stream, flush=True)
-        json.loads(json.dumps({"type": "done", "status": "success", "exit_code": 0, "error": ""}))
+        """Runs a job's steps on nothing and with no output, in an executor
+        forked ahead of its job: the pages a job touches are then copied (the
+        fork's copy-on-write faults, tens of microseconds each on a virtual
+        machine) before the job comes, not while it runs. It goes through
+        run_job itself (binding no servers, running a constant in the job's
+        globals, then taking back every name and code it added), so the job's
+        path is warmed, not a likeness of it: the exec frame's decoding, the
+        done frame's encoding included."""
+        g = self.globals
+        names = set(g)
+        ncodes = len(self.codes)
+        try:
+            done = self.run_job(json.loads(_encode({"type": "exec", "code": "_ = None\n", "servers": [], "persist": False})[4:]))
+        finally:
+            for name in set(g) - names:
+                del g[name]
+            del self.codes[ncodes:]
+            self.servers = []
+        _encode(done)
 
     def new_globals(self):
         g = {"__name__": "__main__", "__builtins__": builtins}

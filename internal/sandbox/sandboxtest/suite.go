@@ -90,6 +90,14 @@ raise ValueError("real outcome")`
 			t.Fatalf("host saw %d calls, want 2", len(h.Calls))
 		}
 	})
+	t.Run("NothingLeftByWarmUp", func(t *testing.T) {
+		// The executor ran a job's steps before this job came (its warm-up,
+		// in the same globals): none of its names or code remains.
+		out := succeeds(t, run, "import sys\nprint('_' in globals(), __name__, LOADED_MCP_SERVERS, sorted(k for k in globals() if k.startswith('mcp_')))\n_ = 1")
+		if out != "False __main__ () ['mcp_servers']\n" {
+			t.Fatalf("a fresh job's globals: %q", out)
+		}
+	})
 	t.Run("CallsKeepOneThread", func(t *testing.T) {
 		// Replies to the code's calls are read on its own thread (a second
 		// thread makes each copy-on-write fault of the fork an interrupt of
