@@ -16,7 +16,7 @@ import (
 // with the data stack in its memory, still serves its namespace's next job
 // (the sweep's "memory still held" check passes with them loaded): each
 // job waits for it to be armed again, as a job sent sooner would take a
-// warm container.
+// warm container; and two jobs draw different random numbers.
 func DataStack(t *testing.T, rt interface {
 	sandbox.Runtime
 	Armed(tenant string) int
@@ -65,5 +65,17 @@ print(len(plt.get_fignums()))`)
 	second := run("import socket\nprint(socket.gethostname())\n1 + 1")
 	if got := strings.TrimSpace(second.Stdout); got != host {
 		t.Fatalf("the next job of the namespace ran in %q, not in %q: the container was retired (memory held after the sweep?); or a trailing value was printed", got, host)
+	}
+	// random came with the data stack, so every job's process inherits the
+	// zygote's generator: each is seeded again (random's at-fork handler,
+	// which a fork that skips Python's handlers would lose), and jobs do not
+	// replay one sequence.
+	const draw = "import sys\nprint('random' in sys.modules)\nimport random\nprint(random.random(), random.getrandbits(64))"
+	WaitArmed(t, rt, "data")
+	a := run(draw).Stdout
+	WaitArmed(t, rt, "data")
+	b := run(draw).Stdout
+	if !strings.HasPrefix(a, "True\n") || a == b {
+		t.Fatalf("two jobs' random draws (random preloaded?): %q and %q", a, b)
 	}
 }
