@@ -124,12 +124,10 @@ func (s *Service) handleMemoryPut(req micro.Request) {
 	seq, err := s.writeMemory(op, expect, res)
 	if isWrongLastSeq(err) && r.WriteID != "" {
 		// Refused: unless this is a retry of a write that landed after
-		// what this replica has applied. Catch up with the stream, look again.
-		if s.catchUpMemory() == nil {
-			if seq, ok, err := s.store.WriteSeq(r.WriteID); err != nil || ok {
-				s.respond(req, op.Entry(seq), err)
-				return
-			}
+		// what this replica has applied.
+		if seq, ok, err := landed(s.catchUpMemory, s.store.WriteSeq, r.WriteID); err != nil || ok {
+			s.respond(req, op.Entry(seq), err)
+			return
 		}
 	}
 	if isWrongLastSeq(err) {
@@ -141,6 +139,22 @@ func (s *Service) handleMemoryPut(req micro.Request) {
 		return
 	}
 	s.respond(req, op.Entry(seq), nil)
+}
+
+// landed tells a refused retry of write id from a conflict: once this
+// replica has caught up with the memory stream (catchUp), a write it
+// remembers (lookup) landed, and one it does not is a conflict. When it
+// cannot catch up (a leader elected, the stream away), it cannot tell, and
+// says so (ErrUnavailable: the caller retries with the same id). Taking
+// that for a conflict made update_memory read the key again and apply its
+// change a second time, when the write had landed: JetStream forgets the
+// id of a write a later one replaced (one message per key) once a node
+// restarts, so such a retry after a fault reaches this check.
+func landed(catchUp func() error, lookup func(id string) (uint64, bool, error), id string) (uint64, bool, error) {
+	if err := catchUp(); err != nil {
+		return 0, false, fmt.Errorf("%w: whether write %s landed cannot be told yet (the replica could not catch up with the memory stream): %w", ErrUnavailable, id, err)
+	}
+	return lookup(id)
 }
 
 // catchUpMemory waits (within catchUpWait) until this replica has applied
