@@ -93,7 +93,7 @@ raise ValueError("real outcome")`
 	t.Run("NothingLeftByWarmUp", func(t *testing.T) {
 		// The executor ran a job's steps before this job came (its warm-up,
 		// in the same globals): none of its names or code remains.
-		out := succeeds(t, run, "import sys\nprint('_' in globals(), __name__, LOADED_MCP_SERVERS, sorted(k for k in globals() if k.startswith('mcp_')))\n_ = 1")
+		out := succeeds(t, run, "print('_' in globals(), __name__, LOADED_MCP_SERVERS, sorted(k for k in globals() if k.startswith('mcp_')))\n_ = 1")
 		if out != "False __main__ () ['mcp_servers']\n" {
 			t.Fatalf("a fresh job's globals: %q", out)
 		}
