@@ -261,3 +261,26 @@ func TestSandboxChecks(t *testing.T) {
 		})
 	}
 }
+
+// TestNodeCheck: a Node.js built without its startup snapshot (Debian's,
+// which build.sh falls back to without npm) is a warning with its fix; the
+// official build is OK. The probe's output is what the engines' runs of
+// nodeProbe print (TestSandboxChecks runs it on the image).
+func TestNodeCheck(t *testing.T) {
+	for _, c := range []struct {
+		out    string
+		status Status
+		detail string
+	}{
+		{"v22.23.5 snapshot\n", OK, "python, javascript (Node.js v22.23.5)"},
+		{"v18.20.4 no-snapshot\n", Warn, "python, javascript (Node.js v18.20.4, built without its startup snapshot"},
+	} {
+		got := nodeCheck(c.out, "img")
+		if got.Name != "languages" || got.Status != c.status || !strings.HasPrefix(got.Detail, c.detail) {
+			t.Errorf("%q: %+v", c.out, got)
+		}
+		if c.status == Warn && !strings.Contains(got.Fix, "build.sh --force img") {
+			t.Errorf("%q: fix %q", c.out, got.Fix)
+		}
+	}
+}
