@@ -56,8 +56,13 @@ run: image build ## start the embedded default: MCP on http://$(HTTP)/mcp
 	./bin/frontend --http $(HTTP)
 
 .PHONY: test
+# Where make test keeps its whole output; on a failure it ends with a summary
+# (tools/test-summary.sh) of what failed and where a timed-out test waited.
+TEST_LOG ?= bin/test.log
 test: image docker-engine ## install what tests need, then run all tests (race detector on) on Podman and Docker, OAuth against Ory Hydra (built from tools/oauth)
-	CGO_ENABLED=1 MCPEXEC_REQUIRE_PODMAN=1 MCPEXEC_REQUIRE_DOCKER=1 MCPEXEC_REQUIRE_OAUTH=1 MCPEXEC_DOCKER=unix://$(DOCKER_SOCK) $(GO) test -race -tags "$(TAGS)" -timeout 30m -p 1 ./...
+	@mkdir -p $(dir $(TEST_LOG))
+	CGO_ENABLED=1 MCPEXEC_REQUIRE_PODMAN=1 MCPEXEC_REQUIRE_DOCKER=1 MCPEXEC_REQUIRE_OAUTH=1 MCPEXEC_DOCKER=unix://$(DOCKER_SOCK) $(GO) test -race -tags "$(TAGS)" -timeout 20m -p 1 ./... 2>&1 | tee $(TEST_LOG); \
+	rc=$${PIPESTATUS[0]}; if [ $$rc -ne 0 ]; then bash tools/test-summary.sh $(TEST_LOG); fi; exit $$rc
 
 .PHONY: faults
 faults: ## the fault suite's long schedule: power cuts (lazyfs), kill -9, pause, partition under jobs and update_memory; names each node whose broker replaced a jobs stream no replica would lead (docs/design.md); prints a Jepsen-style table (MCPEXEC_FAULTS_LOG=1 for the fleet's logs, =warn for its warnings); then run_python over MCP with node 0 killed, ten times
