@@ -134,6 +134,17 @@ func (e *engine) List(ctx context.Context, labels ...string) ([]containerpool.Co
 	return cs, nil
 }
 
+// probe lists the Runtime's containers: the service answers it only when it
+// can take their locks.
+func (r *Runtime) probe(ctx context.Context) error {
+	c, cancel := r.callCtx(ctx, serviceTimeout)
+	defer cancel()
+	_, err := containers.List(c, new(containers.ListOptions).WithAll(true).WithFilters(map[string][]string{
+		"label": {containerpool.LabelWorker + "=" + r.cfg.WorkerID},
+	}))
+	return err
+}
+
 // ExitNote implements containerpool.Engine.
 func (e *engine) ExitNote(id string) string {
 	c, cancel := (*Runtime)(e).callCtx(context.Background(), 5*time.Second)

@@ -72,7 +72,18 @@ type Config struct {
 	// and is redundant here since the Runtime removes every container it started
 	// (which cleans it up). Has no effect on a service it did not start.
 	KeepExitCommand bool
+	// ServiceHungAfter is how long a Podman service that New started itself
+	// may leave every probe unanswered (a list of the containers, which waits
+	// for their locks) before it is killed and started again, as a service
+	// that died is; 0 means DefaultServiceHungAfter. Has no effect on a
+	// service it did not start.
+	ServiceHungAfter time.Duration
 }
+
+// DefaultServiceHungAfter is Config.ServiceHungAfter's default: well above
+// the longest call of a healthy service (a container's start under load
+// takes seconds).
+const DefaultServiceHungAfter = 2 * time.Minute
 
 // Info describes the Podman connection of a Runtime.
 type Info = containerpool.Info

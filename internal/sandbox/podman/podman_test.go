@@ -228,6 +228,52 @@ func TestServiceRestartedWhenItDies(t *testing.T) {
 	t.Logf("jobs ran again %s after the service was killed", time.Since(killed).Round(time.Millisecond))
 }
 
+// TestServiceReplacedWhenItHangs: a Podman service the Runtime started that
+// stops answering (stopped here with SIGSTOP: a service whose locks are
+// wedged answers nothing either) is killed and started again, and the
+// Runtime's calls and jobs go through again without a new Runtime.
+func TestServiceReplacedWhenItHangs(t *testing.T) {
+	if os.Getenv("MCPEXEC_PODMAN") != "" {
+		t.Skip("MCPEXEC_PODMAN names a service this test did not start")
+	}
+	rt := newRuntime(t, Config{ServiceHungAfter: 3 * time.Second})
+	pid := rt.ServicePID()
+	if pid == 0 {
+		t.Skip("a Podman service was already running: the Runtime did not start one")
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) // it is gone when the test passes
+	stopped := time.Now()
+	for rt.ServicePID() == pid {
+		if time.Since(stopped) > time.Minute {
+			t.Fatal("the stopped service was not replaced within a minute")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	replaced := time.Since(stopped)
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Fatalf("the hung service (pid %d) was left running: %v", pid, err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := rt.probe(context.Background())
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the new service did not answer within a minute: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	res, err := rt.Run(context.Background(), sandbox.Job{ID: "after-hang", Code: "print('back')", Timeout: 20 * time.Second}, nil)
+	if err != nil || res.Stdout != "back\n" {
+		t.Fatalf("a job after the service was replaced: %v %+v", err, res)
+	}
+	t.Logf("the stopped service was replaced %s after it stopped", replaced.Round(time.Millisecond))
+}
+
 // TestReuseWithinNamespace: a container serves the next job of the same
 // namespace, each job in a fresh process, with nothing of the last job
 // visible (files in every writable place, a POSIX message queue,

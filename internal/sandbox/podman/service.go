@@ -2,6 +2,7 @@ package podman
 
 // This file finds or starts the Podman API service.
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -64,7 +65,9 @@ func (r *Runtime) connect(ctx context.Context, info *Info) error {
 		}
 	}
 
-	pi, err := system.Info(r.conn, nil)
+	c, cancel := r.callCtx(ctx, serviceTimeout)
+	defer cancel()
+	pi, err := system.Info(c, nil)
 	if err != nil {
 		return fmt.Errorf("podman sandbox: podman info: %w", err)
 	}
@@ -136,6 +139,9 @@ func (r *Runtime) startService(ctx context.Context, info *Info) error {
 	}
 	args = append(args, "system", "service", "--time=0", uri)
 	svc := &service{path: podman, args: args, dir: dir, sock: sock, uri: uri, log: r.log, stop: make(chan struct{}), supervised: make(chan struct{})}
+	svc.quit, svc.quitNow = context.WithCancel(context.Background())
+	svc.hungAfter = cmp.Or(r.cfg.ServiceHungAfter, DefaultServiceHungAfter)
+	svc.probe = r.probe
 	r.svc = svc
 	if err := svc.launch(); err != nil {
 		return err
@@ -164,6 +170,14 @@ type service struct {
 	stop        chan struct{} // closed by shutdown
 	supervised  chan struct{} // closed when supervise returns
 	supervising atomic.Bool   // supervise was started
+
+	// probe asks the service something that waits for its containers' locks;
+	// every probe unanswered for hungAfter gets the service killed (and so
+	// started again).
+	probe     func(context.Context) error
+	hungAfter time.Duration
+	quit      context.Context // ends at shutdown: a probe under way gives up
+	quitNow   context.CancelFunc
 
 	mu       sync.Mutex // guards cmd, done, stderr, restarts
 	cmd      *exec.Cmd
@@ -221,7 +235,8 @@ func (s *service) waitReady(ctx context.Context) error {
 	}
 }
 
-// supervise starts the service again whenever it dies, until shutdown.
+// supervise starts the service again whenever it dies, and kills it when it
+// stops answering (so that it is started again), until shutdown.
 func (s *service) supervise() {
 	defer close(s.supervised)
 	delay := time.Second
@@ -229,10 +244,8 @@ func (s *service) supervise() {
 		s.mu.Lock()
 		done, stderr := s.done, s.stderr
 		s.mu.Unlock()
-		select {
-		case <-s.stop:
+		if !s.watch(done) {
 			return
-		case <-done:
 		}
 		s.log.Error("podman sandbox: the podman service died: starting it again", "in", delay, "stderr", strings.TrimSpace(stderr.String()))
 		for {
@@ -259,6 +272,48 @@ func (s *service) supervise() {
 	}
 }
 
+// watch probes the service until it exits (true) or shutdown (false). When
+// no probe has been answered for hungAfter, it kills the service: a Podman
+// service whose locks are wedged answers nothing again, and every job of the
+// worker would wait on it.
+func (s *service) watch(done <-chan struct{}) bool {
+	every := min(s.hungAfter/4, 15*time.Second)
+	answered := time.Now()
+	for {
+		select {
+		case <-s.stop:
+			return false
+		case <-done:
+			return true
+		case <-time.After(every):
+		}
+		if s.probe == nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(s.quit, every)
+		err := s.probe(ctx)
+		cancel()
+		if err == nil {
+			answered = time.Now()
+			continue
+		}
+		if silent := time.Since(answered); silent >= s.hungAfter {
+			s.mu.Lock()
+			cmd := s.cmd
+			s.mu.Unlock()
+			s.log.Error("podman sandbox: the podman service has not answered: killing it to start it again",
+				"for", silent.Round(time.Second), "pid", cmd.Process.Pid, "err", err)
+			_ = cmd.Process.Kill() // it may have exited meanwhile: done says so either way
+			select {
+			case <-s.stop:
+				return false
+			case <-done:
+				return true
+			}
+		}
+	}
+}
+
 func (s *service) pid() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -270,6 +325,9 @@ func (s *service) pid() int {
 
 // shutdown stops supervising and ends the service.
 func (s *service) shutdown() {
+	if s.quitNow != nil {
+		s.quitNow()
+	}
 	close(s.stop)
 	if s.supervising.Load() {
 		<-s.supervised
