@@ -56,8 +56,17 @@ func (e *engine) Create(ctx context.Context, sp containerpool.Spec) (string, err
 	c, cancel := r.callCtx(ctx, 60*time.Second)
 	defer cancel()
 	r.lockStorage()
+	locked := true
+	defer func() {
+		if locked {
+			r.unlockStorage()
+		}
+	}()
 	created, err := containers.CreateWithSpec(c, s, nil)
-	r.unlockStorage()
+	if !r.startLocked {
+		r.unlockStorage()
+		locked = false
+	}
 	if err != nil {
 		return "", fmt.Errorf("create container: %w", err)
 	}
@@ -85,6 +94,7 @@ func (e *engine) Connect(ctx context.Context, info *Info) ([]string, error) {
 		r.log.Warn("podman sandbox: containers share the host's user namespace", "why", info.UserNSNote)
 	}
 	r.userNS = info.UserNS
+	r.startLocked = info.UserNS && majorVersion(info.ServerVersion) < 5
 	return r.checkImage(ctx)
 }
 
@@ -105,6 +115,13 @@ func (e *engine) Release(leftovers func() error) error {
 // when containers get their own user namespaces: Podman 4.3's service
 // deadlocks (its storage and userns locks held, every later call waiting)
 // when --userns=auto containers are created and removed in parallel.
+//
+// A start (which mounts the container's storage) can meet the same fate: a
+// CI run of the conformance suite (--userns on, Podman 4.3.1) hung with one
+// container left "Created", none of its start done, while the removals of
+// two others waited, and every later call after them. With Podman 4, a start
+// in user-namespace mode holds the lock too (startLocked); the service's
+// watchdog (service.watch) replaces a service wedged all the same.
 func (r *Runtime) lockStorage() {
 	if r.userNS {
 		r.storageMu.Lock()

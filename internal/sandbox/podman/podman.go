@@ -96,6 +96,9 @@ type Runtime struct {
 	log    *slog.Logger
 	conn   context.Context // bindings connection; never cancelled
 	userNS bool            // each container has its own user namespace (Info.UserNS)
+	// startLocked: a container's start holds storageMu too (Podman 4 in
+	// user-namespace mode; see lockStorage).
+	startLocked bool
 
 	svc *service // the podman service this Runtime started, or nil
 
