@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -434,5 +436,48 @@ print(os.getuid())`, Timeout: 30 * time.Second}, nil)
 	}
 	if _, err := New(context.Background(), Config{Config: containerpool.Config{WorkerID: sandboxtest.WorkerID(t)}, Rootfs: t.TempDir(), URI: os.Getenv("MCPEXEC_PODMAN")}); err == nil || !strings.Contains(err.Error(), "usr/bin/python3") {
 		t.Fatalf("an empty rootfs: %v", err)
+	}
+}
+
+// TestWatchKillsOnlyASilentService: the watchdog leaves a service that
+// answers, even with errors, and kills one whose probes time out.
+func TestWatchKillsOnlyASilentService(t *testing.T) {
+	var silent atomic.Bool
+	s := &service{path: "sleep", args: []string{"60"}, dir: t.TempDir(), log: slog.New(slog.DiscardHandler),
+		stop: make(chan struct{}), hungAfter: 400 * time.Millisecond}
+	s.quit, s.quitNow = context.WithCancel(context.Background())
+	defer s.quitNow()
+	s.probe = func(ctx context.Context) error {
+		if silent.Load() {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return errors.New("500: internal error") // an answer
+	}
+	if err := s.launch(); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.mu.Unlock()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done }) // already dead when the test passes
+	exited := make(chan bool, 1)
+	go func() { exited <- s.watch(done) }()
+	select {
+	case <-done:
+		t.Fatal("a service that answers with errors was killed")
+	case <-time.After(5 * s.hungAfter):
+	}
+	silent.Store(true)
+	select {
+	case byExit := <-exited:
+		if !byExit {
+			t.Fatal("watch returned as if at shutdown")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a silent service was not killed")
+	}
+	if code := cmd.ProcessState.ExitCode(); code != -1 {
+		t.Fatalf("the service exited by itself (%d), not by the watchdog's kill", code)
 	}
 }

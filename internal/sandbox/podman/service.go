@@ -292,8 +292,11 @@ func (s *service) watch(done <-chan struct{}) bool {
 		}
 		ctx, cancel := context.WithTimeout(s.quit, every)
 		err := s.probe(ctx)
+		timedOut := ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded)
 		cancel()
-		if err == nil {
+		if !timedOut {
+			// An answer, even an error: a service that says what is wrong
+			// is not wedged.
 			answered = time.Now()
 			continue
 		}
