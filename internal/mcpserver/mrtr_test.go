@@ -34,10 +34,25 @@ func TestInputRequiredRun(t *testing.T) {
 		}
 		return modernReq{token: token, method: "tools/call", elicits: true, params: p}.post(t, url)
 	}
+	// The calls that wait run on goroutines of their own; a failure there
+	// (t.Fatal ends only that goroutine) must not leave the test waiting.
+	answer := func(ch <-chan modernReply, what string) modernReply {
+		t.Helper()
+		select {
+		case r := <-ch:
+			return r
+		case <-time.After(3 * time.Minute):
+			t.Fatalf("%s: no answer within 3 minutes", what)
+			return modernReply{}
+		}
+	}
 	first := make(chan modernReply, 1)
 	go func() { first <- run("token-alpha", nil) }()
 	var job string
-	for job == "" {
+	for waited := time.Now(); job == ""; {
+		if time.Since(waited) > time.Minute {
+			t.Fatal("the blocking job was not running within a minute")
+		}
 		recs, _, err := d.List(ctx, "alpha", jobs.Filter{})
 		if err != nil {
 			t.Fatal(err)
@@ -51,7 +66,7 @@ func TestInputRequiredRun(t *testing.T) {
 	}
 	d.park("alpha", jobs.Approval{ID: "ap-1", JobID: job, Server: "ts", Tool: "add", Arguments: json.RawMessage(`{"a":1,"b":2}`), Rule: "ts/add", AskedAt: time.Now()})
 	d.park("alpha", jobs.Approval{ID: "ap-other", JobID: "another-job", Server: "ts", Tool: "add", AskedAt: time.Now()})
-	got := (<-first).ok(t)
+	got := answer(first, "the first call").ok(t)
 	asks, _ := got["inputRequests"].(map[string]any)
 	ask, _ := asks["ap-1"].(map[string]any)
 	params, _ := ask["params"].(map[string]any)
@@ -85,7 +100,10 @@ func TestInputRequiredRun(t *testing.T) {
 	go func() {
 		retry <- run("token-alpha", map[string]any{"requestState": state, "inputResponses": map[string]any{"ap-1": approve, "ap-other": approve}})
 	}()
-	for {
+	for waited := time.Now(); ; {
+		if time.Since(waited) > time.Minute {
+			t.Fatal("the retry did not decide the call within a minute")
+		}
 		d.mu.Lock()
 		dec, n := d.decided["ap-1"], len(d.decided)
 		d.mu.Unlock()
@@ -105,7 +123,7 @@ func TestInputRequiredRun(t *testing.T) {
 	if err := d.Cancel(ctx, "alpha", job, "the test"); err != nil {
 		t.Fatal(err)
 	}
-	res := (<-retry).ok(t)
+	res := answer(retry, "the retry").ok(t)
 	if res["resultType"] == "input_required" || !strings.Contains(string(mustJSON(t, res)), "cancelled") {
 		t.Fatalf("the retry's result %v", res)
 	}

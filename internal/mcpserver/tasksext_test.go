@@ -121,13 +121,13 @@ func (r modernReply) wantError(t *testing.T, status, code int, contains string) 
 // pollTask polls tasks/get on url until the task's status is one of want.
 func pollTask(t *testing.T, url, token, id string, want ...string) map[string]any {
 	t.Helper()
-	for {
+	for waited := time.Now(); ; {
 		got := modernReq{token: token, method: "tasks/get", params: map[string]any{"taskId": id}, ext: true}.post(t, url).ok(t)
 		if slices.Contains(want, got["status"].(string)) {
 			return got
 		}
-		if s := got["status"].(string); s == "completed" || s == "failed" || s == "cancelled" {
-			t.Fatalf("task %s ended %s, want %v: %v", id, s, want, got)
+		if s := got["status"].(string); s == "completed" || s == "failed" || s == "cancelled" || time.Since(waited) > time.Minute {
+			t.Fatalf("task %s is %s, want %v: %v", id, s, want, got)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
