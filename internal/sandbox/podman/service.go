@@ -294,6 +294,9 @@ func (s *service) watch(done <-chan struct{}) bool {
 		err := s.probe(ctx)
 		timedOut := ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded)
 		cancel()
+		if s.quit.Err() != nil {
+			return false // shutdown ended the probe
+		}
 		if !timedOut {
 			// An answer, even an error: a service that says what is wrong
 			// is not wedged.
