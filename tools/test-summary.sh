@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # test-summary.sh LOG: after a failed `go test`, print what a reader of the
-# output's last lines needs to see why: each failed test with its first lines,
-# and for each package that timed out, the tests it was running and the
-# goroutines stopped in test code (where the test waits). A CI that keeps only
-# the tail of the output then still names the culprit.
+# output's last lines needs to see why: each failed test with its first
+# lines, the first data races, and for each package that timed out or
+# panicked, the tests it was running and the goroutines stopped in test code
+# (where a test waits, or panicked). A CI that keeps only the tail of the
+# output then still names the culprit.
 set -euo pipefail
 log=${1:?usage: test-summary.sh LOG}
 echo
@@ -18,8 +19,14 @@ awk '
 	# The last line of a failed package.
 	/^FAIL\t/ { flush(); print; timeout = 0; running = 0; shown = 0; next }
 
-	# A timed-out package: what ran, then each goroutine in test code.
-	/^panic: test timed out/ { timeout = 1; print; next }
+	# A data race: its report, bounded (two per run).
+	/^WARNING: DATA RACE/ { race = (++races <= 2); n = 0; if (race) print; next }
+	race && /^==================$/ { race = 0; print ""; next }
+	race { if (++n <= 30) print; next }
+
+	# A timed-out or panicking package: what ran, then each goroutine in
+	# test code (the panicking one is among them).
+	/^panic: / { timeout = 1; print; next }
 	timeout && /^\trunning tests:/ { running = 1; print; next }
 	running && /^\t\t/ { print; next }
 	running { running = 0 }
