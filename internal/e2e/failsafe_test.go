@@ -20,6 +20,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/testutil/testenv"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
@@ -48,7 +49,9 @@ func TestWorkersFailSafe(t *testing.T) {
 	}
 	podmanCmd := func(t *testing.T, args ...string) string {
 		t.Helper()
-		out, err := exec.Command("podman", args...).CombinedOutput()
+		cmd, cancel := testenv.Command(testenv.CLITimeout, "podman", args...)
+		defer cancel()
+		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("podman %s: %v: %s", strings.Join(args, " "), err, out)
 		}
@@ -77,7 +80,11 @@ func TestWorkersFailSafe(t *testing.T) {
 				cfg.Image = "localhost/mcpexec-sandbox:fault-" + strings.ToLower(randomID())
 				podmanCmd(t, "tag", image, cfg.Image)
 				// untag with no name after the image removes every name of it.
-				t.Cleanup(func() { _ = exec.Command("podman", "untag", cfg.Image, cfg.Image).Run() })
+				t.Cleanup(func() {
+					cmd, cancel := testenv.Command(testenv.CLITimeout, "podman", "untag", cfg.Image, cfg.Image)
+					defer cancel()
+					_ = cmd.Run() // best effort: a tag left behind harms no test
+				})
 			},
 			inject: func(t *testing.T, rt *podman.Runtime) { podmanCmd(t, "untag", rt.Info().Image, rt.Info().Image) },
 			repair: func(t *testing.T, rt *podman.Runtime) { podmanCmd(t, "tag", image, rt.Info().Image) },
@@ -195,7 +202,10 @@ func runFault(t *testing.T, f fault) {
 		if root := rt.Config().StorageRoot; root != "" {
 			args = append(podman.StorageFlags(root), args...)
 		}
-		if out, err := exec.Command("podman", args...).Output(); err != nil || strings.TrimSpace(string(out)) != "" {
+		cmd, cancel := testenv.Command(testenv.CLITimeout, "podman", args...)
+		out, err := cmd.Output()
+		cancel()
+		if err != nil || strings.TrimSpace(string(out)) != "" {
 			t.Errorf("containers of %s left behind: %q %v", rt.Config().WorkerID, out, err)
 		}
 	}
@@ -245,7 +255,10 @@ func privateStorage(t *testing.T, root, image string) string {
 	t.Helper()
 	archive := filepath.Join(t.TempDir(), "image.tar")
 	for _, args := range [][]string{{"save", "-o", archive, image}, append(podman.StorageFlags(root), "load", "-i", archive)} {
-		if out, err := exec.Command("podman", args...).CombinedOutput(); err != nil {
+		cmd, cancel := testenv.Command(testenv.CLITimeout, "podman", args...)
+		out, err := cmd.CombinedOutput()
+		cancel()
+		if err != nil {
 			t.Fatalf("podman %s: %v: %s", strings.Join(args, " "), err, out)
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +21,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/testutil/testenv"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
@@ -324,7 +324,9 @@ func waitSessionEnded(t *testing.T, b *broker.Broker, session string, limit time
 func workerContainers(t *testing.T, worker string, flags ...string) string {
 	t.Helper()
 	args := append([]string{"ps", "-q", "--filter", "label=" + containerpool.LabelWorker + "=" + worker}, flags...)
-	out, err := exec.Command("podman", args...).CombinedOutput()
+	cmd, cancel := testenv.Command(testenv.CLITimeout, "podman", args...)
+	defer cancel()
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("podman ps: %v %s", err, out)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/testutil/testenv"
 )
 
 // buildFrontend builds cmd/frontend with the Podman build tags.
@@ -23,7 +24,8 @@ func buildFrontend(t *testing.T) string {
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..", "..")
 	bin := filepath.Join(t.TempDir(), "frontend")
-	cmd := exec.Command("go", "build", "-tags", "remote exclude_graphdriver_btrfs exclude_graphdriver_devicemapper containers_image_openpgp", "-o", bin, "./cmd/frontend")
+	cmd, cancel := testenv.Command(15*time.Minute, "go", "build", "-tags", "remote exclude_graphdriver_btrfs exclude_graphdriver_devicemapper containers_image_openpgp", "-o", bin, "./cmd/frontend")
+	defer cancel()
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -86,7 +88,11 @@ func TestOfficialTypeScriptSDK(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		args := append([]string{scriptPath, "stdio", bin}, append(common, "--data", filepath.Join(dir, "stdio"), "--worker-id", "sdk-stdio")...)
-		out, err := exec.CommandContext(ctx, "node", args...).Output()
+		cmd := exec.CommandContext(ctx, "node", args...)
+		// The front-end node starts shares node's stderr: once ctx has
+		// killed node, do not wait on a pipe that front-end still holds.
+		cmd.WaitDelay = 15 * time.Second
+		out, err := cmd.Output()
 		if err != nil {
 			t.Fatalf("node client: %v\n%s", err, out)
 		}

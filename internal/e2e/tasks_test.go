@@ -47,11 +47,14 @@ func startFrontend(t *testing.T, bin string, args ...string) *frontendProc {
 	p := &frontendProc{cmd: cmd, addr: addr}
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
+		kill := time.AfterFunc(90*time.Second, func() { _ = cmd.Process.Kill() }) // a front-end wedged on its way out
 		_ = cmd.Wait()
+		kill.Stop()
 	})
 	deadline := time.Now().Add(2 * time.Minute)
+	health := &http.Client{Timeout: 5 * time.Second}
 	for {
-		resp, err := http.Get("http://" + addr + "/healthz")
+		resp, err := health.Get("http://" + addr + "/healthz")
 		if err == nil {
 			_ = resp.Body.Close() // read or abandoned: nothing to report
 			if resp.StatusCode == 200 {

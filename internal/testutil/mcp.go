@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sync"
@@ -21,6 +20,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/mcpclients"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
+	"github.com/mcpexec/mcpexec/internal/testutil/testenv"
 )
 
 // FrontendWith starts a front-end configured by cfg (ID, Tools, ...) on b.
@@ -90,7 +90,8 @@ func TestServer(t testing.TB) string {
 		}
 		testServerPath = filepath.Join(dir, "testserver")
 		tmp := fmt.Sprintf("%s.%d", testServerPath, os.Getpid())
-		cmd := exec.Command("go", "build", "-o", tmp, "./internal/mcpclients/testserver")
+		cmd, cancel := testenv.Command(15*time.Minute, "go", "build", "-o", tmp, "./internal/mcpclients/testserver")
+		defer cancel()
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {

@@ -7,6 +7,9 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/testutil/testenv"
 )
 
 // NPMPackages are the npm packages tests use, pinned: the official TypeScript MCP
@@ -100,7 +103,10 @@ func npmInstall(base string, packages []string) (string, error) {
 		return base, nil
 	}
 	args := append([]string{"install", "--no-audit", "--no-fund", "--silent", "--prefix", base}, packages...)
-	cmd := exec.Command("npm", args...)
+	// Bounded: a registry that stops answering fails the install (and frees
+	// the lock other test binaries wait on) instead of hanging them all.
+	cmd, cancel := testenv.Command(10*time.Minute, "npm", args...)
+	defer cancel()
 	cmd.Dir = base
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("npm install %v failed: %w: %s", packages, err, out)

@@ -25,6 +25,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mcpexec/mcpexec/internal/testutil/testenv"
 )
 
 // RequireEnv, when set, makes a Hydra that cannot be built fail the tests
@@ -37,7 +39,9 @@ func Build(dir string) (string, error) {
 	_, file, _, _ := runtime.Caller(0)
 	mod := filepath.Join(filepath.Dir(file), "..", "..", "..", "tools", "oauth")
 	out := filepath.Join(dir, "hydra")
-	cmd := exec.Command("go", "build", "-tags", "sqlite,sqlite_omit_load_extension", "-o", out, "github.com/ory/hydra/v2")
+	// Bounded (a module proxy that stops answering), well above a cold build.
+	cmd, cancel := testenv.Command(15*time.Minute, "go", "build", "-tags", "sqlite,sqlite_omit_load_extension", "-o", out, "github.com/ory/hydra/v2")
+	defer cancel()
 	cmd.Dir = mod
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if b, err := cmd.CombinedOutput(); err != nil {

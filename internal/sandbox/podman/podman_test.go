@@ -21,6 +21,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/sandboxtest"
+	"github.com/mcpexec/mcpexec/internal/testutil/testenv"
 )
 
 // unavailable skips the test, or fails it when MCPEXEC_REQUIRE_PODMAN=1 (CI).
@@ -85,7 +86,9 @@ var podmanEngine = sandboxtest.Engine[*Runtime]{
 		if root := rt.cfg.StorageRoot; root != "" {
 			args = append(StorageFlags(root), args...)
 		}
-		out, err := exec.Command("podman", args...).CombinedOutput()
+		cmd, cancel := testenv.Command(testenv.CLITimeout, "podman", args...)
+		defer cancel()
+		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("podman ps: %v %s", err, out)
 		}
@@ -405,11 +408,18 @@ func TestRootfs(t *testing.T) {
 	}
 	dir := t.TempDir()
 	name := "mcpexec-rootfs-" + sandboxtest.WorkerID(t)
-	if out, err := exec.Command("podman", "create", "--name", name, image, "true").CombinedOutput(); err != nil {
+	create, cancel := testenv.Command(testenv.CLITimeout, "podman", "create", "--name", name, image, "true")
+	defer cancel()
+	if out, err := create.CombinedOutput(); err != nil {
 		t.Fatalf("podman create: %v %s", err, out)
 	}
-	defer func() { _ = exec.Command("podman", "rm", "-f", name).Run() }() // best effort: the container only held the exported files
-	export := exec.Command("sh", "-c", "podman export "+name+" | tar -x -C "+dir)
+	defer func() {
+		rm, cancel := testenv.Command(testenv.CLITimeout, "podman", "rm", "-f", name)
+		defer cancel()
+		_ = rm.Run() // best effort: the container only held the exported files
+	}()
+	export, cancelExport := testenv.Command(testenv.CLITimeout, "sh", "-c", "podman export "+name+" | tar -x -C "+dir)
+	defer cancelExport()
 	if out, err := export.CombinedOutput(); err != nil {
 		t.Fatalf("export the image: %v %s", err, out)
 	}

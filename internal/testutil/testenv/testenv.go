@@ -6,10 +6,13 @@
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"testing"
+	"time"
 )
 
 // Logger returns a logger that writes to the test log when -v is given.
@@ -61,3 +64,43 @@ func SkipOrFailDocker(t testing.TB, reason string, args ...any) {
 // points it at the engine deploy/docker/start-dockerd.sh starts), else ""
 // ($DOCKER_HOST, else the default socket).
 func DockerHost() string { return os.Getenv("MCPEXEC_DOCKER") }
+
+// Command is exec.Command bounded by d: the process is killed once d has
+// passed, and its output pipes are given 10 s more to close (a child it left
+// may hold them). A CLI that waits on a wedged lock (Podman's, after a fault
+// test) then fails its test instead of hanging the package. Call cancel when
+// the command is done.
+func Command(d time.Duration, name string, args ...string) (cmd *exec.Cmd, cancel context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	cmd = exec.CommandContext(ctx, name, args...)
+	cmd.WaitDelay = 10 * time.Second
+	return cmd, cancel
+}
+
+// CLITimeout bounds the CLI calls of tests (podman ps, create, save…):
+// minutes more than any of them takes on a loaded machine.
+const CLITimeout = 2 * time.Minute
+
+// Receive returns the next value from ch, failing the test (naming what it
+// waited for) when none comes within d: a bare receive from a goroutine
+// that failed, or from a process that never started, waits forever.
+func Receive[T any](t testing.TB, ch <-chan T, d time.Duration, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(d):
+		t.Fatalf("%s: nothing within %s", what, d)
+		var zero T
+		return zero
+	}
+}
+
+// Context returns a context that ends after d, or when the test ends: for
+// calls that return only when what they wait for comes, or their context
+// ends.
+func Context(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
