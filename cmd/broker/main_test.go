@@ -15,6 +15,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/cli"
 	"github.com/mcpexec/mcpexec/internal/natsauth"
+	"github.com/mcpexec/mcpexec/internal/testutil/testenv"
 )
 
 func TestCommandLine(t *testing.T) {
@@ -79,7 +80,7 @@ func TestCommandLine(t *testing.T) {
 	case <-time.After(2 * time.Second):
 	}
 	stop()
-	if err := <-done; err != nil {
+	if err := testenv.Receive(t, done, time.Minute, "the broker's exit after stop"); err != nil {
 		t.Fatalf("serving the written config: %v", err)
 	}
 	// The start log names the sync policy.

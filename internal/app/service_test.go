@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/mcpexec/mcpexec/internal/app"
 	"github.com/mcpexec/mcpexec/internal/errs"
@@ -13,6 +14,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/testutil/testenv"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
@@ -32,7 +34,7 @@ func TestServiceConformance(t *testing.T) {
 	cfg.Logger = testutil.Logger(t)
 	l := app.StartLazily(cfg, nil)
 	t.Cleanup(l.Close)
-	<-l.Ready()
+	testenv.Receive(t, l.Ready(), 2*time.Minute, "the lazily started stack")
 	s, err := l.Stack()
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +46,7 @@ func TestServiceConformance(t *testing.T) {
 
 // exerciseService checks each method of svc within namespace ns.
 func exerciseService(t *testing.T, svc jobs.Service, ns string) {
-	ctx := context.Background()
+	ctx := testenv.Context(t, 3*time.Minute)
 	if got := svc.LimitsFor(ns); got != svc.Limits() {
 		t.Errorf("LimitsFor of a namespace without a policy = %+v, want Limits %+v", got, svc.Limits())
 	}

@@ -106,7 +106,9 @@ func (p *page) until(what, expr string) {
 	ctx, cancel := context.WithTimeout(p.ctx, 45*time.Second)
 	defer cancel()
 	if _, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(40*time.Second))); err != nil {
-		body, _ := chromedp.Run(p.ctx, chromedp.Evaluate[string](`document.body.innerText.slice(0, 2000)`)) // for the message only
+		dctx, dcancel := context.WithTimeout(p.ctx, 10*time.Second) // a wedged page must not hang the report
+		defer dcancel()
+		body, _ := chromedp.Run(dctx, chromedp.Evaluate[string](`document.body.innerText.slice(0, 2000)`)) // for the message only
 		p.t.Fatalf("waiting for %s (%s): %v\npage text:\n%s\npage errors: %v", what, expr, err, body, p.takeErrors())
 	}
 }

@@ -72,7 +72,7 @@ except MCPError as e:
 	}
 	result := func(id string) jobs.Record {
 		t.Helper()
-		for {
+		for waited := time.Now(); ; {
 			st, body := testutil.HTTPCall(t, token, "GET", base+"/api/jobs/"+id+"/wait?timeout=60s", nil)
 			var rec jobs.Record
 			if st != http.StatusOK || json.Unmarshal(body, &rec) != nil {
@@ -80,6 +80,9 @@ except MCPError as e:
 			}
 			if rec.Status.Terminal() {
 				return rec
+			}
+			if time.Since(waited) > 5*time.Minute {
+				t.Fatalf("job %s still %s after 5 minutes", id, rec.Status)
 			}
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/testutil/testenv"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
@@ -67,7 +68,7 @@ func TestNamespaceActiveCap(t *testing.T) {
 		t.Fatalf("want two admitted and the third refused, got %v, %v, %v", out[0].Err, out[1].Err, out[2].Err)
 	}
 	for range 2 {
-		<-rt.Started
+		testenv.Receive(t, rt.Started, time.Minute, "a job's start")
 	}
 	if err := fe.Cancel(ctx, "alice", "r1", "test"); err != nil {
 		t.Fatal(err)
@@ -105,7 +106,7 @@ func TestDrainAnswersInFlightCalls(t *testing.T) {
 	short := run(&jobs.Job{ID: "short", Code: "sleep 300ms"})
 	long := run(&jobs.Job{ID: "long", Code: "block"})
 	for range 2 {
-		<-rt.Started
+		testenv.Receive(t, rt.Started, time.Minute, "a job's start")
 	}
 	dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()

@@ -25,7 +25,8 @@ type sse struct {
 
 func openEvents(t *testing.T, e env, token, query, lastID string) *sse {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	// Bounded: a lost event must fail the test that waits for it.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.url+"/api/events"+query, nil)
 	req.Header.Set("Authorization", "Bearer "+token)
 	if lastID != "" {

@@ -18,6 +18,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/submit"
 	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/testutil/testenv"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
@@ -201,7 +202,7 @@ func TestSubmitCommand(t *testing.T) {
 	}
 	var out, status bytes.Buffer
 	c := submit.Config{URL: e.url, Token: "tok-a", Batch: 1, Concurrency: 2, Wait: 5 * time.Second, Progress: 10 * time.Millisecond}
-	sum, err := c.Submit(context.Background(), reqs, &out, &status)
+	sum, err := c.Submit(testenv.Context(t, 3*time.Minute), reqs, &out, &status)
 	if err != nil || sum.Succeeded != 2 || sum.Failed != 0 {
 		t.Fatalf("submit: %+v %v", sum, err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/submit"
 	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/testutil/testenv"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
@@ -246,7 +247,7 @@ func TestSubmitCommandAfter(t *testing.T) {
 	}
 	var out, status bytes.Buffer
 	c := submit.Config{URL: e.url, Token: "tok-a", Batch: 1, Concurrency: 2, Wait: 5 * time.Second}
-	sum, err := c.Submit(context.Background(), reqs, &out, &status)
+	sum, err := c.Submit(testenv.Context(t, 3*time.Minute), reqs, &out, &status)
 	if err != nil || sum.Done != 4 || sum.Succeeded != 1 {
 		t.Fatalf("submit: %+v %v\n%s", sum, err, out.String())
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -264,6 +265,11 @@ func TestRequestsPerTokenAreBounded(t *testing.T) {
 	})
 	hs := httptest.NewServer(Handler(s, HTTPOptions{API: api, MaxRequestsPerToken: 2, Auth: httpauth.New(httpauth.Config{Tokens: map[string]string{"alice-token-1": "alice", "bob-token-12": "bob"}})}))
 	defer hs.Close()
+	// Deferred after Close, so run before it: a failure before the release
+	// below must not leave Close waiting for the held handlers.
+	var once sync.Once
+	release := func() { once.Do(func() { close(hold) }) }
+	defer release()
 	get := func(token, path string) int {
 		req, _ := http.NewRequest("GET", hs.URL+path, nil)
 		req.Header.Set("Authorization", "Bearer "+token)
@@ -293,7 +299,7 @@ func TestRequestsPerTokenAreBounded(t *testing.T) {
 	if code := get("bob-token-12", "/api/x"); code != http.StatusTeapot {
 		t.Fatalf("another token: %d", code)
 	}
-	close(hold)
+	release()
 	for range 2 {
 		if code := <-done; code != http.StatusTeapot {
 			t.Fatalf("held request: %d", code)

@@ -281,9 +281,12 @@ func TestTasksOverStdio(t *testing.T) {
 	if r := decode[map[string]any](t, next()); r["taskId"] != nil || r["task"] != nil || r["content"] == nil {
 		t.Fatalf("modern call without the extension %v", r)
 	}
-	for n := 6; ; n++ {
+	for n, waited := 6, time.Now(); ; n++ {
 		send(n, "tasks/get", map[string]any{"taskId": id, "_meta": meta(true)})
 		got := decode[map[string]any](t, next())
+		if s := got["status"]; s == "failed" || s == "cancelled" || time.Since(waited) > time.Minute {
+			t.Fatalf("task %s: %v", id, got)
+		}
 		if got["status"] == "completed" {
 			if res, _ := got["result"].(map[string]any); res == nil || res["content"] == nil {
 				t.Fatalf("completed %v", got)

@@ -129,7 +129,7 @@ func (f *approvalFleet) submitTimeout(t *testing.T, token, id, lang, code string
 // result waits for job id's end and returns its record.
 func (f *approvalFleet) result(t *testing.T, token, id string) *jobs.Record {
 	t.Helper()
-	for {
+	for waited := time.Now(); ; {
 		st, body := f.call(t, 1, token, "GET", "/api/jobs/"+id+"/wait?timeout=60s", nil)
 		rec := decodeJSON[jobs.Record](t, body)
 		if st != http.StatusOK {
@@ -138,6 +138,9 @@ func (f *approvalFleet) result(t *testing.T, token, id string) *jobs.Record {
 		if rec.Status.Terminal() {
 			return &rec
 		}
+		if time.Since(waited) > 5*time.Minute {
+			t.Fatalf("job %s still %s after 5 minutes", id, rec.Status)
+		}
 	}
 }
 
@@ -145,7 +148,10 @@ func (f *approvalFleet) result(t *testing.T, token, id string) *jobs.Record {
 // are waiting while job runs, and returns them.
 func (f *approvalFleet) pending(t *testing.T, i int, token string, n int, job string) []jobs.Approval {
 	t.Helper()
-	for {
+	for waited := time.Now(); ; {
+		if time.Since(waited) > 3*time.Minute {
+			t.Fatalf("fewer than %d approvals of namespace %s listed within 3 minutes", n, token)
+		}
 		if _, body := f.call(t, i, token, "GET", "/api/jobs/"+job, nil); n > 0 {
 			if rec := decodeJSON[jobs.Record](t, body); rec.Status.Terminal() {
 				t.Fatalf("job %s ended (%s) with fewer than %d approvals asked: %+v", job, rec.Status, n, rec.Result)
@@ -372,7 +378,10 @@ except MCPError as e:
 	// 6 MiB of arguments: the listing shows 4 KiB of them, their size and
 	// digest.
 	var big jobs.Approval
-	for big.ID == "" || big.ID == second.ID {
+	for waited := time.Now(); big.ID == "" || big.ID == second.ID; {
+		if time.Since(waited) > 3*time.Minute {
+			t.Fatal("the 6 MiB call was not listed within 3 minutes")
+		}
 		big = f.pending(t, 0, "tok-a", 1, "victim")[0]
 	}
 	st, body := f.call(t, 0, "tok-a", "GET", "/api/approvals", nil)

@@ -2,7 +2,6 @@ package submit_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -21,6 +20,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/submit"
 	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/testutil/testenv"
 	"github.com/mcpexec/mcpexec/internal/toolrules"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
@@ -63,9 +63,10 @@ func TestSubmitShowsApprovals(t *testing.T) {
 	// of a's approvals.
 	var bStatus lines
 	bDone := make(chan error, 1)
+	bCtx := testenv.Context(t, 3*time.Minute)
 	go func() {
 		c := submit.Config{URL: hs.URL, Token: "secret-token-of-b", Batch: 10, Concurrency: 4, Wait: 5 * time.Second}
-		_, err := c.Submit(context.Background(), []jobsapi.JobRequest{{ID: "b-job", Code: "import time\ntime.sleep(1)\nprint('b')"}}, &bytes.Buffer{}, &bStatus)
+		_, err := c.Submit(bCtx, []jobsapi.JobRequest{{ID: "b-job", Code: "import time\ntime.sleep(1)\nprint('b')"}}, &bytes.Buffer{}, &bStatus)
 		bDone <- err
 	}()
 
@@ -81,8 +82,9 @@ func TestSubmitShowsApprovals(t *testing.T) {
 		err error
 	}
 	done := make(chan result, 1)
+	ctx := testenv.Context(t, 3*time.Minute)
 	go func() {
-		sum, err := c.Submit(context.Background(), reqs, &out, &status)
+		sum, err := c.Submit(ctx, reqs, &out, &status)
 		done <- result{sum, err}
 	}()
 	// Each job's approval is printed with the command that answers it.
@@ -156,7 +158,7 @@ func TestSubmitShowsApprovals(t *testing.T) {
 	if strings.Contains(text, "secret-token") {
 		t.Errorf("the token was printed:\n%s", text)
 	}
-	if err := <-bDone; err != nil || strings.Contains(bStatus.String(), "approval") {
+	if err := testenv.Receive(t, bDone, 3*time.Minute, "namespace b's run"); err != nil || strings.Contains(bStatus.String(), "approval") {
 		t.Errorf("namespace b's run: %v\n%s", err, bStatus.String())
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/testutil/testenv"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
@@ -33,7 +34,7 @@ func TestStopLetsRunningJobsFinish(t *testing.T) {
 	if out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "running", Code: "sleep 500ms"}}, "ns"); out[0].Err != nil {
 		t.Fatal(out[0].Err)
 	}
-	<-rt.Started
+	testenv.Receive(t, rt.Started, time.Minute, "the job's start")
 	stopped := make(chan struct{})
 	go func() { w.Stop(); close(stopped) }()
 	// Stop has begun once the worker no longer answers status requests.
@@ -71,7 +72,7 @@ func TestStopHandsBackJobsAfterGrace(t *testing.T) {
 	if out := fe.SubmitMany(ctx, []*jobs.Job{{ID: "long", Code: "block", MaxAttempts: 2}}, "ns"); out[0].Err != nil {
 		t.Fatal(out[0].Err)
 	}
-	<-rt.Started
+	testenv.Receive(t, rt.Started, time.Minute, "the job's start")
 	w.Stop()
 	if rec, err := b.Store().Job(jobs.ScopedID("ns", "long")); err != nil || rec.Status.Terminal() {
 		t.Fatalf("handed-back job: %+v, %v; want it not finished", rec, err)
