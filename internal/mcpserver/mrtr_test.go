@@ -11,6 +11,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/testutil/testenv"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
 
@@ -34,18 +35,8 @@ func TestInputRequiredRun(t *testing.T) {
 		}
 		return modernReq{token: token, method: "tools/call", elicits: true, params: p}.post(t, url)
 	}
-	// The calls that wait run on goroutines of their own; a failure there
-	// (t.Fatal ends only that goroutine) must not leave the test waiting.
-	answer := func(ch <-chan modernReply, what string) modernReply {
-		t.Helper()
-		select {
-		case r := <-ch:
-			return r
-		case <-time.After(3 * time.Minute):
-			t.Fatalf("%s: no answer within 3 minutes", what)
-			return modernReply{}
-		}
-	}
+	// The calls that wait run on goroutines of their own, whose t.Fatal ends
+	// only that goroutine: their answers are received with a bound.
 	first := make(chan modernReply, 1)
 	go func() { first <- run("token-alpha", nil) }()
 	var job string
@@ -66,7 +57,7 @@ func TestInputRequiredRun(t *testing.T) {
 	}
 	d.park("alpha", jobs.Approval{ID: "ap-1", JobID: job, Server: "ts", Tool: "add", Arguments: json.RawMessage(`{"a":1,"b":2}`), Rule: "ts/add", AskedAt: time.Now()})
 	d.park("alpha", jobs.Approval{ID: "ap-other", JobID: "another-job", Server: "ts", Tool: "add", AskedAt: time.Now()})
-	got := answer(first, "the first call").ok(t)
+	got := testenv.Receive(t, first, 3*time.Minute, "the first call").ok(t)
 	asks, _ := got["inputRequests"].(map[string]any)
 	ask, _ := asks["ap-1"].(map[string]any)
 	params, _ := ask["params"].(map[string]any)
@@ -123,7 +114,7 @@ func TestInputRequiredRun(t *testing.T) {
 	if err := d.Cancel(ctx, "alpha", job, "the test"); err != nil {
 		t.Fatal(err)
 	}
-	res := answer(retry, "the retry").ok(t)
+	res := testenv.Receive(t, retry, 3*time.Minute, "the retry").ok(t)
 	if res["resultType"] == "input_required" || !strings.Contains(string(mustJSON(t, res)), "cancelled") {
 		t.Fatalf("the retry's result %v", res)
 	}
