@@ -56,16 +56,11 @@ func (e *engine) Create(ctx context.Context, sp containerpool.Spec) (string, err
 	c, cancel := r.callCtx(ctx, 60*time.Second)
 	defer cancel()
 	r.lockStorage()
-	locked := true
-	defer func() {
-		if locked {
-			r.unlockStorage()
-		}
-	}()
 	created, err := containers.CreateWithSpec(c, s, nil)
-	if !r.startLocked {
+	if r.startLocked {
+		defer r.unlockStorage() // through the start below
+	} else {
 		r.unlockStorage()
-		locked = false
 	}
 	if err != nil {
 		return "", fmt.Errorf("create container: %w", err)
@@ -154,11 +149,7 @@ func (e *engine) List(ctx context.Context, labels ...string) ([]containerpool.Co
 // probe lists the Runtime's containers: the service answers it only when it
 // can take their locks.
 func (r *Runtime) probe(ctx context.Context) error {
-	c, cancel := r.callCtx(ctx, serviceTimeout)
-	defer cancel()
-	_, err := containers.List(c, new(containers.ListOptions).WithAll(true).WithFilters(map[string][]string{
-		"label": {containerpool.LabelWorker + "=" + r.cfg.WorkerID},
-	}))
+	_, err := (*engine)(r).List(ctx, containerpool.LabelWorker+"="+r.cfg.WorkerID)
 	return err
 }
 

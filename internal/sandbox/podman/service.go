@@ -287,9 +287,6 @@ func (s *service) watch(done <-chan struct{}) bool {
 			return true
 		case <-time.After(every):
 		}
-		if s.probe == nil {
-			continue
-		}
 		ctx, cancel := context.WithTimeout(s.quit, every)
 		err := s.probe(ctx)
 		timedOut := ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded)
