@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,7 +16,7 @@ import (
 
 // jetStreamServer starts an in-process nats-server with JetStream under
 // sync always, and returns a connection to it.
-func jetStreamServer(t *testing.T) *nats.Conn {
+func jetStreamServer(t testing.TB) *nats.Conn {
 	t.Helper()
 	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
 		SyncAlways: true, NoLog: true, NoSigs: true})
@@ -35,7 +36,7 @@ func jetStreamServer(t *testing.T) *nats.Conn {
 	return nc
 }
 
-func groupCommitOn(t *testing.T, atomic bool) (*groupCommit, jetstream.Stream) {
+func groupCommitOn(t testing.TB, atomic bool) (*groupCommit, jetstream.Stream) {
 	t.Helper()
 	nc := jetStreamServer(t)
 	js, err := jetstream.New(nc)
@@ -97,6 +98,69 @@ func TestGroupCommitStoresABatchAtomically(t *testing.T) {
 	want := map[uint64]string{1: "a+batch", 2: "b+batch", 3: "c+batch"}
 	if got := stored(t, s); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("stored %v, want %v", got, want)
+	}
+}
+
+// A batch smaller than minAtomic goes all at once, each event on its own:
+// each is answered with its own sequence, and a duplicate is a duplicate.
+func TestGroupCommitSmallBatchGoesAtOnce(t *testing.T) {
+	t.Parallel()
+	g, s := groupCommitOn(t, true)
+	g.minAtomic = 4
+	if r := g.publishBatch(context.Background(), pending("a"), false); r[0].err != nil {
+		t.Fatal(r[0].err)
+	}
+	res := g.publishBatch(context.Background(), pending("b", "a", "c"), false)
+	for i, r := range res {
+		if r.err != nil {
+			t.Fatalf("event %d: %v", i, r.err)
+		}
+	}
+	if res[0].seq != 2 || res[1].seq != 1 || !res[1].dup || res[2].seq != 3 {
+		t.Fatalf("results %+v, want 2, 1 (the first a, a duplicate), 3", res)
+	}
+	if r := g.publishBatch(context.Background(), pending("d", "e", "f", "g"), false); r[3].err != nil || r[3].seq != 7 {
+		t.Fatalf("a batch of minAtomic: %+v", r)
+	}
+	want := map[uint64]string{1: "a", 2: "b", 3: "c", 4: "d+batch", 5: "e+batch", 6: "f+batch", 7: "g+batch"}
+	if got := stored(t, s); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("stored %v, want %v", got, want)
+	}
+}
+
+// BenchmarkGroupCommit: callers publishing events back to back through one
+// group commit on one broker under sync always, their batches atomic from
+// 2 messages (every batch) or from groupMinAtomic. Few callers make small
+// batches, which an atomic batch makes slower on one broker.
+func BenchmarkGroupCommit(b *testing.B) {
+	for _, callers := range []int{2, 4, 8, 64} {
+		for _, minAtomic := range []int{2, groupMinAtomic} {
+			b.Run(fmt.Sprintf("callers=%d/min_atomic=%d", callers, minAtomic), func(b *testing.B) {
+				g, _ := groupCommitOn(b, true)
+				g.minAtomic = minAtomic
+				var next atomic.Int64
+				var wg sync.WaitGroup
+				b.ResetTimer()
+				for range callers {
+					wg.Go(func() {
+						for {
+							i := next.Add(1)
+							if i > int64(b.N) {
+								return
+							}
+							m := nats.NewMsg(fmt.Sprintf("ev.%d", i))
+							m.Data = []byte(`{"kind":"started"}`)
+							if _, err := g.publish(context.Background(), m); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				}
+				wg.Wait()
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+			})
+		}
 	}
 }
 

@@ -118,8 +118,8 @@ func NewClient(nc *nats.Conn, s jobs.Subjects) (*Client, error) {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 	policy := &syncPolicy{nc: nc, service: s.StateService()}
-	return &Client{nc: nc, js: js, sub: s, events: &groupCommit{nc: nc, js: js, policy: policy},
-		jobs: &groupCommit{nc: nc, js: js, policy: policy}}, nil
+	return &Client{nc: nc, js: js, sub: s, events: &groupCommit{nc: nc, js: js, policy: policy, minAtomic: groupMinAtomic},
+		jobs: &groupCommit{nc: nc, js: js, policy: policy, minAtomic: groupMinAtomic}}, nil
 }
 
 // JetStream returns the client's JetStream context.
