@@ -15,7 +15,9 @@ import (
 
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/nats-io/nats.go"
 
+	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/mcpclients"
@@ -152,16 +154,32 @@ const echoCalls = 50
 // (time.perf_counter around each call), followed by as many calls of the same
 // tool from the front-end's own MCP client of the server (mcpclients.Pool, the
 // hop every proxied call ends with): that is the server's own time, stdio
-// included. The overhead is the difference of the two p50s. b.Loop runs the
-// function once; the table goes to standard output.
+// included. The overhead is the difference of the two p50s. It runs for both
+// shapes of a fleet on one machine: "embedded", the front-end and the worker
+// on in-process connections to the broker, as `frontend --data` (make run)
+// connects them; and "tcp", each a NATS client over TCP, as separate
+// processes are. b.Loop runs each shape's function once; each table goes to
+// standard output.
 //
 //	go test -tags "$TAGS" -run '^$' -bench ProxiedEcho -benchtime 50x ./internal/e2e
 func BenchmarkProxiedEcho(b *testing.B) {
+	for _, sh := range []struct {
+		name, what string
+		connect    func(testing.TB, *broker.Broker, string) *nats.Conn
+	}{
+		{"embedded", "the embedded default (make run): front-end and worker on in-process connections", testutil.ConnectInProcess},
+		{"tcp", "front-end and worker as separate processes: NATS over TCP", testutil.Connect},
+	} {
+		b.Run(sh.name, func(b *testing.B) { proxiedEcho(b, sh.what, sh.connect) })
+	}
+}
+
+func proxiedEcho(b *testing.B, what string, connect func(testing.TB, *broker.Broker, string) *nats.Conn) {
 	bk := testutil.Broker(b, "", queue.DefaultConfig())
 	rt := podmantest.New(b, podman.Config{Config: containerpool.Config{Pool: worker.DefaultConfig("").Slots}})
-	testutil.Worker(b, bk, rt, worker.DefaultConfig("bench-worker"))
+	testutil.WorkerOn(b, connect(b, bk, "worker-bench"), rt, worker.DefaultConfig("bench-worker"))
 	pool := testutil.Pool(b, mcpclients.Config{}, testutil.TestServerDef(b, "ts", nil))
-	fe := testutil.FrontendWith(b, bk, frontend.Config{ID: "bench-fe", Tools: pool})
+	fe := testutil.FrontendOnWith(b, connect(b, bk, "frontend-bench"), frontend.Config{ID: "bench-fe", Tools: pool})
 	c := testutil.MCPClientWith(b, fe, mcpserver.Options{Servers: pool.Names, Definitions: pool.Servers}, mcpserver.HTTPOptions{})
 	code := fmt.Sprintf(`import time
 await mcp_ts.echo(text="warm")
@@ -200,11 +218,11 @@ print(" ".join(map(str, ts)))`, echoCalls)
 	b.ReportMetric(ms(sandboxed.pct(90)), "sandbox-echo-p90-ms")
 	b.ReportMetric(ms(direct.pct(50)), "server-echo-p50-ms")
 	b.ReportMetric(ms(over), "overhead-p50-ms")
-	fmt.Printf("\nBenchmarkProxiedEcho: one worker, real Podman, the repo's stdio test server\n\n| proxied `echo` | calls | p50 ms | p90 ms |\n| --- | --- | --- | --- |\n"+
+	fmt.Printf("\nBenchmarkProxiedEcho: one worker, real Podman, the repo's stdio test server; %s\n\n| proxied `echo` | calls | p50 ms | p90 ms |\n| --- | --- | --- | --- |\n"+
 		"| from sandbox code (Podman → runner → worker → NATS → front-end → server) | %d | %.3f | %.3f |\n"+
 		"| the server's own time (front-end's MCP client → stdio server) | %d | %.3f | %.3f |\n"+
 		"| mcpexec's overhead (p50 difference; goal ≤ 0.5) | | %.3f | |\n",
-		len(sandboxed), ms(sandboxed.pct(50)), ms(sandboxed.pct(90)), len(direct), ms(direct.pct(50)), ms(direct.pct(90)), ms(over))
+		what, len(sandboxed), ms(sandboxed.pct(50)), ms(sandboxed.pct(90)), len(direct), ms(direct.pct(50)), ms(direct.pct(90)), ms(over))
 	b.Logf("proxied echo p50 %.3f ms from the sandbox, %.3f ms the server's own: overhead %.3f ms (table above)",
 		ms(sandboxed.pct(50)), ms(direct.pct(50)), ms(over))
 }

@@ -71,6 +71,18 @@ func Connect(t testing.TB, b *broker.Broker, name string) *nats.Conn {
 	return nc
 }
 
+// ConnectInProcess opens an in-process client connection to b, as the
+// embedded default (frontend --data) connects its front-end and worker.
+func ConnectInProcess(t testing.TB, b *broker.Broker, name string) *nats.Conn {
+	t.Helper()
+	nc, err := b.Connect(name)
+	if err != nil {
+		t.Fatalf("connect %s in process: %v", name, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
 // Worker starts a worker on rt connected to b.
 func Worker(t testing.TB, b *broker.Broker, rt sandbox.Runtime, cfg worker.Config) *worker.Worker {
 	t.Helper()
