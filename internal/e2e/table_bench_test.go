@@ -37,25 +37,44 @@ import (
 // overhead, and calls per second of concurrent clients. They report figures
 // and assert only that every call answered.
 
+// fleetShapes are the two shapes of a fleet on one machine that the table's
+// latency benchmarks measure each: "embedded", the front-end and the worker
+// on in-process connections to the broker, as `frontend --data` (make run)
+// connects them; and "tcp", each a NATS client over loopback TCP, as
+// separate processes are.
+var fleetShapes = []struct {
+	name, what string
+	connect    func(testing.TB, *broker.Broker, string) *nats.Conn
+}{
+	{"embedded", "the embedded default (make run): front-end and worker on in-process connections", testutil.ConnectInProcess},
+	{"tcp", "front-end and worker as separate processes: NATS over TCP", testutil.Connect},
+}
+
 // BenchmarkWarmCalls is the table's latency rows, in one run through one fleet
-// (MCP over streamable HTTP → front-end → JetStream → one worker with the
-// default configuration → Podman), each call printing 1: run_python back to
-// back (n calls: b.Loop's iterations), run_javascript back to back (n),
-// run_javascript alternating with run_python (n each), each language spaced
-// one second apart (min(n, 10) each), and one `podman run --rm` per call
-// (min(n, 10)). b.Loop runs the function once, so the fleet starts once and
-// the table, written to standard output (b.Log's output of a benchmark is cut
-// at 10 lines), is printed once.
+// of each shape (MCP over streamable HTTP → front-end → JetStream → one worker
+// with the default configuration → Podman), each call printing 1: run_python
+// back to back (n calls: b.Loop's iterations), run_javascript back to back
+// (n), run_javascript alternating with run_python (n each), each language
+// spaced one second apart (min(n, 10) each), and one `podman run --rm` per
+// call (min(n, 10)). b.Loop runs each shape's function once, so its fleet
+// starts once and its table, written to standard output (b.Log's output of a
+// benchmark is cut at 10 lines), is printed once.
 //
 //	go test -tags "$TAGS" -run '^$' -bench WarmCalls -benchtime 50x ./internal/e2e
 func BenchmarkWarmCalls(b *testing.B) {
+	for _, sh := range fleetShapes {
+		b.Run(sh.name, func(b *testing.B) { warmCalls(b, sh.what, sh.connect) })
+	}
+}
+
+func warmCalls(b *testing.B, what string, connect func(testing.TB, *broker.Broker, string) *nats.Conn) {
 	bk := testutil.Broker(b, "", queue.DefaultConfig())
 	rt := podmantest.New(b, podman.Config{Config: containerpool.Config{Pool: worker.DefaultConfig("").Slots}})
 	if !slices.Contains(sandbox.Languages(rt), sandbox.JavaScript) {
 		b.Fatalf("the sandbox image runs %v: rebuild it with Node.js (sudo deploy/sandbox/build.sh --force)", sandbox.Languages(rt))
 	}
-	testutil.Worker(b, bk, rt, worker.DefaultConfig("bench-worker"))
-	fe := testutil.Frontend(b, bk, "bench-fe")
+	testutil.WorkerOn(b, connect(b, bk, "worker-bench"), rt, worker.DefaultConfig("bench-worker"))
+	fe := testutil.FrontendOnWith(b, connect(b, bk, "frontend-bench"), frontend.Config{ID: "bench-fe"})
 	c := testutil.MCPClientWith(b, fe, mcpserver.Options{Languages: jobs.Languages}, mcpserver.HTTPOptions{})
 	py := func() time.Duration { return timedCall(b, c, mcpserver.ToolName, "print(1)") }
 	js := func() time.Duration { return timedCall(b, c, mcpserver.JSToolName, "console.log(1)") }
@@ -102,7 +121,7 @@ func BenchmarkWarmCalls(b *testing.B) {
 		{"podman-run", "`podman run --rm` per call (python3 -c)", "", baseline},
 	}
 	var tbl strings.Builder
-	tbl.WriteString("\nBenchmarkWarmCalls: one worker, default configuration, real Podman; Go MCP client over streamable HTTP\n\n| case | calls | p50 ms | p90 ms | goal (ms) |\n| --- | --- | --- | --- | --- |\n")
+	fmt.Fprintf(&tbl, "\nBenchmarkWarmCalls: one worker, default configuration, real Podman; Go MCP client over streamable HTTP; %s\n\n| case | calls | p50 ms | p90 ms | goal (ms) |\n| --- | --- | --- | --- | --- |\n", what)
 	for _, r := range rows {
 		b.ReportMetric(ms(r.s.pct(50)), r.name+"-p50-ms")
 		b.ReportMetric(ms(r.s.pct(90)), r.name+"-p90-ms")
@@ -154,22 +173,13 @@ const echoCalls = 50
 // (time.perf_counter around each call), followed by as many calls of the same
 // tool from the front-end's own MCP client of the server (mcpclients.Pool, the
 // hop every proxied call ends with): that is the server's own time, stdio
-// included. The overhead is the difference of the two p50s. It runs for both
-// shapes of a fleet on one machine: "embedded", the front-end and the worker
-// on in-process connections to the broker, as `frontend --data` (make run)
-// connects them; and "tcp", each a NATS client over TCP, as separate
-// processes are. b.Loop runs each shape's function once; each table goes to
+// included. The overhead is the difference of the two p50s. It runs for each
+// of fleetShapes. b.Loop runs each shape's function once; each table goes to
 // standard output.
 //
 //	go test -tags "$TAGS" -run '^$' -bench ProxiedEcho -benchtime 50x ./internal/e2e
 func BenchmarkProxiedEcho(b *testing.B) {
-	for _, sh := range []struct {
-		name, what string
-		connect    func(testing.TB, *broker.Broker, string) *nats.Conn
-	}{
-		{"embedded", "the embedded default (make run): front-end and worker on in-process connections", testutil.ConnectInProcess},
-		{"tcp", "front-end and worker as separate processes: NATS over TCP", testutil.Connect},
-	} {
+	for _, sh := range fleetShapes {
 		b.Run(sh.name, func(b *testing.B) { proxiedEcho(b, sh.what, sh.connect) })
 	}
 }
