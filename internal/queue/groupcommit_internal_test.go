@@ -101,12 +101,11 @@ func TestGroupCommitStoresABatchAtomically(t *testing.T) {
 	}
 }
 
-// A batch smaller than minAtomic goes all at once, each event on its own:
-// each is answered with its own sequence, and a duplicate is a duplicate.
-func TestGroupCommitSmallBatchGoesAtOnce(t *testing.T) {
-	t.Parallel()
-	g, s := groupCommitOn(t, true)
-	g.minAtomic = 4
+// publishDuplicate publishes a alone, then b, a and c as one batch, and
+// checks that each is answered without error with its own sequence: 2, then
+// 1 (the first a's), then 3.
+func publishDuplicate(t *testing.T, g *groupCommit) []pubResult {
+	t.Helper()
 	if r := g.publishBatch(context.Background(), pending("a"), false); r[0].err != nil {
 		t.Fatal(r[0].err)
 	}
@@ -116,8 +115,20 @@ func TestGroupCommitSmallBatchGoesAtOnce(t *testing.T) {
 			t.Fatalf("event %d: %v", i, r.err)
 		}
 	}
-	if res[0].seq != 2 || res[1].seq != 1 || !res[1].dup || res[2].seq != 3 {
-		t.Fatalf("results %+v, want 2, 1 (the first a, a duplicate), 3", res)
+	if res[0].seq != 2 || res[1].seq != 1 || res[2].seq != 3 {
+		t.Fatalf("sequences %+v, want 2, 1 (the first a), 3", res)
+	}
+	return res
+}
+
+// A batch smaller than minAtomic goes all at once, each event on its own:
+// each is answered with its own sequence, and a duplicate is a duplicate.
+func TestGroupCommitSmallBatchGoesAtOnce(t *testing.T) {
+	t.Parallel()
+	g, s := groupCommitOn(t, true)
+	g.minAtomic = 4
+	if res := publishDuplicate(t, g); !res[1].dup {
+		t.Fatalf("a published again: %+v, want a duplicate", res[1])
 	}
 	if r := g.publishBatch(context.Background(), pending("d", "e", "f", "g"), false); r[3].err != nil || r[3].seq != 7 {
 		t.Fatalf("a batch of minAtomic: %+v", r)
@@ -169,18 +180,7 @@ func BenchmarkGroupCommit(b *testing.B) {
 func TestGroupCommitDuplicateFallsBack(t *testing.T) {
 	t.Parallel()
 	g, s := groupCommitOn(t, true)
-	if r := g.publishBatch(context.Background(), pending("a"), false); r[0].err != nil {
-		t.Fatal(r[0].err)
-	}
-	res := g.publishBatch(context.Background(), pending("b", "a", "c"), false)
-	for i, r := range res {
-		if r.err != nil {
-			t.Fatalf("event %d: %v", i, r.err)
-		}
-	}
-	if res[0].seq != 2 || res[1].seq != 1 || res[2].seq != 3 {
-		t.Fatalf("sequences %+v, want 2, 1 (the first a), 3", res)
-	}
+	publishDuplicate(t, g)
 	want := map[uint64]string{1: "a", 2: "b", 3: "c"}
 	if got := stored(t, s); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("stored %v, want %v", got, want)
