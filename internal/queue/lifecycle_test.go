@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/jobs"
@@ -101,7 +99,7 @@ func TestBrokerRestart(t *testing.T) {
 	dir := t.TempDir()
 	q := queue.DefaultConfig()
 	b1 := startBroker(t, dir, q)
-	nc := connect(t, b1)
+	nc := testutil.ConnectInProcess(t, b1, "test")
 	fe, err := frontend.New(nc, frontend.Config{ID: "fe", Limits: jobs.DefaultLimits()})
 	if err != nil {
 		t.Fatal(err)
@@ -172,16 +170,6 @@ func startBroker(t *testing.T, dir string, q queue.Config) *broker.Broker {
 		t.Fatal(err)
 	}
 	return b
-}
-
-func connect(t *testing.T, b *broker.Broker) *nats.Conn {
-	t.Helper()
-	nc, err := b.Connect("test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
 }
 
 func waitQueueEmpty(t *testing.T, b *broker.Broker) {
