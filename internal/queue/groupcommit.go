@@ -76,7 +76,7 @@ type groupCommit struct {
 	js     jetstream.JetStream
 	policy *syncPolicy // nil: always group
 	// minAtomic is the fewest messages sent as one atomic batch
-	// (groupMinAtomic); 0 is 2: every batch of more than one.
+	// (groupMinAtomic); 0: every batch of more than one.
 	minAtomic int
 
 	mu       sync.Mutex // guards pending, leading, disabled
@@ -217,7 +217,7 @@ func (g *groupCommit) publishBatch(ctx context.Context, batch []*pendingPub, dis
 		results[0] = g.publishOne(ctx, batch[0].msg)
 		return results
 	}
-	if !disabled && len(batch) >= max(g.minAtomic, 2) {
+	if !disabled && len(batch) >= g.minAtomic {
 		last, err := g.atomic(batch)
 		var apiErr *jetstream.APIError
 		switch {
