@@ -2,9 +2,11 @@ package queue_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -53,5 +55,83 @@ func TestPublishEventsAtOnceInACluster(t *testing.T) {
 	}
 	if got := client.EventsSeq(); got != info.State.LastSeq {
 		t.Fatalf("the client saw sequence %d, the stream's last is %d", got, info.State.LastSeq)
+	}
+}
+
+// First starts published at once in a three-node cluster, where the group
+// commit stores them in atomic batches: each is stored only while its job's
+// claim is the job's last event. Half the jobs are cancelled first; a batch
+// that holds one of their starts is refused whole and its starts are then
+// published one by one, so every other start is still stored, once.
+func TestFirstStartsAtOnceInACluster(t *testing.T) {
+	t.Parallel()
+	c := testutil.StartCluster(t, 3, queue.DefaultConfig())
+	nc := c.ConnectAll(t, "first-starts")
+	client, err := queue.NewClient(nc, jobs.Subjects{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const n = 64
+	js := make([]*jobs.Job, n)
+	for i := range js {
+		js[i] = &jobs.Job{ID: fmt.Sprintf("fs-%03d", i), Code: "pass"}
+		if err := js[i].Normalize(jobs.DefaultLimits(), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, err := range client.SubmitMany(ctx, js) {
+		if err != nil {
+			t.Fatalf("submit %d: %v", i, err)
+		}
+	}
+	sub := jobs.Subjects{}
+	jobsStream, err := client.JetStream().Stream(ctx, sub.JobsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := make([]*queue.Message, n)
+	for i := range msgs {
+		raw, err := jobsStream.GetMsg(ctx, uint64(i+1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msgs[i], err = queue.DecodeMessage(raw.Data); err != nil {
+			t.Fatal(err)
+		}
+		if msgs[i].ClaimSeq == 0 {
+			t.Fatalf("job message %d carries no claim sequence", i)
+		}
+	}
+	for i := 0; i < n; i += 2 {
+		if err := client.PublishEvent(ctx, jobs.Event{Job: msgs[i].ID, Kind: jobs.EventCancelled, Reason: "test"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, m := range msgs {
+		wg.Go(func() {
+			errs[i] = client.PublishFirstStart(ctx, jobs.Event{Job: m.ID, Kind: jobs.EventStarted, Attempt: 1, Worker: "w",
+				Proof: jobs.EventProof(m.Capability, jobs.EventStarted, 1)}, m.ClaimSeq)
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		cancelled := i%2 == 0
+		if cancelled && !errors.Is(err, queue.ErrHistoryMoved) || !cancelled && err != nil {
+			t.Errorf("first start of job %d (cancelled: %t): %v", i, cancelled, err)
+		}
+	}
+	events, err := client.JetStream().Stream(ctx, sub.EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := events.Info(ctx, jetstream.WithSubjectFilter(sub.Event("*", jobs.EventStarted)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.State.Subjects) != n/2 {
+		t.Fatalf("%d jobs have a start stored, want %d", len(info.State.Subjects), n/2)
 	}
 }

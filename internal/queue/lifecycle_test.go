@@ -91,6 +91,77 @@ func TestCancelQueuedJobNeverRuns(t *testing.T) {
 	waitQueueEmpty(t, b)
 }
 
+// TestFirstStartNeedsTheClaimLast attacks the first delivery's shortcut: a
+// job message carries its claim's sequence, and its first delivery records
+// the start without reading the history only while that claim is the job's
+// last event. Here a start of attempt 1 (a lost worker's, on a copy of the
+// message) is recorded before any worker takes the job: the shortcut is
+// refused, nothing is stored, and the worker that then takes the job reads
+// its history and, with max_attempts 1, records worker_lost without running it.
+func TestFirstStartNeedsTheClaimLast(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := queue.DefaultConfig()
+	b := testutil.Broker(t, "", q)
+	fe := testutil.Frontend(t, b, "fe")
+	testutil.MustSubmit(t, fe, &jobs.Job{ID: "fs-1", Code: "print(1)", MaxAttempts: 1})
+	testutil.WaitRecord(t, b, "fs-1", jobs.StatusQueued)
+
+	c, err := queue.NewClient(testutil.Connect(t, b, "lost-worker"), jobs.Subjects{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := jobs.Subjects{}
+	jobsStream, err := c.JetStream().Stream(ctx, sub.JobsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := jobsStream.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := queue.DecodeMessage(raw.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, err := c.JetStream().Stream(ctx, sub.EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim, err := events.GetLastMsgForSubject(ctx, sub.Event(m.ID, jobs.EventSubmitted))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.ClaimSeq == 0 || m.ClaimSeq != claim.Sequence {
+		t.Fatalf("job message's claim_seq %d, want the submitted event's sequence %d", m.ClaimSeq, claim.Sequence)
+	}
+	start := func(worker string) jobs.Event {
+		return jobs.Event{Job: m.ID, Kind: jobs.EventStarted, Attempt: 1, Worker: worker, Proof: jobs.EventProof(m.Capability, jobs.EventStarted, 1)}
+	}
+	if err := c.PublishEvent(ctx, start("lost")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PublishFirstStart(ctx, start("w1"), m.ClaimSeq); !errors.Is(err, queue.ErrHistoryMoved) {
+		t.Fatalf("first start after another start: %v, want ErrHistoryMoved", err)
+	}
+	last, err := events.GetLastMsgForSubject(ctx, sub.JobEvents(m.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ev jobs.Event
+	if err := json.Unmarshal(last.Data, &ev); err != nil || ev.Worker != "lost" {
+		t.Fatalf("the refused start was stored: last event %s (%v)", last.Data, err)
+	}
+
+	rt := &testutil.FakeRuntime{}
+	testutil.Worker(t, b, rt, testutil.QuickWorker("w1", q))
+	testutil.WaitRecord(t, b, "fs-1", jobs.StatusWorkerLost)
+	if n := rt.Runs(); n != 0 {
+		t.Fatalf("the job ran %d times, want 0 (its only attempt was spent)", n)
+	}
+	waitQueueEmpty(t, b)
+}
+
 // TestBrokerRestart stops the broker with jobs queued and memory written, and
 // starts a new one on the same directory: the jobs run, the records and the
 // memory are all there.

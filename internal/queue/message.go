@@ -24,6 +24,13 @@ type Message struct {
 	// (jobs.SessionCapability) when it names one: the worker that takes the
 	// session proves with it, in the sessions bucket, that it holds it.
 	SessionCapability string `json:"session_capability,omitempty"`
+	// ClaimSeq is the events stream's sequence of the job's submitted
+	// event, when the front-end that published this message claimed the
+	// job in the same call (0 for a release, a repair or a requeue). While
+	// that event is still the last of the job's events the job has no other
+	// history, so its worker records the first start on that condition
+	// (Client.PublishFirstStart) instead of reading the history first.
+	ClaimSeq uint64 `json:"claim_seq,omitempty"`
 }
 
 // NewMessage returns the job message of job under the proxy key: the job,

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -170,6 +171,33 @@ func EventMsgID(ev jobs.Event) string {
 // batch (groupCommit): one sync for all of them. The wait for the ack is
 // bounded by publishTimeout, not by ctx.
 func (c *Client) PublishEvent(ctx context.Context, ev jobs.Event) error {
+	return c.publishEvent(ctx, ev, nil)
+}
+
+// ErrHistoryMoved is PublishFirstStart's answer for a job with events after
+// its claim: nothing was stored; look the job's history up.
+var ErrHistoryMoved = errors.New("the job has events after its claim")
+
+// PublishFirstStart records ev, the job's start, only while the job's claim
+// (its submitted event, at claimSeq of the events stream: Message.ClaimSeq)
+// is still its last event, so that the job was neither cancelled nor
+// started nor ended before: JetStream checks it as it stores the event
+// (Nats-Expected-Last-Subject-Sequence over all of the job's event
+// subjects). It returns ErrHistoryMoved when the job has later events, and
+// stores nothing then. A worker records a first delivery's start this way
+// instead of reading the job's history, one request and three reads less.
+func (c *Client) PublishFirstStart(ctx context.Context, ev jobs.Event, claimSeq uint64) error {
+	err := c.publishEvent(ctx, ev, func(m *nats.Msg) {
+		m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(claimSeq, 10))
+		m.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, c.sub.JobEvents(ev.Job))
+	})
+	if isWrongLastSeq(err) {
+		return fmt.Errorf("%w: %w", ErrHistoryMoved, err)
+	}
+	return err
+}
+
+func (c *Client) publishEvent(ctx context.Context, ev jobs.Event, expect func(*nats.Msg)) error {
 	tp := tracing.TraceParent(ctx)
 	if tp == "" {
 		tp = jobs.TraceParent(ev.Job)
@@ -177,6 +205,9 @@ func (c *Client) PublishEvent(ctx context.Context, ev jobs.Event) error {
 	m, err := c.eventMsg(&ev, tp)
 	if err != nil {
 		return err
+	}
+	if expect != nil {
+		expect(m)
 	}
 	seq, err := c.events.publish(ctx, m)
 	if err != nil {

@@ -134,10 +134,14 @@ func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, k
 		m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
 		claims, claimOf = append(claims, m), append(claimOf, i)
 	}
+	claimSeqs := make([]uint64, len(js))
 	for k, r := range c.events.publishAll(ctx, claims) {
 		i := claimOf[k]
 		if r.err == nil {
 			c.sawEvent(r.seq)
+		}
+		if r.err == nil && !r.dup && kind == jobs.EventSubmitted {
+			claimSeqs[i] = r.seq
 		}
 		switch {
 		case isWrongLastSeq(r.err) || (r.err == nil && r.dup):
@@ -171,7 +175,7 @@ func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, k
 		}
 		enqueue[i] = true
 	}
-	c.enqueue(ctx, key, sign, js, enqueue, errs)
+	c.enqueue(ctx, key, sign, js, enqueue, claimSeqs, errs)
 }
 
 // Requeue publishes again the message of each job (as recorded: normalised,
@@ -197,16 +201,17 @@ func (c *Client) Requeue(ctx context.Context, js []*jobs.Job) []error {
 	}
 	for lo := 0; lo < len(js); lo += submitChunk {
 		hi := min(lo+submitChunk, len(js))
-		c.enqueue(ctx, key, sign, js[lo:hi], enqueue[lo:hi], errs[lo:hi])
+		c.enqueue(ctx, key, sign, js[lo:hi], enqueue[lo:hi], nil, errs[lo:hi])
 	}
 	return errs
 }
 
 // enqueue publishes the message of each js[i] with enqueue[i], signed with
-// sign and carrying the capability of key, and sets errs[i] when that fails.
+// sign and carrying the capability of key and claimSeqs[i] (when claimSeqs
+// is not nil), and sets errs[i] when that fails.
 // errs[i] may already hold ErrDuplicate (a repaired duplicate claim): a
 // failed republish then makes it errUnsure.
-func (c *Client) enqueue(ctx context.Context, key []byte, sign ed25519.PrivateKey, js []*jobs.Job, enqueue []bool, errs []error) {
+func (c *Client) enqueue(ctx context.Context, key []byte, sign ed25519.PrivateKey, js []*jobs.Job, enqueue []bool, claimSeqs []uint64, errs []error) {
 	var enq []*nats.Msg
 	var enqOf []int // enq[k] is js[enqOf[k]]'s
 	for i, job := range js {
@@ -219,6 +224,9 @@ func (c *Client) enqueue(ctx context.Context, key []byte, sign ed25519.PrivateKe
 			continue
 		}
 		msg := NewMessage(key, job)
+		if claimSeqs != nil {
+			msg.ClaimSeq = claimSeqs[i]
+		}
 		data, err := msg.Encode()
 		if err != nil {
 			if errs[i] == nil {

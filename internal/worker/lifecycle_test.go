@@ -192,3 +192,37 @@ func TestWorkerTakesOnlyItsSlots(t *testing.T) {
 		t.Fatalf("peak concurrency %d, want 3", peak)
 	}
 }
+
+// resendRuntime sends each job's code twice, as the container pool does for
+// a job a damaged container did not run (sandbox.ErrNotRun): BeforeExec is
+// called again for the same attempt before the code runs.
+type resendRuntime struct{}
+
+func (*resendRuntime) ReportsStart() {}
+func (*resendRuntime) Close() error  { return nil }
+func (*resendRuntime) Run(_ context.Context, job sandbox.Job, _ sandbox.Host) (sandbox.Result, error) {
+	for range 2 {
+		if err := sandbox.BeforeExec(job); err != nil {
+			return sandbox.Result{}, err
+		}
+	}
+	return sandbox.Result{Status: sandbox.StatusSuccess, Stdout: "ran\n"}, nil
+}
+
+// A first delivery's start, recorded on condition that the claim is the
+// job's last event, is recorded again when the runtime sends the code a
+// second time: the repeat is the same start (its Nats-Msg-Id), not a job
+// with history, so a job of max_attempts 1 succeeds rather than ending
+// worker_lost.
+func TestStartRecordedAgainForTheSameAttempt(t *testing.T) {
+	t.Parallel()
+	q := queue.DefaultConfig()
+	b := testutil.Broker(t, "", q)
+	fe := testutil.Frontend(t, b, "fe")
+	testutil.Worker(t, b, &resendRuntime{}, testutil.QuickWorker("w1", q))
+	testutil.MustSubmit(t, fe, &jobs.Job{ID: "rs-1", Code: "print(1)", MaxAttempts: 1})
+	rec := testutil.WaitRecord(t, b, "rs-1", jobs.StatusSuccess)
+	if rec.Result == nil || rec.Result.Attempt != 1 || rec.Result.Stdout != "ran\n" {
+		t.Fatalf("record %+v", rec.Result)
+	}
+}

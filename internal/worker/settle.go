@@ -23,6 +23,7 @@ const (
 	undecodable                         // the message is not a job
 	refused                             // the worker will not run it (err: why; a session it cannot keep)
 	forwarded                           // handed to the worker that holds its session
+	historyMoved                        // a first delivery's job has events after its claim: read them on a redelivery
 )
 
 // outcome is everything decide needs to know of one delivery.
@@ -47,7 +48,7 @@ type action int
 const (
 	actAck      action = iota // done with it: remove it
 	actRetry                  // deliver it again later (another worker may do better)
-	actHandBack               // deliver it again now (this worker is stopping)
+	actHandBack               // deliver it again now (this worker is stopping, or must read the job's history)
 	actTerm                   // it can never be processed
 )
 
@@ -85,7 +86,7 @@ func decide(o outcome, retryDelay time.Duration) verdict {
 			Stdout: o.result.Stdout, Stderr: o.result.Stderr, DurationMS: o.result.Duration.Milliseconds()}}
 	case cancelledQueued, finishedAlready, forwarded:
 		return verdict{action: actAck}
-	case stopping:
+	case stopping, historyMoved:
 		return verdict{action: actHandBack}
 	case transient:
 		return verdict{action: actRetry, delay: retryDelay}

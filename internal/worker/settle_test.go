@@ -29,6 +29,7 @@ func TestDecide(t *testing.T) {
 		{"finished before a lost ack", outcome{kind: finishedAlready}, actAck, "", 0},
 		{"forwarded to its session's worker", outcome{kind: forwarded}, actAck, "", 0},
 		{"worker shutting down", outcome{kind: stopping, started: true}, actHandBack, "", 0},
+		{"first start refused: history after the claim", outcome{kind: historyMoved, delivery: 1, attempt: 1, maxAttempts: 1}, actHandBack, "", 0},
 		{"broker unreachable", outcome{kind: transient, err: boom}, actRetry, "", base},
 		{"not a job", outcome{kind: undecodable}, actTerm, "", 0},
 		{"attempts exhausted by lost workers", outcome{kind: exhausted, attempt: 3, maxAttempts: 2}, actAck, jobs.StatusWorkerLost, 0},

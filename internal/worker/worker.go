@@ -206,8 +206,12 @@ type delivery struct {
 	// sessionCapability is the capability of the job's session, if it
 	// names one: the proof of this worker's entry in the sessions bucket.
 	sessionCapability string
-	attempt           int
-	log               *slog.Logger
+	// claimSeq is the job message's ClaimSeq: on a first delivery, the
+	// start is recorded on condition that the claim is the job's last
+	// event, instead of reading the job's history first.
+	claimSeq uint64
+	attempt  int
+	log      *slog.Logger
 	// span is the job's queue wait span (the job's submit span's child):
 	// the parent of the attempt's spans and of its events.
 	span trace.SpanContext
@@ -248,7 +252,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		w.settle(ctx, d, outcome{kind: transient, err: err, delivery: o.delivery, maxDeliver: o.maxDeliver})
 		return
 	}
-	d := &delivery{msg: msg, job: m.Job, capability: m.Capability, sessionCapability: m.SessionCapability}
+	d := &delivery{msg: msg, job: m.Job, capability: m.Capability, sessionCapability: m.SessionCapability, claimSeq: m.ClaimSeq}
 	d.span = w.queueWait(ctx, msg, &m.Job, o.delivery)
 	d.log = w.log.With("job", m.ID, "delivery", o.delivery, "trace_id", d.span.TraceID().String())
 	o.maxAttempts = max(d.job.MaxAttempts, 1)
@@ -279,35 +283,16 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 			d.log.Debug("stop listening for cancellation", "err", err)
 		}
 	}()
-	// The state service reads the job's events for us, with its capability.
-	h, err := w.state.JobHistory(ctx, d.job.ID, d.capability)
-	switch {
-	case errors.Is(err, state.ErrInvalid):
-		// Its capability does not prove the job: nothing this worker
-		// recorded of it would be applied, so it is not run.
-		d.log.Error("job message without its job's capability: dropping it", "err", err)
-		o.kind, o.err = undecodable, err
-		return o
-	case err != nil:
-		o.kind, o.err = transient, err
-		return o
-	}
-	o.attempt, d.attempt = h.LastAttempt+1, h.LastAttempt+1
-	d.log = d.log.With("attempt", o.attempt)
-	switch {
-	case h.Cancelled:
-		d.log.Info("job was cancelled while queued: not running it")
-		o.kind = cancelledQueued
-		return o
-	case h.Finished:
-		// Its worker recorded the outcome but the ack was lost (a broker
-		// node died between them): running it again would repeat its effects.
-		d.log.Info("job's outcome is already recorded: not running it again")
-		o.kind = finishedAlready
-		return o
-	case o.attempt > o.maxAttempts:
-		d.log.Warn("job exhausted its attempts: recording worker_lost")
-		o.kind = exhausted
+	// A first delivery of a job its front-end claimed has, unless its
+	// claim is no longer its last event, no history: its start is then
+	// recorded on that condition (recordStart), which fails, storing
+	// nothing, if anything was recorded since. Any other delivery reads
+	// the history first.
+	firstStart := d.claimSeq > 0 && o.delivery == 1
+	if firstStart {
+		o.attempt, d.attempt = 1, 1
+		d.log = d.log.With("attempt", o.attempt)
+	} else if !w.lookUpHistory(ctx, d, &o) {
 		return o
 	}
 	if d.job.Session != "" {
@@ -330,8 +315,19 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 		// Retried like the outcome: a start that landed but whose ack was
 		// lost in a failover would otherwise count as an attempt whose
 		// worker was lost, and end a job of max_attempts 1 worker_lost.
-		err := w.publishEvent(ctx, d, jobs.Event{Job: d.job.ID, Kind: jobs.EventStarted, Attempt: o.attempt, Worker: w.cfg.ID,
-			Proof: jobs.EventProof(d.capability, jobs.EventStarted, o.attempt)}, nil)
+		ev := jobs.Event{Job: d.job.ID, Kind: jobs.EventStarted, Attempt: o.attempt, Worker: w.cfg.ID,
+			Proof: jobs.EventProof(d.capability, jobs.EventStarted, o.attempt)}
+		var err error
+		if firstStart {
+			err = w.publishFirstStart(ctx, d, ev)
+			// Once stored, the start is the job's last event: a runtime
+			// that sends the code again (to another container, the same
+			// attempt) records it again as any start is, its repeat
+			// deduplicated by its Nats-Msg-Id.
+			firstStart = err != nil
+		} else {
+			err = w.publishEvent(ctx, d, ev, nil)
+		}
 		started = err == nil
 		if started {
 			host.startedSeq.Store(w.client.EventsSeq())
@@ -346,7 +342,7 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 		sj.OnSandbox = spans.sandbox
 		spans.acquiring()
 	} else if err := recordStart(); err != nil {
-		o.kind, o.err = transient, err
+		o.kind, o.err = d.notStarted(err), err
 		return o
 	}
 	if sj.Files, err = w.inputFiles(runCtx, d); err != nil {
@@ -374,7 +370,7 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 		d.log.Warn("worker stopping: handing job back")
 		o.kind = stopping
 	case errors.Is(runErr, sandbox.ErrNotStarted):
-		o.kind, o.err = transient, runErr
+		o.kind, o.err = d.notStarted(runErr), runErr
 	case runErr != nil:
 		d.log.Error("sandbox failed", "err", runErr, "code_started", started)
 		o.kind, o.err = infraFailure, runErr
@@ -386,6 +382,73 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 }
 
 var errCancelled = errors.New("job cancelled")
+
+// lookUpHistory reads job d's history from the state service and sets the
+// delivery's attempt from it. It returns false, with o's kind set, when the
+// job is not to run.
+func (w *Worker) lookUpHistory(ctx context.Context, d *delivery, o *outcome) bool {
+	// The state service reads the job's events for us, with its capability.
+	h, err := w.state.JobHistory(ctx, d.job.ID, d.capability)
+	switch {
+	case errors.Is(err, state.ErrInvalid):
+		// Its capability does not prove the job: nothing this worker
+		// recorded of it would be applied, so it is not run.
+		d.log.Error("job message without its job's capability: dropping it", "err", err)
+		o.kind, o.err = undecodable, err
+		return false
+	case err != nil:
+		o.kind, o.err = transient, err
+		return false
+	}
+	o.attempt, d.attempt = h.LastAttempt+1, h.LastAttempt+1
+	d.log = d.log.With("attempt", o.attempt)
+	switch {
+	case h.Cancelled:
+		d.log.Info("job was cancelled while queued: not running it")
+		o.kind = cancelledQueued
+		return false
+	case h.Finished:
+		// Its worker recorded the outcome but the ack was lost (a broker
+		// node died between them): running it again would repeat its effects.
+		d.log.Info("job's outcome is already recorded: not running it again")
+		o.kind = finishedAlready
+		return false
+	case o.attempt > o.maxAttempts:
+		d.log.Warn("job exhausted its attempts: recording worker_lost")
+		o.kind = exhausted
+		return false
+	}
+	return true
+}
+
+// publishFirstStart records ev, the start of a first delivery's attempt 1,
+// on condition that the job's claim is still its last event. When the
+// first try's answer is lost (a failover), the tries after it go without
+// the condition, under the same Nats-Msg-Id: a start that landed is then
+// not stored twice (where JetStream checks the condition before the
+// deduplication, a repeat would fail it), and a cancellation recorded in
+// between is announced to the cancel subscription, as for any running job.
+func (w *Worker) publishFirstStart(ctx context.Context, d *delivery, ev jobs.Event) error {
+	pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 4*time.Second)
+	err := w.client.PublishFirstStart(d.traced(pubCtx), ev, d.claimSeq)
+	cancel()
+	if !queue.Transient(err) {
+		return err
+	}
+	d.log.Warn("record event: retrying", "event", ev.Kind, "err", err)
+	return w.publishEvent(ctx, d, ev, nil)
+}
+
+// notStarted is the outcome of a delivery whose start was not recorded
+// (err): one whose job has events after its claim goes back at once, to be
+// delivered again with its history read; else the broker failed.
+func (d *delivery) notStarted(err error) outcomeKind {
+	if errors.Is(err, queue.ErrHistoryMoved) {
+		d.log.Info("the job has events since its claim: handing it back to read its history")
+		return historyMoved
+	}
+	return transient
+}
 
 // settle carries out decide's verdict on a delivery: it records the outcome
 // (when there is one), then acknowledges, retries, hands back or terminates
