@@ -101,6 +101,13 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 		cfg.Logger.Warn("JetStream acknowledges writes before they reach the disk: a power cut loses up to the sync interval of acknowledged jobs and memory writes",
 			"sync", cfg.Sync.String(), "fix", "run with --sync always (the default)")
 	}
+	removed, err := pruneAside(opts.StoreDir, time.Now())
+	for _, dir := range removed {
+		cfg.Logger.Info("removed a copy of a replaced jobs stream kept over a week", "aside", dir)
+	}
+	if err != nil {
+		cfg.Logger.Warn("remove old copies of replaced jobs streams", "dir", opts.StoreDir, "err", err)
+	}
 	b, err := start(ctx, cfg, opts, false)
 	var stall *stallRepair
 	if !errors.As(err, &stall) {

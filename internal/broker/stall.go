@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -379,6 +380,51 @@ func setAside(root string, files []string) (string, error) {
 		}
 	}
 	return aside, nil
+}
+
+// keepAside is how long a copy setAside made is kept: evidence for the
+// operator, but not for ever (each is a whole jobs stream). The newest copy
+// is kept whatever its age.
+const keepAside = 7 * 24 * time.Hour
+
+// pruneAside removes the copies setAside made under root (stalled-<unix>)
+// that are older than keepAside at now, except the newest, and returns
+// those it removed. A name that is not such a copy is left alone.
+func pruneAside(root string, now time.Time) ([]string, error) {
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	type copyAside struct {
+		path string
+		at   time.Time
+	}
+	var copies []copyAside
+	for _, e := range entries {
+		unix, ok := strings.CutPrefix(e.Name(), "stalled-")
+		sec, err := strconv.ParseInt(unix, 10, 64)
+		if !ok || err != nil || !e.IsDir() {
+			continue
+		}
+		copies = append(copies, copyAside{filepath.Join(root, e.Name()), time.Unix(sec, 0)})
+	}
+	slices.SortFunc(copies, func(a, b copyAside) int { return b.at.Compare(a.at) })
+	var removed []string
+	var errs []error
+	for i, c := range copies {
+		if i == 0 || now.Sub(c.at) <= keepAside {
+			continue
+		}
+		if err := os.RemoveAll(c.path); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, c.path)
+	}
+	return removed, errors.Join(errs...)
 }
 
 // resetStaleConsumers deletes, and creates again with the same

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -111,5 +112,53 @@ func TestSetAside(t *testing.T) {
 	}
 	if _, err := os.Stat(outside); err != nil {
 		t.Fatalf("the path outside was moved: %v", err)
+	}
+}
+
+// The copies setAside makes are kept a week, the newest whatever its age;
+// nothing else in the JetStream directory is touched.
+func TestPruneAside(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Unix(2_000_000_000, 0)
+	made := func(name string) string {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Join(p, "jetstream", "$G"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	age := func(d time.Duration) string { return fmt.Sprintf("stalled-%d", now.Add(-d).Unix()) }
+	young := made(age(24 * time.Hour))      // within the week, and the newest
+	old := made(age(8 * 24 * time.Hour))    // past the week
+	older := made(age(30 * 24 * time.Hour)) // past the week
+	other := made("$G")                     // an account's directory
+	odd := made("stalled-notatime")         // not a copy's name
+	removed, err := pruneAside(dir, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(removed)
+	want := []string{old, older}
+	slices.Sort(want)
+	if !slices.Equal(removed, want) {
+		t.Fatalf("removed %v, want %v", removed, want)
+	}
+	for _, p := range []string{young, other, odd} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s was removed: %v", p, err)
+		}
+	}
+	// Only old copies left: the newest of them stays.
+	dir2 := t.TempDir()
+	dir = dir2
+	a, b := made(age(9*24*time.Hour)), made(age(20*24*time.Hour))
+	if removed, err := pruneAside(dir2, now); err != nil || !slices.Equal(removed, []string{b}) {
+		t.Fatalf("removed %v (%v), want only %s", removed, err, b)
+	}
+	if _, err := os.Stat(a); err != nil {
+		t.Fatalf("the newest copy was removed: %v", err)
+	}
+	if removed, err := pruneAside(filepath.Join(dir2, "missing"), now); err != nil || removed != nil {
+		t.Fatalf("a missing directory: %v %v", removed, err)
 	}
 }
