@@ -105,7 +105,21 @@ func (s *Service) handleMemoryPut(req micro.Request) {
 				s.respond(req, nil, err)
 				return
 			}
-			expect = &last
+			// The entry is read again after its last write: a creation this
+			// replica applied between the first read and LastWrite would
+			// otherwise pass for a tombstone to write over, and two "only
+			// if absent" writes both succeed. Seen absent after last, the
+			// key's last write is last or a later one that JetStream's
+			// check refuses.
+			switch again, err := s.store.MemoryGet(m.Namespace, m.Key); {
+			case err == nil && again != nil:
+				expect = r.IfVersion // created since: JetStream refuses "absent"
+			case err != nil && !errors.Is(err, ErrNotFound):
+				s.respond(req, nil, err)
+				return
+			default:
+				expect = &last
+			}
 		default:
 			// Stale, this may still be a retry of this very write, which
 			// landed and was overwritten since: JetStream answers it by its id

@@ -382,3 +382,39 @@ func TestEventsFloorReadsAnotherClientsWrite(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoryCreateIfAbsentIsExclusive: of writers creating the same absent
+// key at once (if_version 0), exactly one succeeds. A replica that applied
+// one creation between its two reads of the key (the entry, then the key's
+// last write) once turned another's "only if absent" into "only if that
+// creation is the last write", and two creations both succeeded: the lost
+// increment TestMemoryCompareAndSetIsAtomic caught under load.
+func TestMemoryCreateIfAbsentIsExclusive(t *testing.T) {
+	t.Parallel()
+	c := client(t)
+	ctx := context.Background()
+	const keys, writers = 150, 8
+	for k := range keys {
+		key := fmt.Sprintf("create-%d", k)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var won []uint64
+		for w := range writers {
+			wg.Go(func() {
+				m, err := c.MemoryPut(ctx, state.Memory{Namespace: "ns", Key: key, Value: json.RawMessage(fmt.Sprint(w))}, u64(0))
+				switch {
+				case err == nil:
+					mu.Lock()
+					won = append(won, m.Version)
+					mu.Unlock()
+				case !errors.Is(err, state.ErrConflict):
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		if len(won) != 1 {
+			t.Fatalf("key %s: %d creations succeeded (versions %v), want exactly one", key, len(won), won)
+		}
+	}
+}
