@@ -27,6 +27,27 @@ func (w *Worker) record(ctx context.Context, d *delivery, attempt int, res jobs.
 	return err
 }
 
+// eventTryWait bounds one try of publishing an event.
+const eventTryWait = 4 * time.Second
+
+// publishFirstStart records ev, the start of a first delivery's attempt 1,
+// on condition that the job's claim is still its last event. When the
+// first try's answer is lost (a failover), the tries after it go without
+// the condition, under the same Nats-Msg-Id: a start that landed is then
+// not stored twice (where JetStream checks the condition before the
+// deduplication, a repeat would fail it), and a cancellation recorded in
+// between is announced to the cancel subscription, as for any running job.
+func (w *Worker) publishFirstStart(ctx context.Context, d *delivery, ev jobs.Event) error {
+	pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), eventTryWait)
+	err := w.client.PublishFirstStart(d.traced(pubCtx), ev, d.claimSeq)
+	cancel()
+	if !queue.Transient(err) {
+		return err
+	}
+	d.log.Warn("record event: retrying", "event", ev.Kind, "err", err)
+	return w.publishEvent(ctx, d, ev, nil)
+}
+
 // publishEvent records ev, retrying while the cluster fails over (the
 // event's Nats-Msg-Id makes a retry of one that landed a no-op): a start or an
 // outcome not recorded would cost the job an attempt. shrink, when set, is
@@ -34,7 +55,7 @@ func (w *Worker) record(ctx context.Context, d *delivery, attempt int, res jobs.
 func (w *Worker) publishEvent(ctx context.Context, d *delivery, ev jobs.Event, shrink func()) error {
 	deadline := time.Now().Add(queue.DefaultPatience)
 	for {
-		pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 4*time.Second)
+		pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), eventTryWait)
 		err := w.client.PublishEvent(d.traced(pubCtx), ev)
 		if err != nil && shrink != nil && isTooLarge(err) {
 			shrink()

@@ -421,24 +421,6 @@ func (w *Worker) lookUpHistory(ctx context.Context, d *delivery, o *outcome) boo
 	return true
 }
 
-// publishFirstStart records ev, the start of a first delivery's attempt 1,
-// on condition that the job's claim is still its last event. When the
-// first try's answer is lost (a failover), the tries after it go without
-// the condition, under the same Nats-Msg-Id: a start that landed is then
-// not stored twice (where JetStream checks the condition before the
-// deduplication, a repeat would fail it), and a cancellation recorded in
-// between is announced to the cancel subscription, as for any running job.
-func (w *Worker) publishFirstStart(ctx context.Context, d *delivery, ev jobs.Event) error {
-	pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 4*time.Second)
-	err := w.client.PublishFirstStart(d.traced(pubCtx), ev, d.claimSeq)
-	cancel()
-	if !queue.Transient(err) {
-		return err
-	}
-	d.log.Warn("record event: retrying", "event", ev.Kind, "err", err)
-	return w.publishEvent(ctx, d, ev, nil)
-}
-
 // notStarted is the outcome of a delivery whose start was not recorded
 // (err): one whose job has events after its claim goes back at once, to be
 // delivered again with its history read; else the broker failed.
