@@ -20,12 +20,7 @@ import (
 // every one is stored once, and the client's sequence covers them all.
 func TestPublishEventsAtOnceInACluster(t *testing.T) {
 	t.Parallel()
-	c := testutil.StartCluster(t, 3, queue.DefaultConfig())
-	nc := c.ConnectAll(t, "events")
-	client, err := queue.NewClient(nc, jobs.Subjects{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := clusterClient(t, "events")
 	ctx := context.Background()
 	const n = 200
 	var wg sync.WaitGroup
@@ -38,11 +33,7 @@ func TestPublishEventsAtOnceInACluster(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := js.Stream(ctx, jobs.Subjects{}.EventsStream())
+	s, err := client.JetStream().Stream(ctx, jobs.Subjects{}.EventsStream())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,12 +56,7 @@ func TestPublishEventsAtOnceInACluster(t *testing.T) {
 // published one by one, so every other start is still stored, once.
 func TestFirstStartsAtOnceInACluster(t *testing.T) {
 	t.Parallel()
-	c := testutil.StartCluster(t, 3, queue.DefaultConfig())
-	nc := c.ConnectAll(t, "first-starts")
-	client, err := queue.NewClient(nc, jobs.Subjects{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := clusterClient(t, "first-starts")
 	ctx := context.Background()
 	const n = 64
 	js := make([]*jobs.Job, n)
@@ -86,20 +72,9 @@ func TestFirstStartsAtOnceInACluster(t *testing.T) {
 		}
 	}
 	sub := jobs.Subjects{}
-	jobsStream, err := client.JetStream().Stream(ctx, sub.JobsStream())
-	if err != nil {
-		t.Fatal(err)
-	}
 	msgs := make([]*queue.Message, n)
 	for i := range msgs {
-		raw, err := jobsStream.GetMsg(ctx, uint64(i+1))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if msgs[i], err = queue.DecodeMessage(raw.Data); err != nil {
-			t.Fatal(err)
-		}
-		if msgs[i].ClaimSeq == 0 {
+		if msgs[i] = jobMessage(t, client, uint64(i+1)); msgs[i].ClaimSeq == 0 {
 			t.Fatalf("job message %d carries no claim sequence", i)
 		}
 	}
@@ -134,4 +109,16 @@ func TestFirstStartsAtOnceInACluster(t *testing.T) {
 	if len(info.State.Subjects) != n/2 {
 		t.Fatalf("%d jobs have a start stored, want %d", len(info.State.Subjects), n/2)
 	}
+}
+
+// clusterClient starts a three-node cluster and returns a queue client
+// connected to all of its nodes.
+func clusterClient(t *testing.T, name string) *queue.Client {
+	t.Helper()
+	c := testutil.StartCluster(t, 3, queue.DefaultConfig())
+	client, err := queue.NewClient(c.ConnectAll(t, name), jobs.Subjects{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
 }

@@ -112,18 +112,7 @@ func TestFirstStartNeedsTheClaimLast(t *testing.T) {
 		t.Fatal(err)
 	}
 	sub := jobs.Subjects{}
-	jobsStream, err := c.JetStream().Stream(ctx, sub.JobsStream())
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := jobsStream.GetMsg(ctx, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := queue.DecodeMessage(raw.Data)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := jobMessage(t, c, 1)
 	events, err := c.JetStream().Stream(ctx, sub.EventsStream())
 	if err != nil {
 		t.Fatal(err)
@@ -241,6 +230,24 @@ func startBroker(t *testing.T, dir string, q queue.Config) *broker.Broker {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// jobMessage reads and decodes the job message at seq of the jobs stream.
+func jobMessage(t *testing.T, c *queue.Client, seq uint64) *queue.Message {
+	t.Helper()
+	s, err := c.JetStream().Stream(context.Background(), jobs.Subjects{}.JobsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := s.GetMsg(context.Background(), seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := queue.DecodeMessage(raw.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
 
 func waitQueueEmpty(t *testing.T, b *broker.Broker) {
