@@ -120,7 +120,7 @@ func TestSetAside(t *testing.T) {
 func TestPruneAside(t *testing.T) {
 	dir := t.TempDir()
 	now := time.Unix(2_000_000_000, 0)
-	made := func(name string) string {
+	made := func(dir, name string) string {
 		p := filepath.Join(dir, name)
 		if err := os.MkdirAll(filepath.Join(p, "jetstream", "$G"), 0o700); err != nil {
 			t.Fatal(err)
@@ -128,11 +128,11 @@ func TestPruneAside(t *testing.T) {
 		return p
 	}
 	age := func(d time.Duration) string { return fmt.Sprintf("stalled-%d", now.Add(-d).Unix()) }
-	young := made(age(24 * time.Hour))      // within the week, and the newest
-	old := made(age(8 * 24 * time.Hour))    // past the week
-	older := made(age(30 * 24 * time.Hour)) // past the week
-	other := made("$G")                     // an account's directory
-	odd := made("stalled-notatime")         // not a copy's name
+	young := made(dir, age(24*time.Hour))    // within the week, and the newest
+	old := made(dir, age(8*24*time.Hour))    // past the week
+	older := made(dir, age(30*24*time.Hour)) // past the week
+	other := made(dir, "$G")                 // an account's directory
+	odd := made(dir, "stalled-notatime")     // not a copy's name
 	removed, err := pruneAside(dir, now)
 	if err != nil {
 		t.Fatal(err)
@@ -150,8 +150,7 @@ func TestPruneAside(t *testing.T) {
 	}
 	// Only old copies left: the newest of them stays.
 	dir2 := t.TempDir()
-	dir = dir2
-	a, b := made(age(9*24*time.Hour)), made(age(20*24*time.Hour))
+	a, b := made(dir2, age(9*24*time.Hour)), made(dir2, age(20*24*time.Hour))
 	if removed, err := pruneAside(dir2, now); err != nil || !slices.Equal(removed, []string{b}) {
 		t.Fatalf("removed %v (%v), want only %s", removed, err, b)
 	}
