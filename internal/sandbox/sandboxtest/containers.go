@@ -186,11 +186,12 @@ func JavaScriptSpareOutOfReach(t *testing.T, rt interface {
 	}
 	// others lists the processes but PID 1 (the supervisor), the zygote and
 	// the job's own (not the spares this job did not take: killed as it
-	// started, they are reaped when it ends); the uptime says whether the
-	// executor was started ahead.
+	// started, they are reaped when it ends, and may still be exiting as it
+	// runs: a zombie, or PF_EXITING (4) in its flags); the uptime says
+	// whether the executor was started ahead.
 	const jsProbe = `const fs = require("fs")
 console.log(require("os").hostname())
-const alive = (p) => { try { return fs.readFileSync("/proc/" + p + "/stat", "utf8").split(") ")[1][0] !== "Z" } catch { return false } }
+const alive = (p) => { try { const f = fs.readFileSync("/proc/" + p + "/stat", "utf8").split(") ")[1].split(" "); return f[0] !== "Z" && (Number(f[6]) & 4) === 0 } catch { return false } }
 const others = fs.readdirSync("/proc").filter((p) => /^\d+$/.test(p)).map(Number).filter((p) => ![1, process.pid, process.ppid].includes(p) && alive(p))
 for (const p of others) { try { process.kill(p, "SIGKILL") } catch {} }
 console.log(others.length, process.uptime() > 0.5 ? "ahead" : "started now")`
