@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bufio"
 	"context"
 	"crypto/subtle"
 	"encoding/base64"
@@ -156,12 +157,17 @@ func (c *RunnerConn) take(rd readResult) readResult {
 	return rd
 }
 
+// readBuffer is what a RunnerConn reads from its runner at once: a small
+// frame (a call, a job's output) costs one read, not one for its length and
+// one for its body.
+const readBuffer = 64 << 10
+
 // NewRunnerConn wraps a connection from a runner. maxFrame 0 means
 // proxy.DefaultMaxFrame.
 func NewRunnerConn(conn net.Conn, maxFrame int) *RunnerConn {
 	return &RunnerConn{
 		conn:        conn,
-		r:           proxy.NewReader(conn, maxFrame),
+		r:           proxy.NewReader(bufio.NewReaderSize(conn, readBuffer), maxFrame),
 		w:           proxy.NewWriter(conn, maxFrame),
 		frames:      make(chan readResult),
 		done:        make(chan struct{}),

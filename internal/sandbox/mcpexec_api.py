@@ -111,19 +111,19 @@ class Runner:
         return bool(p.poll(None if timeout is None else int(timeout * 1000)))
 
     def _read_ready(self):
-        """Reads one frame if one waits. No reader holds _rlock while it waits
-        for a frame: each frame goes whole to one reader, and none starves."""
+        """Reads the frames that wait, without waiting. Frames are read under
+        _rlock, so each goes whole to one reader, in order; no reader holds it
+        while it waits."""
         with self._rlock:
-            if self._readable(0):
-                self._read()
+            try:
+                frames = self.chan.recv_ready()
+            except BaseException:
+                os._exit(0)  # the supervisor is gone (or broke the protocol): nothing left to do
+            for frame in frames:
+                self._dispatch(frame)
 
-    def _read(self):
-        """Reads one frame and dispatches it: a reply settles its call, an exec
-        frame waits in execs. The supervisor gone ends the executor."""
-        try:
-            frame = self.chan.recv()
-        except BaseException:
-            os._exit(0)  # nothing left to do
+    def _dispatch(self, frame):
+        """A reply settles its call, an exec frame waits in execs."""
         kind = frame.get("type")
         if kind == "reply":
             self.on_reply(frame)

@@ -2,8 +2,10 @@
 the code's process, its bounds, and process helpers. Standard library only."""
 
 import json
+import mmap
 import os
 import signal
+import socket
 import struct
 import threading
 
@@ -43,12 +45,29 @@ def _encode(frame):
     return struct.pack(">I", len(body)) + body
 
 
+def _read_buffer():
+    """A 1 MiB buffer to read into, kept for a process's life: a private
+    anonymous mapping, whose pages are touched only as reads fill them (a
+    bytearray is zeroed whole: 256 page faults, and pages to free at the
+    exit). Private: a process forked later gets a copy, never a view of
+    what this one reads next. Its first page is touched now, so that a
+    small frame's read takes no page fault."""
+    buf = memoryview(mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE))
+    buf[0] = 0
+    return buf
+
+
 class _Channel:
-    """Length-prefixed JSON frames over a blocking socket."""
+    """Length-prefixed JSON frames over a blocking socket: written whole,
+    read without waiting (the caller knows the socket is readable)."""
 
     def __init__(self, sock):
         self._sock = sock
         self._wlock = threading.Lock()
+        self._frames = _FrameBuffer(MAX_FRAME)
+        # Made with the channel: an executor started ahead makes it before
+        # its job comes, off the job's path.
+        self._rbuf = _read_buffer()
 
     def fileno(self):
         return self._sock.fileno()
@@ -58,20 +77,18 @@ class _Channel:
         with self._wlock:
             self._sock.sendall(data)
 
-    def _read_exact(self, n):
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = self._sock.recv(min(n - len(buf), 1 << 20))
-            if not chunk:
-                raise EOFError("connection closed")
-            buf += chunk
-        return bytes(buf)
-
-    def recv(self):
-        (n,) = struct.unpack(">I", self._read_exact(4))
-        if n > MAX_FRAME:
-            raise EOFError("frame too large")
-        return json.loads(self._read_exact(n))
+    def recv_ready(self):
+        """Reads what the socket holds, without waiting, and returns the
+        frames it completes (none when it held nothing or part of one). One
+        read a frame, into a buffer kept for the channel's life. EOFError
+        when the other end closed; ValueError on a bad frame."""
+        try:
+            n = self._sock.recv_into(self._rbuf, 0, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return []
+        if n == 0:
+            raise EOFError("connection closed")
+        return self._frames.feed(self._rbuf[:n])
 
 
 class _FrameBuffer:

@@ -14,7 +14,7 @@ import signal
 import socket
 import stat
 
-from mcpexec_protocol import KNOWN_METHODS, MAX_CALL, MAX_FRAME, MAX_PENDING_TO_EXECUTOR, _FrameBuffer, _encode, _fork_child, _set_pdeathsig
+from mcpexec_protocol import KNOWN_METHODS, MAX_CALL, MAX_FRAME, MAX_PENDING_TO_EXECUTOR, _FrameBuffer, _encode, _fork_child, _read_buffer, _set_pdeathsig
 
 
 class _Executor:
@@ -84,6 +84,10 @@ class _Supervisor:
     def __init__(self, host, zygote, reset):
         self.host = host
         self.hbuf = _FrameBuffer(MAX_FRAME)
+        # Every socket read lands here: a fresh 1 MiB bytes object per read
+        # would cost an mmap, an mremap and an munmap each (glibc maps
+        # allocations that large), three page-table changes per frame.
+        self.rbuf = _read_buffer()
         self.zygote = zygote
         self.reset_ok = reset  # PID 1 of its own container: may sweep and wipe
         self.ex = None  # the running executor
@@ -106,6 +110,11 @@ class _Supervisor:
         self.in_errors = []  # input files of the next job that could not be placed
         self.limits = (0, 0, 0)  # the job's (max files, max file bytes, max total bytes) out
         self.collected = {}  # a session's files sent already: name -> (ino, size, mtime)
+
+    def recv(self, sock):
+        """Reads what sock has (up to 1 MiB) into the read buffer; the view
+        returned is valid until the next read (the frame buffers copy it)."""
+        return self.rbuf[:sock.recv_into(self.rbuf)]
 
     def send_host(self, frame):
         self.host.sendall(_encode(frame))
@@ -417,7 +426,7 @@ class _Supervisor:
         ex = self.ex
         while ex is not None and ex is self.ex:
             try:
-                data = ex.chan.recv(1 << 20)
+                data = self.recv(ex.chan)
             except OSError:
                 return
             if not data:
@@ -653,7 +662,7 @@ class _Supervisor:
                 self.flush_executor()
             for fd in readable:
                 if fd == host_fd:
-                    data = self.host.recv(1 << 20)
+                    data = self.recv(self.host)
                     if not data:
                         self.exit()  # host gone: nothing left to do
                     for frame in self.hbuf.feed(data):
@@ -664,7 +673,7 @@ class _Supervisor:
                     continue  # the executor ended in this round
                 elif fd == ex.chan.fileno():
                     try:
-                        data = ex.chan.recv(1 << 20)
+                        data = self.recv(ex.chan)
                     except BlockingIOError:
                         continue
                     except OSError:

@@ -11,3 +11,6 @@ func TestConformance(t *testing.T) {
 	rt := testutil.ProcessRuntime(t)
 	sandboxtest.Run(t, rt, sandboxtest.Options{})
 }
+
+// BenchmarkCall: go test -bench Call -benchtime 20x.
+func BenchmarkCall(b *testing.B) { sandboxtest.BenchCall(b, testutil.ProcessRuntime(b)) }

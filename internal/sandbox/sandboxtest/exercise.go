@@ -332,7 +332,8 @@ func sessionLifecycle[R ContainerRuntime](t *testing.T, e Engine[R]) {
 // Bench measures Run of a trivial job on e's runtime: with a warm pool and a
 // fresh container per run (RunWarm), runs of one namespace in a reused
 // container (RunReused, and RunReusedPreload with the data stack preloaded),
-// and a container started per run (RunCold, RunColdPreload). BENCH_CPUS0 set
+// and a container started per run (RunCold, RunColdPreload), and the
+// sandbox's share of a proxied call (Call, see BenchCall). BENCH_CPUS0 set
 // runs without a CPU limit.
 func Bench[R ContainerRuntime](b *testing.B, e Engine[R]) {
 	for _, c := range []struct {
@@ -358,4 +359,5 @@ func Bench[R ContainerRuntime](b *testing.B, e Engine[R]) {
 			BenchRun(b, e.New(b, c.cfg), c.cfg.Pool, c.tenant)
 		})
 	}
+	b.Run("Call", func(b *testing.B) { BenchCall(b, e.New(b, containerpool.Config{Pool: 2})) })
 }
