@@ -70,9 +70,10 @@ type callGate struct {
 	wg     sync.WaitGroup
 	rate   *bucket
 
-	mu       sync.Mutex // guards inFlight, bytes
+	mu       sync.Mutex // guards inFlight, bytes, stopped
 	inFlight int
 	bytes    int
+	stopped  bool // stop began: no call is admitted (none joins wg while it waits)
 }
 
 func newCallGate(ctx context.Context) *callGate {
@@ -87,6 +88,9 @@ func (g *callGate) admit(n int) (release func(), why string) {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.stopped {
+		return nil, "the job is over: no more calls"
+	}
 	if g.inFlight >= MaxConcurrentCalls {
 		return nil, fmt.Sprintf("too many concurrent calls (limit %d): await some before starting more", MaxConcurrentCalls)
 	}
@@ -107,6 +111,9 @@ func (g *callGate) admit(n int) (release func(), why string) {
 
 // stop cancels the calls in flight and waits for them.
 func (g *callGate) stop() {
+	g.mu.Lock()
+	g.stopped = true
+	g.mu.Unlock()
 	g.cancel()
 	g.wg.Wait()
 }

@@ -325,6 +325,30 @@ func TestDriveBounds(t *testing.T) {
 			t.Fatalf("err %v result %+v refused %d", err, res, refused.Load())
 		}
 	})
+	t.Run("CallsOnlyOfTheJobWhileItRuns", func(t *testing.T) {
+		// The reader hands a running job's calls to its host itself: a call
+		// that names another job, or comes after the job's end, reaches no
+		// host.
+		rc, fr := setup(t, 0)
+		h := &countingHost{result: json.RawMessage(`1`)}
+		var reply *proxy.Frame
+		res, err := driveWith(t, rc, fr, h, func() {
+			_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeCall, Job: "earlier", ID: 1, Method: "list_servers"})
+			_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeCall, Job: "j", ID: 2, Method: "list_servers"})
+			reply, _ = fr.r.Read()
+			_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeDone, Job: "j", Status: "success"})
+		})
+		if err != nil || res.Status != sandbox.StatusSuccess || reply == nil || reply.ID != 2 || string(reply.Result) != "1" {
+			t.Fatalf("err %v result %+v reply %+v", err, res, reply)
+		}
+		_ = fr.w.Write(&proxy.Frame{Type: proxy.TypeCall, Job: "j", ID: 3, Method: "list_servers"})
+		time.Sleep(100 * time.Millisecond)
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if h.calls != 1 {
+			t.Fatalf("host calls %d, want 1 (the job's own, while it ran)", h.calls)
+		}
+	})
 	t.Run("LateFramesOfAnotherJobDropped", func(t *testing.T) {
 		rc, fr := setup(t, 0)
 		res, err := driveWith(t, rc, fr, nil, func() {
