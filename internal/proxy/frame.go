@@ -119,9 +119,13 @@ func NewWriter(w io.Writer, max int) *Writer {
 	return &Writer{w: w, max: max}
 }
 
-// Write encodes one frame.
+// Write encodes one frame. Its Params and Result go out as they are, not
+// encoded again: they must be valid JSON, as a decoder left them (Params
+// from a runner's frame, Result from a proxy response).
 func (fw *Writer) Write(f *Frame) error {
-	body, err := json.Marshal(f)
+	head := *f
+	head.Params, head.Result = nil, nil
+	body, err := spliced(&head, rawField{"params", f.Params}, rawField{"result", f.Result})
 	if err != nil {
 		return fmt.Errorf("encode %s frame: %w", f.Type, err)
 	}
@@ -133,6 +137,43 @@ func (fw *Writer) Write(f *Frame) error {
 	fw.buf = append(fw.buf, body...)
 	_, err = fw.w.Write(fw.buf)
 	return err
+}
+
+// rawField is a field spliced into an encoded object: its key and its
+// value, JSON as it was received.
+type rawField struct {
+	key string
+	raw json.RawMessage
+}
+
+// spliced encodes v, an object whose fields named by fields' keys are left
+// empty (omitempty), and appends each non-empty raw value under its key as
+// it is: JSON that was validated where it was received is not encoded again
+// at each hop (encoding/json compacts and escapes a RawMessage, a scan and
+// a copy of what may be megabytes).
+func spliced(v any, fields ...rawField) ([]byte, error) {
+	head, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	n := len(head)
+	for _, f := range fields {
+		n += len(f.key) + len(f.raw) + 4
+	}
+	out := append(make([]byte, 0, n), head[:len(head)-1]...)
+	for _, f := range fields {
+		if len(f.raw) == 0 {
+			continue
+		}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, '"')
+		out = append(out, f.key...)
+		out = append(out, '"', ':')
+		out = append(out, f.raw...)
+	}
+	return append(out, '}'), nil
 }
 
 // Reader decodes frames from a stream. It is not safe for concurrent use.

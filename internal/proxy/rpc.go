@@ -318,7 +318,9 @@ func (r *Responder) serve(m *nats.Msg) {
 }
 
 func respond(m *nats.Msg, resp Response, maxPayload int64) {
-	data, err := json.Marshal(resp)
+	head := resp
+	head.Result = nil
+	data, err := spliced(&head, rawField{"result", resp.Result})
 	if err != nil {
 		data, _ = json.Marshal(Response{Error: "encode proxy response: " + err.Error()})
 	}
@@ -364,7 +366,9 @@ func Call(ctx context.Context, nc *nats.Conn, subject string, req Request, hdr .
 	if c := jobclock.From(ctx); c != nil && req.Parks && req.TimeoutMS == 0 {
 		req.TimeoutMS = max(c.Remaining().Milliseconds(), 1)
 	}
-	data, err := json.Marshal(req)
+	head := req
+	head.Params = nil
+	data, err := spliced(&head, rawField{"params", req.Params})
 	if err != nil {
 		return nil, fmt.Errorf("encode proxy request: %w", err)
 	}
