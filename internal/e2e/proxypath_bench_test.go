@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/nats-io/nats.go"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/sandbox/sandboxtest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
@@ -87,6 +89,21 @@ func BenchmarkProxyPath(b *testing.B) {
 	}
 }
 
+// timedRun runs code with run_python through c, with server "ts", and
+// returns the times, in microseconds, it printed (sandboxtest.Micros).
+func timedRun(b *testing.B, c *client.Client, code string) samples {
+	b.Helper()
+	res := testutil.CallRunPython(b, c, map[string]any{"code": code, "servers": []string{"ts"}})
+	if res.IsError {
+		b.Fatalf("run_python: %q", testutil.Text(res))
+	}
+	ds, err := sandboxtest.Micros(testutil.Text(res))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return ds
+}
+
 func proxyPath(b *testing.B, connect func(testing.TB, *broker.Broker, string) *nats.Conn) {
 	bk := testutil.Broker(b, "", queue.DefaultConfig())
 	testutil.WorkerOn(b, connect(b, bk, "worker-bench"), callingRuntime{}, worker.DefaultConfig("bench-worker"))
@@ -98,17 +115,7 @@ func proxyPath(b *testing.B, connect func(testing.TB, *broker.Broker, string) *n
 			pause string
 			into  *samples
 		}{{"0", &hot}, {"500", &paused}} {
-			res := testutil.CallRunPython(b, c, map[string]any{"code": m.pause, "servers": []string{"ts"}})
-			if res.IsError {
-				b.Fatalf("run_python: %q", testutil.Text(res))
-			}
-			for f := range strings.FieldsSeq(testutil.Text(res)) {
-				us, err := strconv.Atoi(f)
-				if err != nil {
-					b.Fatalf("the job printed %q: %v", testutil.Text(res), err)
-				}
-				*m.into = append(*m.into, time.Duration(us)*time.Microsecond)
-			}
+			*m.into = append(*m.into, timedRun(b, c, m.pause)...)
 		}
 	}
 	if len(hot) == 0 || len(paused) == 0 {

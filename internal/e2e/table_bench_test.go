@@ -27,6 +27,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman"
 	"github.com/mcpexec/mcpexec/internal/sandbox/podman/podmantest"
+	"github.com/mcpexec/mcpexec/internal/sandbox/sandboxtest"
 	"github.com/mcpexec/mcpexec/internal/testutil"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
@@ -195,14 +196,7 @@ func proxiedEcho(b *testing.B, what string, connect func(testing.TB, *broker.Bro
 	pool := testutil.Pool(b, mcpclients.Config{}, testutil.TestServerDef(b, "ts", nil))
 	fe := testutil.FrontendOnWith(b, connect(b, bk, "frontend-bench"), frontend.Config{ID: "bench-fe", Tools: pool})
 	c := testutil.MCPClientWith(b, fe, mcpserver.Options{Servers: pool.Names, Definitions: pool.Servers}, mcpserver.HTTPOptions{})
-	code := fmt.Sprintf(`import time
-await mcp_ts.echo(text="warm")
-ts = []
-for _ in range(%d):
-    t0 = time.perf_counter()
-    await mcp_ts.echo(text="x")
-    ts.append(int((time.perf_counter() - t0) * 1e6))
-print(" ".join(map(str, ts)))`, echoCalls)
+	code := sandboxtest.EchoTimingCode(echoCalls)
 	ctx := context.Background()
 	var sandboxed, direct, spaced samples
 	callDirect := func() time.Duration {
@@ -215,17 +209,7 @@ print(" ".join(map(str, ts)))`, echoCalls)
 		return el
 	}
 	for b.Loop() {
-		res := testutil.CallRunPython(b, c, map[string]any{"code": code, "servers": []string{"ts"}})
-		if res.IsError {
-			b.Fatalf("run_python: %q", testutil.Text(res))
-		}
-		for f := range strings.FieldsSeq(testutil.Text(res)) {
-			us, err := strconv.Atoi(f)
-			if err != nil {
-				b.Fatalf("run_python printed %q: %v", testutil.Text(res), err)
-			}
-			sandboxed = append(sandboxed, time.Duration(us)*time.Microsecond)
-		}
+		sandboxed = append(sandboxed, timedRun(b, c, code)...)
 		for range echoCalls {
 			direct = append(direct, callDirect())
 		}
