@@ -62,6 +62,11 @@ type Frame struct {
 	// runner's pre-imported parent, and ends that process with the job (not
 	// a session's job, whose process and globals last).
 	Fresh bool `json:"fresh,omitempty"`
+	// CallChannel, in an exec frame, says the frame came with a socket
+	// (SCM_RIGHTS) on which the job's process sends its calls and reads
+	// their replies, past the supervisor; in a hello, that the runner takes
+	// one with a fresh Python job.
+	CallChannel bool `json:"call_channel,omitempty"`
 	// MaxFiles, MaxFileBytes and MaxJobBytes bound the files the runner
 	// collects from /workspace/out after the job (exec).
 	MaxFiles     int   `json:"max_files,omitempty"`

@@ -25,11 +25,11 @@ func timedOut(ctx context.Context, limit time.Duration) string {
 	return fmt.Sprintf("timed out after %s", limit)
 }
 
-// call answers one call frame: refused at once when it breaks a bound, else
-// passed to host on its own goroutine.
-func (c *RunnerConn) call(g *callGate, host Host, f *proxy.Frame) {
+// serveCall answers one call frame: refused at once when it breaks a bound, else
+// passed to host on its own goroutine; the answer goes to out.
+func serveCall(out replySink, g *callGate, host Host, f *proxy.Frame) {
 	refuse := func(text string) {
-		c.sendAsync(&proxy.Frame{Type: proxy.TypeReply, ID: f.ID, Error: text})
+		out.sendAsync(&proxy.Frame{Type: proxy.TypeReply, ID: f.ID, Error: text})
 	}
 	if !proxy.KnownMethod(f.Method) {
 		refuse(fmt.Sprintf("%v %q", ErrUnknownMethod, errs.Clip(f.Method, 40)))
@@ -56,7 +56,7 @@ func (c *RunnerConn) call(g *callGate, host Host, f *proxy.Frame) {
 		} else {
 			reply.Result = res
 		}
-		if werr := c.write(reply); werr != nil && errors.Is(werr, proxy.ErrFrameTooLarge) {
+		if werr := out.write(reply); werr != nil && errors.Is(werr, proxy.ErrFrameTooLarge) {
 			refuse(werr.Error())
 		}
 	}()

@@ -18,4 +18,10 @@
 // redirected to pipes the runner reads, so whatever the code writes there arrives as
 // out frames and can never be taken for a protocol frame. Every frame the host
 // reads is validated; a runner that breaks the protocol ends its job with an error.
+//
+// A runner whose hello says call_channel gets, with a fresh Python job's exec
+// frame (call_channel: true), one end of a socket pair (SCM_RIGHTS): the job's
+// process sends its call frames there and reads their replies, past the
+// supervisor. Only the job's calls are taken on it; the host closes it when
+// the job ends (callchan.go).
 package sandbox

@@ -58,6 +58,7 @@ type RunnerConn struct {
 
 	wmu sync.Mutex // guards w
 	w   *proxy.Writer
+	ow  *oobWriter // w's writer: attaches a job's call channel to its exec frame
 
 	// reusable is true while the runner is idle after a clean done frame: no
 	// protocol error, no timeout, no lost connection, no lost code process.
@@ -68,6 +69,10 @@ type RunnerConn struct {
 	// resets is what the runner's hello said: it sweeps its container after
 	// each fresh job.
 	resets bool
+	// callChannels: the runner's hello said it takes a call channel with a
+	// fresh Python job's exec frame, and the connection can carry one (a
+	// Unix socket).
+	callChannels bool
 	// unread counts the frames the reader read that nobody has taken yet (0
 	// or 1): a runner that spoke while idle is not fit for another job. The
 	// reader counts a frame before it hands it over and the taker uncounts it
@@ -170,10 +175,12 @@ const readBuffer = 64 << 10
 // NewRunnerConn wraps a connection from a runner. maxFrame 0 means
 // proxy.DefaultMaxFrame.
 func NewRunnerConn(conn net.Conn, maxFrame int) *RunnerConn {
+	ow := &oobWriter{conn: conn}
 	return &RunnerConn{
 		conn:        conn,
 		r:           proxy.NewReader(bufio.NewReaderSize(conn, readBuffer), maxFrame),
-		w:           proxy.NewWriter(conn, maxFrame),
+		w:           proxy.NewWriter(ow, maxFrame),
+		ow:          ow,
 		frames:      make(chan readResult),
 		done:        make(chan struct{}),
 		ended:       make(chan struct{}),
@@ -242,7 +249,7 @@ func (c *RunnerConn) readLoop() {
 		}
 		if err == nil && f.Type == proxy.TypeCall {
 			if jc := c.calls.Load(); jc != nil && (f.Job == "" || f.Job == jc.job) {
-				c.call(jc.gate, jc.host, f)
+				serveCall(c, jc.gate, jc.host, f)
 				continue
 			}
 		}
@@ -312,6 +319,8 @@ func (c *RunnerConn) Handshake(ctx context.Context, secret string) error {
 		return fmt.Errorf("runner hello without the sandbox's secret: %w", errWrongSecret)
 	}
 	c.isolated, c.resets = f.Isolated, f.Reset
+	_, unix := c.conn.(*net.UnixConn)
+	c.callChannels = f.CallChannel && unix
 	c.arm(f.Spares) // a runner says hello once its first job's process waits
 	go c.readLoop()
 	go c.asyncWriter()
@@ -327,6 +336,11 @@ var errWrongSecret = errors.New("not the sandbox this host started")
 func (c *RunnerConn) write(f *proxy.Frame) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	return c.writeLocked(f)
+}
+
+// writeLocked is write with c.wmu held.
+func (c *RunnerConn) writeLocked(f *proxy.Frame) error {
 	_ = c.conn.SetWriteDeadline(time.Now().Add(WriteTimeout)) // a closed connection fails the write anyway
 	err := c.w.Write(f)
 	if err != nil && !errors.Is(err, proxy.ErrFrameTooLarge) {
@@ -408,12 +422,14 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 			break
 		}
 	}
+	var ch *callChannel
 	if err == nil {
-		err = c.write(&proxy.Frame{
+		exec := &proxy.Frame{
 			Type: proxy.TypeExec, Job: job.ID, Code: job.Code, Lang: job.Language, Servers: job.Servers,
 			TimeoutMS: job.Timeout.Milliseconds(), OutputCap: limit, Fresh: job.Fresh,
 			MaxFiles: fl.MaxFiles, MaxFileBytes: fl.MaxFileBytes, MaxJobBytes: fl.MaxJobBytes,
-		})
+		}
+		ch, err = c.sendExec(exec, job)
 	}
 	if errors.Is(err, proxy.ErrFrameTooLarge) && len(job.Files) > 0 {
 		// An input frame went out before: the runner holds part of the job.
@@ -433,11 +449,19 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 	}
 
 	calls := newCallGate(ctx)
-	c.calls.Store(&jobCalls{job: job.ID, gate: calls, host: host})
+	jc := &jobCalls{job: job.ID, gate: calls, host: host}
+	c.calls.Store(jc)
+	if ch != nil {
+		go ch.serve(c, jc)
+	}
 	out := newFilesOut(fl)
 	clean := false
 	defer func() {
 		c.calls.Store(nil)
+		if ch != nil {
+			ch.close()
+			<-ch.ended
+		}
 		// A runner that did not end its job cleanly may go on sending: cut it
 		// off before waiting for the calls, whose replies then fail at once.
 		if !clean {
@@ -481,7 +505,7 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 					host.Output(f.Stream, kept)
 				}
 			case proxy.TypeCall:
-				c.call(calls, host, f)
+				serveCall(c, calls, host, f)
 			case proxy.TypeFile:
 				out.add(f.Name, f.Data)
 			case proxy.TypeDone:

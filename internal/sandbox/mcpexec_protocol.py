@@ -1,6 +1,7 @@
 """mcpexec runner: the frame protocol between the host, the supervisor and
 the code's process, its bounds, and process helpers. Standard library only."""
 
+import array
 import json
 import mmap
 import os
@@ -57,20 +58,44 @@ def _read_buffer():
     return buf
 
 
+def _fds(anc):
+    """The file descriptors in recvmsg's ancillary data."""
+    fds = array.array("i")
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+    return list(fds)
+
+
+# Room for the file descriptor an exec frame may bring (a job's call channel).
+_ANC_ONE = socket.CMSG_SPACE(4)
+
+
 class _Channel:
     """Length-prefixed JSON frames over a blocking socket: written whole,
-    read without waiting (the caller knows the socket is readable)."""
+    read without waiting (the caller knows the socket is readable). A
+    channel that takes files (fds) keeps those that come with its frames
+    in fds (an exec frame's call channel)."""
 
-    def __init__(self, sock):
+    def __init__(self, sock, rbuf=None, fds=False):
         self._sock = sock
         self._wlock = threading.Lock()
         self._frames = _FrameBuffer(MAX_FRAME)
         # Made with the channel: an executor started ahead makes it before
-        # its job comes, off the job's path.
-        self._rbuf = _read_buffer()
+        # its job comes, off the job's path. A job's call channel reads into
+        # its executor's (one reader at a time reads either).
+        self._rbuf = rbuf if rbuf is not None else _read_buffer()
+        self.fds = [] if fds else None
 
     def fileno(self):
         return self._sock.fileno()
+
+    def calls(self, frame):
+        """The job's call channel, when exec frame came with one (else
+        None): a channel of its own, reading into this one's buffer."""
+        if frame.get("call_channel") is not True or not self.fds:
+            return None
+        return _Channel(socket.socket(fileno=self.fds.pop(0)), self._rbuf)
 
     def send(self, frame):
         data = _encode(frame)
@@ -83,7 +108,12 @@ class _Channel:
         read a frame, into a buffer kept for the channel's life. EOFError
         when the other end closed; ValueError on a bad frame."""
         try:
-            n = self._sock.recv_into(self._rbuf, 0, socket.MSG_DONTWAIT)
+            if self.fds is None:
+                n = self._sock.recv_into(self._rbuf, 0, socket.MSG_DONTWAIT)
+            else:
+                n, anc, _, _ = self._sock.recvmsg_into([self._rbuf], _ANC_ONE, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
+                if anc:
+                    self.fds += _fds(anc)
         except (BlockingIOError, InterruptedError):
             return []
         if n == 0:

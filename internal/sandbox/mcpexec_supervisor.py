@@ -2,6 +2,7 @@
 connection, relays and checks the code's frames, and sweeps the container
 between fresh jobs. Standard library only."""
 
+import array
 import base64
 import binascii
 import codecs
@@ -14,7 +15,7 @@ import signal
 import socket
 import stat
 
-from mcpexec_protocol import KNOWN_METHODS, MAX_CALL, MAX_FRAME, MAX_PENDING_TO_EXECUTOR, _FrameBuffer, _encode, _fork_child, _read_buffer, _set_pdeathsig
+from mcpexec_protocol import KNOWN_METHODS, MAX_CALL, MAX_FRAME, MAX_PENDING_TO_EXECUTOR, _FrameBuffer, _encode, _fds, _fork_child, _read_buffer, _set_pdeathsig
 
 
 class _Executor:
@@ -94,6 +95,10 @@ class _Supervisor:
         self.xbuf = None
         self.to_ex = bytearray()
         self.pending = None  # the exec frame waiting for its executor
+        self.pending_fd = None  # and the job's call channel, for its executor
+        # Call channels the host sent (SCM_RIGHTS), one with each exec frame
+        # that says call_channel, in the order of those frames.
+        self.host_fds = []
         self.pending_lang = "python"  # and its language
         self.js_last = False  # the last job here was JavaScript's: start a JavaScript executor for the next
         self.result = None  # a fresh job's done frame
@@ -116,6 +121,19 @@ class _Supervisor:
         returned is valid until the next read (the frame buffers copy it)."""
         return self.rbuf[:sock.recv_into(self.rbuf)]
 
+    def recv_host(self):
+        """recv of the host's connection, keeping the call channels that
+        come with its exec frames."""
+        n, anc, _, _ = self.host.recvmsg_into([self.rbuf], _ANC_SPACE, socket.MSG_CMSG_CLOEXEC)
+        self.host_fds += _fds(anc)
+        return self.rbuf[:n]
+
+    def channel_of(self, frame):
+        """The call channel that came with exec frame (its fd), or None."""
+        if frame.get("call_channel") is True and self.host_fds:
+            return self.host_fds.pop(0)
+        return None
+
     def send_host(self, frame):
         self.host.sendall(_encode(frame))
 
@@ -126,6 +144,25 @@ class _Supervisor:
         self.flush_executor()  # now: not a round of the loop later
         if len(self.to_ex) > MAX_PENDING_TO_EXECUTOR:
             self.fail("the code stopped reading the answers to its calls")
+
+    def exec_to_executor(self, frame, fd):
+        """Sends a new executor its exec frame, with the job's call channel
+        (fd, closed here once sent) when there is one."""
+        if fd is None:
+            self.to_executor(frame)
+            return
+        data = _encode(dict(frame, call_channel=True))
+        try:
+            n = self.ex.chan.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+        except OSError:
+            n = -1
+        finally:
+            os.close(fd)
+        if n < 0:
+            self.to_executor(frame)  # sent nothing (cannot happen on a fresh socket): the calls come through here
+            return
+        self.to_ex += data[n:]
+        self.flush_executor()
 
     def flush_executor(self):
         """Sends the executor what waits for it, as much as its socket takes."""
@@ -176,6 +213,14 @@ class _Supervisor:
             self.held.append(frame)
             return
         kind = frame.get("type")
+        fd = self.channel_of(frame) if kind == "exec" else None
+        try:
+            self.on_host_frame(frame, kind, fd)
+        finally:
+            if fd is not None and fd != self.pending_fd:
+                os.close(fd)  # not the job's process's: its calls come through here
+
+    def on_host_frame(self, frame, kind, fd):
         if self.retired:
             if kind == "exec":
                 self.not_run(frame.get("job"))
@@ -216,6 +261,8 @@ class _Supervisor:
                 self.end_executor()
             self.pending = exec_frame
             self.pending_lang = lang
+            if self.fresh and lang == "python":
+                self.pending_fd = fd
             try:
                 self.zygote.sock.send(json.dumps({"type": "fork", "persist": not self.fresh, "lang": lang}).encode())
             except OSError:
@@ -250,7 +297,8 @@ class _Supervisor:
             self.ex = _Executor(frame.get("pid"), chan, {fds[1]: "stdout", fds[2]: "stderr"}, not self.fresh, self.pending_lang)
             self.xbuf = _FrameBuffer(MAX_CALL + 4096)
             self.to_ex = bytearray()
-            self.to_executor(self.pending)
+            fd, self.pending_fd = self.pending_fd, None
+            self.exec_to_executor(self.pending, fd)
             self.pending = None
         elif kind == "spared":
             if self.job is None and self.ex is None and self.pending is None and not self.retired:
@@ -414,6 +462,9 @@ class _Supervisor:
         held, self.held = self.held, []
         for frame in held:
             if frame.get("type") == "exec":
+                fd = self.channel_of(frame)
+                if fd is not None:
+                    os.close(fd)
                 self.not_run(frame.get("job"))
 
     def not_run(self, job):
@@ -662,7 +713,7 @@ class _Supervisor:
                 self.flush_executor()
             for fd in readable:
                 if fd == host_fd:
-                    data = self.recv(self.host)
+                    data = self.recv_host()
                     if not data:
                         self.exit()  # host gone: nothing left to do
                     for frame in self.hbuf.feed(data):
@@ -684,6 +735,10 @@ class _Supervisor:
                 else:
                     self.drain([fd])
 
+
+# Room for the file descriptors one read of the host's connection may bring
+# (one at a time: a read stops at a message that carries any).
+_ANC_SPACE = socket.CMSG_SPACE(4 * 4)
 
 # Bounds of the files collected after a job (the host checks them again).
 MAX_SCAN = 10000  # entries of out/ looked at

@@ -334,7 +334,7 @@ def _executor_main(runner, chan_sock, spare=False):
     every copy-on-write fault of the fork an inter-processor interrupt, which
     costs a virtual machine several milliseconds a job."""
     _open_std()
-    chan = _Channel(chan_sock)
+    chan = _Channel(chan_sock, fds=True)
     runner.chan = chan
     if spare:
         runner.warm_up()
@@ -345,6 +345,11 @@ def _executor_main(runner, chan_sock, spare=False):
         frame = runner.next_exec()
         if persist is None:
             persist = frame.get("persist") is True
+        calls = chan.calls(frame)
+        if calls is not None:
+            # A fresh job's calls go to the host past the supervisor; its
+            # done still goes to the supervisor (chan), and the process ends.
+            runner.chan = calls
         chan.send(runner.run_job(frame))
         if not persist:
             return 0
@@ -376,7 +381,7 @@ def main():
     zygote = _spawn_zygote(sock, lambda z: _zygote_main(z, spare_js and reset, preload))
     sup = _Supervisor(sock, zygote, reset)
     hello = {"type": "hello", "version": PROTOCOL_VERSION, "secret": secret, "isolated": isolated, "reset": reset,
-             "languages": _languages()}
+             "languages": _languages(), "call_channel": True}
     try:
         sup.loop(hello)
     except BaseException:

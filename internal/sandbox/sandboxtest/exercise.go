@@ -143,6 +143,40 @@ func Exercise[R ContainerRuntime](t *testing.T, e Engine[R]) {
 	t.Run("JavaScriptSpareOutOfReach", func(t *testing.T) {
 		JavaScriptSpareOutOfReach(t, e.New(t, containerpool.Config{Pool: 1}))
 	})
+	t.Run("CallsPastTheSupervisor", func(t *testing.T) { callsPastTheSupervisor(t, e.New(t, containerpool.Config{})) })
+}
+
+// callsPastTheSupervisor: a container's (fresh) job sends its calls on the
+// call channel the host gave it, not through the supervisor; a frame other
+// than a call that the code writes there is not the job's end.
+func callsPastTheSupervisor(t *testing.T, rt ContainerRuntime) {
+	run := func(code string) sandbox.Result {
+		t.Helper()
+		res, err := rt.Run(context.Background(), sandbox.Job{ID: "calls", Code: code, Servers: []string{"ts"}, Timeout: 20 * time.Second}, echoHost{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	// The code's own way to its runner: the API's closures hold it.
+	const runner = "runner = [c.cell_contents for c in call_tool.__closure__ if type(c.cell_contents).__name__ == 'Runner'][0]\n"
+	res := run(runner + `print("channel" if runner.chan.fds is None else "relayed")
+for _ in range(3):
+    await mcp_ts.echo(text="x")
+print("calls answered")`)
+	expect(t, res, sandbox.StatusSuccess, 0)
+	if res.Stdout != "channel\ncalls answered\n" {
+		t.Fatalf("stdout %q, want the calls on the job's call channel", res.Stdout)
+	}
+	res = run(runner + FrameHelpers + `runner.chan._sock.sendall(frame({"type": "done", "job": "calls", "status": "success", "exit_code": 0}))
+import time
+time.sleep(0.5)
+print("still running")
+raise SystemExit(3)`)
+	expect(t, res, sandbox.StatusError, 3)
+	if res.Stdout != "still running\n" {
+		t.Fatalf("stdout %q: a done frame on the call channel ended the job", res.Stdout)
+	}
 }
 
 func (e Engine[R]) conformance(t *testing.T) R {

@@ -1,0 +1,180 @@
+package sandbox
+
+// A fresh Python job's calls come to the host on a channel of their own: a
+// socket pair the host makes for the job, whose other end goes to the runner
+// with the exec frame (SCM_RIGHTS) and from the supervisor to the job's
+// process with its exec frame. The calls then skip the supervisor, whose
+// relaying cost each call two process wake-ups (one each way), tens of
+// microseconds apiece on a virtual machine.
+//
+// The channel is the job's: the host closes its end when the job ends, so a
+// process the job left behind holds a dead socket. What comes on it is the
+// code's, and is checked as any call frame from the sandbox is: the same
+// frame budget as the runner's connection, the same gate (bounds on calls in
+// flight, their bytes and their rate), and only call frames; any other frame
+// closes the channel, and the code's later calls fail.
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/mcpexec/mcpexec/internal/proxy"
+)
+
+// callChannelRead is the read buffer of a job's call channel.
+const callChannelRead = 32 << 10
+
+// callChannelMax is the largest frame a call channel reads: a call's
+// parameters at their limit and the frame around them.
+const callChannelMax = proxy.MaxRequest + 4096
+
+// replySink is where a call's reply goes: the runner's connection, or the
+// job's call channel.
+type replySink interface {
+	// write sends a frame within WriteTimeout.
+	write(f *proxy.Frame) error
+	// sendAsync sends a small frame (a refusal) without blocking its reader.
+	sendAsync(f *proxy.Frame)
+}
+
+// callChannel is the host's end of a job's call channel.
+type callChannel struct {
+	conn  net.Conn
+	r     *proxy.Reader
+	wmu   sync.Mutex // guards w, and orders writes
+	w     *proxy.Writer
+	once  sync.Once
+	done  chan struct{} // closed by close
+	ended chan struct{} // closed when serve returns
+}
+
+// openCallChannel makes a job's call channel: the host's end, and the
+// other end as a file to send to the runner (then close).
+func openCallChannel() (*callChannel, *os.File, error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("call channel: %w", err)
+	}
+	hf := os.NewFile(uintptr(fds[0]), "calls")
+	conn, err := net.FileConn(hf)
+	_ = hf.Close() // FileConn holds a copy of its own
+	peer := os.NewFile(uintptr(fds[1]), "calls-peer")
+	if err != nil {
+		_ = peer.Close()
+		return nil, nil, fmt.Errorf("call channel: %w", err)
+	}
+	return &callChannel{
+		conn:  conn,
+		r:     proxy.NewReader(bufio.NewReaderSize(conn, callChannelRead), callChannelMax),
+		w:     proxy.NewWriter(conn, 0),
+		done:  make(chan struct{}),
+		ended: make(chan struct{}),
+	}, peer, nil
+}
+
+// serve passes the call frames read to serveCall for jc's job until the
+// channel is closed or breaks the protocol. Frames are drawn from the
+// runner's frame budget: the code gets no more frames a second by having
+// two ways to send them.
+func (ch *callChannel) serve(c *RunnerConn, jc *jobCalls) {
+	defer close(ch.ended)
+	for c.frameTokens.wait(ch.done) {
+		f, err := ch.r.Read()
+		if err != nil {
+			ch.close() // closed, or a bad frame: the code's later calls fail
+			return
+		}
+		if f.Type != proxy.TypeCall || (f.Job != "" && f.Job != jc.job) {
+			ch.close() // only the job's calls come this way
+			return
+		}
+		serveCall(ch, jc.gate, jc.host, f)
+	}
+}
+
+func (ch *callChannel) write(f *proxy.Frame) error {
+	ch.wmu.Lock()
+	defer ch.wmu.Unlock()
+	_ = ch.conn.SetWriteDeadline(time.Now().Add(WriteTimeout)) // a closed channel fails the write anyway
+	err := ch.w.Write(f)
+	if err != nil && !errors.Is(err, proxy.ErrFrameTooLarge) {
+		ch.close() // a code that does not read its replies loses its channel
+	}
+	return err
+}
+
+// sendAsync writes a refusal from the reader itself: a code that stops
+// reading its replies blocks only its own channel, for WriteTimeout at
+// most, and then loses it.
+func (ch *callChannel) sendAsync(f *proxy.Frame) { _ = ch.write(f) }
+
+// close closes the host's end: the code's reads see the end, its writes
+// fail.
+func (ch *callChannel) close() {
+	ch.once.Do(func() {
+		close(ch.done)
+		_ = ch.conn.Close() // ends serve's read; nothing else to do
+	})
+}
+
+// oobWriter writes to a connection, attaching oob, when set, to the next
+// write: how a job's call channel goes to the runner with its exec frame.
+type oobWriter struct {
+	conn net.Conn
+	oob  []byte // set and used under RunnerConn.wmu
+}
+
+func (w *oobWriter) Write(b []byte) (int, error) {
+	if w.oob == nil {
+		return w.conn.Write(b)
+	}
+	oob := w.oob
+	w.oob = nil
+	uc, ok := w.conn.(*net.UnixConn)
+	if !ok {
+		return 0, errors.New("a file can go only over a Unix socket")
+	}
+	n, _, err := uc.WriteMsgUnix(b, oob, nil)
+	if err == nil && n < len(b) {
+		var m int
+		m, err = uc.Write(b[n:])
+		n += m
+	}
+	return n, err
+}
+
+// writeWithFile sends frame f with file attached (SCM_RIGHTS).
+func (c *RunnerConn) writeWithFile(f *proxy.Frame, file *os.File) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.ow.oob = syscall.UnixRights(int(file.Fd()))
+	defer func() { c.ow.oob = nil }() // not written when f was too large
+	return c.writeLocked(f)
+}
+
+// sendExec writes a job's exec frame, with a call channel for a fresh
+// Python job when the runner takes one; it returns the channel (nil: the
+// job's calls come through the supervisor, as a session's and a JavaScript
+// job's do). On an error no channel is left open.
+func (c *RunnerConn) sendExec(exec *proxy.Frame, job Job) (*callChannel, error) {
+	if !c.callChannels || !job.Fresh || (job.Language != "" && job.Language != Python) {
+		return nil, c.write(exec)
+	}
+	ch, peer, err := openCallChannel()
+	if err != nil {
+		return nil, c.write(exec) // no socket to spare: the supervisor relays
+	}
+	defer func() { _ = peer.Close() }() // the runner has a copy of its own once it is sent
+	exec.CallChannel = true
+	if err := c.writeWithFile(exec, peer); err != nil {
+		ch.close()
+		return nil, err
+	}
+	return ch, nil
+}
