@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -124,7 +123,7 @@ func startFleet(t *testing.T, o fleetOptions) *fleet {
 	// that lost its node for a moment keeps its job.
 	q.AckWait, q.BackOff, q.MaxDeliver, q.Replicas = 10*time.Second, nil, 5, 3
 	f := &fleet{t: t, q: q, opts: o}
-	ports := freePorts(t, 6)
+	ports := testutil.FreePorts(t, 6)
 	var routes []string
 	for i := range 3 {
 		n := &node{i: i, route: newProxy(t, true), client: newProxy(t, false)}
@@ -527,27 +526,6 @@ func (f *fleet) sameReplicas(limit time.Duration) error {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-}
-
-// freePorts returns n loopback ports that were free a moment ago.
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close() // free again either way
-		}
-	}()
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports
 }
 
 // diagnose logs what each running node's JetStream holds of the jobs

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -184,17 +183,6 @@ func publishRegrown(t *testing.T, js jetstream.JetStream) {
 	}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close() // the broker takes the port next
-	return addr
-}
-
 // TestReplicaAheadOfStreams loses the streams' last writes while the broker is
 // down (as a power cut does to writes JetStream had not synced, while the
 // state file, which fsyncs, kept them): the restarted replica has applied more
@@ -210,7 +198,7 @@ func TestReplicaAheadOfStreams(t *testing.T) {
 	for _, lost := range []string{"tail", "all", "regrown"} {
 		t.Run("lost="+lost, func(t *testing.T) {
 			t.Parallel()
-			dir, listen := t.TempDir(), freeAddr(t)
+			dir, listen := t.TempDir(), fmt.Sprintf("127.0.0.1:%d", tu.FreePorts(t, 1)[0])
 			js, kept := filepath.Join(dir, "jetstream"), filepath.Join(dir, "jetstream.kept")
 
 			p := startPhase(t, dir, listen)

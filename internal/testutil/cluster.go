@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -43,7 +42,7 @@ func StartCluster(t testing.TB, n int, qcfg queue.Config, mutate ...func(i int, 
 	if qcfg.Replicas <= 1 {
 		qcfg.Replicas = min(n, 3)
 	}
-	all := freePorts(t, 2*n)
+	all := FreePorts(t, 2*n)
 	ports, clientPorts := all[:n], all[n:]
 	routes := make([]string, n)
 	for i, p := range ports {
@@ -191,27 +190,6 @@ func (c *Cluster) ConnectAll(t testing.TB, name string) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
-}
-
-// freePorts returns n distinct loopback ports that were free a moment ago.
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close() // the port is free again either way for the test's purpose
-		}
-	}()
-	ports := make([]int, n)
-	for i := range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("find a free port: %v", err)
-		}
-		ls = append(ls, l)
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-	}
-	return ports
 }
 
 // WorkerOn starts a worker on rt over the connection nc.
