@@ -8,7 +8,9 @@ package sandbox
 // microseconds apiece on a virtual machine.
 //
 // The channel is the job's: the host closes its end when the job ends, so a
-// process the job left behind holds a dead socket. What comes on it is the
+// process the job left behind holds a dead socket. The host makes the next
+// job's channel, and starts its reader, while the runner is idle (when it
+// says it is armed), so that neither is on the job's path. What comes on it is the
 // code's, and is checked as any call frame from the sandbox is: the same
 // frame budget as the runner's connection, the same gate (bounds on calls in
 // flight, their bytes and their rate), and only call frames; any other frame
@@ -21,6 +23,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -52,6 +55,9 @@ type callChannel struct {
 	once  sync.Once
 	done  chan struct{} // closed by close
 	ended chan struct{} // closed when serve returns
+	// jc is the job the channel serves, from Drive's start to its end; a
+	// frame that comes while it is nil closes the channel.
+	jc atomic.Pointer[jobCalls]
 }
 
 // openCallChannel makes a job's call channel: the host's end, and the
@@ -78,11 +84,11 @@ func openCallChannel() (*callChannel, *os.File, error) {
 	}, peer, nil
 }
 
-// serve passes the call frames read to serveCall for jc's job until the
-// channel is closed or breaks the protocol. Frames are drawn from the
-// runner's frame budget: the code gets no more frames a second by having
-// two ways to send them.
-func (ch *callChannel) serve(c *RunnerConn, jc *jobCalls) {
+// serve passes the call frames read to serveCall for the channel's job
+// until the channel is closed or breaks the protocol. Frames are drawn from
+// the runner's frame budget: the code gets no more frames a second by
+// having two ways to send them.
+func (ch *callChannel) serve(c *RunnerConn) {
 	defer close(ch.ended)
 	for c.frameTokens.wait(ch.done) {
 		f, err := ch.r.Read()
@@ -90,11 +96,72 @@ func (ch *callChannel) serve(c *RunnerConn, jc *jobCalls) {
 			ch.close() // closed, or a bad frame: the code's later calls fail
 			return
 		}
-		if f.Type != proxy.TypeCall || (f.Job != "" && f.Job != jc.job) {
-			ch.close() // only the job's calls come this way
+		jc := ch.jc.Load()
+		if jc == nil || f.Type != proxy.TypeCall || (f.Job != "" && f.Job != jc.job) {
+			ch.close() // only the job's calls come this way, while it runs
 			return
 		}
 		serveCall(ch, jc.gate, jc.host, f)
+	}
+}
+
+// startCallChannel makes a channel and starts its reader.
+func (c *RunnerConn) startCallChannel() (*callChannel, *os.File, error) {
+	ch, peer, err := openCallChannel()
+	if err != nil {
+		return nil, nil, err
+	}
+	go ch.serve(c)
+	return ch, peer, nil
+}
+
+// prepareCallChannel makes the next job's channel ahead, when the runner
+// takes them and none waits: called as the runner says it is armed (its
+// hello, its ready frame), which is when it is idle.
+func (c *RunnerConn) prepareCallChannel() {
+	if !c.callChannels {
+		return
+	}
+	c.chMu.Lock()
+	defer c.chMu.Unlock()
+	if c.next != nil || c.chClosed {
+		return
+	}
+	ch, peer, err := c.startCallChannel()
+	if err != nil {
+		return // the job opens one, or its calls come through the supervisor
+	}
+	c.next = &preparedChannel{ch: ch, peer: peer}
+}
+
+// preparedChannel is a channel made ahead: the host's end, serving, and
+// the end to send.
+type preparedChannel struct {
+	ch   *callChannel
+	peer *os.File
+}
+
+// takeCallChannel returns the channel made ahead, or a new one.
+func (c *RunnerConn) takeCallChannel() (*callChannel, *os.File, error) {
+	c.chMu.Lock()
+	p := c.next
+	c.next = nil
+	c.chMu.Unlock()
+	if p != nil {
+		return p.ch, p.peer, nil
+	}
+	return c.startCallChannel()
+}
+
+// closeCallChannels closes the channel made ahead (Close).
+func (c *RunnerConn) closeCallChannels() {
+	c.chMu.Lock()
+	p := c.next
+	c.next, c.chClosed = nil, true
+	c.chMu.Unlock()
+	if p != nil {
+		p.ch.close()
+		_ = p.peer.Close() // never sent
 	}
 }
 
@@ -159,18 +226,20 @@ func (c *RunnerConn) writeWithFile(f *proxy.Frame, file *os.File) error {
 }
 
 // sendExec writes a job's exec frame, with a call channel for a fresh
-// Python job when the runner takes one; it returns the channel (nil: the
-// job's calls come through the supervisor, as a session's and a JavaScript
-// job's do). On an error no channel is left open.
-func (c *RunnerConn) sendExec(exec *proxy.Frame, job Job) (*callChannel, error) {
+// Python job when the runner takes one; it returns the channel, serving
+// jc's calls (nil: the job's calls come through the supervisor, as a
+// session's and a JavaScript job's do). On an error no channel is left
+// open.
+func (c *RunnerConn) sendExec(exec *proxy.Frame, job Job, jc *jobCalls) (*callChannel, error) {
 	if !c.callChannels || !job.Fresh || (job.Language != "" && job.Language != Python) {
 		return nil, c.write(exec)
 	}
-	ch, peer, err := openCallChannel()
+	ch, peer, err := c.takeCallChannel()
 	if err != nil {
 		return nil, c.write(exec) // no socket to spare: the supervisor relays
 	}
 	defer func() { _ = peer.Close() }() // the runner has a copy of its own once it is sent
+	ch.jc.Store(jc)
 	exec.CallChannel = true
 	if err := c.writeWithFile(exec, peer); err != nil {
 		ch.close()

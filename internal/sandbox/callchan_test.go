@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -169,6 +170,36 @@ func TestCallChannel(t *testing.T) {
 			t.Fatalf("result %+v", r)
 		}
 		closedBy(t, ex.ch, "after the job")
+	})
+
+	t.Run("EachJobItsOwn", func(t *testing.T) {
+		// The next job's channel is made while the runner is idle (after
+		// its ready frame); the last job's stays closed.
+		rc, cr := setupChannel(t)
+		var chans []net.Conn
+		for i := range 2 {
+			res := driveChannel(t, rc, fresh)
+			ex := cr.readExec()
+			if ex.err != nil || ex.ch == nil {
+				t.Fatalf("job %d: no call channel: %v", i, ex.err)
+			}
+			chans = append(chans, ex.ch)
+			cw, cread := proxy.NewWriter(ex.ch, 0), proxy.NewReader(ex.ch, 0)
+			if err := cw.Write(&proxy.Frame{Type: proxy.TypeCall, ID: 1, Method: proxy.MethodCallTool, Params: json.RawMessage(`{}`)}); err != nil {
+				t.Fatal(err)
+			}
+			if rep, err := cread.Read(); err != nil || rep.ID != 1 || rep.Error != "" {
+				t.Fatalf("job %d: reply %+v (err %v)", i, rep, err)
+			}
+			done(cr, 3)
+			<-res
+			if err := cr.w.Write(&proxy.Frame{Type: proxy.TypeReady, Spares: []string{sandbox.Python}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, ch := range chans {
+			closedBy(t, ch, fmt.Sprintf("job %d's channel after the jobs", i))
+		}
 	})
 
 	for _, tc := range []struct {

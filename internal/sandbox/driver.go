@@ -73,6 +73,9 @@ type RunnerConn struct {
 	// fresh Python job's exec frame, and the connection can carry one (a
 	// Unix socket).
 	callChannels bool
+	chMu         sync.Mutex       // guards next, chClosed
+	next         *preparedChannel // the next job's call channel, made ahead
+	chClosed     bool             // Close ran: no channel is made ahead
 	// unread counts the frames the reader read that nobody has taken yet (0
 	// or 1): a runner that spoke while idle is not fit for another job. The
 	// reader counts a frame before it hands it over and the taker uncounts it
@@ -230,6 +233,7 @@ func (c *RunnerConn) Close() error {
 		c.reusable.Store(false)
 		close(c.done)
 		err = c.conn.Close()
+		c.closeCallChannels()
 	})
 	return err
 }
@@ -245,6 +249,7 @@ func (c *RunnerConn) readLoop() {
 		f, err := c.r.Read()
 		if err == nil && f.Type == proxy.TypeReady {
 			c.arm(f.Spares) // between jobs: not a frame for Drive
+			c.prepareCallChannel()
 			continue
 		}
 		if err == nil && f.Type == proxy.TypeCall {
@@ -321,6 +326,7 @@ func (c *RunnerConn) Handshake(ctx context.Context, secret string) error {
 	c.isolated, c.resets = f.Isolated, f.Reset
 	_, unix := c.conn.(*net.UnixConn)
 	c.callChannels = f.CallChannel && unix
+	c.prepareCallChannel()
 	c.arm(f.Spares) // a runner says hello once its first job's process waits
 	go c.readLoop()
 	go c.asyncWriter()
@@ -422,6 +428,8 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 			break
 		}
 	}
+	calls := newCallGate(ctx)
+	jc := &jobCalls{job: job.ID, gate: calls, host: host}
 	var ch *callChannel
 	if err == nil {
 		exec := &proxy.Frame{
@@ -429,7 +437,10 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 			TimeoutMS: job.Timeout.Milliseconds(), OutputCap: limit, Fresh: job.Fresh,
 			MaxFiles: fl.MaxFiles, MaxFileBytes: fl.MaxFileBytes, MaxJobBytes: fl.MaxJobBytes,
 		}
-		ch, err = c.sendExec(exec, job)
+		ch, err = c.sendExec(exec, job, jc)
+	}
+	if err != nil {
+		calls.stop() // no call came: it only ends the gate's context
 	}
 	if errors.Is(err, proxy.ErrFrameTooLarge) && len(job.Files) > 0 {
 		// An input frame went out before: the runner holds part of the job.
@@ -448,19 +459,16 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 		return result(Result{}), fmt.Errorf("send job to runner: %w: %w", ErrRunnerLost, err)
 	}
 
-	calls := newCallGate(ctx)
-	jc := &jobCalls{job: job.ID, gate: calls, host: host}
 	c.calls.Store(jc)
-	if ch != nil {
-		go ch.serve(c, jc)
-	}
 	out := newFilesOut(fl)
 	clean := false
 	defer func() {
 		c.calls.Store(nil)
 		if ch != nil {
+			// Its reader ends by itself once closed: nothing waits for it
+			// here, on the job's way out.
+			ch.jc.Store(nil)
 			ch.close()
-			<-ch.ended
 		}
 		// A runner that did not end its job cleanly may go on sending: cut it
 		// off before waiting for the calls, whose replies then fail at once.
