@@ -8,13 +8,14 @@ package sandbox
 // microseconds apiece on a virtual machine.
 //
 // The channel is the job's: the host closes its end when the job ends, so a
-// process the job left behind holds a dead socket. The host makes the next
-// job's channel, and starts its reader, while the runner is idle (when it
-// says it is armed), so that neither is on the job's path. What comes on it is the
-// code's, and is checked as any call frame from the sandbox is: the same
-// frame budget as the runner's connection, the same gate (bounds on calls in
-// flight, their bytes and their rate), and only call frames; any other frame
-// closes the channel, and the code's later calls fail.
+// process the job left behind holds a dead socket; its reader then ends by
+// itself. The host makes the next job's channel, and starts its reader,
+// while the runner is idle (when it says it is armed), so that neither is on
+// the job's path. What comes on it is the code's, and is checked as any call
+// frame from the sandbox is: the same frame budget as the runner's
+// connection, the same gate (bounds on calls in flight, their bytes and
+// their rate), and only call frames of the job while it runs; any other
+// frame closes the channel, and the code's later calls fail.
 
 import (
 	"bufio"
@@ -48,13 +49,12 @@ type replySink interface {
 
 // callChannel is the host's end of a job's call channel.
 type callChannel struct {
-	conn  net.Conn
-	r     *proxy.Reader
-	wmu   sync.Mutex // guards w, and orders writes
-	w     *proxy.Writer
-	once  sync.Once
-	done  chan struct{} // closed by close
-	ended chan struct{} // closed when serve returns
+	conn net.Conn
+	r    *proxy.Reader
+	wmu  sync.Mutex // guards w, and orders writes
+	w    *proxy.Writer
+	once sync.Once
+	done chan struct{} // closed by close: serve returns
 	// jc is the job the channel serves, from Drive's start to its end; a
 	// frame that comes while it is nil closes the channel.
 	jc atomic.Pointer[jobCalls]
@@ -76,11 +76,10 @@ func openCallChannel() (*callChannel, *os.File, error) {
 		return nil, nil, fmt.Errorf("call channel: %w", err)
 	}
 	return &callChannel{
-		conn:  conn,
-		r:     proxy.NewReader(bufio.NewReaderSize(conn, callChannelRead), callChannelMax),
-		w:     proxy.NewWriter(conn, 0),
-		done:  make(chan struct{}),
-		ended: make(chan struct{}),
+		conn: conn,
+		r:    proxy.NewReader(bufio.NewReaderSize(conn, callChannelRead), callChannelMax),
+		w:    proxy.NewWriter(conn, 0),
+		done: make(chan struct{}),
 	}, peer, nil
 }
 
@@ -89,7 +88,6 @@ func openCallChannel() (*callChannel, *os.File, error) {
 // the runner's frame budget: the code gets no more frames a second by
 // having two ways to send them.
 func (ch *callChannel) serve(c *RunnerConn) {
-	defer close(ch.ended)
 	for c.frameTokens.wait(ch.done) {
 		f, err := ch.r.Read()
 		if err != nil {
