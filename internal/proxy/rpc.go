@@ -133,6 +133,20 @@ type Response struct {
 	WaitMS int64 `json:"wait_ms,omitempty"`
 }
 
+// encode is req as JSON, its Params spliced in as they came (spliced).
+func (req Request) encode() ([]byte, error) {
+	head := req
+	head.Params = nil
+	return spliced(&head, rawField{"params", req.Params})
+}
+
+// encode is resp as JSON, its Result spliced in as it came (spliced).
+func (resp Response) encode() ([]byte, error) {
+	head := resp
+	head.Result = nil
+	return spliced(&head, rawField{"result", resp.Result})
+}
+
 // MaxResponses is how many messages a responder may send to one request: a
 // "waiting" and a "no longer waiting" notice, and the answer.
 const MaxResponses = 3
@@ -318,9 +332,7 @@ func (r *Responder) serve(m *nats.Msg) {
 }
 
 func respond(m *nats.Msg, resp Response, maxPayload int64) {
-	head := resp
-	head.Result = nil
-	data, err := spliced(&head, rawField{"result", resp.Result})
+	data, err := resp.encode()
 	if err != nil {
 		data, _ = json.Marshal(Response{Error: "encode proxy response: " + err.Error()})
 	}
@@ -366,9 +378,7 @@ func Call(ctx context.Context, nc *nats.Conn, subject string, req Request, hdr .
 	if c := jobclock.From(ctx); c != nil && req.Parks && req.TimeoutMS == 0 {
 		req.TimeoutMS = max(c.Remaining().Milliseconds(), 1)
 	}
-	head := req
-	head.Params = nil
-	data, err := spliced(&head, rawField{"params", req.Params})
+	data, err := req.encode()
 	if err != nil {
 		return nil, fmt.Errorf("encode proxy request: %w", err)
 	}

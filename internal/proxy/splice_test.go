@@ -39,13 +39,9 @@ func TestSplicedIsTheEncoding(t *testing.T) {
 			}
 			got = buf.Bytes()[4:]
 		case *Request:
-			head := *x
-			head.Params = nil
-			got, err = spliced(&head, rawField{"params", x.Params})
+			got, err = x.encode()
 		case *Response:
-			head := *x
-			head.Result = nil
-			got, err = spliced(&head, rawField{"result", x.Result})
+			got, err = x.encode()
 		}
 		if err != nil {
 			t.Fatal(err)
