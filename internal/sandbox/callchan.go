@@ -95,7 +95,7 @@ func (ch *callChannel) serve(c *RunnerConn) {
 			return
 		}
 		jc := ch.jc.Load()
-		if jc == nil || f.Type != proxy.TypeCall || (f.Job != "" && f.Job != jc.job) {
+		if jc == nil || f.Type != proxy.TypeCall || !jc.owns(f) {
 			ch.close() // only the job's calls come this way, while it runs
 			return
 		}

@@ -221,6 +221,9 @@ type jobCalls struct {
 	host Host
 }
 
+// owns says whether call frame f is the job's: it names the job, or none.
+func (jc *jobCalls) owns(f *proxy.Frame) bool { return f.Job == "" || f.Job == jc.job }
+
 type readResult struct {
 	f   *proxy.Frame
 	err error
@@ -253,7 +256,7 @@ func (c *RunnerConn) readLoop() {
 			continue
 		}
 		if err == nil && f.Type == proxy.TypeCall {
-			if jc := c.calls.Load(); jc != nil && (f.Job == "" || f.Job == jc.job) {
+			if jc := c.calls.Load(); jc != nil && jc.owns(f) {
 				serveCall(c, jc.gate, jc.host, f)
 				continue
 			}
