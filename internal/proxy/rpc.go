@@ -131,6 +131,12 @@ type Response struct {
 	// again after it even if no further word comes (the answer lost, or
 	// refused by a NATS configuration that allows one response only).
 	WaitMS int64 `json:"wait_ms,omitempty"`
+	// Retry, with Error, says the call did not complete for a passing
+	// reason (the state service unreachable while the cluster fails over,
+	// or the call's bound passed) and, its method being Retryable, may be
+	// sent again with the same call id: a write retried so is not applied
+	// twice.
+	Retry bool `json:"retry,omitempty"`
 }
 
 // encode is req as JSON, its Params spliced in as they came (spliced).
@@ -324,6 +330,9 @@ func (r *Responder) serve(m *nats.Msg) {
 		}
 		if res, err := r.h.Handle(ctx, req); err != nil {
 			resp.Error = err.Error()
+			// A part unreachable for now, or this attempt's bound passed
+			// (the worker's too): the worker sends the call again.
+			resp.Retry = Retryable(req.Method) && (errs.KindOf(err) == errs.Unavailable || ctx.Err() != nil)
 		} else {
 			resp.Result = res
 		}
@@ -414,9 +423,23 @@ func decodeResponse(data []byte) (Response, error) {
 	return resp, nil
 }
 
+// ErrTryAgain matches the error of a call whose answer said it may be sent
+// again (Response.Retry).
+var ErrTryAgain = errors.New("the call may be sent again")
+
+// tryAgain is an answer's error that matches ErrTryAgain, its text the
+// answer's.
+type tryAgain struct{ text string }
+
+func (e tryAgain) Error() string        { return e.text }
+func (e tryAgain) Is(target error) bool { return target == ErrTryAgain }
+
 // outcome is what the call answered r gets: its result, or its error.
 func (r Response) outcome() (json.RawMessage, error) {
-	if r.Error != "" {
+	switch {
+	case r.Error != "" && r.Retry:
+		return nil, tryAgain{r.Error}
+	case r.Error != "":
 		return nil, errors.New(r.Error)
 	}
 	return r.Result, nil

@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/mcpexec/mcpexec/internal/errs"
 	"github.com/mcpexec/mcpexec/internal/jobclock"
 )
 
@@ -142,5 +145,43 @@ func TestParkedCallEnds(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("a parked call waited on a closed connection")
+	}
+}
+
+// TestAnswerSaysTryAgain: a retryable call that failed because a part was
+// unreachable, or because its bound passed, is answered with Retry, which
+// the caller sees as ErrTryAgain with the handler's text; a call_tool (not
+// retryable) and an error of any other kind are final.
+func TestAnswerSaysTryAgain(t *testing.T) {
+	nc := natsConn(t)
+	unreachable := errs.New(errs.Unavailable, "the state service is unreachable")
+	r := NewResponder(nc, "", HandlerFunc(func(ctx context.Context, req Request) (json.RawMessage, error) {
+		switch string(req.Params) {
+		case `"unreachable"`:
+			return nil, fmt.Errorf("memory: %w", unreachable)
+		case `"bound"`:
+			<-ctx.Done()
+			return nil, fmt.Errorf("memory: %w", ctx.Err())
+		}
+		return nil, errs.New(errs.Conflict, "memory: version 3 is not the key's")
+	}))
+	if err := r.Start("proxy.test"); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop(time.Second)
+	for _, c := range []struct {
+		method, params string
+		again          bool
+	}{
+		{MethodMemoryPut, `"unreachable"`, true},
+		{MethodMemoryPut, `"bound"`, true},
+		{MethodMemoryPut, `"conflict"`, false},
+		{MethodCallTool, `"unreachable"`, false},
+	} {
+		req := Request{Job: "j", Method: c.method, Params: json.RawMessage(c.params), TimeoutMS: 100}
+		_, err := Call(context.Background(), nc, "proxy.test", req)
+		if err == nil || errors.Is(err, ErrTryAgain) != c.again || !strings.HasPrefix(err.Error(), "memory: ") {
+			t.Errorf("%s %s: %v, want ErrTryAgain %v with the handler's text", c.method, c.params, err, c.again)
+		}
 	}
 }

@@ -85,7 +85,7 @@ func (h *natsHost) setParent(sc trace.SpanContext) { h.parent.Store(&sc) }
 
 // callRetrying makes a proxy call, sending it again (with the same call id)
 // when no front-end answered: any call when none was listening, a retryable
-// one when its answer did not come within proxyAttempt.
+// one when its answer did not come within proxyAttempt or said to try again.
 func callRetrying(ctx context.Context, nc *nats.Conn, subject string, req proxy.Request, hdr nats.Header) (json.RawMessage, error) {
 	first := time.Now()
 	for {
@@ -95,7 +95,10 @@ func callRetrying(ctx context.Context, nc *nats.Conn, subject string, req proxy.
 		}
 		res, err := proxy.Call(actx, nc, subject, req, hdr)
 		cancel()
-		lost := proxy.Retryable(req.Method) && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
+		// No answer in time, or an answer that says the call may be sent
+		// again (the front-end's state service failing over).
+		again := errors.Is(err, proxy.ErrTryAgain) && time.Since(first) < proxyFailover
+		lost := proxy.Retryable(req.Method) && (errors.Is(err, context.DeadlineExceeded) || again) && ctx.Err() == nil
 		none := errors.Is(err, proxy.ErrNoResponder) && time.Since(first) < proxyNoResponder
 		if !lost && !none {
 			return res, err

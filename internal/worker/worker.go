@@ -496,4 +496,8 @@ const (
 	// proxyNoResponder is how long a call waits for a front-end to answer
 	// at all (every front-end reconnecting, or restarting).
 	proxyNoResponder = 15 * time.Second
+	// proxyFailover is how long a retryable call is sent again while its
+	// answers say to try again (the front-end's state service failing
+	// over); the last such answer's error is then the call's.
+	proxyFailover = 30 * time.Second
 )
