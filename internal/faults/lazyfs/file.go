@@ -5,12 +5,14 @@ package lazyfs
 import (
 	"context"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
 func (p *pending) truncate(size int64) {
+	p.mtime = time.Now()
 	if size < p.size && (p.trunc < 0 || size < p.trunc) {
 		p.trunc = size
 	}
@@ -29,6 +31,7 @@ func (p *pending) truncate(size int64) {
 }
 
 func (p *pending) write(data []byte, off int64) {
+	p.mtime = time.Now()
 	if n := len(p.writes); n > 0 {
 		last := &p.writes[n-1]
 		if last.off+int64(len(last.data)) == off {
@@ -200,6 +203,7 @@ func (h *file) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
 	}
 	if p := h.fs.pending[h.key]; p != nil {
 		out.Size = uint64(p.size)
+		out.SetTimes(nil, &p.mtime, nil)
 	}
 	return 0
 }

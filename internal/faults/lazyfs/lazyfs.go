@@ -41,7 +41,8 @@ type fileKey struct{ dev, ino uint64 }
 // truncated to (backing bytes at and beyond it read as zeros; -1: none), and
 // the writes since the last fsync, in order.
 type pending struct {
-	path   string // where the file was when first written since its sync
+	path   string    // where the file was when first written since its sync
+	mtime  time.Time // of the last change: the file's, as a disk's would say
 	size   int64
 	trunc  int64
 	writes []extent
@@ -350,6 +351,7 @@ func (n *node) Statx(ctx context.Context, f fs.FileHandle, flags uint32, mask ui
 		n.fs.mu.Lock()
 		if p := n.fs.pending[keyOf(&st)]; p != nil {
 			out.Size = uint64(p.size)
+			out.Mtime = fuse.SxTime{Sec: uint64(p.mtime.Unix()), Nsec: uint32(p.mtime.Nanosecond())}
 		}
 		n.fs.mu.Unlock()
 	}
@@ -390,6 +392,7 @@ func (f *FS) fixSize(path string, a *fuse.Attr) {
 	if p := f.pending[keyOf(&st)]; p != nil {
 		a.Size = uint64(p.size)
 		a.Blocks = (a.Size + 511) / 512
+		a.SetTimes(nil, &p.mtime, nil)
 	}
 }
 
