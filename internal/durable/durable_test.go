@@ -1,0 +1,199 @@
+package durable_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+
+	"github.com/mcpexec/mcpexec/internal/durable"
+	"github.com/mcpexec/mcpexec/internal/faults/lazyfs"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestSyncerMakesWritesDurable writes files on a file system that drops
+// unsynced writes when the power is cut (lazyfs) and syncs none of them
+// itself: what was written before a Sync survives the cut, in files old and
+// new, in new directories; what was written after it is gone.
+func TestSyncerMakesWritesDurable(t *testing.T) {
+	if err := lazyfs.Available(); err != nil {
+		t.Skipf("no power-loss harness: %v", err)
+	}
+	dir, backing := t.TempDir(), t.TempDir()
+	fsys, err := lazyfs.Mount(dir, backing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounted := true
+	defer func() {
+		if mounted {
+			_ = fsys.Unmount()
+		}
+	}()
+	s := durable.NewSyncer(dir)
+	old := filepath.Join(dir, "old.blk")
+	appendTo(t, old, "a")
+	if err := s.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// A second round: the old file grows, a new file in a new directory.
+	appendTo(t, old, "b")
+	if err := os.MkdirAll(filepath.Join(dir, "streams", "EVENTS"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	fresh := filepath.Join(dir, "streams", "EVENTS", "1.blk")
+	appendTo(t, fresh, "c")
+	if fsys.Unsynced() == 0 {
+		t.Fatal("the harness holds no unsynced write: the test proves nothing")
+	}
+	if err := s.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := fsys.Unsynced(); n != 0 {
+		t.Fatalf("%d writes unsynced after Sync: %v", n, fsys.UnsyncedFiles())
+	}
+	appendTo(t, old, "d") // after the last Sync: lost in the cut
+	if dropped := fsys.Cut(); dropped == 0 {
+		t.Fatal("the cut dropped nothing")
+	}
+	if err := fsys.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	mounted = false
+	for path, want := range map[string]string{"old.blk": "ab", "streams/EVENTS/1.blk": "c"} {
+		got, err := os.ReadFile(filepath.Join(backing, path))
+		if err != nil || string(got) != want {
+			t.Errorf("%s after the cut: %q %v, want %q", path, got, err, want)
+		}
+	}
+}
+
+func appendTo(t *testing.T, path, data string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestConcurrentCallersShareAPass: 64 callers of a Syncer-like remote
+// barrier share a few passes, and every caller returns only after a pass
+// that began after its call.
+func TestConcurrentCallersShareAPass(t *testing.T) {
+	nc := natsConn(t)
+	var passes atomic.Int64
+	var mu sync.Mutex
+	var starts []time.Time
+	b := barrierFunc(func(ctx context.Context) error {
+		mu.Lock()
+		starts = append(starts, time.Now())
+		mu.Unlock()
+		passes.Add(1)
+		time.Sleep(5 * time.Millisecond)
+		return nil
+	})
+	srv, err := durable.Serve(nc, "sync.test", b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	c := durable.NewClient(nc, "sync.test")
+	const callers = 64
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			called := time.Now()
+			if err := c.Sync(context.Background()); err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, s := range starts {
+				if s.After(called) {
+					return
+				}
+			}
+			t.Errorf("a caller at %s returned with no pass begun after it (passes began %v)", called.Format(time.StampMicro), starts)
+		})
+	}
+	wg.Wait()
+	if n := passes.Load(); n == 0 || n > callers/4 {
+		t.Errorf("%d callers made %d passes: want them shared", callers, n)
+	}
+}
+
+// TestBarrierErrors: a pass's error reaches the caller with its text, and a
+// barrier nobody serves is an error that says so.
+func TestBarrierErrors(t *testing.T) {
+	nc := natsConn(t)
+	srv, err := durable.Serve(nc, "sync.test", barrierFunc(func(context.Context) error {
+		return errors.New("fsync 1.blk: input/output error")
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	err = durable.NewClient(nc, "sync.test").Sync(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "fsync 1.blk: input/output error") {
+		t.Errorf("a failed pass: %v", err)
+	}
+	err = durable.NewClient(nc, "sync.nobody").Sync(context.Background())
+	if !errors.Is(err, nats.ErrNoResponders) {
+		t.Errorf("nobody serving: %v", err)
+	}
+	// A caller whose context ends returns at once with its error.
+	slow, err := durable.Serve(nc, "sync.slow", barrierFunc(func(ctx context.Context) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := durable.NewClient(nc, "sync.slow").Sync(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a caller whose context ended: %v", err)
+	}
+}
+
+type barrierFunc func(context.Context) error
+
+func (f barrierFunc) Sync(ctx context.Context) error { return f(ctx) }
+
+
+func natsConn(t *testing.T) *nats.Conn {
+	t.Helper()
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server did not start")
+	}
+	t.Cleanup(ns.Shutdown)
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}

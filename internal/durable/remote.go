@@ -1,0 +1,107 @@
+package durable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// MaxWaiting bounds the barrier requests a server holds at once: more are
+// answered with an error at once (the caller retries).
+const MaxWaiting = 4096
+
+// passTimeout bounds what one request waits for its pass.
+const passTimeout = 30 * time.Second
+
+// Server answers barrier requests on a subject with a Barrier: an empty
+// answer once it synced, or an error text.
+type Server struct {
+	b   Barrier
+	sub *nats.Subscription
+	sem chan struct{}
+	wg  sync.WaitGroup
+	ctx context.Context
+	end context.CancelFunc
+}
+
+// Serve answers requests on subject (any body; a reply subject needed) with b.
+func Serve(nc *nats.Conn, subject string, b Barrier) (*Server, error) {
+	s := &Server{b: b, sem: make(chan struct{}, MaxWaiting)}
+	s.ctx, s.end = context.WithCancel(context.Background())
+	sub, err := nc.Subscribe(subject, s.handle)
+	if err != nil {
+		s.end()
+		return nil, fmt.Errorf("serve sync barriers on %s: %w", subject, err)
+	}
+	s.sub = sub
+	return s, nil
+}
+
+func (s *Server) handle(m *nats.Msg) {
+	if m.Reply == "" {
+		return
+	}
+	select {
+	case s.sem <- struct{}{}:
+	default:
+		_ = m.Respond([]byte("too many sync requests waiting: retry"))
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer func() { <-s.sem }()
+		ctx, cancel := context.WithTimeout(s.ctx, passTimeout)
+		defer cancel()
+		var answer []byte
+		if err := s.b.Sync(ctx); err != nil {
+			answer = []byte(err.Error())
+		}
+		_ = m.Respond(answer)
+	}()
+}
+
+// Stop stops answering and waits for the requests being served.
+func (s *Server) Stop() {
+	_ = s.sub.Unsubscribe()
+	s.end()
+	s.wg.Wait()
+}
+
+// Client is the Barrier of a broker reached over NATS: concurrent callers
+// share one request.
+type Client struct {
+	nc      *nats.Conn
+	subject string
+	g       group
+}
+
+// NewClient returns the Barrier served on subject.
+func NewClient(nc *nats.Conn, subject string) *Client { return &Client{nc: nc, subject: subject} }
+
+// requestWait bounds one barrier request.
+const requestWait = 10 * time.Second
+
+// Sync returns once the broker synced after the call (a request sent after
+// it was answered with nothing).
+func (c *Client) Sync(ctx context.Context) error {
+	return c.g.wait(ctx, func() error {
+		rctx, cancel := context.WithTimeout(context.Background(), requestWait)
+		defer cancel()
+		msg, err := c.nc.RequestWithContext(rctx, c.subject, nil)
+		if errors.Is(err, nats.ErrNoResponders) {
+			return fmt.Errorf("no broker answers sync barriers on %s: %w", c.subject, err)
+		}
+		if err != nil {
+			return fmt.Errorf("sync barrier %s: %w", c.subject, err)
+		}
+		if len(msg.Data) > 0 {
+			return fmt.Errorf("sync barrier %s: %.200s", c.subject, msg.Data)
+		}
+		return nil
+	})
+}
