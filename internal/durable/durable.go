@@ -16,6 +16,7 @@ package durable
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 )
 
@@ -44,8 +45,22 @@ type group struct {
 	wake   chan struct{}
 }
 
+// ErrNotDurable matches every error of a Barrier's Sync: what was
+// acknowledged before it may not be on disk yet. It passes (a node back
+// from a restart, a pass that failed): the writer tries again, and a write
+// it sends again under the same id is stored once.
+var ErrNotDurable = errors.New("acknowledged, not yet known to be on disk")
+
 // errStopped is the error of a wait whose context ended first.
-var errStopped = errors.New("durable: the sync did not complete")
+var errStopped = fmt.Errorf("%w: the sync did not complete", ErrNotDurable)
+
+// notDurable makes err (non-nil) match ErrNotDurable.
+func notDurable(err error) error {
+	if err == nil || errors.Is(err, ErrNotDurable) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrNotDurable, err)
+}
 
 // wait returns the error of the first run of do that started after the
 // call. A caller whose ctx ends first returns at once with its error; the
@@ -61,7 +76,7 @@ func (g *group) wait(ctx context.Context, do func() error) error {
 		if g.done >= target {
 			err := g.err
 			g.mu.Unlock()
-			return err
+			return notDurable(err)
 		}
 		if !g.flying {
 			g.flying = true

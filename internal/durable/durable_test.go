@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 	"go.uber.org/goleak"
 
 	"github.com/mcpexec/mcpexec/internal/durable"
@@ -62,6 +63,23 @@ func TestSyncerMakesWritesDurable(t *testing.T) {
 	if n := fsys.Unsynced(); n != 0 {
 		t.Fatalf("%d writes unsynced after Sync: %v", n, fsys.UnsyncedFiles())
 	}
+	// A file replaced by a rename (as nats-server writes its index and
+	// state files): same size, likely the same time stamp, a new inode.
+	index := filepath.Join(dir, "index.db")
+	appendTo(t, index, "1234")
+	if err := s.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	appendTo(t, index+".tmp", "5678")
+	if err := os.Rename(index+".tmp", index); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := fsys.Unsynced(); n != 0 {
+		t.Fatalf("%d writes unsynced after a file was replaced and synced: %v", n, fsys.UnsyncedFiles())
+	}
 	appendTo(t, old, "d") // after the last Sync: lost in the cut
 	if dropped := fsys.Cut(); dropped == 0 {
 		t.Fatal("the cut dropped nothing")
@@ -70,7 +88,7 @@ func TestSyncerMakesWritesDurable(t *testing.T) {
 		t.Fatal(err)
 	}
 	mounted = false
-	for path, want := range map[string]string{"old.blk": "ab", "streams/EVENTS/1.blk": "c"} {
+	for path, want := range map[string]string{"old.blk": "ab", "streams/EVENTS/1.blk": "c", "index.db": "5678"} {
 		got, err := os.ReadFile(filepath.Join(backing, path))
 		if err != nil || string(got) != want {
 			t.Errorf("%s after the cut: %q %v, want %q", path, got, err, want)
@@ -178,7 +196,6 @@ type barrierFunc func(context.Context) error
 
 func (f barrierFunc) Sync(ctx context.Context) error { return f(ctx) }
 
-
 func natsConn(t *testing.T) *nats.Conn {
 	t.Helper()
 	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true})
@@ -196,4 +213,62 @@ func natsConn(t *testing.T) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
+}
+
+// TestFleetAsksWhereNeeded: a Fleet asks for a barrier only where the
+// brokers' state service says they keep sync always with barriers, or says
+// nothing; where it says nothing and nobody serves barriers (a bare
+// nats-server), there is nothing to ask, and where it says barriers and
+// nobody serves them, that is an error.
+func TestFleetAsksWhereNeeded(t *testing.T) {
+	nc := natsConn(t)
+	f := durable.NewFleet(nc, "test-state", "sync.test")
+	f.Every = time.Nanosecond
+	if err := f.Sync(context.Background()); err != nil {
+		t.Fatalf("nothing said, nobody serving: %v", err)
+	}
+	var asked atomic.Int64
+	srv, err := durable.Serve(nc, "sync.test", barrierFunc(func(context.Context) error { asked.Add(1); return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop() // stopping twice is fine
+	for _, c := range []struct {
+		md   map[string]string
+		mode durable.Mode
+		asks bool
+	}{
+		{nil, durable.ModeUnknown, true},
+		{map[string]string{durable.SyncMetadata: "interval:2m0s"}, durable.ModeInterval, false},
+		{map[string]string{durable.SyncMetadata: "always"}, durable.ModeAlways, false},
+		{map[string]string{durable.SyncMetadata: "always", durable.BarrierMetadata: "true"}, durable.ModeBarrier, true},
+	} {
+		var svc micro.Service
+		if c.md != nil {
+			if svc, err = micro.AddService(nc, micro.Config{Name: "test-state", Version: "1.0.0", Metadata: c.md}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before := asked.Load()
+		if m := f.Mode(context.Background()); m != c.mode {
+			t.Errorf("%v: mode %d, want %d", c.md, m, c.mode)
+		}
+		if err := f.Sync(context.Background()); err != nil {
+			t.Errorf("%v: %v", c.md, err)
+		}
+		if got := asked.Load() > before; got != c.asks {
+			t.Errorf("%v: asked %v, want %v", c.md, got, c.asks)
+		}
+		if c.mode == durable.ModeBarrier {
+			srv.Stop()
+			if err := f.Sync(context.Background()); !errors.Is(err, nats.ErrNoResponders) {
+				t.Errorf("barriers said, nobody serving: %v", err)
+			}
+		}
+		if svc != nil {
+			if err := svc.Stop(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 }

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 )
 
@@ -15,13 +17,24 @@ import (
 // previous pass began (their modification time says so), and concurrent
 // callers share a pass.
 type Syncer struct {
-	dir   string
-	g     group
-	since time.Time // only the pass in flight touches it
+	dir string
+	g   group
+	// Only the pass in flight touches these.
+	since  time.Time
+	synced map[string]stamp // what each file was when a pass synced it
+}
+
+// stamp is what a pass saw of a file: a file that still shows the same
+// was not written since (nats-server appends to its files, and replaces
+// rather than overwrites them: a write changes the size or the inode).
+type stamp struct {
+	ino   uint64
+	size  int64
+	mtime int64 // Unix nanoseconds
 }
 
 // NewSyncer returns the Syncer of dir.
-func NewSyncer(dir string) *Syncer { return &Syncer{dir: dir} }
+func NewSyncer(dir string) *Syncer { return &Syncer{dir: dir, synced: map[string]stamp{}} }
 
 // mtimeSlack is how far before a pass's start a change may be stamped and
 // still be synced by the next pass: file systems stamp modification times
@@ -36,6 +49,7 @@ func (s *Syncer) Sync(ctx context.Context) error { return s.g.wait(ctx, s.pass) 
 func (s *Syncer) pass() error {
 	start := time.Now()
 	since := s.since
+	seen := map[string]stamp{}
 	var firstErr error
 	err := filepath.WalkDir(s.dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -57,7 +71,17 @@ func (s *Syncer) pass() error {
 		if info.ModTime().Before(since) {
 			return nil
 		}
-		if err := syncPath(path, d.IsDir()); err != nil && firstErr == nil {
+		st := stamp{size: info.Size(), mtime: info.ModTime().UnixNano()}
+		if sys, ok := info.Sys().(*syscall.Stat_t); ok {
+			st.ino = sys.Ino
+		}
+		if s.synced[path] == st {
+			return nil
+		}
+		switch err := syncPath(path, d.IsDir()); {
+		case err == nil:
+			seen[path] = st
+		case firstErr == nil:
 			firstErr = err
 		}
 		return nil
@@ -66,6 +90,14 @@ func (s *Syncer) pass() error {
 		return fmt.Errorf("sync %s: %w", s.dir, err)
 	}
 	s.since = start.Add(-mtimeSlack)
+	// Forget what was stamped before since: such files are skipped by
+	// their time until they change again.
+	for path, st := range s.synced {
+		if st.mtime < s.since.UnixNano() {
+			delete(s.synced, path)
+		}
+	}
+	maps.Copy(s.synced, seen)
 	return nil
 }
 
