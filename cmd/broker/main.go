@@ -78,7 +78,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer func() { _ = b.Close() }() // Close always returns nil
 	log.Info("broker ready", "nats", b.ClientURL(), "data", *data, "cluster", bcfg.Cluster.Name,
-		"replicas", bcfg.Queue.Replicas, "state_service", b.StateService(), "sync", b.Sync().String())
+		"replicas", bcfg.Queue.Replicas, "state_service", b.StateService(), "sync", b.Sync().String(), "group_sync", b.GroupSync())
 	if *httpAddr != "" {
 		_, stopOps, err := cli.ServeOps(*httpAddr, func() error {
 			if !b.Server().JetStreamEnabled() {

@@ -75,7 +75,7 @@ func (l *Lazy) run(ctx context.Context) {
 			if log != nil {
 				attrs := []any{"start_ms", time.Since(start).Milliseconds()}
 				if s.Broker != nil {
-					attrs = append(attrs, "sync", s.Broker.Sync().String())
+					attrs = append(attrs, "sync", s.Broker.Sync().String(), "group_sync", s.Broker.GroupSync())
 				}
 				log.Info("mcpexec is ready to run code", attrs...)
 			}

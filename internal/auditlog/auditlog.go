@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mcpexec/mcpexec/internal/audit"
+	"github.com/mcpexec/mcpexec/internal/durable"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
 
@@ -73,10 +74,13 @@ type Call struct {
 // Writer publishes audit entries. Start it with the fleet's proxy key;
 // Stop publishes what is queued (within Block) and stops.
 type Writer struct {
-	cfg   Config
-	log   *slog.Logger
-	js    jetstream.JetStream
-	queue chan Call
+	cfg Config
+	log *slog.Logger
+	js  jetstream.JetStream
+	// durable makes stored entries durable (the brokers' barrier, where
+	// they need one).
+	durable durable.Barrier
+	queue   chan Call
 
 	dropped atomic.Uint64
 	written atomic.Uint64
@@ -111,7 +115,8 @@ func New(nc *nats.Conn, cfg Config) (*Writer, error) {
 	if cfg.Linger <= 0 {
 		cfg.Linger = DefaultLinger
 	}
-	return &Writer{cfg: cfg, log: cfg.Logger, js: js, queue: make(chan Call, cfg.Queue), done: make(chan struct{})}, nil
+	return &Writer{cfg: cfg, log: cfg.Logger, js: js, durable: durable.NewFleet(nc, cfg.Subjects.StateService(), cfg.Subjects.SyncBarrier()),
+		queue: make(chan Call, cfg.Queue), done: make(chan struct{})}, nil
 }
 
 // Start begins publishing with the audit key of proxyKey. Only the first
@@ -282,18 +287,30 @@ func (w *Writer) publish(calls []Call) {
 			futures[i] = f
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), ackWait)
+		var stored []*message
 		for i, f := range futures {
 			if f == nil {
 				continue
 			}
 			select {
 			case <-f.Ok():
-				w.written.Add(uint64(len(msgs[i].entries)))
+				stored = append(stored, msgs[i])
 			case err := <-f.Err():
 				failed, lastErr = append(failed, msgs[i]), err
 			case <-ctx.Done():
 				failed, lastErr = append(failed, msgs[i]), ctx.Err()
 			}
+		}
+		if len(stored) > 0 {
+			// Durable before it counts as written (the brokers' barrier,
+			// where they need one); else sent again, deduplicated.
+			if err := w.durable.Sync(ctx); err != nil {
+				failed, lastErr = append(failed, stored...), err
+				stored = nil
+			}
+		}
+		for _, m := range stored {
+			w.written.Add(uint64(len(m.entries)))
 		}
 		cancel()
 		if len(failed) == 0 {

@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mcpexec/mcpexec/internal/durable"
 	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/natsauth"
 	"github.com/mcpexec/mcpexec/internal/queue"
@@ -76,6 +77,11 @@ type Broker struct {
 	nc    *nats.Conn
 	store *boltstore.Store
 	svc   *state.Service
+	// barrier makes what JetStream acknowledged durable: a Syncer of the
+	// store with barriers (Barriers), else durable.None. barriers serves it
+	// to the fleet's writers.
+	barrier  durable.Barrier
+	barriers *durable.Server
 
 	repaired bool // this start has replaced a stalled jobs stream once
 
@@ -164,7 +170,10 @@ func start(ctx context.Context, cfg Config, opts *server.Options, repaired bool)
 		ns.Shutdown()
 		return nil, fmt.Errorf("NATS server did not start listening on %s within 10s (port in use?)", cfg.Listen)
 	}
-	b := &Broker{cfg: cfg, ns: ns, repaired: repaired}
+	b := &Broker{cfg: cfg, ns: ns, repaired: repaired, barrier: durable.None}
+	if Barriers(cfg, opts) {
+		b.barrier = durable.NewSyncer(ns.JetStreamConfig().StoreDir)
+	}
 	if err := b.init(ctx); err != nil {
 		_ = b.Close() // Close always returns nil
 		return nil, err
@@ -199,7 +208,7 @@ func serverOptions(cfg Config) (*server.Options, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg.Sync.apply(opts)
+	cfg.Sync.apply(opts, Barriers(cfg, opts))
 	return opts, nil
 }
 
@@ -235,6 +244,17 @@ func (b *Broker) init(ctx context.Context) error {
 		return fmt.Errorf("connect to embedded server: %w", err)
 	}
 	b.nc = nc
+	// Before any write of the broker's own: every broker answers barriers
+	// (at once where JetStream syncs each write), so that a writer that
+	// cannot tell the brokers' mode may always ask.
+	if b.barriers, err = durable.Serve(nc, b.cfg.Queue.Subjects.SyncBarrier(), b.barrier); err != nil {
+		return err
+	}
+	// What clients wrote between the server's start and the line above
+	// (streams recovered from disk take writes at once) is synced now.
+	if err := b.barrier.Sync(ctx); err != nil {
+		return err
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
@@ -294,6 +314,15 @@ func (b *Broker) Connect(name string) (*nats.Conn, error) {
 // Sync is the broker's sync policy.
 func (b *Broker) Sync() SyncPolicy { return b.cfg.Sync }
 
+// GroupSync reports whether the broker keeps sync always with group sync
+// barriers (one node): JetStream acknowledges at once, and the fleet's
+// writers wait for a barrier before they report success.
+func (b *Broker) GroupSync() bool { return b.barrier != durable.None }
+
+// Barrier is what makes the broker's acknowledged writes durable: a group
+// sync of its store where it keeps sync always with barriers, else a no-op.
+func (b *Broker) Barrier() durable.Barrier { return b.barrier }
+
 // Server returns the embedded NATS server.
 func (b *Broker) Server() *server.Server { return b.ns }
 
@@ -305,6 +334,9 @@ func (b *Broker) Close() error {
 	b.once.Do(func() {
 		if b.svc != nil {
 			b.svc.Stop()
+		}
+		if b.barriers != nil {
+			b.barriers.Stop()
 		}
 		if b.nc != nil {
 			_ = b.nc.Drain() // fails only on a closed connection; Close below ends it either way

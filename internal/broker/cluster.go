@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mcpexec/mcpexec/internal/durable"
 	"github.com/mcpexec/mcpexec/internal/natsauth"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/state"
@@ -283,6 +284,10 @@ func (b *Broker) startState(ctx context.Context) error {
 		}
 		svc.Metrics, svc.Node, svc.Tracing = b.cfg.Metrics, b.ns.Name(), b.cfg.Tracing
 		svc.Metadata = map[string]string{SyncMetadata: b.cfg.Sync.String()}
+		if b.barrier != durable.None {
+			svc.Metadata[durable.BarrierMetadata] = "true"
+		}
+		svc.Barrier = b.barrier
 		svc.QueuedMaxAge = b.cfg.Queue.QueuedMaxAge
 		svc.AuditRetention = b.cfg.Queue.AuditMaxAge
 		svc.FilesBucket = queue.FilesBucketConfig(b.cfg.Queue)

@@ -66,7 +66,15 @@ func (p *SyncPolicy) Set(v string) error {
 
 // apply sets the policy on the server options: SyncAlways, or the interval
 // of the background fsync. It overrides a sync setting of --nats-config.
-func (p SyncPolicy) apply(opts *server.Options) {
+// With barriers (one node, sync always: Barriers), JetStream acknowledges
+// at once and syncs every barrierInterval in the background; what it
+// acknowledged is made durable by the writers' barriers before anyone is
+// told it succeeded.
+func (p SyncPolicy) apply(opts *server.Options, barriers bool) {
+	if barriers {
+		opts.SyncAlways, opts.SyncInterval = false, barrierInterval
+		return
+	}
 	if p.Always() {
 		// The background flush still runs (as the config file's
 		// `sync: always` sets it): at the server's default interval.
@@ -75,6 +83,21 @@ func (p SyncPolicy) apply(opts *server.Options) {
 	}
 	opts.SyncAlways, opts.SyncInterval = false, p.Interval
 }
+
+// Barriers reports whether a broker of cfg, whose server options are opts,
+// keeps sync always with group sync barriers (package durable) rather than
+// nats-server's sync of each write: a single node (no cluster routes) under
+// sync always. A node of a cluster keeps nats-server's: there a write is
+// acknowledged once a majority stored it, and each node's copy is synced
+// by that node's server.
+func Barriers(cfg Config, opts *server.Options) bool {
+	return cfg.Sync.Always() && !cfg.Cluster.Enabled() && opts.Cluster.Port == 0
+}
+
+// barrierInterval is the background fsync of a broker with barriers: what
+// no barrier covers (an acknowledgement's delete, a block compacted in
+// place) reaches the disk within it.
+const barrierInterval = time.Second
 
 // defaultSyncInterval is nats-server's interval of its background fsync.
 const defaultSyncInterval = 2 * time.Minute

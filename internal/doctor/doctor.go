@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/mcpexec/mcpexec/internal/durable"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/oauth"
 	"github.com/mcpexec/mcpexec/internal/queue"
@@ -92,8 +93,11 @@ func Run(ctx context.Context, cfg Config) []Check {
 		out = append(out, checkNATS(ctx, cfg)...)
 	} else {
 		out = append(out, Check{Name: "nats", Status: Skip, Detail: cfg.SkipNATSReason})
-		if cfg.EmbeddedSync != "" {
-			out = append(out, syncCheck(map[string][]string{cfg.EmbeddedSync: {"the embedded broker"}}, "restart the front-end with --sync always (the default; unset MCPEXEC_SYNC)"))
+		if policy := cfg.EmbeddedSync; policy != "" {
+			if policy == "always" {
+				policy += ", group sync barriers" // the embedded broker is one node
+			}
+			out = append(out, syncCheck(map[string][]string{policy: {"the embedded broker"}}, "restart the front-end with --sync always (the default; unset MCPEXEC_SYNC)"))
 		}
 	}
 	for _, iss := range cfg.OAuthIssuers {
@@ -301,6 +305,11 @@ func fleetSync(ctx context.Context, nc *nats.Conn, service string) Check {
 			// Brokers before the sync policy ran with nats-server's default.
 			policy = "interval:2m0s (a broker older than --sync)"
 		}
+		if durable.ModeOf(info.Metadata) == durable.ModeBarrier {
+			// One node: JetStream acknowledges at once, and every writer
+			// waits for a group sync before it reports success.
+			policy += ", group sync barriers"
+		}
 		node := info.Metadata["node"]
 		if node == "" {
 			node = info.ID
@@ -321,7 +330,7 @@ func syncCheck(nodes map[string][]string, fix string) Check {
 	for _, policy := range slices.Sorted(maps.Keys(nodes)) {
 		names := slices.Sorted(slices.Values(nodes[policy]))
 		parts = append(parts, policy+" ("+strings.Join(names, ", ")+")")
-		warn = warn || policy != "always"
+		warn = warn || !strings.HasPrefix(policy, "always")
 	}
 	detail := strings.Join(parts, "; ")
 	if !warn {

@@ -116,7 +116,7 @@ func TestNATSChecks(t *testing.T) {
 	if statusOf(checks, "workers") != Fail || statusOf(checks, "state service") != OK {
 		t.Fatalf("checks %+v", checks)
 	}
-	if c := checkNamed(checks, "sync"); c.Status != OK || !strings.HasPrefix(c.Detail, "always (mcpexec)") {
+	if c := checkNamed(checks, "sync"); c.Status != OK || !strings.HasPrefix(c.Detail, "always, group sync barriers (mcpexec)") {
 		t.Fatalf("sync of a default broker: %+v", c)
 	}
 	for _, name := range []string{"approvals bucket", "stream " + qcfg.Subjects.AuditStream()} {
@@ -172,7 +172,7 @@ func TestSyncChecks(t *testing.T) {
 		t.Fatalf("embedded sync interval: %+v", c)
 	}
 	checks = Run(ctx, Config{SkipNATSReason: "embedded", EmbeddedSync: "always"})
-	if c := checkNamed(checks, "sync"); c.Status != OK {
+	if c := checkNamed(checks, "sync"); c.Status != OK || !strings.Contains(c.Detail, "always, group sync barriers (the embedded broker)") {
 		t.Fatalf("embedded sync always: %+v", c)
 	}
 	// Several brokers: each policy with its nodes.

@@ -145,6 +145,9 @@ func (f *Frontend) Running() int { return int(f.inRun.Load()) }
 // any front-end may answer, and those of the MCP servers this one proxies.
 func (f *Frontend) Start(ctx context.Context) error {
 	key, err := queue.ProxyKey(ctx, f.client.JetStream(), f.cfg.Subjects)
+	if err == nil {
+		err = f.client.Sync(ctx) // a key this front-end made is durable before it signs with it
+	}
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}

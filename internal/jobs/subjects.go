@@ -113,6 +113,10 @@ var serverToken = base32.HexEncoding.WithPadding(base32.NoPadding)
 // State is the request subject of a state-service operation such as "job.get".
 func (s Subjects) State(op string) string { return s.p() + ".state." + op }
 
+// SyncBarrier is where the brokers answer sync barrier requests: an answer
+// once what they acknowledged before the request is on disk (durable).
+func (s Subjects) SyncBarrier() string { return s.p() + ".sync" }
+
 // StateService is the NATS micro service name of the state service.
 func (s Subjects) StateService() string { return s.p() + "-state" }
 

@@ -133,8 +133,10 @@ func For(id Identity, pubKey string, s jobs.Subjects) (Permissions, error) {
 			// bucket's entries anyway.
 			s.WorkerSessions("*"),
 			// The brokers' sync policy (their state service's metadata):
-			// the worker group-commits its events only under sync always.
+			// the worker group-commits its events only under sync always,
+			// and asks for a barrier where the brokers keep it so.
 			"$SRV.INFO." + s.StateService(),
+			s.SyncBarrier(),
 			// The job-signing public key, and no other secret.
 			"$JS.API.DIRECT.GET.KV_" + secrets + ".$KV." + secrets + "." + jobs.SigningKeyName,
 		}
@@ -158,6 +160,7 @@ func For(id Identity, pubKey string, s jobs.Subjects) (Permissions, error) {
 			s.AllAudit(),
 			p + ".state.>",
 			s.WorkerSessions("*"), s.WorkerStatus(), s.FrontendStatus(),
+			s.SyncBarrier(), // its writes durable where the brokers keep sync always with barriers
 			"$SRV.PING", "$SRV.PING.>", "$SRV.INFO.>",
 			"$JS.API.DIRECT.GET." + events + ".>",
 			"$JS.API.STREAM.INFO." + events,

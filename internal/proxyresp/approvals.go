@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mcpexec/mcpexec/internal/durable"
 	"github.com/mcpexec/mcpexec/internal/errs"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 )
@@ -72,6 +73,9 @@ type approvals struct {
 	js  jetstream.JetStream
 	sub jobs.Subjects
 	id  string // this front-end's
+	// durable makes an answer or a revocation durable before it is
+	// confirmed (the brokers' barrier, where they need one).
+	durable durable.Barrier
 
 	mu sync.Mutex // guards kv
 	kv jetstream.KeyValue
@@ -115,7 +119,7 @@ func (a *approvals) reserve(ns, job string, lim ApprovalLimits) (release func(),
 
 func newApprovals(nc *nats.Conn, sub jobs.Subjects, id string) *approvals {
 	js, _ := jetstream.New(nc) // fails only for a nil connection
-	return &approvals{js: js, sub: sub, id: id}
+	return &approvals{js: js, sub: sub, id: id, durable: durable.NewFleet(nc, sub.StateService(), sub.SyncBarrier())}
 }
 
 // bucket opens the approvals bucket once.
@@ -246,6 +250,25 @@ func errNoApproval(id string) error {
 // calls it covers without asking, and approves those of them already
 // waiting.
 func (a *approvals) Decide(ctx context.Context, ns, id string, ans jobs.ApprovalAnswer, by string) (Approval, *jobs.Grant, error) {
+	ap, g, err := a.decide(ctx, ns, id, ans, by)
+	if ap.ID != "" {
+		// The answer was recorded: durable before the person hears it.
+		if serr := a.sync(ctx); serr != nil && err == nil {
+			err = &errs.Error{Kind: errs.Unavailable, Msg: fmt.Sprintf("approval %s was answered, but the answer is not yet on disk (a power cut now could undo it): read GET /api/approvals to see whether it stands", id), Err: serr}
+		}
+	}
+	return ap, g, err
+}
+
+// sync makes what the bucket acknowledged durable (durable).
+func (a *approvals) sync(ctx context.Context) error {
+	if a.durable == nil {
+		return nil
+	}
+	return a.durable.Sync(ctx)
+}
+
+func (a *approvals) decide(ctx context.Context, ns, id string, ans jobs.ApprovalAnswer, by string) (Approval, *jobs.Grant, error) {
 	ns = jobs.NamespaceOf(ns)
 	if err := ans.Validate(); err != nil {
 		return Approval{}, nil, errs.New(errs.Invalid, err.Error())

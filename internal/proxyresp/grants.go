@@ -165,6 +165,9 @@ func (a *approvals) Revoke(ctx context.Context, ns, id string) error {
 	if err := kv.Delete(ctx, key); err != nil {
 		return &errs.Error{Kind: errs.Unavailable, Msg: "revoke grant", Err: err}
 	}
+	if err := a.sync(ctx); err != nil {
+		return &errs.Error{Kind: errs.Unavailable, Msg: "grant " + id + " was revoked, but the revocation is not yet on disk (a power cut now could undo it): read GET /api/grants to see whether it stands", Err: err}
+	}
 	return nil
 }
 

@@ -9,15 +9,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
-	"strings"
 	"sync"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nats.go/micro"
 	"github.com/nats-io/nuid"
+
+	"github.com/mcpexec/mcpexec/internal/durable"
 )
 
 // Headers of JetStream's atomic batch publish (nats-server 2.12 and later).
@@ -70,11 +70,16 @@ const errCodeAtomicDisabled = 10174
 // committed) is an error to every caller: it may have landed, and a retry
 // with the same Nats-Msg-Id is deduplicated.
 //
-// It groups only where each write waits for its own fsync (syncPolicy).
+// It groups only where each write waits for its own fsync (durable.Mode),
+// and where the brokers acknowledge writes before they sync them under sync
+// always (one broker), it answers only after a barrier (durable.Fleet).
 type groupCommit struct {
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	policy *syncPolicy // nil: always group
+	nc *nats.Conn
+	js jetstream.JetStream
+	// fleet says whether to group (where each write waits for its own
+	// sync) and makes what was acknowledged durable (a barrier, where the
+	// brokers acknowledge before they sync); nil: always group, no barrier.
+	fleet *durable.Fleet
 	// minAtomic is the fewest messages sent as one atomic batch
 	// (groupMinAtomic); 0: every batch of more than one.
 	minAtomic int
@@ -85,70 +90,9 @@ type groupCommit struct {
 	disabled bool // the stream refused an atomic batch: publish one by one
 }
 
-// syncPolicy is the brokers' sync policy as a client reads it, for its
-// group commits. Under a sync interval, writes are acknowledged at once,
-// and publishing each one at once (many in flight) is faster than one batch
-// at a time (one broker, BenchmarkThroughput: 2,873 jobs/s before group
-// commit, 1,694 with it). So a client groups only when the brokers' state
-// service says they sync every write (its $SRV.INFO metadata, as doctor
-// reads it), or says nothing (no state service answered yet, a broker older
-// than the policy). It is read at first use and once every policyEvery
-// after, once for all of a client's group commits.
-type syncPolicy struct {
-	nc      *nats.Conn
-	service string // the state service whose metadata says the policy
-
-	mu     sync.Mutex // guards readAt, ungrouped
-	readAt time.Time
-	// ungrouped: the brokers sync on an interval; publish each write at once.
-	ungrouped bool
-}
-
-// policyEvery is how often a client reads the brokers' sync policy.
-const policyEvery = time.Minute
-
 // SyncMetadata is the key of the brokers' sync policy in their state
 // service's metadata: "always", or "interval:D".
-const SyncMetadata = "sync"
-
-// grouped reports whether writes are group-committed, reading the brokers'
-// sync policy when it was not read for policyEvery: one caller reads it, on
-// its path (one request, answered by the nearest state replica); the others
-// use what was read last. A policy that cannot be read leaves the last one.
-// A nil policy always groups.
-func (p *syncPolicy) grouped(ctx context.Context) bool {
-	if p == nil {
-		return true
-	}
-	p.mu.Lock()
-	ungrouped := p.ungrouped
-	stale := time.Since(p.readAt) >= policyEvery
-	if stale {
-		p.readAt = time.Now()
-	}
-	p.mu.Unlock()
-	if !stale {
-		return !ungrouped
-	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), policyWait)
-	defer cancel()
-	msg, err := p.nc.RequestWithContext(rctx, "$SRV.INFO."+p.service, nil)
-	if err != nil {
-		return !ungrouped
-	}
-	var info micro.Info
-	if json.Unmarshal(msg.Data, &info) != nil {
-		return !ungrouped
-	}
-	ungrouped = strings.HasPrefix(info.Metadata[SyncMetadata], "interval:")
-	p.mu.Lock()
-	p.ungrouped = ungrouped
-	p.mu.Unlock()
-	return !ungrouped
-}
-
-// policyWait bounds the read of the sync policy.
-const policyWait = time.Second
+const SyncMetadata = durable.SyncMetadata
 
 // pendingPub is one caller's event waiting in a groupCommit.
 type pendingPub struct {
@@ -171,8 +115,9 @@ type pubResult struct {
 // the batch it joins even when ctx ends first: a caller that left would
 // leave the lead with nobody; every batch is bounded by publishTimeout.
 func (g *groupCommit) publish(ctx context.Context, m *nats.Msg) (uint64, error) {
-	if len(m.Data) > groupMaxMsgBytes || !g.policy.grouped(ctx) {
+	if len(m.Data) > groupMaxMsgBytes || !g.grouped(ctx) {
 		r := g.publishOne(ctx, m)
+		g.sync(ctx, []pubResult{r})
 		return r.seq, r.err
 	}
 	p := &pendingPub{msg: m, done: make(chan pubResult, 1)}
@@ -194,6 +139,7 @@ func (g *groupCommit) publish(ctx context.Context, m *nats.Msg) (uint64, error) 
 	g.mu.Unlock()
 
 	results := g.publishBatch(ctx, batch, disabled)
+	g.sync(ctx, results)
 
 	g.mu.Lock()
 	if len(g.pending) > 0 {
@@ -258,6 +204,28 @@ func (g *groupCommit) publishBatch(ctx context.Context, batch []*pendingPub, dis
 	return results
 }
 
+// grouped reports whether writes go in batches: where each waits for its
+// own sync.
+func (g *groupCommit) grouped(ctx context.Context) bool {
+	return g.fleet == nil || g.fleet.Mode(ctx).Grouped()
+}
+
+// sync makes the stored results durable where the brokers need a barrier
+// for it; if the barrier fails, each is an error (a retry with the same
+// Nats-Msg-Id is deduplicated, as after a lost ack).
+func (g *groupCommit) sync(ctx context.Context, results []pubResult) {
+	if g.fleet == nil || !slices.ContainsFunc(results, func(r pubResult) bool { return r.err == nil }) {
+		return
+	}
+	if err := g.fleet.Sync(context.WithoutCancel(ctx)); err != nil {
+		for i := range results {
+			if results[i].err == nil {
+				results[i] = pubResult{err: fmt.Errorf("stored, but not yet synced: %w", err)}
+			}
+		}
+	}
+}
+
 // publishOne publishes m alone and waits for its ack.
 func (g *groupCommit) publishOne(ctx context.Context, m *nats.Msg) pubResult {
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
@@ -294,7 +262,7 @@ func (g *groupCommit) publishAll(ctx context.Context, msgs []*nats.Msg) []pubRes
 	results := make([]pubResult, 0, len(msgs))
 	// Ungrouped: publishBatch's path for a stream without atomic batches,
 	// every message in flight at once.
-	ungrouped := !g.policy.grouped(ctx)
+	ungrouped := !g.grouped(ctx)
 	for len(msgs) > 0 {
 		n := batchLen(msgs, func(m *nats.Msg) *nats.Msg { return m })
 		batch := make([]*pendingPub, n)
@@ -307,6 +275,7 @@ func (g *groupCommit) publishAll(ctx context.Context, msgs []*nats.Msg) []pubRes
 		results = append(results, g.publishBatch(ctx, batch, disabled || ungrouped)...)
 		msgs = msgs[n:]
 	}
+	g.sync(ctx, results)
 	return results
 }
 

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
+
+	"github.com/mcpexec/mcpexec/internal/durable"
 )
 
 // jetStreamServer starts an in-process nats-server with JetStream under
@@ -274,16 +277,26 @@ func TestBatchLen(t *testing.T) {
 }
 
 // TestGroupCommitFollowsTheSyncPolicy: while the brokers' state service
-// says they sync on an interval, each write goes at once (no atomic batch);
-// while it says they sync always, or nothing answers, writes go in
-// batches. The policy is read again once policyEvery has passed.
+// says they sync on an interval, each write goes at once (no atomic batch)
+// and no barrier is asked for; while it says they sync always, writes go in
+// batches, no barrier; while it says they keep sync always with barriers,
+// each write goes at once and the writers wait for a barrier; while nothing
+// answers, writes go in batches and ask for a barrier. The mode is read
+// again at each use here (Every).
 func TestGroupCommitFollowsTheSyncPolicy(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	g, s := groupCommitOn(t, true)
-	g.policy = &syncPolicy{nc: g.nc, service: "test-state"}
+	g.fleet = durable.NewFleet(g.nc, "test-state", "test.sync")
+	g.fleet.Every = time.Nanosecond
+	var barriers atomic.Int64
+	srv, err := durable.Serve(g.nc, "test.sync", barrierFunc(func(context.Context) error { barriers.Add(1); return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
 	var svc micro.Service
-	setPolicy := func(policy string) {
+	setPolicy := func(md map[string]string) {
 		t.Helper()
 		if svc != nil {
 			if err := svc.Stop(); err != nil {
@@ -291,21 +304,19 @@ func TestGroupCommitFollowsTheSyncPolicy(t *testing.T) {
 			}
 		}
 		var err error
-		svc, err = micro.AddService(g.nc, micro.Config{Name: g.policy.service, Version: "1.0.0", Metadata: map[string]string{SyncMetadata: policy}})
+		svc, err = micro.AddService(g.nc, micro.Config{Name: "test-state", Version: "1.0.0", Metadata: md})
 		if err != nil {
 			t.Fatal(err)
 		}
-		g.policy.mu.Lock()
-		g.policy.readAt = time.Time{} // policyEvery has passed
-		g.policy.mu.Unlock()
 	}
 	t.Cleanup(func() {
 		if svc != nil {
 			_ = svc.Stop() // the test is over with it
 		}
 	})
-	publish := func(ids ...string) {
+	publish := func(wantBarriers int64, ids ...string) {
 		t.Helper()
+		before := barriers.Load()
 		var msgs []*nats.Msg
 		for _, p := range pending(ids...) {
 			msgs = append(msgs, p.msg)
@@ -315,17 +326,56 @@ func TestGroupCommitFollowsTheSyncPolicy(t *testing.T) {
 				t.Fatalf("%s: %v", ids[i], r.err)
 			}
 		}
+		if got := barriers.Load() - before; got != wantBarriers {
+			t.Fatalf("%v: %d barriers, want %d", ids, got, wantBarriers)
+		}
 	}
-	publish("a", "b") // no state service answers
-	setPolicy("interval:2m0s")
-	publish("c", "d")
+	publish(1, "a", "b") // no state service answers
+	setPolicy(map[string]string{SyncMetadata: "interval:2m0s"})
+	publish(0, "c", "d")
 	if seq, err := g.publish(ctx, pending("e")[0].msg); err != nil || seq != 5 {
 		t.Fatalf("e: %d %v", seq, err)
 	}
-	setPolicy("always")
-	publish("f", "g")
-	want := map[uint64]string{1: "a+batch", 2: "b+batch", 3: "c", 4: "d", 5: "e", 6: "f+batch", 7: "g+batch"}
+	setPolicy(map[string]string{SyncMetadata: "always"})
+	publish(0, "f", "g")
+	setPolicy(map[string]string{SyncMetadata: "always", durable.BarrierMetadata: "true"})
+	publish(1, "h", "i")
+	before := barriers.Load()
+	if seq, err := g.publish(ctx, pending("j")[0].msg); err != nil || seq != 10 || barriers.Load() != before+1 {
+		t.Fatalf("j: %d %v after %d barriers", seq, err, barriers.Load()-before)
+	}
+	want := map[uint64]string{1: "a+batch", 2: "b+batch", 3: "c", 4: "d", 5: "e", 6: "f+batch", 7: "g+batch", 8: "h", 9: "i", 10: "j"}
 	if got := stored(t, s); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("stored %v, want %v", got, want)
+	}
+
+	// A barrier that fails fails each write it was to make durable.
+	srv.Stop()
+	res := g.publishAll(ctx, []*nats.Msg{pending("k")[0].msg})
+	if len(res) != 1 || res[0].err == nil || !errors.Is(res[0].err, nats.ErrNoResponders) {
+		t.Fatalf("k without a barrier: %+v, want the barrier's error", res)
+	}
+}
+
+type barrierFunc func(context.Context) error
+
+func (f barrierFunc) Sync(ctx context.Context) error { return f(ctx) }
+
+// TestNotDurableIsTransient: a write JetStream stored but no barrier has
+// synced yet is retried (under its id, so stored once), whatever the
+// barrier's failure said: a pass cut short, a broker gone, its text.
+func TestNotDurableIsTransient(t *testing.T) {
+	t.Parallel()
+	nc := jetStreamServer(t)
+	srv, err := durable.Serve(nc, "test.sync", barrierFunc(func(context.Context) error {
+		return errors.New("fsync 1.blk: input/output error")
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	err = durable.NewClient(nc, "test.sync").Sync(context.Background())
+	if err == nil || !Transient(err) || !Transient(fmt.Errorf("stored, but not yet synced: %w", err)) {
+		t.Fatalf("a failed barrier: %v, transient %v", err, Transient(err))
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mcpexec/mcpexec/internal/durable"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/tracing"
 )
@@ -33,6 +34,10 @@ type Client struct {
 	// because the cluster was electing leaders or a node went away (zero:
 	// DefaultPatience).
 	Patience time.Duration
+
+	// fleet makes acknowledged writes durable where the brokers need a
+	// barrier for it (Sync).
+	fleet *durable.Fleet
 
 	eventsSeq atomic.Uint64 // highest events-stream sequence this client wrote
 	events    *groupCommit  // writes to the events stream
@@ -59,6 +64,9 @@ func (c *Client) proxyKey(ctx context.Context) ([]byte, ed25519.PrivateKey, erro
 	defer c.keyMu.Unlock()
 	if c.key == nil {
 		k, err := ProxyKey(ctx, c.js, c.sub)
+		if err == nil {
+			err = c.fleet.Sync(ctx) // a key this client made is durable before it signs with it
+		}
 		if err != nil {
 			return nil, nil, err
 		}
@@ -89,8 +97,12 @@ func (c *Client) sawEvent(seq uint64) {
 }
 
 // Transient reports whether err is one of a cluster failing over (no leader
-// yet, a node gone, an ack lost): the same request succeeds later.
+// yet, a node gone, an ack lost, a write not yet known to be synced): the
+// same request succeeds later.
 func Transient(err error) bool {
+	if errors.Is(err, durable.ErrNotDurable) {
+		return true // stored, perhaps not yet synced: sent again under its id, stored once
+	}
 	if err == nil || errors.Is(err, ErrDuplicate) || errors.Is(err, ErrQueueFull) || errors.Is(err, context.Canceled) {
 		return false
 	}
@@ -118,10 +130,19 @@ func NewClient(nc *nats.Conn, s jobs.Subjects) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	policy := &syncPolicy{nc: nc, service: s.StateService()}
-	return &Client{nc: nc, js: js, sub: s, events: &groupCommit{nc: nc, js: js, policy: policy, minAtomic: groupMinAtomic},
-		jobs: &groupCommit{nc: nc, js: js, policy: policy, minAtomic: groupMinAtomic}}, nil
+	fleet := durable.NewFleet(nc, s.StateService(), s.SyncBarrier())
+	return &Client{nc: nc, js: js, sub: s, fleet: fleet, events: &groupCommit{nc: nc, js: js, fleet: fleet, minAtomic: groupMinAtomic},
+		jobs: &groupCommit{nc: nc, js: js, fleet: fleet, minAtomic: groupMinAtomic}}, nil
 }
+
+// Sync returns once what JetStream acknowledged to this client before the
+// call is durable under the brokers' sync policy: writers that use the
+// JetStream context directly (key-value buckets, object stores) call it
+// before they tell anyone a write succeeded.
+func (c *Client) Sync(ctx context.Context) error { return c.fleet.Sync(ctx) }
+
+// Fleet is the client's barrier of the brokers it reaches (Sync).
+func (c *Client) Fleet() *durable.Fleet { return c.fleet }
 
 // JetStream returns the client's JetStream context.
 func (c *Client) JetStream() jetstream.JetStream { return c.js }

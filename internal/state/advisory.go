@@ -74,6 +74,10 @@ func (s *Service) giveUp(ctx context.Context, a maxDeliveries) error {
 		if _, err := s.js.Publish(ctx, s.sub.Event(job.ID, jobs.EventFinished), data, jetstream.WithMsgID(msgID)); err != nil {
 			return fmt.Errorf("record worker_lost of %s: %w", job.ID, err)
 		}
+		// Durable before the job's message goes.
+		if err := s.sync(ctx); err != nil {
+			return fmt.Errorf("record worker_lost of %s: %w", job.ID, err)
+		}
 	}
 	if err := stream.DeleteMsg(ctx, a.StreamSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return fmt.Errorf("delete exhausted job message %d: %w", a.StreamSeq, err)

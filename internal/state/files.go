@@ -241,6 +241,9 @@ func (s *Service) putFile(r FilePut, data []byte) (*jobs.FileInfo, error) {
 	if err == nil {
 		_, err = obs.PutBytes(ctx, jobs.FileObject(r.Job, r.Attempt, r.Name), data)
 	}
+	if err == nil {
+		err = s.sync(ctx)
+	}
 	if err != nil {
 		s.tally.undo(key, r.Name, size)
 		return nil, fmt.Errorf("%w: store file %s of job %s: %w", ErrUnavailable, r.Name, r.Job, err)

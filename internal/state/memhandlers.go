@@ -219,6 +219,10 @@ func (s *Service) writeMemory(op MemoryOp, expect *uint64, res *reservation) (ui
 		// the client retries, with the same write id.
 		return 0, fmt.Errorf("%w: write memory %q: %w", ErrUnavailable, op.Key, err)
 	}
+	if err := s.sync(ctx); err != nil {
+		// Stored, not yet durable: the retry (same write id) is deduplicated.
+		return 0, fmt.Errorf("%w: write memory %q: %w", ErrUnavailable, op.Key, err)
+	}
 	if err := s.applied.wait(ctx, 0, ack.Sequence, writeWait, false); err != nil {
 		return 0, err
 	}

@@ -312,7 +312,14 @@ func (s *Service) drain(ctx context.Context, stream string, cons jetstream.Consu
 		if batch = fresh; len(batch) == 0 {
 			continue
 		}
-		if err := apply(batch, last); err != nil {
+		// What the replica folds is durable in the stream first (a broker
+		// with barriers acknowledges writes before it syncs them): a power
+		// cut never leaves the replica holding what the stream lost.
+		err := s.sync(ctx)
+		if err == nil {
+			err = apply(batch, last)
+		}
+		if err != nil {
 			// Not applied: start again after what was (the store says).
 			s.logger.Error("apply stream", "stream", stream, "count", len(batch), "err", err)
 			s.sleep(ctx, time.Second)

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpexec/mcpexec/internal/audit"
+	"github.com/mcpexec/mcpexec/internal/durable"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/periodic"
@@ -82,6 +83,11 @@ type Service struct {
 	Metrics *metrics.Metrics
 	// Node names this replica for admin requests (the broker's server name).
 	Node string
+	// Barrier, when set before Start, makes what JetStream acknowledged
+	// to the service durable before the service answers that a write
+	// succeeded (a broker with group sync barriers); nil: JetStream's
+	// acknowledgement is enough.
+	Barrier durable.Barrier
 	// Metadata, set before Start, is added to the micro service's metadata
 	// ($SRV.INFO), e.g. the broker's sync policy that doctor reports.
 	Metadata map[string]string
@@ -137,6 +143,9 @@ func (s *Service) Start(ctx context.Context) error {
 		s.tracer = tracing.Tracer(s.Tracing)
 	}
 	key, err := queue.ProxyKey(ctx, s.js, s.sub)
+	if err == nil {
+		err = s.sync(ctx)
+	}
 	if err != nil {
 		return fmt.Errorf("state service: %w", err)
 	}
@@ -433,8 +442,20 @@ func (s *Service) migrateMemory(ctx context.Context) error {
 			return fmt.Errorf("republish memory %q of %q: %w", m.Key, m.Namespace, err)
 		}
 	}
+	if err := s.sync(ctx); err != nil {
+		return fmt.Errorf("republish memory: %w", err)
+	}
 	s.logger.Info("republished the memory of an earlier state file into the memory stream", "entries", len(legacy))
 	return nil
+}
+
+// sync returns once what JetStream acknowledged to the service before the
+// call is durable (Barrier).
+func (s *Service) sync(ctx context.Context) error {
+	if s.Barrier == nil {
+		return nil
+	}
+	return s.Barrier.Sync(ctx)
 }
 
 // metadata is the micro service's: Metadata and the node's name.

@@ -234,6 +234,10 @@ func (w *Worker) forward(ctx context.Context, d *delivery, worker string) error 
 	if err := queue.ForwardSessionJob(ctx, w.client.JetStream(), w.client.Subjects(), worker, d.job.ID, d.msg); err != nil {
 		return err
 	}
+	// Durable before the pool's message is acknowledged.
+	if err := w.client.Sync(ctx); err != nil {
+		return fmt.Errorf("forward session job %s to %s: %w", d.job.ID, worker, err)
+	}
 	w.log.Debug("forwarded session job", "job", d.job.ID, "session", d.job.Session, "to", worker)
 	return nil
 }
