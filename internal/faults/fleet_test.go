@@ -111,6 +111,9 @@ type fleetOptions struct {
 	// podman runs the fleet's first worker on Podman (the others, and the
 	// workers started again after a fault, on the process runtime).
 	podman bool
+	// single makes the fleet one broker, no cluster, streams of one
+	// replica: the embedded default's shape.
+	single bool
 }
 
 func startFleet(t *testing.T, o fleetOptions) *fleet {
@@ -122,10 +125,14 @@ func startFleet(t *testing.T, o fleetOptions) *fleet {
 	// Redelivery after 10 s without a heartbeat, as in production: a worker
 	// that lost its node for a moment keeps its job.
 	q.AckWait, q.BackOff, q.MaxDeliver, q.Replicas = 10*time.Second, nil, 5, 3
+	count := 3
+	if o.single {
+		count, q.Replicas = 1, 1
+	}
 	f := &fleet{t: t, q: q, opts: o}
-	ports := testutil.FreePorts(t, 6)
+	ports := testutil.FreePorts(t, 2*count)
 	var routes []string
-	for i := range 3 {
+	for i := range count {
 		n := &node{i: i, route: newProxy(t, true), client: newProxy(t, false)}
 		routes = append(routes, "nats-route://"+n.route.addr())
 		f.nodes = append(f.nodes, n)
@@ -145,6 +152,9 @@ func startFleet(t *testing.T, o fleetOptions) *fleet {
 				Advertise: n.route.addr(), Routes: routes,
 			},
 		}
+		if o.single {
+			n.cfg.Cluster = broker.ClusterConfig{}
+		}
 		n.route.setTarget(n.cfg.Cluster.Listen)
 		n.client.setTarget(n.cfg.Listen)
 		if err := os.Mkdir(filepath.Join(dir, "jetstream"), 0o700); err != nil {
@@ -153,7 +163,11 @@ func startFleet(t *testing.T, o fleetOptions) *fleet {
 		n.mount(t)
 		t.Cleanup(func() { n.down(stop) })
 	}
-	f.startAll(t, 0, 1, 2)
+	all := make([]int, count)
+	for i := range all {
+		all[i] = i
+	}
+	f.startAll(t, all...)
 	return f
 }
 
@@ -297,6 +311,7 @@ func (f *fleet) clientURL() string {
 func (f *fleet) connect(t *testing.T, name string, first int) *nats.Conn {
 	t.Helper()
 	urls := strings.Split(f.clientURL(), ",")
+	first %= len(urls)
 	urls = append(urls[first:], urls[:first]...)
 	nc, err := nats.Connect(strings.Join(urls, ","), nats.Name(name), nats.DontRandomize(), nats.IgnoreDiscoveredServers(),
 		nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.ReconnectJitter(50*time.Millisecond, 50*time.Millisecond),

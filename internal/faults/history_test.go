@@ -252,7 +252,16 @@ func check(h *history, recs records, counter int, counterErr error) *verdict {
 	case counter < v.successes:
 		v.problem("the counter is %d after %d acknowledged increments: %d lost", counter, v.successes, v.successes-counter)
 	case counter > v.successes+v.extra:
-		v.problem("the counter is %d after %d acknowledged increments and %d other attempts: it counted some twice", counter, v.successes, v.extra)
+		// The values no success printed: the increments counted twice
+		// (the job that printed the next one made them, or ran twice).
+		var gaps []string
+		for n := 1; n <= counter; n++ {
+			if _, ok := seen[n]; !ok {
+				gaps = append(gaps, fmt.Sprintf("%d (next printed by %s)", n, seen[n+1]))
+			}
+		}
+		v.problem("the counter is %d after %d acknowledged increments and %d other attempts: it counted some twice; values no job printed: %s",
+			counter, v.successes, v.extra, strings.Join(gaps, ", "))
 	}
 	v.rows = rows
 	return v
