@@ -272,3 +272,53 @@ func TestFleetAsksWhereNeeded(t *testing.T) {
 		}
 	}
 }
+
+// TestRequestAbandonedWhenTheBrokerGoes: a barrier request in flight when
+// the connection to its broker drops ends at once with ErrNotDurable,
+// rather than after its ten-second bound: the answer will never come, and
+// every writer of the client waits on that request.
+func TestRequestAbandonedWhenTheBrokerGoes(t *testing.T) {
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	defer ns.Shutdown()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server did not start")
+	}
+	brokerConn, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer brokerConn.Close()
+	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	asked := make(chan struct{}, 1)
+	srv, err := durable.Serve(brokerConn, "sync.test", barrierFunc(func(ctx context.Context) error {
+		asked <- struct{}{}
+		<-ctx.Done() // a pass that never ends: the node is losing its power
+		return ctx.Err()
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- durable.NewClient(nc, "sync.test").Sync(context.Background()) }()
+	<-asked
+	ns.Shutdown()
+	select {
+	case err := <-done:
+		if !errors.Is(err, durable.ErrNotDurable) {
+			t.Fatalf("Sync after the broker went: %v, want ErrNotDurable", err)
+		}
+		t.Logf("the request ended %s after it was sent", time.Since(start).Round(time.Millisecond))
+	case <-time.After(8 * time.Second):
+		t.Fatal("the request waited for an answer from a broker that is gone")
+	}
+}
