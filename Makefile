@@ -65,8 +65,8 @@ test: image docker-engine ## install what tests need, then run all tests (race d
 	rc=$${PIPESTATUS[0]}; if [ $$rc -ne 0 ]; then bash tools/test-summary.sh $(TEST_LOG); fi; exit $$rc
 
 .PHONY: faults
-faults: ## the fault suite's long schedule: power cuts (lazyfs), kill -9, pause, partition under jobs and update_memory; names each node whose broker replaced a jobs stream no replica would lead (docs/design.md); prints a Jepsen-style table (MCPEXEC_FAULTS_LOG=1 for the fleet's logs, =warn for its warnings); then run_python over MCP with node 0 killed, ten times
-	MCPEXEC_FAULTS=long $(GO) test -tags "$(TAGS)" -count=1 -timeout 30m -v -run '^(TestFaults|TestSyncOffLosesWrites)$$' ./internal/faults/ 2>&1 | grep -vE '^(=== (RUN|PAUSE|CONT)|PASS$$)'; exit $${PIPESTATUS[0]}
+faults: ## the fault suite's long schedule: power cuts (lazyfs), kill -9, pause, partition under jobs and update_memory; names each node whose broker replaced a jobs stream no replica would lead (docs/design.md); prints a Jepsen-style table (MCPEXEC_FAULTS_LOG=1 for the fleet's logs, =warn for its warnings); then one broker cut three times (and its negative control), then run_python over MCP with node 0 killed, ten times
+	MCPEXEC_FAULTS=long $(GO) test -tags "$(TAGS)" -count=1 -timeout 30m -v -run '^(TestFaults|TestSyncOffLosesWrites|TestOneNodePowerCut|TestOneNodeSyncOffLosesWrites)$$' ./internal/faults/ 2>&1 | grep -vE '^(=== (RUN|PAUSE|CONT)|PASS$$)'; exit $${PIPESTATUS[0]}
 	$(GO) test -tags "$(TAGS)" -count=10 -timeout 30m -v -run '^TestRunPythonNodeLost$$' ./internal/e2e/ 2>&1 | grep -E '^(--- |ok|FAIL)|nodelost_test'; exit $${PIPESTATUS[0]}
 
 .PHONY: test-short
