@@ -11,13 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 	"go.uber.org/goleak"
 
 	"github.com/mcpexec/mcpexec/internal/durable"
 	"github.com/mcpexec/mcpexec/internal/faults/lazyfs"
+	"github.com/mcpexec/mcpexec/internal/testutil/natstest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -114,7 +114,7 @@ func appendTo(t *testing.T, path, data string) {
 // barrier share a few passes, and every caller returns only after a pass
 // that began after its call.
 func TestConcurrentCallersShareAPass(t *testing.T) {
-	nc := natsConn(t)
+	nc := natstest.Conn(t)
 	var passes atomic.Int64
 	var mu sync.Mutex
 	var starts []time.Time
@@ -160,7 +160,7 @@ func TestConcurrentCallersShareAPass(t *testing.T) {
 // TestBarrierErrors: a pass's error reaches the caller with its text, and a
 // barrier nobody serves is an error that says so.
 func TestBarrierErrors(t *testing.T) {
-	nc := natsConn(t)
+	nc := natstest.Conn(t)
 	srv, err := durable.Serve(nc, "sync.test", barrierFunc(func(context.Context) error {
 		return errors.New("fsync 1.blk: input/output error")
 	}))
@@ -196,32 +196,13 @@ type barrierFunc func(context.Context) error
 
 func (f barrierFunc) Sync(ctx context.Context) error { return f(ctx) }
 
-func natsConn(t *testing.T) *nats.Conn {
-	t.Helper()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server did not start")
-	}
-	t.Cleanup(ns.Shutdown)
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
-}
-
 // TestFleetAsksWhereNeeded: a Fleet asks for a barrier only where the
 // brokers' state service says they keep sync always with barriers, or says
 // nothing; where it says nothing and nobody serves barriers (a bare
 // nats-server), there is nothing to ask, and where it says barriers and
 // nobody serves them, that is an error.
 func TestFleetAsksWhereNeeded(t *testing.T) {
-	nc := natsConn(t)
+	nc := natstest.Conn(t)
 	f := durable.NewFleet(nc, "test-state", "sync.test")
 	f.Every = time.Nanosecond
 	if err := f.Sync(context.Background()); err != nil {
@@ -278,25 +259,9 @@ func TestFleetAsksWhereNeeded(t *testing.T) {
 // rather than after its ten-second bound: the answer will never come, and
 // every writer of the client waits on that request.
 func TestRequestAbandonedWhenTheBrokerGoes(t *testing.T) {
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	defer ns.Shutdown()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server did not start")
-	}
-	brokerConn, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer brokerConn.Close()
-	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	ns := natstest.Server(t, false)
+	brokerConn := natstest.Connect(t, ns)
+	nc := natstest.Connect(t, ns, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	asked := make(chan struct{}, 1)
 	srv, err := durable.Serve(brokerConn, "sync.test", barrierFunc(func(ctx context.Context) error {
 		asked <- struct{}{}

@@ -9,31 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/mcpexec/mcpexec/internal/errs"
 	"github.com/mcpexec/mcpexec/internal/jobclock"
+	"github.com/mcpexec/mcpexec/internal/testutil/natstest"
 )
-
-func natsConn(t *testing.T) *nats.Conn {
-	t.Helper()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server did not start")
-	}
-	t.Cleanup(ns.Shutdown)
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
-}
 
 var errTimeUp = errors.New("time is up")
 
@@ -41,7 +22,7 @@ var errTimeUp = errors.New("time is up")
 // caller's job clock until its "no longer waiting" notice, and the answer
 // after them is the call's result.
 func TestParkedCallStopsTheClock(t *testing.T) {
-	nc := natsConn(t)
+	nc := natstest.Conn(t)
 	r := NewResponder(nc, "", HandlerFunc(func(ctx context.Context, req Request) (json.RawMessage, error) {
 		done := Waiting(ctx, time.Minute)
 		time.Sleep(1500 * time.Millisecond) // longer than the job's whole budget
@@ -71,7 +52,7 @@ func TestParkedCallStopsTheClock(t *testing.T) {
 // configuration that allows one response) holds the clock only for the
 // wait it announced; then the job's time runs out as usual.
 func TestLostAnswerDoesNotStopTheClockForEver(t *testing.T) {
-	nc := natsConn(t)
+	nc := natstest.Conn(t)
 	sub, err := nc.Subscribe("proxy.test", func(m *nats.Msg) {
 		yes := true
 		data, _ := json.Marshal(Response{Waiting: &yes, WaitMS: 100})
@@ -101,7 +82,7 @@ func TestLostAnswerDoesNotStopTheClockForEver(t *testing.T) {
 // TestRequestWithoutParksHearsOnlyTheAnswer: a worker that does not say it
 // Parks gets no notices (an older worker would take one for the answer).
 func TestRequestWithoutParksHearsOnlyTheAnswer(t *testing.T) {
-	nc := natsConn(t)
+	nc := natstest.Conn(t)
 	r := NewResponder(nc, "", HandlerFunc(func(ctx context.Context, req Request) (json.RawMessage, error) {
 		Waiting(ctx, time.Minute)()
 		return json.RawMessage(`"answer"`), nil
@@ -120,7 +101,7 @@ func TestRequestWithoutParksHearsOnlyTheAnswer(t *testing.T) {
 // at once, and one whose connection closes while it waits ends with the
 // connection's error, well before its context.
 func TestParkedCallEnds(t *testing.T) {
-	nc := natsConn(t)
+	nc := natstest.Conn(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := Call(ctx, nc, "proxy.nobody", Request{Job: "j", Method: MethodCallTool, Parks: true}); !errors.Is(err, ErrNoResponder) {
@@ -153,7 +134,7 @@ func TestParkedCallEnds(t *testing.T) {
 // the caller sees as ErrTryAgain with the handler's text; a call_tool (not
 // retryable) and an error of any other kind are final.
 func TestAnswerSaysTryAgain(t *testing.T) {
-	nc := natsConn(t)
+	nc := natstest.Conn(t)
 	unreachable := errs.New(errs.Unavailable, "the state service is unreachable")
 	r := NewResponder(nc, "", HandlerFunc(func(ctx context.Context, req Request) (json.RawMessage, error) {
 		switch string(req.Params) {

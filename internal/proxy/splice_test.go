@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/mcpexec/mcpexec/internal/testutil/natstest"
 )
 
 // TestSplicedIsTheEncoding: a frame, request or response encoded with its
@@ -64,7 +66,7 @@ func TestSplicedIsTheEncoding(t *testing.T) {
 // byte for byte as the handler answered it: neither is encoded again on
 // the way (encoding/json would have compacted the spaces and escaped <).
 func TestParamsAndResultGoAsTheyCame(t *testing.T) {
-	nc := natsConn(t)
+	nc := natstest.Conn(t)
 	params := json.RawMessage(`{ "server": "ts",  "tool": "echo", "arguments": {"text": "<x>"} }`)
 	result := json.RawMessage(`{"content": [ {"type": "text", "text": "<y> & z"} ]}`)
 	got := make(chan json.RawMessage, 1)

@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/mcpexec/mcpexec/internal/proxy"
+	"github.com/mcpexec/mcpexec/internal/testutil/natstest"
 )
 
 // TestTryAgainIsSentAgain: a memory write whose answer says to try again
@@ -18,20 +18,7 @@ import (
 // call id, and the call's result is the next answer; a call_tool so
 // answered is not sent again, and its error is the answer's.
 func TestTryAgainIsSentAgain(t *testing.T) {
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	defer ns.Shutdown()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server did not start")
-	}
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := natstest.Conn(t)
 
 	var ids []string
 	sub, err := nc.Subscribe("proxy.test", func(m *nats.Msg) {
