@@ -262,6 +262,11 @@ func (b *Broker) init(ctx context.Context) error {
 	if err := b.setupStreams(ctx, js); err != nil {
 		return err
 	}
+	// The streams and buckets made or changed just now are durable before
+	// any writer's barrier, which syncs its own stream's messages only.
+	if err := b.barrier.Sync(ctx); err != nil {
+		return err
+	}
 	b.cfg.Metrics.Gauge("mcpexec_queue_depth", "Jobs waiting in the jobs stream.", func() float64 {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

@@ -272,10 +272,17 @@ func TestRequestAbandonedWhenTheBrokerGoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Stop()
+	if err := brokerConn.Flush(); err != nil { // the server has the subscription
+		t.Fatal(err)
+	}
 	done := make(chan error, 1)
 	start := time.Now()
 	go func() { done <- durable.NewClient(nc, "sync.test").Sync(context.Background()) }()
-	<-asked
+	select {
+	case <-asked:
+	case err := <-done:
+		t.Fatalf("the barrier ended before it was served: %v", err)
+	}
 	ns.Shutdown()
 	select {
 	case err := <-done:
@@ -285,5 +292,48 @@ func TestRequestAbandonedWhenTheBrokerGoes(t *testing.T) {
 		t.Logf("the request ended %s after it was sent", time.Since(start).Round(time.Millisecond))
 	case <-time.After(8 * time.Second):
 		t.Fatal("the request waited for an answer from a broker that is gone")
+	}
+}
+
+// TestStreamPassSyncsItsStreamOnly: a pass scoped to one stream syncs that
+// stream's message files (every account's), and leaves another stream's
+// unsynced writes to their own barriers; a name that is no stream of the
+// store, or no name at all, gets a pass over the whole store.
+func TestStreamPassSyncsItsStreamOnly(t *testing.T) {
+	if err := lazyfs.Available(); err != nil {
+		t.Skipf("no power-loss harness: %v", err)
+	}
+	dir, backing := t.TempDir(), t.TempDir()
+	fsys, err := lazyfs.Mount(dir, backing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = fsys.Unmount() }()
+	blk := func(stream string) string {
+		d := filepath.Join(dir, "$G", "streams", stream, "msgs")
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		return filepath.Join(d, "1.blk")
+	}
+	events, jobs := blk("EVENTS"), blk("JOBS")
+	s := durable.NewSyncer(dir)
+	appendTo(t, events, "e")
+	appendTo(t, jobs, "j")
+	if err := s.SyncStream(context.Background(), "EVENTS"); err != nil {
+		t.Fatal(err)
+	}
+	left := fsys.UnsyncedFiles()
+	if len(left) != 1 || left["$G/streams/JOBS/msgs/1.blk"] == 0 {
+		t.Fatalf("after a pass over EVENTS, unsynced: %v; want JOBS's block only", left)
+	}
+	for _, name := range []string{"NOSUCH", "../JOBS", ""} {
+		appendTo(t, jobs, "j")
+		if err := s.SyncStream(context.Background(), name); err != nil {
+			t.Fatal(err)
+		}
+		if n := fsys.Unsynced(); n != 0 {
+			t.Fatalf("a pass for %q left %v unsynced: want the whole store synced", name, fsys.UnsyncedFiles())
+		}
 	}
 }

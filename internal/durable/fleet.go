@@ -70,11 +70,13 @@ type Fleet struct {
 
 	nc      *nats.Conn
 	info    string // the state service's $SRV.INFO subject
+	subject string // where barriers are served
 	barrier *Client
 
-	mu     sync.Mutex // guards readAt, mode
-	readAt time.Time
-	mode   Mode
+	mu      sync.Mutex // guards readAt, mode, streams
+	readAt  time.Time
+	mode    Mode
+	streams map[string]*Client
 }
 
 // ModeEvery is how often a Fleet reads the brokers' mode.
@@ -86,7 +88,7 @@ const modeWait = time.Second
 // NewFleet returns the Barrier of the brokers nc reaches: their state
 // service is named service, their barriers are served on subject.
 func NewFleet(nc *nats.Conn, service, subject string) *Fleet {
-	return &Fleet{nc: nc, info: "$SRV.INFO." + service, barrier: NewClient(nc, subject)}
+	return &Fleet{nc: nc, info: "$SRV.INFO." + service, subject: subject, barrier: NewClient(nc, subject), streams: map[string]*Client{}}
 }
 
 // Mode is the brokers' mode, read again when it was not for ModeEvery.
@@ -126,12 +128,37 @@ func (f *Fleet) Mode(ctx context.Context) Mode {
 // broker of this version to ask (a bare nats-server, a broker older than
 // barriers), and Sync returns nil: a broker with barriers serves them from
 // before its first write, and says its mode once its state service is up.
-func (f *Fleet) Sync(ctx context.Context) error {
+func (f *Fleet) Sync(ctx context.Context) error { return f.syncWith(ctx, f.barrier) }
+
+// Stream is the Barrier of the writes to one stream, as Sync decides:
+// where a barrier is needed, its requests name the stream, and the broker
+// syncs that stream's files alone (a lone call then waits for about one
+// fsync, not a pass over the whole store).
+func (f *Fleet) Stream(name string) Barrier {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.streams[name]
+	if c == nil {
+		c = NewStreamClient(f.nc, f.subject, name)
+		f.streams[name] = c
+	}
+	return streamBarrier{f, c}
+}
+
+type streamBarrier struct {
+	f *Fleet
+	c *Client
+}
+
+func (b streamBarrier) Sync(ctx context.Context) error { return b.f.syncWith(ctx, b.c) }
+
+// syncWith is Sync with barrier requests made by c.
+func (f *Fleet) syncWith(ctx context.Context, c *Client) error {
 	m := f.Mode(ctx)
 	if m == ModeAlways || m == ModeInterval {
 		return nil
 	}
-	err := f.barrier.Sync(ctx)
+	err := c.Sync(ctx)
 	if m == ModeUnknown && errors.Is(err, nats.ErrNoResponders) {
 		return nil
 	}

@@ -58,7 +58,12 @@ func (s *Server) handle(m *nats.Msg) {
 		ctx, cancel := context.WithTimeout(s.ctx, passTimeout)
 		defer cancel()
 		var answer []byte
-		if err := s.b.Sync(ctx); err != nil {
+		sync := s.b.Sync
+		if sb, ok := s.b.(StreamBarrier); ok && len(m.Data) > 0 {
+			stream := string(m.Data)
+			sync = func(ctx context.Context) error { return sb.SyncStream(ctx, stream) }
+		}
+		if err := sync(ctx); err != nil {
 			answer = []byte(err.Error())
 		}
 		_ = m.Respond(answer)
@@ -72,16 +77,30 @@ func (s *Server) Stop() {
 	s.wg.Wait()
 }
 
+// StreamBarrier is a Barrier that can make the writes to one stream
+// durable alone (Syncer): what a request that names a stream gets.
+type StreamBarrier interface {
+	SyncStream(ctx context.Context, stream string) error
+}
+
 // Client is the Barrier of a broker reached over NATS: concurrent callers
 // share one request.
 type Client struct {
 	nc      *nats.Conn
 	subject string
+	stream  string // named in each request, when set
 	g       group
 }
 
 // NewClient returns the Barrier served on subject.
 func NewClient(nc *nats.Conn, subject string) *Client { return &Client{nc: nc, subject: subject} }
+
+// NewStreamClient returns the Barrier served on subject for the writes to
+// stream: its requests name the stream, and a broker that can syncs that
+// stream's files alone.
+func NewStreamClient(nc *nats.Conn, subject, stream string) *Client {
+	return &Client{nc: nc, subject: subject, stream: stream}
+}
 
 // requestWait bounds one barrier request.
 const requestWait = 10 * time.Second
@@ -129,7 +148,7 @@ func (c *Client) Sync(ctx context.Context) error {
 		rctx, cancel := context.WithTimeout(context.Background(), requestWait)
 		defer cancel()
 		stop := c.abandonOnReconnect(cancel)
-		msg, err := c.nc.RequestWithContext(rctx, c.subject, nil)
+		msg, err := c.nc.RequestWithContext(rctx, c.subject, []byte(c.stream))
 		stop()
 		if errors.Is(err, nats.ErrNoResponders) {
 			return fmt.Errorf("no broker answers sync barriers on %s: %w", c.subject, err)

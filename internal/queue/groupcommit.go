@@ -80,6 +80,9 @@ type groupCommit struct {
 	// sync) and makes what was acknowledged durable (a barrier, where the
 	// brokers acknowledge before they sync); nil: always group, no barrier.
 	fleet *durable.Fleet
+	// barrier makes this stream's acknowledged writes durable (the fleet's
+	// barrier for the stream); nil: the fleet's.
+	barrier durable.Barrier
 	// minAtomic is the fewest messages sent as one atomic batch
 	// (groupMinAtomic); 0: every batch of more than one.
 	minAtomic int
@@ -217,7 +220,11 @@ func (g *groupCommit) sync(ctx context.Context, results []pubResult) {
 	if g.fleet == nil || !slices.ContainsFunc(results, func(r pubResult) bool { return r.err == nil }) {
 		return
 	}
-	if err := g.fleet.Sync(context.WithoutCancel(ctx)); err != nil {
+	b := g.barrier
+	if b == nil {
+		b = g.fleet
+	}
+	if err := b.Sync(context.WithoutCancel(ctx)); err != nil {
 		for i := range results {
 			if results[i].err == nil {
 				results[i] = pubResult{err: fmt.Errorf("stored, but not yet synced: %w", err)}

@@ -131,8 +131,9 @@ func NewClient(nc *nats.Conn, s jobs.Subjects) (*Client, error) {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 	fleet := durable.NewFleet(nc, s.StateService(), s.SyncBarrier())
-	return &Client{nc: nc, js: js, sub: s, fleet: fleet, events: &groupCommit{nc: nc, js: js, fleet: fleet, minAtomic: groupMinAtomic},
-		jobs: &groupCommit{nc: nc, js: js, fleet: fleet, minAtomic: groupMinAtomic}}, nil
+	return &Client{nc: nc, js: js, sub: s, fleet: fleet,
+		events: &groupCommit{nc: nc, js: js, fleet: fleet, barrier: fleet.Stream(s.EventsStream()), minAtomic: groupMinAtomic},
+		jobs:   &groupCommit{nc: nc, js: js, fleet: fleet, barrier: fleet.Stream(s.JobsStream()), minAtomic: groupMinAtomic}}, nil
 }
 
 // Sync returns once what JetStream acknowledged to this client before the
