@@ -250,11 +250,6 @@ func (b *Broker) init(ctx context.Context) error {
 	if b.barriers, err = durable.Serve(nc, b.cfg.Queue.Subjects.SyncBarrier(), b.barrier); err != nil {
 		return err
 	}
-	// What clients wrote between the server's start and the line above
-	// (streams recovered from disk take writes at once) is synced now.
-	if err := b.barrier.Sync(ctx); err != nil {
-		return err
-	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
@@ -262,8 +257,10 @@ func (b *Broker) init(ctx context.Context) error {
 	if err := b.setupStreams(ctx, js); err != nil {
 		return err
 	}
-	// The streams and buckets made or changed just now are durable before
-	// any writer's barrier, which syncs its own stream's messages only.
+	// One whole pass: the streams and buckets made or changed just now are
+	// durable before any writer's barrier (which syncs its own stream's
+	// messages only), and so is what clients wrote to streams recovered
+	// from disk before the subscription above.
 	if err := b.barrier.Sync(ctx); err != nil {
 		return err
 	}
