@@ -27,14 +27,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // itself: what was written before a Sync survives the cut, in files old and
 // new, in new directories; what was written after it is gone.
 func TestSyncerMakesWritesDurable(t *testing.T) {
-	if err := lazyfs.Available(); err != nil {
-		t.Skipf("no power-loss harness: %v", err)
-	}
-	dir, backing := t.TempDir(), t.TempDir()
-	fsys, err := lazyfs.Mount(dir, backing)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, backing, fsys := mountLazy(t)
 	mounted := true
 	defer func() {
 		if mounted {
@@ -94,6 +87,22 @@ func TestSyncerMakesWritesDurable(t *testing.T) {
 			t.Errorf("%s after the cut: %q %v, want %q", path, got, err, want)
 		}
 	}
+}
+
+// mountLazy mounts a lazy file system (lazyfs) at a temporary directory
+// over another, skipping the test where FUSE is not available; the caller
+// unmounts it.
+func mountLazy(t *testing.T) (dir, backing string, fsys *lazyfs.FS) {
+	t.Helper()
+	if err := lazyfs.Available(); err != nil {
+		t.Skipf("no power-loss harness: %v", err)
+	}
+	dir, backing = t.TempDir(), t.TempDir()
+	fsys, err := lazyfs.Mount(dir, backing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, backing, fsys
 }
 
 func appendTo(t *testing.T, path, data string) {
@@ -300,14 +309,7 @@ func TestRequestAbandonedWhenTheBrokerGoes(t *testing.T) {
 // unsynced writes to their own barriers; a name that is no stream of the
 // store, or no name at all, gets a pass over the whole store.
 func TestStreamPassSyncsItsStreamOnly(t *testing.T) {
-	if err := lazyfs.Available(); err != nil {
-		t.Skipf("no power-loss harness: %v", err)
-	}
-	dir, backing := t.TempDir(), t.TempDir()
-	fsys, err := lazyfs.Mount(dir, backing)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, _, fsys := mountLazy(t)
 	defer func() { _ = fsys.Unmount() }()
 	blk := func(stream string) string {
 		d := filepath.Join(dir, "$G", "streams", stream, "msgs")
