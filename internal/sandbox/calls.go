@@ -46,6 +46,15 @@ func serveCall(out replySink, g *callGate, host Host, f *proxy.Frame) {
 	}
 	go func() {
 		defer release()
+		select {
+		case <-g.opened:
+		default:
+			select {
+			case <-g.opened:
+			case <-g.ctx.Done():
+				return // the job ended before its start was recorded
+			}
+		}
 		reply := &proxy.Frame{Type: proxy.TypeReply, ID: f.ID}
 		res, err := host.Call(g.ctx, f.Method, f.Params)
 		if g.ctx.Err() != nil {
@@ -69,6 +78,7 @@ type callGate struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	rate   *bucket
+	opened chan struct{} // closed once calls may be answered
 
 	mu       sync.Mutex // guards inFlight, bytes, stopped
 	inFlight int
@@ -76,10 +86,19 @@ type callGate struct {
 	stopped  bool // stop began: no call is admitted (none joins wg while it waits)
 }
 
-func newCallGate(ctx context.Context) *callGate {
+// A gate made held answers no call until open is called: the calls it
+// admits wait (their job's start is not recorded yet).
+func newCallGate(ctx context.Context, held bool) *callGate {
 	cctx, cancel := context.WithCancel(ctx)
-	return &callGate{ctx: cctx, cancel: cancel, rate: newBucket(CallsPerSecond, CallBurst)}
+	g := &callGate{ctx: cctx, cancel: cancel, rate: newBucket(CallsPerSecond, CallBurst), opened: make(chan struct{})}
+	if !held {
+		close(g.opened)
+	}
+	return g
 }
+
+// open lets the calls of a held gate through.
+func (g *callGate) open() { close(g.opened) }
 
 // admit takes a slot for a call with n bytes of parameters, or says why not.
 func (g *callGate) admit(n int) (release func(), why string) {

@@ -379,17 +379,60 @@ func (c *capped) add(s string) string {
 // Exec runs job (after its BeforeExec) on a runner that has completed its
 // handshake, within the job's time limit (30 s when it sets none): Drive under
 // a deadline whose cause is ErrTimeout.
+//
+// A fresh job's code is sent while its BeforeExec runs (the worker records
+// the start, a durable write): the code runs meanwhile, but nothing of it
+// leaves the sandbox before the hook has succeeded, since its frames are read
+// and its calls answered only then. If the hook fails, the runner is cut off
+// (the caller discards the sandbox, as after any error) and Exec returns the
+// hook's error, wrapped in ErrNotStarted, as when nothing was sent. A
+// session's job (not fresh) changes what its process keeps for later jobs,
+// so its hook returns before its code is sent.
 func (c *RunnerConn) Exec(ctx context.Context, job Job, host Host) (Result, error) {
 	if job.Timeout <= 0 {
 		job.Timeout = 30 * time.Second
 	}
-	if err := BeforeExec(job); err != nil {
-		return Result{}, err
+	if !job.Fresh || job.BeforeExec == nil {
+		if err := BeforeExec(job); err != nil {
+			return Result{}, err
+		}
+	} else {
+		job.start = startHook(job)
 	}
 	// The job's clock stops while a tool call waits for a person's approval.
 	runCtx, _, cancel := jobclock.WithBudget(ctx, job.Timeout, ErrTimeout)
 	defer cancel()
-	return c.Drive(runCtx, job, host)
+	res, err := c.Drive(runCtx, job, host)
+	if serr := job.start.wait(); serr != nil {
+		return Result{}, serr // Drive cut the runner off, if it had sent the code
+	}
+	return res, err
+}
+
+// startRun is a fresh job's BeforeExec, running beside its code.
+type startRun struct {
+	done chan struct{}
+	err  error
+}
+
+// startHook runs job's BeforeExec in a goroutine of its own; wait waits for it.
+func startHook(job Job) *startRun {
+	s := &startRun{done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		s.err = BeforeExec(job)
+	}()
+	return s
+}
+
+// wait returns the hook's error once it has returned; on a nil startRun
+// (no hook running) it returns nil.
+func (s *startRun) wait() error {
+	if s == nil {
+		return nil
+	}
+	<-s.done
+	return s.err
 }
 
 // Drive runs job on a runner that has completed its handshake and returns the
@@ -431,7 +474,7 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 			break
 		}
 	}
-	calls := newCallGate(ctx)
+	calls := newCallGate(ctx, job.start != nil)
 	jc := &jobCalls{job: job.ID, gate: calls, host: host}
 	var ch *callChannel
 	if err == nil {
@@ -480,6 +523,17 @@ func (c *RunnerConn) Drive(ctx context.Context, job Job, host Host) (Result, err
 		}
 		calls.stop()
 	}()
+	if job.start != nil {
+		// The code runs; its frames and calls wait until its start is
+		// recorded. The wait is the host's, not the code's: its clock stops.
+		resume := jobclock.From(ctx).Pause()
+		err := job.start.wait()
+		resume()
+		if err != nil {
+			return result(Result{}), err // not clean: the runner is cut off
+		}
+		calls.open()
+	}
 
 	for {
 		select {

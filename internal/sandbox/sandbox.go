@@ -65,10 +65,13 @@ type Job struct {
 	// (every job but a session's); see proxy.Frame.Fresh.
 	Fresh bool
 	// BeforeExec, when set, is called by runtimes that implement StartReporter
-	// once the job's sandbox is up and just before its code is sent: the job
-	// has reached the code (failures before it are the host's, not the
-	// code's). An error from it aborts the run: Run returns it wrapped in
-	// ErrNotStarted, and the sandbox has not seen the code.
+	// once the job's sandbox is up: the job has reached the code (failures
+	// before it are the host's, not the code's). It is called just before
+	// the code is sent, or, for a fresh job, while the code is sent and
+	// runs, with nothing of the code's (output, calls, files, its end)
+	// taken from the sandbox until it has returned (RunnerConn.Exec). An
+	// error from it aborts the run: Run returns it wrapped in ErrNotStarted,
+	// and nothing of the code's has left the sandbox, which is discarded.
 	BeforeExec func() error
 	// Files are placed under the workspace (/workspace) before the code
 	// starts; FileLimits bound the files the job writes under
@@ -79,6 +82,9 @@ type Job struct {
 	// runs in, before BeforeExec (runtimes with containers; the worker puts
 	// it on the job's spans).
 	OnSandbox func(id string)
+
+	// start is a fresh job's BeforeExec running beside its code (Exec).
+	start *startRun
 }
 
 // File is one file of a job: an input placed under /workspace, or one it

@@ -4,6 +4,7 @@ package sandboxtest
 // engine's runtime (Podman's, Docker's), each engine's tests call it once.
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,6 +146,53 @@ func Exercise[R ContainerRuntime](t *testing.T, e Engine[R]) {
 		JavaScriptSpareOutOfReach(t, e.New(t, containerpool.Config{Pool: 1}))
 	})
 	t.Run("CallsPastTheSupervisor", func(t *testing.T) { callsPastTheSupervisor(t, e.New(t, containerpool.Config{})) })
+	t.Run("StartBesideTheCode", func(t *testing.T) { startBesideTheCode(t, e.New(t, containerpool.Config{Pool: 1})) })
+}
+
+// watchingHost answers calls as echoHost does, and counts the calls and the
+// output that reach it.
+type watchingHost struct {
+	echoHost
+	calls, output atomic.Int64
+}
+
+func (h *watchingHost) Call(ctx context.Context, method string, params json.RawMessage) (json.RawMessage, error) {
+	h.calls.Add(1)
+	return h.echoHost.Call(ctx, method, params)
+}
+
+func (h *watchingHost) Output(_, data string) { h.output.Add(int64(len(data))) }
+
+// startBesideTheCode: a fresh job's code runs while its start is recorded
+// (BeforeExec); when that fails, nothing the code did reaches the host
+// (neither its calls nor its output), the run says it did not start, and
+// the next job runs as usual.
+func startBesideTheCode(t *testing.T, rt ContainerRuntime) {
+	const code = "await mcp_ts.echo(text=\"x\")\nprint(\"ran\")"
+	run := func(id string, start func() error) (*watchingHost, sandbox.Result, error) {
+		h := &watchingHost{}
+		res, err := rt.Run(context.Background(), sandbox.Job{ID: id, Code: code, Servers: []string{"ts"}, Timeout: 20 * time.Second,
+			Tenant: "t", BeforeExec: start}, h)
+		return h, res, err
+	}
+	h, _, err := run("start-fails", func() error {
+		time.Sleep(500 * time.Millisecond) // the code has called by now
+		return errors.New("a cancellation was recorded first")
+	})
+	if !errors.Is(err, sandbox.ErrNotStarted) {
+		t.Fatalf("a job whose start failed: %v, want ErrNotStarted", err)
+	}
+	if h.calls.Load() != 0 || h.output.Load() != 0 {
+		t.Fatalf("a job whose start failed reached the host: %d calls, %d output bytes", h.calls.Load(), h.output.Load())
+	}
+	h, res, err := run("start-ok", func() error { time.Sleep(100 * time.Millisecond); return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, res, sandbox.StatusSuccess, 0)
+	if res.Stdout != "ran\n" || h.calls.Load() == 0 {
+		t.Fatalf("stdout %q, %d calls: want the job run with its calls answered", res.Stdout, h.calls.Load())
+	}
 }
 
 // callsPastTheSupervisor: a container's (fresh) job sends its calls on the
