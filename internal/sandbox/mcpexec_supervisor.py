@@ -100,6 +100,10 @@ class _Supervisor:
         # that says call_channel, in the order of those frames.
         self.host_fds = []
         self.pending_lang = "python"  # and its language
+        # The executors the zygote started ahead, by language: (pid, [its
+        # channel, stdout, stderr]); a job's exec goes straight to its
+        # language's, which it then tells the zygote it took.
+        self.spares = {}
         self.js_last = False  # the last job here was JavaScript's: start a JavaScript executor for the next
         self.result = None  # a fresh job's done frame
         self.answered = False  # a fresh job's done was sent: its process's end and the sweep follow
@@ -145,9 +149,10 @@ class _Supervisor:
         if len(self.to_ex) > MAX_PENDING_TO_EXECUTOR:
             self.fail("the code stopped reading the answers to its calls")
 
-    def exec_to_executor(self, frame, fd):
+    def exec_to_executor(self, frame, fd, own_fd=True):
         """Sends a new executor its exec frame, with the job's call channel
-        (fd, closed here once sent) when there is one."""
+        (fd, closed here once sent unless own_fd is false) when there is
+        one."""
         if fd is None:
             self.to_executor(frame)
             return
@@ -157,7 +162,8 @@ class _Supervisor:
         except OSError:
             n = -1
         finally:
-            os.close(fd)
+            if own_fd:
+                os.close(fd)
         if n < 0:
             self.to_executor(frame)  # sent nothing (cannot happen on a fresh socket): the calls come through here
             return
@@ -259,6 +265,21 @@ class _Supervisor:
                 return
             if self.ex is not None:
                 self.end_executor()
+            spare = self.spares.pop(lang, None)
+            self.drop_spares()  # the zygote ends them
+            if spare is not None:
+                # Straight to the spare: the zygote hears which it was.
+                pid, fds = spare
+                self.adopt(pid, fds, lang)
+                # fd (if any) is closed by on_host once sent.
+                self.exec_to_executor(exec_frame, fd if self.fresh and lang == "python" else None, own_fd=False)
+                # Told after the job is on its way: a process woken here
+                # may take this CPU first.
+                try:
+                    self.zygote.sock.send(json.dumps({"type": "take", "lang": lang, "pid": pid}).encode())
+                except OSError:
+                    self.zygote_gone()
+                return
             self.pending = exec_frame
             self.pending_lang = lang
             if self.fresh and lang == "python":
@@ -270,9 +291,46 @@ class _Supervisor:
         elif kind == "reply":
             self.to_executor({"type": "reply", "id": frame.get("id"), "result": frame.get("result"), "error": frame.get("error")})
 
+    def adopt(self, pid, fds, lang):
+        """Makes the executor of pid, whose ends are fds (channel, stdout,
+        stderr), the running one."""
+        chan = socket.socket(fileno=fds[0])
+        chan.setblocking(False)
+        for fd in fds[1:]:
+            fl = fcntl.fcntl(fd, fcntl.F_GETFL)
+            fcntl.fcntl(fd, fcntl.F_SETFL, fl | os.O_NONBLOCK)
+        self.ex = _Executor(pid, chan, {fds[1]: "stdout", fds[2]: "stderr"}, not self.fresh, lang)
+        self.xbuf = _FrameBuffer(MAX_CALL + 4096)
+        self.to_ex = bytearray()
+
+    def drop_spares(self):
+        """Closes the ends of the spares held (the zygote ends them)."""
+        while self.spares:
+            _close_all(self.spares.popitem()[1][1])
+
+    def take_spares(self, frame, fds):
+        """Keeps the spares' ends a ready or spared message handed over;
+        False (fds closed) when the message does not match them."""
+        handed = frame.get("handed")
+        ok = isinstance(handed, list) and len(fds) == 3 * len(handed)
+        langs = set()
+        for entry in handed if ok else ():
+            ok = (isinstance(entry, list) and len(entry) == 2 and entry[0] in ("python", "javascript") and entry[0] not in langs
+                  and isinstance(entry[1], int) and not isinstance(entry[1], bool) and entry[1] > 1)
+            if not ok:
+                break
+            langs.add(entry[0])
+        if not ok:
+            _close_all(fds)
+            return False
+        self.drop_spares()
+        for i, (lang, pid) in enumerate(handed):
+            self.spares[lang] = (pid, fds[3 * i:3 * i + 3])
+        return True
+
     def on_zygote(self):
         try:
-            msg, fds, _, _ = socket.recv_fds(self.zygote.sock, 4096, 3)
+            msg, fds, _, _ = socket.recv_fds(self.zygote.sock, 4096, 6)
         except OSError:
             msg, fds = b"", []
         if not msg:
@@ -284,24 +342,34 @@ class _Supervisor:
         except ValueError:
             frame = {}
         kind = frame.get("type")
-        if kind == "ready" and self.hello is not None:
+        if kind in ("ready", "spared") and not self.take_spares(frame, fds):
+            self.fail_zygote("the code's parent process handed over the wrong spares")
+        elif kind == "ready" and self.hello is not None:
             self.hello["spares"] = _spares(frame)
             self.send_host(self.hello)
             self.hello = None
-        elif kind == "forked" and len(fds) == 3 and self.pending is not None and self.ex is None:
-            chan = socket.socket(fileno=fds[0])
-            chan.setblocking(False)
-            for fd in fds[1:]:
-                fl = fcntl.fcntl(fd, fcntl.F_GETFL)
-                fcntl.fcntl(fd, fcntl.F_SETFL, fl | os.O_NONBLOCK)
-            self.ex = _Executor(frame.get("pid"), chan, {fds[1]: "stdout", fds[2]: "stderr"}, not self.fresh, self.pending_lang)
-            self.xbuf = _FrameBuffer(MAX_CALL + 4096)
-            self.to_ex = bytearray()
+        elif kind == "forked" and self.pending is not None and self.ex is None:
+            pid = frame.get("pid")
+            if frame.get("handed") is True and not fds:
+                # The spare the zygote announced after this job was sent.
+                spare = self.spares.pop(self.pending_lang, None)
+                self.drop_spares()
+                if spare is None or spare[0] != pid:
+                    _close_all(spare[1] if spare else ())
+                    self.fail_zygote("the code's parent process named a spare it did not hand over")
+                fds = spare[1]
+            elif len(fds) != 3:
+                _close_all(fds)
+                self.fail_zygote("the code's parent process sent an executor without its ends")
+            self.drop_spares()  # the zygote ends them
+            self.adopt(pid, fds, self.pending_lang)
             fd, self.pending_fd = self.pending_fd, None
             self.exec_to_executor(self.pending, fd)
             self.pending = None
         elif kind == "spared":
-            if self.job is None and self.ex is None and self.pending is None and not self.retired:
+            if self.retired:
+                self.drop_spares()
+            elif self.job is None and self.ex is None and self.pending is None:
                 # Swept, and the next job's process waits (of these languages).
                 self.send_host({"type": "ready", "spares": _spares(frame)})
         elif kind == "exited" and self.ex is not None and frame.get("pid") == self.ex.pid:
@@ -744,6 +812,14 @@ _ANC_SPACE = socket.CMSG_SPACE(4 * 4)
 MAX_SCAN = 10000  # entries of out/ looked at
 MAX_HELD = 1024  # host frames held while a job's sweep runs (its input files and exec)
 MAX_NOTES = 20
+
+
+def _close_all(fds):
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _spares(frame):

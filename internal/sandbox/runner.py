@@ -152,7 +152,12 @@ def _zygote_main(zsock, spare_js=False, preload=()):
     Spares are started only when no code runs in the container (before the
     first job, and after a sweep found it clean); those a job does not take
     are killed when it starts and reaped when it ends: code never meets a
-    spare that a later job will use."""
+    spare that a later job will use.
+
+    A spare's ends (channel, stdout, stderr) go to the supervisor with the
+    ready (or spared) message that announces it, so that a job's exec goes
+    straight to its spare: the supervisor says which it took (take), and the
+    zygote only ends the others and waits for it."""
     _open_std()
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -167,9 +172,12 @@ def _zygote_main(zsock, spare_js=False, preload=()):
 
     gc.freeze()  # forks share these pages: keep the collector off them
     node = _find("node")
-    # Executors forked ahead, by language: (pid, fds). A job takes its
-    # language's; the others end with it (its code could reach them).
+    # Executors forked ahead, by language: their pids (their ends are the
+    # supervisor's). A job takes its language's; the others end with it (its
+    # code could reach them).
     spares = {}
+    # The ends of the spares not yet handed to the supervisor, by language.
+    unsent = {}
 
     def fork_executor(run):
         """Forks an executor that calls run(channel) with its output on fds 1
@@ -178,7 +186,7 @@ def _zygote_main(zsock, spare_js=False, preload=()):
         parent_end, child_end = socket.socketpair()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        others = [out_r, err_r] + [fd for _, fds in spares.values() for fd in fds]
+        others = [out_r, err_r] + [fd for fds in unsent.values() for fd in fds]
 
         def child():
             zsock.close()
@@ -204,13 +212,13 @@ def _zygote_main(zsock, spare_js=False, preload=()):
 
     def kill_spares():
         """Kills the spares a job did not take: reaped once it ends."""
-        for pid, _ in spares.values():
+        for pid in spares.values():
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
 
-    def drop(pid, fds):
+    def drop(pid, fds=()):
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
@@ -221,7 +229,7 @@ def _zygote_main(zsock, spare_js=False, preload=()):
 
     def drop_spares():
         while spares:
-            drop(*spares.popitem()[1])
+            drop(spares.popitem()[1])
 
     def start_spares(js):
         """Forks the executors the next job may take: only while no code runs
@@ -237,14 +245,25 @@ def _zygote_main(zsock, spare_js=False, preload=()):
             except OSError:
                 warm = False
             if warm:
-                spares["python"] = (pid, fds)
+                spares["python"], unsent["python"] = pid, fds
             else:
                 drop(pid, fds)
         if js and node is not None and "javascript" not in spares:
-            spares["javascript"] = fork_executor(_exec_node)
+            spares["javascript"], unsent["javascript"] = fork_executor(_exec_node)
+
+    def announce(kind):
+        """Tells the supervisor which spares wait, handing it their ends:
+        [language, pid] for each, its three fds in that order."""
+        handed = sorted(unsent)
+        fds = [fd for lang in handed for fd in unsent[lang]]
+        msg = json.dumps({"type": kind, "spares": sorted(spares), "handed": [[lang, spares[lang]] for lang in handed]}).encode()
+        socket.send_fds(zsock, [msg], fds)
+        for fd in fds:
+            os.close(fd)
+        unsent.clear()
 
     start_spares(spare_js)
-    zsock.send(json.dumps({"type": "ready", "spares": sorted(spares)}).encode())
+    announce("ready")
     while True:
         try:
             msg = zsock.recv(4096)
@@ -260,25 +279,37 @@ def _zygote_main(zsock, spare_js=False, preload=()):
         if kind == "spare":
             start_spares(frame.get("javascript") is True)
             # The next job's executors wait, warm: say of which languages.
-            zsock.send(json.dumps({"type": "spared", "spares": sorted(spares)}).encode())
+            announce("spared")
             continue
-        if kind != "fork":
+        if kind not in ("fork", "take"):
             os._exit(70)
         lang = "javascript" if frame.get("lang") == "javascript" else "python"
-        taken = spares.pop(lang, None)
-        # The spares this job does not take could be reached by its code: they
-        # end with it. Killed now, they free their memory for the job and are
-        # reaped, off the job's path, when the job ends.
-        kill_spares()
-        if taken is not None:
-            pid, fds = taken
-        elif lang == "javascript":
-            pid, fds = fork_executor(_exec_node)
+        if kind == "take":
+            # The supervisor sent the job to its language's spare.
+            pid = spares.pop(lang, None)
+            if pid is None or frame.get("pid") != pid:
+                os._exit(70)
+            kill_spares()  # as below
         else:
-            pid, fds = fork_python()
-        socket.send_fds(zsock, [json.dumps({"type": "forked", "pid": pid}).encode()], fds)
-        for fd in fds:
-            os.close(fd)
+            # The supervisor held no spare of the job's language: it sent
+            # the job before it heard of one (which then goes to it: its
+            # ends are the supervisor's already), or none waits and one is
+            # forked for the job. The spares this job does not take could
+            # be reached by its code: they end with it. Killed now, they
+            # free their memory for the job and are reaped, off the job's
+            # path, when the job ends.
+            pid = spares.pop(lang, None)
+            kill_spares()
+            if pid is not None:
+                zsock.send(json.dumps({"type": "forked", "pid": pid, "handed": True}).encode())
+            else:
+                if lang == "javascript":
+                    pid, fds = fork_executor(_exec_node)
+                else:
+                    pid, fds = fork_python()
+                socket.send_fds(zsock, [json.dumps({"type": "forked", "pid": pid}).encode()], fds)
+                for fd in fds:
+                    os.close(fd)
         _, status = os.waitpid(pid, 0)
         drop_spares()  # the job's code may have reached them
         zsock.send(json.dumps({"type": "exited", "pid": pid, "status": status}).encode())
