@@ -10,6 +10,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -82,7 +83,7 @@ WRITABLE = ("/tmp", "/workspace", "/dev/shm", "/dev/mqueue")
 
 
 class _Supervisor:
-    def __init__(self, host, zygote, reset):
+    def __init__(self, host, zygote, reset, data_names=()):
         self.host = host
         self.hbuf = _FrameBuffer(MAX_FRAME)
         # Every socket read lands here: a fresh 1 MiB bytes object per read
@@ -90,6 +91,10 @@ class _Supervisor:
         # allocations that large), three page-table changes per frame.
         self.rbuf = _read_buffer()
         self.zygote = zygote
+        # The zygote's data zygote (holding the preload modules), once it
+        # says: a job whose code names one of data_names is forked there.
+        self.data_zygote = None
+        self.data_words = re.compile(r"\b(?:%s)\b" % "|".join(map(re.escape, sorted(set(data_names))))) if data_names else None
         self.reset_ok = reset  # PID 1 of its own container: may sweep and wipe
         self.ex = None  # the running executor
         self.xbuf = None
@@ -265,7 +270,11 @@ class _Supervisor:
                 return
             if self.ex is not None:
                 self.end_executor()
-            spare = self.spares.pop(lang, None)
+            # Code that names a preloaded module (the data stack) runs in a
+            # fork of the data zygote; other code in a fork of the plain one.
+            code = exec_frame["code"]
+            data = lang == "python" and self.data_words is not None and isinstance(code, str) and bool(self.data_words.search(code))
+            spare = None if data else self.spares.pop(lang, None)
             self.drop_spares()  # the zygote ends them
             if spare is not None:
                 # Straight to the spare: the zygote hears which it was.
@@ -285,7 +294,7 @@ class _Supervisor:
             if self.fresh and lang == "python":
                 self.pending_fd = fd
             try:
-                self.zygote.sock.send(json.dumps({"type": "fork", "persist": not self.fresh, "lang": lang}).encode())
+                self.zygote.sock.send(json.dumps({"type": "fork", "persist": not self.fresh, "lang": lang, "data": data}).encode())
             except OSError:
                 self.zygote_gone()
         elif kind == "reply":
@@ -311,6 +320,9 @@ class _Supervisor:
     def take_spares(self, frame, fds):
         """Keeps the spares' ends a ready or spared message handed over;
         False (fds closed) when the message does not match them."""
+        dz = frame.get("data_zygote")
+        if isinstance(dz, int) and not isinstance(dz, bool) and dz > 1:
+            self.data_zygote = dz
         handed = frame.get("handed")
         ok = isinstance(handed, list) and len(fds) == 3 * len(handed)
         langs = set()
@@ -679,7 +691,7 @@ class _Supervisor:
     # -- between jobs -------------------------------------------------------------
     def strangers(self):
         """Processes of the container other than the supervisor and the zygote."""
-        mine = {os.getpid(), self.zygote.pid}
+        mine = {os.getpid(), self.zygote.pid, self.data_zygote}
         out = []
         for name in os.listdir("/proc"):
             if name.isdigit() and int(name) not in mine:
@@ -735,13 +747,16 @@ class _Supervisor:
                         clean = False
             except OSError:
                 pass
-        try:
-            with open("/proc/%d/stat" % self.zygote.pid) as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-            if state not in ("S", "R"):
+        for pid in (self.zygote.pid, self.data_zygote):
+            if pid is None:
+                continue
+            try:
+                with open("/proc/%d/stat" % pid) as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+                if state not in ("S", "R"):
+                    clean = False
+            except (OSError, IndexError):
                 clean = False
-        except (OSError, IndexError):
-            clean = False
         return clean and not _memory_held()
 
     def kill_all(self):

@@ -132,6 +132,91 @@ def _matplotlib_config(preload):
     return dst
 
 
+def _data_zygote_main(dsock, preload):
+    """The data zygote, a child of the zygote: imports the preload modules
+    (the data stack) once, and forks an executor for each job whose code
+    names one of them, on the zygote's word. A fork of a process holding
+    the stack costs every job that takes it page tables, copy-on-write
+    faults and a larger teardown, so only such jobs take it; it keeps no
+    spare. It reports each executor's ends (forked) and exit status
+    (exited) to the zygote, which passes them on."""
+    _open_std()
+    _preload(preload)
+    runner = Runner(None)
+    runner.globals = runner.new_globals()
+    import gc
+
+    gc.freeze()
+    dsock.send(b'{"type": "ready"}')
+    while True:
+        try:
+            msg = dsock.recv(4096)
+        except OSError:
+            msg = b""
+        if not msg:
+            os._exit(0)  # zygote gone
+        try:
+            frame = json.loads(msg)
+        except ValueError:
+            os._exit(70)
+        if frame.get("type") != "fork":
+            os._exit(70)
+        parent_end, child_end = socket.socketpair()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+
+        def child():
+            dsock.close()
+            parent_end.close()
+            os.close(out_r)
+            os.close(err_r)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            os.close(out_w)
+            os.close(err_w)
+            _set_pdeathsig()
+            return _executor_main(runner, child_end)
+
+        pid = _fork_child(child)
+        child_end.close()
+        os.close(out_w)
+        os.close(err_w)
+        fds = [parent_end.detach(), out_r, err_r]
+        socket.send_fds(dsock, [json.dumps({"type": "forked", "pid": pid}).encode()], fds)
+        for fd in fds:
+            os.close(fd)
+        _, status = os.waitpid(pid, 0)
+        dsock.send(json.dumps({"type": "exited", "pid": pid, "status": status}).encode())
+
+
+def _spawn_data_zygote(zsock, preload):
+    """Forks the data zygote and waits for it to be ready; returns its pid
+    and the zygote's end of their SOCK_SEQPACKET pair, or (None, None)."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+    def child():
+        zsock.close()
+        mine.close()
+        _set_pdeathsig()
+        return _data_zygote_main(theirs, preload)
+
+    pid = _fork_child(child)
+    theirs.close()
+    try:
+        ready = json.loads(mine.recv(4096) or b"{}").get("type") == "ready"
+    except (OSError, ValueError):
+        ready = False
+    if not ready:
+        mine.close()
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+        return None, None
+    return pid, mine
+
+
 def _zygote_main(zsock, spare_js=False, preload=()):
     """The zygote: imports and builds the API once, then forks one executor per
     job (or per session) on the supervisor's word. It runs no code itself and
@@ -139,7 +224,9 @@ def _zygote_main(zsock, spare_js=False, preload=()):
     each executor's channel and output pipes to the supervisor over zsock (a
     SOCK_SEQPACKET pair) and reports its exit status.
 
-    It first imports the preload modules (the data stack by default).
+    It imports no data stack itself: where preload modules are given (the
+    data stack by default), it starts a data zygote that imports them, and
+    a job whose code names one of them is forked there (fork with data).
 
     It forks each job's executor ahead (a spare), so that a job's request
     finds one started: a Python one always, and a JavaScript one where a
@@ -163,7 +250,9 @@ def _zygote_main(zsock, spare_js=False, preload=()):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     except (OSError, ValueError):
         pass
-    _preload(preload)
+    # The data zygote first: it starts from a process that holds nothing yet.
+    data_pid, dsock = _spawn_data_zygote(zsock, preload) if preload else (None, None)
+    _preload(())  # matplotlib's config directory, for jobs that import it
     runner = Runner(None)
     # Build the API before the first job arrives: a warm sandbox's job then
     # pays only for its own code (its servers are bound when it comes).
@@ -190,6 +279,8 @@ def _zygote_main(zsock, spare_js=False, preload=()):
 
         def child():
             zsock.close()
+            if dsock is not None:
+                dsock.close()
             parent_end.close()
             for fd in others:
                 os.close(fd)
@@ -256,7 +347,8 @@ def _zygote_main(zsock, spare_js=False, preload=()):
         [language, pid] for each, its three fds in that order."""
         handed = sorted(unsent)
         fds = [fd for lang in handed for fd in unsent[lang]]
-        msg = json.dumps({"type": kind, "spares": sorted(spares), "handed": [[lang, spares[lang]] for lang in handed]}).encode()
+        msg = json.dumps({"type": kind, "spares": sorted(spares), "handed": [[lang, spares[lang]] for lang in handed],
+                          "data_zygote": data_pid}).encode()
         socket.send_fds(zsock, [msg], fds)
         for fd in fds:
             os.close(fd)
@@ -284,6 +376,28 @@ def _zygote_main(zsock, spare_js=False, preload=()):
         if kind not in ("fork", "take"):
             os._exit(70)
         lang = "javascript" if frame.get("lang") == "javascript" else "python"
+        if kind == "fork" and frame.get("data") is True and dsock is not None and lang == "python":
+            # A job that uses the data stack: forked by the data zygote. The
+            # spares end with it, as below.
+            kill_spares()
+            dsock.send(b'{"type": "fork"}')
+            try:
+                msg, fds, _, _ = socket.recv_fds(dsock, 4096, 3)
+                pid = json.loads(msg).get("pid")
+            except (OSError, ValueError, AttributeError):
+                os._exit(70)
+            if len(fds) != 3 or not isinstance(pid, int):
+                os._exit(70)
+            socket.send_fds(zsock, [json.dumps({"type": "forked", "pid": pid}).encode()], fds)
+            for fd in fds:
+                os.close(fd)
+            try:
+                status = json.loads(dsock.recv(4096)).get("status")
+            except (OSError, ValueError, AttributeError):
+                os._exit(70)
+            drop_spares()
+            zsock.send(json.dumps({"type": "exited", "pid": pid, "status": status if isinstance(status, int) else 0}).encode())
+            continue
         if kind == "take":
             # The supervisor sent the job to its language's spare.
             pid = spares.pop(lang, None)
@@ -410,7 +524,7 @@ def main():
     # its own: as its PID 1.
     reset = reset and os.getpid() == 1
     zygote = _spawn_zygote(sock, lambda z: _zygote_main(z, spare_js and reset, preload))
-    sup = _Supervisor(sock, zygote, reset)
+    sup = _Supervisor(sock, zygote, reset, data_names=[n.split(".")[0] for n in preload])
     hello = {"type": "hello", "version": PROTOCOL_VERSION, "secret": secret, "isolated": isolated, "reset": reset,
              "languages": _languages(), "call_channel": True}
     try:

@@ -16,7 +16,8 @@ import (
 // with the data stack in its memory, still serves its namespace's next job
 // (the sweep's "memory still held" check passes with them loaded): each
 // job waits for it to be armed again, as a job sent sooner would take a
-// warm container; and two jobs draw different random numbers.
+// warm container; two jobs draw different random numbers; and code that
+// names none of the stack runs in a process that does not hold it.
 func DataStack(t *testing.T, rt interface {
 	sandbox.Runtime
 	Armed(tenant string) int
@@ -70,12 +71,20 @@ print(len(plt.get_fignums()))`)
 	// zygote's generator: each is seeded again (random's at-fork handler,
 	// which a fork that skips Python's handlers would lose), and jobs do not
 	// replay one sequence.
-	const draw = "import sys\nprint('random' in sys.modules)\nimport random\nprint(random.random(), random.getrandbits(64))"
+	const draw = "import sys\nprint('random' in sys.modules)\nimport random, numpy\nprint(random.random(), random.getrandbits(64))"
 	WaitArmed(t, rt, "data")
 	a := run(draw).Stdout
 	WaitArmed(t, rt, "data")
 	b := run(draw).Stdout
 	if !strings.HasPrefix(a, "True\n") || a == b {
 		t.Fatalf("two jobs' random draws (random preloaded?): %q and %q", a, b)
+	}
+	// Code that names none of the stack is forked from a zygote without it
+	// (its fork, copy-on-write faults and teardown are those of a small
+	// process), in the same container.
+	WaitArmed(t, rt, "data")
+	plain := run("import sys, socket\nprint(socket.gethostname(), sorted(m for m in ('nump' + 'y', 'pand' + 'as') if m in sys.modules))")
+	if got := strings.TrimSpace(plain.Stdout); got != host+" []" {
+		t.Fatalf("code that names no preloaded module: %q, want %q (a process without the stack, in the same container)", got, host+" []")
 	}
 }
