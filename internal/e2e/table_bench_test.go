@@ -70,7 +70,7 @@ func BenchmarkWarmCalls(b *testing.B) {
 
 func warmCalls(b *testing.B, what string, connect func(testing.TB, *broker.Broker, string) *nats.Conn) {
 	bk := testutil.Broker(b, "", queue.DefaultConfig())
-	rt := podmantest.New(b, podman.Config{Config: containerpool.Config{Pool: worker.DefaultConfig("").Slots}})
+	rt := podmantest.New(b, workerDefaults(worker.DefaultConfig("").Slots))
 	if !slices.Contains(sandbox.Languages(rt), sandbox.JavaScript) {
 		b.Fatalf("the sandbox image runs %v: rebuild it with Node.js (sudo deploy/sandbox/build.sh --force)", sandbox.Languages(rt))
 	}
@@ -83,6 +83,9 @@ func warmCalls(b *testing.B, what string, connect func(testing.TB, *broker.Broke
 		py()
 		js()
 	}
+	// Warm calls: the pool has refilled what the warm-up took (a container
+	// start imports the data stack, about a second of CPU).
+	sandboxtest.WaitWarm(b, rt, worker.DefaultConfig("").Slots)
 	var pyB2B, jsB2B, jsAlt, pyAlt, pySpaced, jsSpaced, baseline samples
 	busy0, _, cpuOK := cpuTimes()
 	for b.Loop() {
@@ -143,6 +146,12 @@ func warmCalls(b *testing.B, what string, connect func(testing.TB, *broker.Broke
 		ms(pyB2B.pct(50)), ms(jsB2B.pct(90)), ms(jsAlt.pct(90)), ms(baseline.pct(50)))
 }
 
+// workerDefaults is the Podman runtime a worker starts with its default
+// flags, for pool warm containers: among them --preload, the data stack.
+func workerDefaults(pool int) podman.Config {
+	return podman.Config{Config: containerpool.Config{Pool: pool, Preload: sandbox.DefaultPreload}}
+}
+
 // timedCall calls tool with code, which must print 1, and returns how long
 // the call took.
 func timedCall(b *testing.B, c *client.Client, tool, code string) time.Duration {
@@ -191,7 +200,7 @@ func BenchmarkProxiedEcho(b *testing.B) {
 
 func proxiedEcho(b *testing.B, what string, connect func(testing.TB, *broker.Broker, string) *nats.Conn) {
 	bk := testutil.Broker(b, "", queue.DefaultConfig())
-	rt := podmantest.New(b, podman.Config{Config: containerpool.Config{Pool: worker.DefaultConfig("").Slots}})
+	rt := podmantest.New(b, workerDefaults(worker.DefaultConfig("").Slots))
 	testutil.WorkerOn(b, connect(b, bk, "worker-bench"), rt, worker.DefaultConfig("bench-worker"))
 	pool := testutil.Pool(b, mcpclients.Config{}, testutil.TestServerDef(b, "ts", nil))
 	fe := testutil.FrontendOnWith(b, connect(b, bk, "frontend-bench"), frontend.Config{ID: "bench-fe", Tools: pool})
@@ -294,7 +303,7 @@ func BenchmarkConcurrency(b *testing.B) {
 	slots := worker.DefaultConfig("").Slots
 	var rts []*podman.Runtime
 	addWorker := func() {
-		rt := podmantest.New(b, podman.Config{Config: containerpool.Config{Pool: slots}})
+		rt := podmantest.New(b, workerDefaults(slots))
 		testutil.Worker(b, bk, rt, worker.DefaultConfig(fmt.Sprintf("bench-worker-%d", len(rts))))
 		rts = append(rts, rt)
 	}
