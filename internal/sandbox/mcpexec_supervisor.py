@@ -273,7 +273,8 @@ class _Supervisor:
             # Code that names a preloaded module (the data stack) runs in a
             # fork of the data zygote; other code in a fork of the plain one.
             code = exec_frame["code"]
-            data = lang == "python" and self.data_words is not None and isinstance(code, str) and bool(self.data_words.search(code))
+            data = (lang == "python" and self.data_zygote is not None and self.data_words is not None
+                    and isinstance(code, str) and bool(self.data_words.search(code)))
             spare = None if data else self.spares.pop(lang, None)
             self.drop_spares()  # the zygote ends them
             if spare is not None:

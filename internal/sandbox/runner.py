@@ -161,32 +161,41 @@ def _data_zygote_main(dsock, preload):
             os._exit(70)
         if frame.get("type") != "fork":
             os._exit(70)
-        parent_end, child_end = socket.socketpair()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-
-        def child():
-            dsock.close()
-            parent_end.close()
-            os.close(out_r)
-            os.close(err_r)
-            os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
-            os.close(out_w)
-            os.close(err_w)
-            _set_pdeathsig()
-            return _executor_main(runner, child_end)
-
-        pid = _fork_child(child)
-        child_end.close()
-        os.close(out_w)
-        os.close(err_w)
-        fds = [parent_end.detach(), out_r, err_r]
+        pid, fds = _fork_executor(lambda chan: _executor_main(runner, chan), [dsock], [])
         socket.send_fds(dsock, [json.dumps({"type": "forked", "pid": pid}).encode()], fds)
         for fd in fds:
             os.close(fd)
         _, status = os.waitpid(pid, 0)
         dsock.send(json.dumps({"type": "exited", "pid": pid, "status": status}).encode())
+
+
+def _fork_executor(run, socks, fds):
+    """Forks an executor that calls run(channel) with its output on fds 1 and
+    2, after closing the zygote's sockets socks and descriptors fds (none of
+    them the code's); returns its pid and the supervisor's ends (channel,
+    stdout, stderr)."""
+    parent_end, child_end = socket.socketpair()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+
+    def child():
+        for sock in socks:
+            sock.close()
+        parent_end.close()
+        for fd in [out_r, err_r] + fds:
+            os.close(fd)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.close(out_w)
+        os.close(err_w)
+        _set_pdeathsig()
+        return run(child_end)
+
+    pid = _fork_child(child)
+    child_end.close()
+    os.close(out_w)
+    os.close(err_w)
+    return pid, [parent_end.detach(), out_r, err_r]
 
 
 def _spawn_data_zygote(zsock, preload):
@@ -269,34 +278,8 @@ def _zygote_main(zsock, spare_js=False, preload=()):
     unsent = {}
 
     def fork_executor(run):
-        """Forks an executor that calls run(channel) with its output on fds 1
-        and 2; returns its pid and the supervisor's ends (channel, stdout,
-        stderr)."""
-        parent_end, child_end = socket.socketpair()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        others = [out_r, err_r] + [fd for fds in unsent.values() for fd in fds]
-
-        def child():
-            zsock.close()
-            if dsock is not None:
-                dsock.close()
-            parent_end.close()
-            for fd in others:
-                os.close(fd)
-            os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
-            os.close(out_w)
-            os.close(err_w)
-            _set_pdeathsig()
-            return run(child_end)
-
-        pid = _fork_child(child)
-        child_end.close()
-        os.close(out_w)
-        os.close(err_w)
-        fds = [parent_end.detach(), out_r, err_r]
-        return pid, fds
+        socks = [zsock] + ([dsock] if dsock is not None else [])
+        return _fork_executor(run, socks, [fd for fds in unsent.values() for fd in fds])
 
     def fork_python(spare=False):
         return fork_executor(lambda chan: _executor_main(runner, chan, spare))
@@ -412,7 +395,9 @@ def _zygote_main(zsock, spare_js=False, preload=()):
             # be reached by its code: they end with it. Killed now, they
             # free their memory for the job and are reaped, off the job's
             # path, when the job ends.
-            pid = spares.pop(lang, None)
+            # (A job for the data zygote, where there is none, takes no
+            # spare: the supervisor closed their ends.)
+            pid = None if frame.get("data") is True else spares.pop(lang, None)
             kill_spares()
             if pid is not None:
                 zsock.send(json.dumps({"type": "forked", "pid": pid, "handed": True}).encode())
