@@ -285,29 +285,57 @@ func (f *Frontend) run(ctx context.Context, job *jobs.Job, progress func(jobs.Ev
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	defer stop()
-	if err := f.client.Submit(ctx, job); err != nil && !errors.Is(err, queue.ErrDuplicate) {
-		if errors.Is(err, queue.ErrQueueFull) {
-			f.cfg.Metrics.Submitted("rejected")
-			return f.record(context.WithoutCancel(ctx), job.ID)
+	// The submission is made durable while its events are reported: a
+	// worker may take the job, and its code print, before the submission's
+	// barriers are done, and its progress is reported in the order it
+	// happened. The caller hears the outcome only once the submission
+	// succeeded.
+	subErr := make(chan error, 1)
+	go func() { subErr <- f.client.Submit(ctx, job) }()
+	defer func() {
+		if subErr != nil {
+			// The submission ends with ctx, or within its patience; the
+			// run has already answered.
+			if err := <-subErr; err != nil {
+				f.log.Debug("submission of a run that ended first", "job", job.ID, "err", err)
+			}
 		}
-		f.cfg.Metrics.Submitted("error")
-		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	f.cfg.Metrics.Submitted("accepted")
-	f.log.Debug("job submitted", "job", job.ID, "trace_id", jobs.TraceID(job.Trace()))
+	}()
+	var ended *jobs.Event // a terminal event that came before the submission succeeded
 	poll := time.NewTicker(5 * time.Second)
 	defer poll.Stop()
 	for {
 		select {
+		case err := <-subErr:
+			subErr = nil
+			if err != nil && !errors.Is(err, queue.ErrDuplicate) {
+				if errors.Is(err, queue.ErrQueueFull) {
+					f.cfg.Metrics.Submitted("rejected")
+					return f.record(context.WithoutCancel(ctx), job.ID)
+				}
+				f.cfg.Metrics.Submitted("error")
+				return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			}
+			f.cfg.Metrics.Submitted("accepted")
+			f.log.Debug("job submitted", "job", job.ID, "trace_id", jobs.TraceID(job.Trace()))
+			if ended != nil {
+				return f.settled(ctx, job, *ended)
+			}
 		case ev := <-events:
 			if progress != nil {
 				progress(ev)
 			}
 			if ev.Kind == jobs.EventFinished || ev.Kind == jobs.EventCancelled {
-				return f.settled(ctx, job, ev)
+				if subErr == nil {
+					return f.settled(ctx, job, ev)
+				}
+				ended = &ev
 			}
 		case <-poll.C:
 			// Events are best effort on core NATS; the state service is the record.
+			if subErr != nil {
+				continue
+			}
 			if rec, err := f.record(ctx, job.ID); err == nil && rec.Status.Terminal() {
 				return rec, nil
 			}
@@ -315,6 +343,15 @@ func (f *Frontend) run(ctx context.Context, job *jobs.Job, progress func(jobs.Ev
 			// Shutting down: the job goes on, and its caller can fetch the result.
 			return nil, &ResumableError{JobID: job.ID}
 		case <-ctx.Done():
+			if subErr != nil {
+				// Cancelled only once recorded: a cancel before the claim
+				// would find no job, and the job would then run.
+				err := <-subErr
+				subErr = nil
+				if err != nil && !errors.Is(err, queue.ErrDuplicate) {
+					return nil, ctx.Err()
+				}
+			}
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
 			if err := f.cancel(cctx, job.ID, "the caller went away"); err != nil {
