@@ -266,15 +266,6 @@ func batchLen[T any](items []T, msg func(T) *nats.Msg) int {
 // batch after another, and returns each one's result: what a publish of
 // each alone would have returned, or the error of a batch left unanswered.
 func (g *groupCommit) publishAll(ctx context.Context, msgs []*nats.Msg) []pubResult {
-	results := g.store(ctx, msgs)
-	g.sync(ctx, results)
-	return results
-}
-
-// store is publishAll without the barrier: each result says the message is
-// stored, not yet that it is durable where the brokers need a barrier for
-// that (sync makes it so).
-func (g *groupCommit) store(ctx context.Context, msgs []*nats.Msg) []pubResult {
 	results := make([]pubResult, 0, len(msgs))
 	// Ungrouped: publishBatch's path for a stream without atomic batches,
 	// every message in flight at once.
@@ -291,6 +282,7 @@ func (g *groupCommit) store(ctx context.Context, msgs []*nats.Msg) []pubResult {
 		results = append(results, g.publishBatch(ctx, batch, disabled || ungrouped)...)
 		msgs = msgs[n:]
 	}
+	g.sync(ctx, results)
 	return results
 }
 

@@ -135,10 +135,7 @@ func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, k
 		claims, claimOf = append(claims, m), append(claimOf, i)
 	}
 	claimSeqs := make([]uint64, len(js))
-	results := c.events.store(ctx, claims)
-	stored := make([]bool, len(results))
-	for k, r := range results {
-		stored[k] = r.err == nil
+	for k, r := range c.events.publishAll(ctx, claims) {
 		i := claimOf[k]
 		if r.err == nil {
 			c.sawEvent(r.seq)
@@ -153,28 +150,6 @@ func (c *Client) claimChunk(ctx context.Context, js []*jobs.Job, errs []error, k
 			errs[i] = fmt.Errorf("record %s of %s: %w", kind, js[i].ID, r.err)
 		}
 	}
-	// The claims' barrier (where the brokers need one to make them durable)
-	// runs beside the enqueue: a worker may take the job before its claim is
-	// durable. Its start is recorded in the same stream after the claim, and
-	// is durable only once the claim is. A cut that keeps the job's message
-	// and loses its claim leaves a job that runs without a submission record
-	// (its record is made from its other events, jobs.Apply), as a cut that
-	// kept both before the submitter heard of either does: the submitter is
-	// told of neither, and tries again.
-	claimsSynced := make(chan struct{})
-	go func() {
-		defer close(claimsSynced)
-		c.events.sync(ctx, results)
-	}()
-	defer func() {
-		<-claimsSynced
-		for k, r := range results {
-			if stored[k] && r.err != nil { // stored, not synced: a retry finds the claim
-				i := claimOf[k]
-				errs[i] = fmt.Errorf("record %s of %s: %w", kind, js[i].ID, r.err)
-			}
-		}
-	}()
 	// 2. Enqueue the claimed jobs, and repair a duplicate whose first claimer
 	// may have died between claim and enqueue (the jobs stream deduplicates).
 	// A submitted job that waits for parents is enqueued by its release.
