@@ -31,6 +31,9 @@ func TestOneNodePowerCut(t *testing.T) {
 	for _, p := range append(v.problems, stuck...) {
 		t.Error(p)
 	}
+	if len(v.lost) > 0 {
+		f.diagnose(t, v.lost)
+	}
 	probe(t, f)
 }
 
