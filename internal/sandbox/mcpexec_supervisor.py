@@ -321,15 +321,14 @@ class _Supervisor:
     def take_spares(self, frame, fds):
         """Keeps the spares' ends a ready or spared message handed over;
         False (fds closed) when the message does not match them."""
-        dz = frame.get("data_zygote")
-        if isinstance(dz, int) and not isinstance(dz, bool) and dz > 1:
-            self.data_zygote = dz
+        if _int(frame.get("data_zygote")) > 1:
+            self.data_zygote = frame["data_zygote"]
         handed = frame.get("handed")
         ok = isinstance(handed, list) and len(fds) == 3 * len(handed)
         langs = set()
         for entry in handed if ok else ():
             ok = (isinstance(entry, list) and len(entry) == 2 and entry[0] in ("python", "javascript") and entry[0] not in langs
-                  and isinstance(entry[1], int) and not isinstance(entry[1], bool) and entry[1] > 1)
+                  and _int(entry[1]) > 1)
             if not ok:
                 break
             langs.add(entry[0])
@@ -366,7 +365,6 @@ class _Supervisor:
             if frame.get("handed") is True and not fds:
                 # The spare the zygote announced after this job was sent.
                 spare = self.spares.pop(self.pending_lang, None)
-                self.drop_spares()
                 if spare is None or spare[0] != pid:
                     _close_all(spare[1] if spare else ())
                     self.fail_zygote("the code's parent process named a spare it did not hand over")

@@ -132,6 +132,30 @@ def _matplotlib_config(preload):
     return dst
 
 
+def _next_order(sock):
+    """The next message on sock, from the process this one serves (the
+    supervisor, or the zygote): it exits when that process is gone, and
+    with 70 on a message that is not JSON."""
+    try:
+        msg = sock.recv(4096)
+    except OSError:
+        msg = b""
+    if not msg:
+        os._exit(0)
+    try:
+        return json.loads(msg)
+    except ValueError:
+        os._exit(70)
+
+
+def _send_ends(sock, frame, fds):
+    """Sends frame with fds (SCM_RIGHTS) on sock, and closes this process's
+    copies: the receiver holds them now."""
+    socket.send_fds(sock, [json.dumps(frame).encode()], fds)
+    for fd in fds:
+        os.close(fd)
+
+
 def _data_zygote_main(dsock, preload):
     """The data zygote, a child of the zygote: imports the preload modules
     (the data stack) once, and forks an executor for each job whose code
@@ -149,22 +173,10 @@ def _data_zygote_main(dsock, preload):
     gc.freeze()
     dsock.send(b'{"type": "ready"}')
     while True:
-        try:
-            msg = dsock.recv(4096)
-        except OSError:
-            msg = b""
-        if not msg:
-            os._exit(0)  # zygote gone
-        try:
-            frame = json.loads(msg)
-        except ValueError:
-            os._exit(70)
-        if frame.get("type") != "fork":
+        if _next_order(dsock).get("type") != "fork":
             os._exit(70)
         pid, fds = _fork_executor(lambda chan: _executor_main(runner, chan), [dsock], [])
-        socket.send_fds(dsock, [json.dumps({"type": "forked", "pid": pid}).encode()], fds)
-        for fd in fds:
-            os.close(fd)
+        _send_ends(dsock, {"type": "forked", "pid": pid}, fds)
         _, status = os.waitpid(pid, 0)
         dsock.send(json.dumps({"type": "exited", "pid": pid, "status": status}).encode())
 
@@ -330,26 +342,14 @@ def _zygote_main(zsock, spare_js=False, preload=()):
         [language, pid] for each, its three fds in that order."""
         handed = sorted(unsent)
         fds = [fd for lang in handed for fd in unsent[lang]]
-        msg = json.dumps({"type": kind, "spares": sorted(spares), "handed": [[lang, spares[lang]] for lang in handed],
-                          "data_zygote": data_pid}).encode()
-        socket.send_fds(zsock, [msg], fds)
-        for fd in fds:
-            os.close(fd)
+        _send_ends(zsock, {"type": kind, "spares": sorted(spares), "handed": [[lang, spares[lang]] for lang in handed],
+                           "data_zygote": data_pid}, fds)
         unsent.clear()
 
     start_spares(spare_js)
     announce("ready")
     while True:
-        try:
-            msg = zsock.recv(4096)
-        except OSError:
-            msg = b""
-        if not msg:
-            os._exit(0)  # supervisor gone
-        try:
-            frame = json.loads(msg)
-        except ValueError:
-            os._exit(70)
+        frame = _next_order(zsock)
         kind = frame.get("type")
         if kind == "spare":
             start_spares(frame.get("javascript") is True)
@@ -371,9 +371,7 @@ def _zygote_main(zsock, spare_js=False, preload=()):
                 os._exit(70)
             if len(fds) != 3 or not isinstance(pid, int):
                 os._exit(70)
-            socket.send_fds(zsock, [json.dumps({"type": "forked", "pid": pid}).encode()], fds)
-            for fd in fds:
-                os.close(fd)
+            _send_ends(zsock, {"type": "forked", "pid": pid}, fds)
             try:
                 status = json.loads(dsock.recv(4096)).get("status")
             except (OSError, ValueError, AttributeError):
@@ -406,9 +404,7 @@ def _zygote_main(zsock, spare_js=False, preload=()):
                     pid, fds = fork_executor(_exec_node)
                 else:
                     pid, fds = fork_python()
-                socket.send_fds(zsock, [json.dumps({"type": "forked", "pid": pid}).encode()], fds)
-                for fd in fds:
-                    os.close(fd)
+                _send_ends(zsock, {"type": "forked", "pid": pid}, fds)
         _, status = os.waitpid(pid, 0)
         drop_spares()  # the job's code may have reached them
         zsock.send(json.dumps({"type": "exited", "pid": pid, "status": status}).encode())
