@@ -119,9 +119,10 @@ type pubResult struct {
 // leave the lead with nobody; every batch is bounded by publishTimeout.
 func (g *groupCommit) publish(ctx context.Context, m *nats.Msg) (uint64, error) {
 	if len(m.Data) > groupMaxMsgBytes || !g.grouped(ctx) {
-		r := g.publishOne(ctx, m)
-		g.sync(ctx, []pubResult{r})
-		return r.seq, r.err
+		// sync marks the results it could not make durable in place.
+		r := []pubResult{g.publishOne(ctx, m)}
+		g.sync(ctx, r)
+		return r[0].seq, r[0].err
 	}
 	p := &pendingPub{msg: m, done: make(chan pubResult, 1)}
 	g.mu.Lock()

@@ -355,6 +355,13 @@ func TestGroupCommitFollowsTheSyncPolicy(t *testing.T) {
 	if len(res) != 1 || res[0].err == nil || !errors.Is(res[0].err, nats.ErrNoResponders) {
 		t.Fatalf("k without a barrier: %+v, want the barrier's error", res)
 	}
+	// So does a lone write's, the path every write of one broker with
+	// barriers takes: its failure was lost there, and a worker told its
+	// job's outcome was durable acknowledged the job, when a power cut
+	// then lost the outcome.
+	if seq, err := g.publish(ctx, pending("l")[0].msg); err == nil || !errors.Is(err, nats.ErrNoResponders) || !Transient(err) {
+		t.Fatalf("l without a barrier: %d %v, want the barrier's error", seq, err)
+	}
 }
 
 type barrierFunc func(context.Context) error
