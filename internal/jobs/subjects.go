@@ -231,6 +231,15 @@ func (s Subjects) EventMsgID(job string, kind EventKind, attempt int) string {
 	return fmt.Sprintf("%s.%s.%d", job, kind, attempt)
 }
 
+// StartMsgID is the message id of a start of attempt recorded by one
+// delivery of the job's message (queue.Client.PublishStart): the
+// delivery's own token in it, so that JetStream deduplicates that
+// delivery's retries only, and a retry can tell its own start, found in the
+// job's history, from another delivery's start of the same attempt.
+func (s Subjects) StartMsgID(job string, attempt int, delivery string) string {
+	return fmt.Sprintf("%s.%s.%d.%s", job, EventStarted, attempt, delivery)
+}
+
 // JobMsgID is the message id of a job's message in the jobs stream.
 func (s Subjects) JobMsgID(job string) string { return job }
 

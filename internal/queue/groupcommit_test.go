@@ -87,8 +87,8 @@ func TestFirstStartsAtOnceInACluster(t *testing.T) {
 	var wg sync.WaitGroup
 	for i, m := range msgs {
 		wg.Go(func() {
-			errs[i] = client.PublishFirstStart(ctx, jobs.Event{Job: m.ID, Kind: jobs.EventStarted, Attempt: 1, Worker: "w",
-				Proof: jobs.EventProof(m.Capability, jobs.EventStarted, 1)}, m.ClaimSeq)
+			errs[i] = client.PublishStart(ctx, jobs.Event{Job: m.ID, Kind: jobs.EventStarted, Attempt: 1, Worker: "w",
+				Proof: jobs.EventProof(m.Capability, jobs.EventStarted, 1)}, queue.StartAfter{ClaimSeq: m.ClaimSeq}, queue.NewDeliveryToken())
 		})
 	}
 	wg.Wait()

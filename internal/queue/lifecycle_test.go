@@ -130,7 +130,7 @@ func TestFirstStartNeedsTheClaimLast(t *testing.T) {
 	if err := c.PublishEvent(ctx, start("lost")); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.PublishFirstStart(ctx, start("w1"), m.ClaimSeq); !errors.Is(err, queue.ErrHistoryMoved) {
+	if err := c.PublishStart(ctx, start("w1"), queue.StartAfter{ClaimSeq: m.ClaimSeq}, queue.NewDeliveryToken()); !errors.Is(err, queue.ErrHistoryMoved) {
 		t.Fatalf("first start after another start: %v, want ErrHistoryMoved", err)
 	}
 	last, err := events.GetLastMsgForSubject(ctx, sub.JobEvents(m.ID))
@@ -149,6 +149,77 @@ func TestFirstStartNeedsTheClaimLast(t *testing.T) {
 		t.Fatalf("the job ran %d times, want 0 (its only attempt was spent)", n)
 	}
 	waitQueueEmpty(t, b)
+}
+
+// TestStartOnlyOnItsHistory: a power cut that loses a consumer's state makes
+// JetStream deliver a message again, as a first delivery, to a worker while
+// the one that had it still runs it. Each delivery records its start on the
+// history it decided on, under its own token: the second one's start of the
+// same attempt is refused (it was told it had started attempt 1, and the job
+// ran twice as attempt 1), a retry tells its own landed start from another's
+// by the job's history, and of two deliveries that read the same history
+// only one starts the next attempt.
+func TestStartOnlyOnItsHistory(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := queue.DefaultConfig()
+	b := testutil.Broker(t, "", q)
+	fe := testutil.Frontend(t, b, "fe")
+	testutil.MustSubmit(t, fe, &jobs.Job{ID: "twice-1", Code: "print(1)", MaxAttempts: 3})
+	nc := testutil.Connect(t, b, "worker")
+	c, err := queue.NewClient(nc, jobs.Subjects{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := jobMessage(t, c, 1)
+	start := func(attempt int) jobs.Event {
+		return jobs.Event{Job: m.ID, Kind: jobs.EventStarted, Attempt: attempt, Worker: "w",
+			Proof: jobs.EventProof(m.Capability, jobs.EventStarted, attempt)}
+	}
+	key, err := queue.ProxyKey(ctx, c.JetStream(), jobs.Subjects{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	history := func() queue.History {
+		t.Helper()
+		h, err := queue.LookupHistory(ctx, nc, jobs.Subjects{}, key, m.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	first, second := queue.NewDeliveryToken(), queue.NewDeliveryToken()
+	claim := queue.StartAfter{ClaimSeq: m.ClaimSeq}
+	if err := c.PublishStart(ctx, start(1), claim, first); err != nil {
+		t.Fatalf("first delivery's start: %v", err)
+	}
+	if err := c.PublishStart(ctx, start(1), claim, second); !errors.Is(err, queue.ErrHistoryMoved) {
+		t.Fatalf("second first delivery's start of attempt 1: %v, want ErrHistoryMoved", err)
+	}
+	// The first delivery's retry (its answer lost) is refused as well; the
+	// history says the start is its own, and not the other's.
+	if err := c.PublishStart(ctx, start(1), claim, first); !errors.Is(err, queue.ErrHistoryMoved) {
+		t.Fatalf("retry of a landed start: %v, want ErrHistoryMoved", err)
+	}
+	h := history()
+	if h.LastAttempt != 1 || h.LastStartSeq == 0 || !h.StartedBy(start(1), first) || h.StartedBy(start(1), second) {
+		t.Fatalf("history %+v: want the first delivery's start of attempt 1", h)
+	}
+	// Two later deliveries read that history: one starts attempt 2.
+	after := queue.StartAfter{LastStartSeq: h.LastStartSeq}
+	third, fourth := queue.NewDeliveryToken(), queue.NewDeliveryToken()
+	if err := c.PublishStart(ctx, start(2), after, third); err != nil {
+		t.Fatalf("a later delivery's start of attempt 2: %v", err)
+	}
+	if err := c.PublishStart(ctx, start(2), after, fourth); !errors.Is(err, queue.ErrHistoryMoved) {
+		t.Fatalf("another delivery's start of attempt 2 on the same history: %v, want ErrHistoryMoved", err)
+	}
+	if h := history(); h.LastAttempt != 2 || !h.StartedBy(start(2), third) {
+		t.Fatalf("history %+v: want the third delivery's start of attempt 2", h)
+	}
+	if err := c.PublishStart(ctx, start(3), after, "not a token!"); err == nil {
+		t.Fatal("a start under a malformed delivery token was published")
+	}
 }
 
 // TestBrokerRestart stops the broker with jobs queued and memory written, and

@@ -29,7 +29,7 @@ type Message struct {
 	// job in the same call (0 for a release, a repair or a requeue). While
 	// that event is still the last of the job's events the job has no other
 	// history, so its worker records the first start on that condition
-	// (Client.PublishFirstStart) instead of reading the history first.
+	// (Client.PublishStart) instead of reading the history first.
 	ClaimSeq uint64 `json:"claim_seq,omitempty"`
 }
 

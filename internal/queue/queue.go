@@ -6,6 +6,8 @@ package queue
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -196,27 +198,89 @@ func (c *Client) PublishEvent(ctx context.Context, ev jobs.Event) error {
 	return c.publishEvent(ctx, ev, nil)
 }
 
-// ErrHistoryMoved is PublishFirstStart's answer for a job with events after
-// its claim: nothing was stored; look the job's history up.
-var ErrHistoryMoved = errors.New("the job has events after its claim")
+// ErrHistoryMoved is PublishStart's answer for a job whose history moved on
+// from the one its start was decided on: nothing was stored; look the job's
+// history up.
+var ErrHistoryMoved = errors.New("the job's history moved on since it was read")
 
-// PublishFirstStart records ev, the job's start, only while the job's claim
-// (its submitted event, at claimSeq of the events stream: Message.ClaimSeq)
-// is still its last event, so that the job was neither cancelled nor
-// started nor ended before: JetStream checks it as it stores the event
-// (Nats-Expected-Last-Subject-Sequence over all of the job's event
-// subjects). It returns ErrHistoryMoved when the job has later events, and
-// stores nothing then. A worker records a first delivery's start this way
-// instead of reading the job's history, one request and three reads less.
-func (c *Client) PublishFirstStart(ctx context.Context, ev jobs.Event, claimSeq uint64) error {
+// StartAfter is the history a start is decided on, which PublishStart checks
+// as JetStream stores the start (Nats-Expected-Last-Subject-Sequence).
+type StartAfter struct {
+	// ClaimSeq, on a first delivery, is the job's claim (its submitted
+	// event, at this sequence of the events stream: Message.ClaimSeq): the
+	// start is stored only while the claim is the job's last event, so that
+	// the job was neither cancelled nor started nor ended before. A worker
+	// records a first delivery's start this way instead of reading the
+	// job's history, one request and three reads less.
+	ClaimSeq uint64
+	// LastStartSeq, when ClaimSeq is 0, is the sequence of the job's last
+	// start that the history read said (History.LastStartSeq; 0: none): the
+	// start is stored only while no other start came after it, so that two
+	// deliveries that read the same history cannot both run its next
+	// attempt.
+	LastStartSeq uint64
+}
+
+// PublishStart records ev, a start of the job by one delivery of its message
+// (named by delivery, a NewDeliveryToken, the same across that delivery's
+// tries), only on the history after says. It returns ErrHistoryMoved when
+// the history moved on, and stores nothing then.
+//
+// Why the condition and the token: after a power cut that loses a
+// consumer's state, JetStream delivers a message again as a first delivery
+// while the worker that had it still runs it. With one message id per
+// attempt and no condition on a retry, both deliveries were told they had
+// started attempt 1, both ran, and the job's effects happened twice under
+// one attempt. A retry whose earlier try may have landed (its answer lost)
+// gets ErrHistoryMoved here too, as its own start is now the last one: it
+// reads the history, and the start is its own when History.LastStartID is
+// StartMsgID of its token (StartedBy).
+func (c *Client) PublishStart(ctx context.Context, ev jobs.Event, after StartAfter, delivery string) error {
+	if !validToken(delivery) {
+		return fmt.Errorf("start of %s: delivery token %.40q is not 1 to 32 letters and digits", ev.Job, delivery)
+	}
 	err := c.publishEvent(ctx, ev, func(m *nats.Msg) {
-		m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(claimSeq, 10))
-		m.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, c.sub.JobEvents(ev.Job))
+		m.Header.Set(jetstream.MsgIDHeader, c.sub.StartMsgID(ev.Job, ev.Attempt, delivery))
+		if after.ClaimSeq > 0 {
+			m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(after.ClaimSeq, 10))
+			m.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, c.sub.JobEvents(ev.Job))
+			return
+		}
+		// The started subject alone: the job's other events (a
+		// cancellation, another's outcome) do not stop a start that the
+		// history allowed; the worker handles them as for any running job.
+		m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(after.LastStartSeq, 10))
 	})
 	if isWrongLastSeq(err) {
 		return fmt.Errorf("%w: %w", ErrHistoryMoved, err)
 	}
 	return err
+}
+
+// StartedBy reports whether h's last start is ev's (its attempt), recorded
+// by the delivery named delivery.
+func (h History) StartedBy(ev jobs.Event, delivery string) bool {
+	return h.LastAttempt == ev.Attempt && h.LastStartID != "" && h.LastStartID == (jobs.Subjects{}).StartMsgID(ev.Job, ev.Attempt, delivery)
+}
+
+// NewDeliveryToken returns a token naming one delivery of a job message
+// (PublishStart).
+func NewDeliveryToken() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // never fails
+	return hex.EncodeToString(b[:])
+}
+
+func validToken(t string) bool {
+	if t == "" || len(t) > 32 {
+		return false
+	}
+	for _, c := range []byte(t) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *Client) publishEvent(ctx context.Context, ev jobs.Event, expect func(*nats.Msg)) error {
@@ -247,6 +311,13 @@ type History struct {
 	// Only attempts that reached the code are counted: a delivery whose
 	// sandbox never came up consumes none.
 	LastAttempt int `json:"last_attempt"`
+	// LastStartSeq is the events stream's sequence of the last message on
+	// the job's started subject, proven or not (0: none): what a start
+	// decided on this history expects (StartAfter).
+	LastStartSeq uint64 `json:"last_start_seq,omitempty"`
+	// LastStartID is the message id of the job's last start, when it is
+	// proven (StartedBy).
+	LastStartID string `json:"last_start_id,omitempty"`
 }
 
 // LookupHistory looks up job id's cancellation, last start and outcome in
@@ -279,8 +350,11 @@ func LookupHistory(ctx context.Context, nc *nats.Conn, s jobs.Subjects, key []by
 	if ev, ok := provenEvent(key, finished, id, jobs.EventFinished); ok {
 		h.Finished = ev.Result != nil
 	}
+	if started != nil {
+		h.LastStartSeq, _ = strconv.ParseUint(started.Header.Get(jetstream.SequenceHeader), 10, 64)
+	}
 	if ev, ok := provenEvent(key, started, id, jobs.EventStarted); ok {
-		h.LastAttempt = ev.Attempt
+		h.LastAttempt, h.LastStartID = ev.Attempt, started.Header.Get(jetstream.MsgIDHeader)
 	}
 	return h, nil
 }

@@ -5,6 +5,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -12,6 +13,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/errs"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/state"
 )
 
 // record publishes the job's terminal event (its result), shrinking the output
@@ -30,22 +32,32 @@ func (w *Worker) record(ctx context.Context, d *delivery, attempt int, res jobs.
 // eventTryWait bounds one try of publishing an event.
 const eventTryWait = 4 * time.Second
 
-// publishFirstStart records ev, the start of a first delivery's attempt 1,
-// on condition that the job's claim is still its last event. When the
-// first try's answer is lost (a failover), the tries after it go without
-// the condition, under the same Nats-Msg-Id: a start that landed is then
-// not stored twice (where JetStream checks the condition before the
-// deduplication, a repeat would fail it), and a cancellation recorded in
-// between is announced to the cancel subscription, as for any running job.
-func (w *Worker) publishFirstStart(ctx context.Context, d *delivery, ev jobs.Event) error {
-	pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), eventTryWait)
-	err := w.client.PublishFirstStart(d.traced(pubCtx), ev, d.claimSeq)
-	cancel()
-	if !queue.Transient(err) {
-		return err
+// publishStart records ev, the delivery's start of its attempt, on the
+// condition after (queue.PublishStart), retrying while the cluster fails
+// over or a barrier fails. A retry is refused once an earlier try landed
+// (its own start is then the job's last): the job's history then says
+// whether the start it finds is this delivery's. Any other start, or a
+// history that cannot be read before the patience runs out, leaves the
+// attempt not started (ErrHistoryMoved hands the message back, to be
+// delivered again with its history read).
+func (w *Worker) publishStart(ctx context.Context, d *delivery, ev jobs.Event, after queue.StartAfter) error {
+	deadline := time.Now().Add(queue.DefaultPatience)
+	for try := 0; ; try++ {
+		pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), eventTryWait)
+		err := w.client.PublishStart(d.traced(pubCtx), ev, after, d.token)
+		if try > 0 && errors.Is(err, queue.ErrHistoryMoved) {
+			var h queue.History
+			if h, err = w.state.JobHistory(pubCtx, d.job.ID, d.capability); err == nil && !h.StartedBy(ev, d.token) {
+				err = fmt.Errorf("%w: the job's last start is another delivery's", queue.ErrHistoryMoved)
+			}
+		}
+		cancel()
+		if err == nil || !(queue.Transient(err) || errors.Is(err, state.ErrUnavailable)) || time.Now().After(deadline) {
+			return err
+		}
+		d.log.Warn("record start: retrying", "err", err)
+		time.Sleep(250 * time.Millisecond)
 	}
-	d.log.Warn("record event: retrying", "event", ev.Kind, "err", err)
-	return w.publishEvent(ctx, d, ev, nil)
 }
 
 // publishEvent records ev, retrying while the cluster fails over (the

@@ -210,8 +210,15 @@ type delivery struct {
 	// start is recorded on condition that the claim is the job's last
 	// event, instead of reading the job's history first.
 	claimSeq uint64
-	attempt  int
-	log      *slog.Logger
+	// lastStartSeq is, on a delivery that read the job's history, the
+	// sequence of the job's last start it found: its start is recorded on
+	// condition that none came since.
+	lastStartSeq uint64
+	// token names this delivery in its start's message id
+	// (queue.PublishStart).
+	token   string
+	attempt int
+	log     *slog.Logger
 	// span is the job's queue wait span (the job's submit span's child):
 	// the parent of the attempt's spans and of its events.
 	span trace.SpanContext
@@ -252,7 +259,8 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		w.settle(ctx, d, outcome{kind: transient, err: err, delivery: o.delivery, maxDeliver: o.maxDeliver})
 		return
 	}
-	d := &delivery{msg: msg, job: m.Job, capability: m.Capability, sessionCapability: m.SessionCapability, claimSeq: m.ClaimSeq}
+	d := &delivery{msg: msg, job: m.Job, capability: m.Capability, sessionCapability: m.SessionCapability, claimSeq: m.ClaimSeq,
+		token: queue.NewDeliveryToken()}
 	d.span = w.queueWait(ctx, msg, &m.Job, o.delivery)
 	d.log = w.log.With("job", m.ID, "delivery", o.delivery, "trace_id", d.span.TraceID().String())
 	o.maxAttempts = max(d.job.MaxAttempts, 1)
@@ -315,19 +323,18 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 		// Retried like the outcome: a start that landed but whose ack was
 		// lost in a failover would otherwise count as an attempt whose
 		// worker was lost, and end a job of max_attempts 1 worker_lost.
+		if started {
+			// A runtime that sends the code again (to another container,
+			// the same attempt) finds its start recorded.
+			return nil
+		}
 		ev := jobs.Event{Job: d.job.ID, Kind: jobs.EventStarted, Attempt: o.attempt, Worker: w.cfg.ID,
 			Proof: jobs.EventProof(d.capability, jobs.EventStarted, o.attempt)}
-		var err error
+		after := queue.StartAfter{LastStartSeq: d.lastStartSeq}
 		if firstStart {
-			err = w.publishFirstStart(ctx, d, ev)
-			// Once stored, the start is the job's last event: a runtime
-			// that sends the code again (to another container, the same
-			// attempt) records it again as any start is, its repeat
-			// deduplicated by its Nats-Msg-Id.
-			firstStart = err != nil
-		} else {
-			err = w.publishEvent(ctx, d, ev, nil)
+			after = queue.StartAfter{ClaimSeq: d.claimSeq}
 		}
+		err := w.publishStart(ctx, d, ev, after)
 		started = err == nil
 		if started {
 			host.startedSeq.Store(w.client.EventsSeq())
@@ -400,7 +407,7 @@ func (w *Worker) lookUpHistory(ctx context.Context, d *delivery, o *outcome) boo
 		o.kind, o.err = transient, err
 		return false
 	}
-	o.attempt, d.attempt = h.LastAttempt+1, h.LastAttempt+1
+	o.attempt, d.attempt, d.lastStartSeq = h.LastAttempt+1, h.LastAttempt+1, h.LastStartSeq
 	d.log = d.log.With("attempt", o.attempt)
 	switch {
 	case h.Cancelled:
