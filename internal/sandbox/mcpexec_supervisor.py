@@ -94,6 +94,8 @@ class _Supervisor:
         # The zygote's data zygote (holding the preload modules), once it
         # says: a job whose code names one of data_names is forked there.
         self.data_zygote = None
+        # The zygote starts its data zygote at the first job that uses it.
+        self.data_lazy = False
         self.data_words = re.compile(r"\b(?:%s)\b" % "|".join(map(re.escape, sorted(set(data_names))))) if data_names else None
         self.reset_ok = reset  # PID 1 of its own container: may sweep and wipe
         self.ex = None  # the running executor
@@ -273,7 +275,7 @@ class _Supervisor:
             # Code that names a preloaded module (the data stack) runs in a
             # fork of the data zygote; other code in a fork of the plain one.
             code = exec_frame["code"]
-            data = (lang == "python" and self.data_zygote is not None and self.data_words is not None
+            data = (lang == "python" and (self.data_zygote is not None or self.data_lazy) and self.data_words is not None
                     and isinstance(code, str) and bool(self.data_words.search(code)))
             spare = None if data else self.spares.pop(lang, None)
             self.drop_spares()  # the zygote ends them
@@ -323,6 +325,7 @@ class _Supervisor:
         False (fds closed) when the message does not match them."""
         if _int(frame.get("data_zygote")) > 1:
             self.data_zygote = frame["data_zygote"]
+        self.data_lazy = self.data_zygote is None and frame.get("data_lazy") is True
         handed = frame.get("handed")
         ok = isinstance(handed, list) and len(fds) == 3 * len(handed)
         langs = set()
@@ -362,6 +365,9 @@ class _Supervisor:
             self.hello = None
         elif kind == "forked" and self.pending is not None and self.ex is None:
             pid = frame.get("pid")
+            if self.data_lazy and _int(frame.get("data_zygote")) > 1:
+                # Started for this job: the sweep spares it from now on.
+                self.data_zygote, self.data_lazy = frame["data_zygote"], False
             if frame.get("handed") is True and not fds:
                 # The spare the zygote announced after this job was sent.
                 spare = self.spares.pop(self.pending_lang, None)

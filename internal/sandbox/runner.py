@@ -238,7 +238,7 @@ def _spawn_data_zygote(zsock, preload):
     return pid, mine
 
 
-def _zygote_main(zsock, spare_js=False, preload=()):
+def _zygote_main(zsock, spare_js=False, preload=(), lazy=False):
     """The zygote: imports and builds the API once, then forks one executor per
     job (or per session) on the supervisor's word. It runs no code itself and
     holds no thread, so every fork starts from the same clean state. It passes
@@ -248,6 +248,13 @@ def _zygote_main(zsock, spare_js=False, preload=()):
     It imports no data stack itself: where preload modules are given (the
     data stack by default), it starts a data zygote that imports them, and
     a job whose code names one of them is forked there (fork with data).
+    With lazy (the host has seen no such job lately) it starts the data
+    zygote at the first such job instead, which waits for its imports: a
+    container whose jobs never use the stack never pays its second of CPU.
+    The supervisor sends that job's fork only once the sweep found the
+    container clean, so the data zygote starts, as at the container's
+    start, where no code runs; it hears the data zygote's pid with the
+    job's executor (forked with data_zygote).
 
     It forks each job's executor ahead (a spare), so that a job's request
     finds one started: a Python one always, and a JavaScript one where a
@@ -272,7 +279,8 @@ def _zygote_main(zsock, spare_js=False, preload=()):
     except (OSError, ValueError):
         pass
     # The data zygote first: it starts from a process that holds nothing yet.
-    data_pid, dsock = _spawn_data_zygote(zsock, preload) if preload else (None, None)
+    data_pid, dsock = _spawn_data_zygote(zsock, preload) if preload and not lazy else (None, None)
+    data_later = bool(preload) and lazy  # the data zygote starts at the first job that uses it
     _preload(())  # matplotlib's config directory, for jobs that import it
     runner = Runner(None)
     # Build the API before the first job arrives: a warm sandbox's job then
@@ -343,7 +351,7 @@ def _zygote_main(zsock, spare_js=False, preload=()):
         handed = sorted(unsent)
         fds = [fd for lang in handed for fd in unsent[lang]]
         _send_ends(zsock, {"type": kind, "spares": sorted(spares), "handed": [[lang, spares[lang]] for lang in handed],
-                           "data_zygote": data_pid}, fds)
+                           "data_zygote": data_pid, "data_lazy": data_later}, fds)
         unsent.clear()
 
     start_spares(spare_js)
@@ -359,6 +367,15 @@ def _zygote_main(zsock, spare_js=False, preload=()):
         if kind not in ("fork", "take"):
             os._exit(70)
         lang = "javascript" if frame.get("lang") == "javascript" else "python"
+        if kind == "fork" and frame.get("data") is True and data_later and lang == "python":
+            # The first job that uses the data stack: its zygote starts now,
+            # after the spares end (no code runs: the supervisor sent this
+            # fork once the container was swept clean). If it cannot start,
+            # the job is forked here and imports what it uses itself.
+            kill_spares()
+            drop_spares()
+            data_later = False
+            data_pid, dsock = _spawn_data_zygote(zsock, preload)
         if kind == "fork" and frame.get("data") is True and dsock is not None and lang == "python":
             # A job that uses the data stack: forked by the data zygote. The
             # spares end with it, as below.
@@ -371,7 +388,7 @@ def _zygote_main(zsock, spare_js=False, preload=()):
                 os._exit(70)
             if len(fds) != 3 or not isinstance(pid, int):
                 os._exit(70)
-            _send_ends(zsock, {"type": "forked", "pid": pid}, fds)
+            _send_ends(zsock, {"type": "forked", "pid": pid, "data_zygote": data_pid}, fds)
             try:
                 status = json.loads(dsock.recv(4096)).get("status")
             except (OSError, ValueError, AttributeError):
@@ -485,13 +502,14 @@ def main():
     args = sys.argv[1:]
     reset = "--reset" in args
     spare_js = "--spare-javascript" in args
+    lazy = "--preload-lazy" in args
     preload = ()
     for a in args:
         if a.startswith("--preload="):
             preload = tuple(n for n in a[len("--preload="):].split(",") if _module_name(n))
-    args = [a for a in args if a not in ("--reset", "--spare-javascript") and not a.startswith("--preload=")]
+    args = [a for a in args if a not in ("--reset", "--spare-javascript", "--preload-lazy") and not a.startswith("--preload=")]
     if len(args) != 1:
-        sys.__stderr__.write("usage: runner.py SOCKET [--reset] [--spare-javascript] [--preload=MODULE,...]\n")
+        sys.__stderr__.write("usage: runner.py SOCKET [--reset] [--spare-javascript] [--preload=MODULE,... [--preload-lazy]]\n")
         return 2
     secret = os.environ.pop(SECRET_ENV, "")
     # PID 1 of a container gets no signal from inside it unless it handles it:
@@ -504,7 +522,7 @@ def main():
     # Sweeping processes and wiping files is safe only in a container of
     # its own: as its PID 1.
     reset = reset and os.getpid() == 1
-    zygote = _spawn_zygote(sock, lambda z: _zygote_main(z, spare_js and reset, preload))
+    zygote = _spawn_zygote(sock, lambda z: _zygote_main(z, spare_js and reset, preload, lazy))
     sup = _Supervisor(sock, zygote, reset, data_names=[n.split(".")[0] for n in preload])
     hello = {"type": "hello", "version": PROTOCOL_VERSION, "secret": secret, "isolated": isolated, "reset": reset,
              "languages": _languages(), "call_channel": True}

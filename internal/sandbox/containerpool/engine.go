@@ -55,6 +55,10 @@ type Spec struct {
 	// Preload are the modules the runner's zygote imports before its first
 	// job (the runner's --preload; Config.Preload).
 	Preload []string
+	// PreloadLazy, with Preload, has the runner import them at its first
+	// job that names one of them instead (--preload-lazy;
+	// sandbox.DataExpectation).
+	PreloadLazy bool
 }
 
 // Container is a container as Engine.List returns it.
@@ -71,6 +75,9 @@ func (s Spec) Command() []string {
 	}
 	if len(s.Preload) > 0 {
 		cmd = append(cmd, "--preload="+strings.Join(s.Preload, ","))
+		if s.PreloadLazy {
+			cmd = append(cmd, "--preload-lazy")
+		}
 	}
 	return cmd
 }

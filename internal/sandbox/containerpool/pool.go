@@ -46,6 +46,9 @@ type Pool struct {
 	log  *slog.Logger
 	base string                // the Pool's own directory under RunDir
 	js   sandbox.JSExpectation // when new sandboxes keep a JavaScript executor ready
+	// data is when new sandboxes start their data zygote before their
+	// first job (else at their first job that uses the data stack).
+	data *sandbox.DataExpectation
 
 	errClosed error // ErrClosed, with the name
 
@@ -85,6 +88,7 @@ func New(name string, cfg Config, eng Engine) (*Pool, error) {
 		eng:        eng,
 		log:        cfg.Logger,
 		base:       base,
+		data:       sandbox.NewDataExpectation(cfg.Preload),
 		wake:       make(chan struct{}, 1),
 		stop:       make(chan struct{}),
 		fillerDone: make(chan struct{}),
@@ -207,7 +211,8 @@ func (p *Pool) NewBox(ctx context.Context, jobLabel string, l sandbox.Limits) (_
 	}
 
 	secret := sandbox.NewSecret()
-	b.id, err = p.eng.Create(ctx, Spec{Dir: dir, Job: jobLabel, Seq: n, Limits: l, Secret: secret, SpareJavaScript: p.js.Expected(), Preload: p.cfg.Preload})
+	b.id, err = p.eng.Create(ctx, Spec{Dir: dir, Job: jobLabel, Seq: n, Limits: l, Secret: secret, SpareJavaScript: p.js.Expected(),
+		Preload: p.cfg.Preload, PreloadLazy: len(p.cfg.Preload) > 0 && !p.data.Expected()})
 	if err != nil {
 		return nil, err
 	}

@@ -23,11 +23,12 @@ import (
 type fakeEngine struct {
 	failCreate bool // Create fails after creating the container
 
-	mu      sync.Mutex // guards n, live, removed, created
-	n       int
-	live    map[string]*fakeContainer
-	removed []string
-	created int
+	mu       sync.Mutex // guards n, live, removed, created, commands
+	n        int
+	live     map[string]*fakeContainer
+	removed  []string
+	created  int
+	commands [][]string // each container's command, in the order created
 }
 
 type fakeContainer struct {
@@ -41,6 +42,7 @@ func (e *fakeEngine) Create(_ context.Context, s containerpool.Spec) (string, er
 	e.mu.Lock()
 	e.n++
 	e.created++
+	e.commands = append(e.commands, s.Command())
 	id := fmt.Sprintf("c%d-%s", e.n, strings.Repeat("0", 12))
 	c := &fakeContainer{labels: map[string]string{
 		containerpool.LabelManaged: "true", containerpool.LabelJob: s.Job,
@@ -181,6 +183,37 @@ func eventually(t *testing.T, what string, ok func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("never: %s", what)
 		}
+	}
+}
+
+// TestDataZygoteLazyUntilUsed: with preload modules, containers start
+// their data zygote at their first job that uses the data stack
+// (--preload-lazy) until such a job comes; those started after it do so
+// before their first job.
+func TestDataZygoteLazyUntilUsed(t *testing.T) {
+	t.Parallel()
+	p, e := setup(t, containerpool.Config{Pool: 1, Reuse: containerpool.ReuseNone, Preload: sandbox.DefaultPreload})
+	eventually(t, "1 warm", func() bool { return p.Warm() == 1 })
+	run(t, p, "", "print(1)")
+	eventually(t, "the pool refills", func() bool { return p.Warm() == 1 })
+	run(t, p, "", "import pandas as pd\nprint(pd.__version__)")
+	eventually(t, "the pool refills", func() bool { return p.Warm() == 1 })
+	e.mu.Lock()
+	cmds := slices.Clone(e.commands)
+	e.mu.Unlock()
+	lazy := func(cmd []string) bool { return slices.Contains(cmd, "--preload-lazy") }
+	if len(cmds) < 3 || !slices.Contains(cmds[0], "--preload=numpy,pandas,matplotlib.pyplot") {
+		t.Fatalf("commands %q: want three with the preload", cmds)
+	}
+	if !lazy(cmds[0]) || !lazy(cmds[1]) || lazy(cmds[len(cmds)-1]) {
+		t.Fatalf("commands %q: want lazy before the first data job, eager after it", cmds)
+	}
+	_, e2 := setup(t, containerpool.Config{Pool: 1, Reuse: containerpool.ReuseNone})
+	eventually(t, "a container without preload", func() bool { e2.mu.Lock(); defer e2.mu.Unlock(); return len(e2.commands) > 0 })
+	e2.mu.Lock()
+	defer e2.mu.Unlock()
+	if cmd := e2.commands[0]; lazy(cmd) || slices.ContainsFunc(cmd, func(a string) bool { return strings.HasPrefix(a, "--preload") }) {
+		t.Fatalf("without preload modules: %q", cmd)
 	}
 }
 

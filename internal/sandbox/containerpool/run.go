@@ -13,6 +13,7 @@ import (
 // Run implements sandbox.Runtime.
 func (p *Pool) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
 	p.js.Saw(job)
+	p.data.Saw(job)
 	l := p.limitsFor(job)
 	reuse := p.cfg.Reuse == ReuseNamespace && job.Tenant != "" && l == p.cfg.Limits
 	var b *Box
@@ -85,6 +86,7 @@ func (p *Pool) limitsFor(job sandbox.Job) sandbox.Limits {
 // RunInSession implements sandbox.SessionRuntime.
 func (p *Pool) RunInSession(ctx context.Context, key string, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
 	p.js.Saw(job)
+	p.data.Saw(job)
 	return p.sessions.Run(ctx, key, job, host)
 }
 

@@ -16,8 +16,10 @@ import (
 // with the data stack in its memory, still serves its namespace's next job
 // (the sweep's "memory still held" check passes with them loaded): each
 // job waits for it to be armed again, as a job sent sooner would take a
-// warm container; two jobs draw different random numbers; and code that
-// names none of the stack runs in a process that does not hold it.
+// warm container; two jobs draw different random numbers; code that
+// names none of the stack runs in a process that does not hold it; and a
+// container started before any job used the stack (which imports it at its
+// first job that does) and one started after give the code the same.
 func DataStack(t *testing.T, rt interface {
 	sandbox.Runtime
 	Armed(tenant string) int
@@ -86,5 +88,17 @@ print(len(plt.get_fignums()))`)
 	plain := run("import sys, socket\nprint(socket.gethostname(), sorted(m for m in ('nump' + 'y', 'pand' + 'as') if m in sys.modules))")
 	if got := strings.TrimSpace(plain.Stdout); got != host+" []" {
 		t.Fatalf("code that names no preloaded module: %q, want %q (a process without the stack, in the same container)", got, host+" []")
+	}
+	// The first container started before any job used the stack, and
+	// imported it at its first such job (--preload-lazy); one started
+	// since imports it before its first job. Both give the code the stack
+	// loaded.
+	res, err := rt.Run(context.Background(), sandbox.Job{ID: "data-2", Tenant: "data-2", Timeout: 60 * time.Second,
+		Code: "import socket, sys\nprint(socket.gethostname(), all(m in sys.modules for m in ('numpy', 'pandas')))"}, nil)
+	if err != nil || res.Status != sandbox.StatusSuccess {
+		t.Fatalf("run in another namespace: %v %+v", err, res)
+	}
+	if other, loaded, _ := strings.Cut(strings.TrimSpace(res.Stdout), " "); other == host || loaded != "True" {
+		t.Fatalf("another namespace's data job: %q (want another container, the stack loaded ahead)", res.Stdout)
 	}
 }
