@@ -85,6 +85,9 @@ func StartFrontend(ctx context.Context, cfg FrontendConfig) (_ *Stack, err error
 			return nil, fmt.Errorf("connect worker: %w", err)
 		}
 		s.conns = append(s.conns, wnc)
+		// The front-end and the worker reach this process's broker in
+		// process: their barriers go to its Barrier directly.
+		cfg.Worker.LocalBarrier, cfg.Frontend.LocalBarrier = s.Broker.Barrier(), s.Broker.Barrier()
 		if s.Worker, err = worker.New(wnc, s.Runtime, cfg.Worker); err != nil {
 			return nil, err
 		}

@@ -3,6 +3,7 @@ package durable_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -260,6 +261,73 @@ func TestFleetAsksWhereNeeded(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+	}
+}
+
+// streamRecorder is a StreamBarrier that records what it was asked for.
+type streamRecorder struct {
+	mu    sync.Mutex
+	asked []string // the streams of SyncStream, "" for Sync
+	err   error
+}
+
+func (r *streamRecorder) Sync(context.Context) error { return r.record("") }
+
+func (r *streamRecorder) SyncStream(_ context.Context, stream string) error { return r.record(stream) }
+
+func (r *streamRecorder) record(stream string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.asked = append(r.asked, stream)
+	return r.err
+}
+
+// TestFleetUsesTheLocalBarrier: a fleet whose brokers are in its process
+// (UseLocal) makes its barriers with the local Barrier, a stream's with a
+// pass over that stream, and asks nothing over NATS; a local pass that
+// fails fails the write (ErrNotDurable); and where the mode needs no
+// barrier, none is made.
+func TestFleetUsesTheLocalBarrier(t *testing.T) {
+	nc := natstest.Conn(t)
+	f := durable.NewFleet(nc, "test-state", "sync.test")
+	f.Every = time.Nanosecond
+	var remote atomic.Int64
+	srv, err := durable.Serve(nc, "sync.test", barrierFunc(func(context.Context) error { remote.Add(1); return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	svc, err := micro.AddService(nc, micro.Config{Name: "test-state", Version: "1.0.0",
+		Metadata: map[string]string{durable.SyncMetadata: "always", durable.BarrierMetadata: "true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := &streamRecorder{}
+	f.UseLocal(local)
+	ctx := context.Background()
+	if err := f.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Stream("EVENTS").Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(local.asked); got != "[ EVENTS]" || remote.Load() != 0 {
+		t.Fatalf("local barrier asked %q, remote %d: want a whole pass, then EVENTS's, and no request", got, remote.Load())
+	}
+	local.err = errors.New("fsync 1.blk: input/output error")
+	if err := f.Stream("EVENTS").Sync(ctx); !errors.Is(err, durable.ErrNotDurable) {
+		t.Fatalf("a failed local pass: %v, want ErrNotDurable", err)
+	}
+	if err := svc.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if svc, err = micro.AddService(nc, micro.Config{Name: "test-state", Version: "1.0.0",
+		Metadata: map[string]string{durable.SyncMetadata: "interval:2m0s"}}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = svc.Stop() }() // the test is over with it
+	if err := f.Sync(ctx); err != nil || len(local.asked) != 3 {
+		t.Fatalf("under an interval: %v, the local barrier asked %q", err, local.asked)
 	}
 }
 

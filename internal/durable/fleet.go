@@ -73,10 +73,24 @@ type Fleet struct {
 	subject string // where barriers are served
 	barrier *Client
 
-	mu      sync.Mutex // guards readAt, mode, streams
+	mu      sync.Mutex // guards readAt, mode, streams, local
 	readAt  time.Time
 	mode    Mode
 	streams map[string]*Client
+	// local, when set (UseLocal), is the broker's own Barrier, in this
+	// process: barriers go to it directly instead of over NATS.
+	local Barrier
+}
+
+// UseLocal makes the fleet's barriers go to b, the Barrier of the broker
+// running in this process that the fleet's connection reaches in process
+// (the embedded default): a pass then costs its syncs, not also a request's
+// round trip through the server and two goroutine hand-offs each way. The
+// mode is still read from the state service, as for any fleet.
+func (f *Fleet) UseLocal(b Barrier) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.local = b
 }
 
 // ModeEvery is how often a Fleet reads the brokers' mode.
@@ -152,11 +166,23 @@ type streamBarrier struct {
 
 func (b streamBarrier) Sync(ctx context.Context) error { return b.f.syncWith(ctx, b.c) }
 
-// syncWith is Sync with barrier requests made by c.
+// syncWith is Sync with barrier requests made by c (or, with a local
+// barrier, the pass c's requests would ask for).
 func (f *Fleet) syncWith(ctx context.Context, c *Client) error {
 	m := f.Mode(ctx)
 	if m == ModeAlways || m == ModeInterval {
 		return nil
+	}
+	f.mu.Lock()
+	local := f.local
+	f.mu.Unlock()
+	if local != nil {
+		ctx, cancel := context.WithTimeout(ctx, requestWait) // as a request is bounded
+		defer cancel()
+		if sb, ok := local.(StreamBarrier); ok && c.stream != "" {
+			return notDurable(sb.SyncStream(ctx, c.stream))
+		}
+		return notDurable(local.Sync(ctx))
 	}
 	err := c.Sync(ctx)
 	if m == ModeUnknown && errors.Is(err, nats.ErrNoResponders) {

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpexec/mcpexec/internal/auditlog"
+	"github.com/mcpexec/mcpexec/internal/durable"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/proxyresp"
@@ -35,6 +36,11 @@ type Config struct {
 	Subjects jobs.Subjects
 	Limits   jobs.Limits
 	Logger   *slog.Logger
+	// LocalBarrier, when set, is the Barrier of the broker in this process
+	// that the front-end's connection reaches in process (the embedded
+	// default): its submissions' barriers go there directly
+	// (durable.Fleet.UseLocal).
+	LocalBarrier durable.Barrier
 	// Tools is the MCP client pool behind call_tool and the docs helpers; nil
 	// means no MCP servers are configured.
 	Tools proxyresp.ToolSource
@@ -99,6 +105,9 @@ func New(nc *nats.Conn, cfg Config) (*Frontend, error) {
 	client, err := queue.NewClient(nc, cfg.Subjects)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.LocalBarrier != nil {
+		client.UseLocalBarrier(cfg.LocalBarrier)
 	}
 	st := state.NewClient(nc, cfg.Subjects)
 	st.EventsFloor = client.EventsSeq // reads see this front-end's submissions

@@ -144,6 +144,11 @@ func NewClient(nc *nats.Conn, s jobs.Subjects) (*Client, error) {
 // before they tell anyone a write succeeded.
 func (c *Client) Sync(ctx context.Context) error { return c.fleet.Sync(ctx) }
 
+// UseLocalBarrier makes the client's barriers go to b, the Barrier of the
+// broker in this process that its connection reaches in process
+// (durable.Fleet.UseLocal).
+func (c *Client) UseLocalBarrier(b durable.Barrier) { c.fleet.UseLocal(b) }
+
 // Fleet is the client's barrier of the brokers it reaches (Sync).
 func (c *Client) Fleet() *durable.Fleet { return c.fleet }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mcpexec/mcpexec/internal/durable"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/metrics"
 	"github.com/mcpexec/mcpexec/internal/queue"
@@ -36,6 +37,10 @@ type Config struct {
 	FetchWait  time.Duration // longest wait of one pull request
 	RetryDelay time.Duration // delay before a job whose sandbox failed is redelivered
 	Logger     *slog.Logger
+	// LocalBarrier, when set, is the Barrier of the broker in this process
+	// that the worker's connection reaches in process (the embedded
+	// default): its barriers go there directly (durable.Fleet.UseLocal).
+	LocalBarrier durable.Barrier
 	// SessionIdle ends a session after this long without a job (0: 300 s);
 	// MaxSessions caps the sessions this worker holds at once (0: 16).
 	SessionIdle time.Duration
@@ -100,6 +105,9 @@ func New(nc *nats.Conn, rt sandbox.Runtime, cfg Config) (*Worker, error) {
 	client, err := queue.NewClient(nc, cfg.Queue.Subjects)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.LocalBarrier != nil {
+		client.UseLocalBarrier(cfg.LocalBarrier)
 	}
 	return &Worker{cfg: cfg, nc: nc, client: client, verify: queue.NewVerifier(nc, cfg.Queue.Subjects), state: state.NewClient(nc, cfg.Queue.Subjects),
 		rt: rt, log: cfg.Logger.With("worker", cfg.ID), tracer: tracing.Tracer(cfg.Tracing),
