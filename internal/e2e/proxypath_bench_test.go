@@ -11,9 +11,7 @@ import (
 
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
-	"github.com/nats-io/nats.go"
 
-	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/discovery"
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
@@ -85,7 +83,7 @@ func (instantTools) CallTool(context.Context, string, string, map[string]any) (*
 //	go test -tags "$TAGS" -run '^$' -bench ProxyPath -benchtime 20x ./internal/e2e
 func BenchmarkProxyPath(b *testing.B) {
 	for _, sh := range fleetShapes {
-		b.Run(sh.name, func(b *testing.B) { proxyPath(b, sh.connect) })
+		b.Run(sh.name, func(b *testing.B) { proxyPath(b, sh) })
 	}
 }
 
@@ -104,10 +102,10 @@ func timedRun(b *testing.B, c *client.Client, code string) samples {
 	return ds
 }
 
-func proxyPath(b *testing.B, connect func(testing.TB, *broker.Broker, string) *nats.Conn) {
+func proxyPath(b *testing.B, sh fleetShape) {
 	bk := testutil.Broker(b, "", queue.DefaultConfig())
-	testutil.WorkerOn(b, connect(b, bk, "worker-bench"), callingRuntime{}, worker.DefaultConfig("bench-worker"))
-	fe := testutil.FrontendOnWith(b, connect(b, bk, "frontend-bench"), frontend.Config{ID: "bench-fe", Tools: instantTools{}})
+	sh.worker(b, bk, callingRuntime{}, worker.DefaultConfig("bench-worker"))
+	fe := sh.frontend(b, bk, frontend.Config{ID: "bench-fe", Tools: instantTools{}})
 	c := testutil.MCPClientWith(b, fe, mcpserver.Options{Servers: func() []string { return []string{"ts"} }}, mcpserver.HTTPOptions{})
 	var hot, paused samples
 	for b.Loop() {

@@ -40,15 +40,34 @@ import (
 
 // fleetShapes are the two shapes of a fleet on one machine that the table's
 // latency benchmarks measure each: "embedded", the front-end and the worker
-// on in-process connections to the broker, as `frontend --data` (make run)
-// connects them; and "tcp", each a NATS client over loopback TCP, as
-// separate processes are.
-var fleetShapes = []struct {
+// on in-process connections to the broker, their barriers going to the
+// broker's own (as `frontend --data`, make run, connects them); and "tcp",
+// each a NATS client over loopback TCP, as separate processes are.
+var fleetShapes = []fleetShape{
+	{"embedded", "the embedded default (make run): front-end and worker on in-process connections", testutil.ConnectInProcess, true},
+	{"tcp", "front-end and worker as separate processes: NATS over TCP", testutil.Connect, false},
+}
+
+type fleetShape struct {
 	name, what string
 	connect    func(testing.TB, *broker.Broker, string) *nats.Conn
-}{
-	{"embedded", "the embedded default (make run): front-end and worker on in-process connections", testutil.ConnectInProcess},
-	{"tcp", "front-end and worker as separate processes: NATS over TCP", testutil.Connect},
+	local      bool // barriers go to the broker's own Barrier, in process
+}
+
+// worker starts a worker of cfg on bk, connected as sh says.
+func (sh fleetShape) worker(b testing.TB, bk *broker.Broker, rt sandbox.Runtime, cfg worker.Config) *worker.Worker {
+	if sh.local {
+		cfg.LocalBarrier = bk.Barrier()
+	}
+	return testutil.WorkerOn(b, sh.connect(b, bk, "worker-bench"), rt, cfg)
+}
+
+// frontend starts a front-end of cfg on bk, connected as sh says.
+func (sh fleetShape) frontend(b testing.TB, bk *broker.Broker, cfg frontend.Config) *frontend.Frontend {
+	if sh.local {
+		cfg.LocalBarrier = bk.Barrier()
+	}
+	return testutil.FrontendOnWith(b, sh.connect(b, bk, "frontend-bench"), cfg)
 }
 
 // BenchmarkWarmCalls is the table's latency rows, in one run through one fleet
@@ -64,18 +83,18 @@ var fleetShapes = []struct {
 //	go test -tags "$TAGS" -run '^$' -bench WarmCalls -benchtime 50x ./internal/e2e
 func BenchmarkWarmCalls(b *testing.B) {
 	for _, sh := range fleetShapes {
-		b.Run(sh.name, func(b *testing.B) { warmCalls(b, sh.what, sh.connect) })
+		b.Run(sh.name, func(b *testing.B) { warmCalls(b, sh) })
 	}
 }
 
-func warmCalls(b *testing.B, what string, connect func(testing.TB, *broker.Broker, string) *nats.Conn) {
+func warmCalls(b *testing.B, sh fleetShape) {
 	bk := testutil.Broker(b, "", queue.DefaultConfig())
 	rt := podmantest.New(b, workerDefaults(worker.DefaultConfig("").Slots))
 	if !slices.Contains(sandbox.Languages(rt), sandbox.JavaScript) {
 		b.Fatalf("the sandbox image runs %v: rebuild it with Node.js (sudo deploy/sandbox/build.sh --force)", sandbox.Languages(rt))
 	}
-	testutil.WorkerOn(b, connect(b, bk, "worker-bench"), rt, worker.DefaultConfig("bench-worker"))
-	fe := testutil.FrontendOnWith(b, connect(b, bk, "frontend-bench"), frontend.Config{ID: "bench-fe"})
+	sh.worker(b, bk, rt, worker.DefaultConfig("bench-worker"))
+	fe := sh.frontend(b, bk, frontend.Config{ID: "bench-fe"})
 	c := testutil.MCPClientWith(b, fe, mcpserver.Options{Languages: jobs.Languages}, mcpserver.HTTPOptions{})
 	py := func() time.Duration { return timedCall(b, c, mcpserver.ToolName, "print(1)") }
 	js := func() time.Duration { return timedCall(b, c, mcpserver.JSToolName, "console.log(1)") }
@@ -125,7 +144,7 @@ func warmCalls(b *testing.B, what string, connect func(testing.TB, *broker.Broke
 		{"podman-run", "`podman run --rm` per call (python3 -c)", "", baseline},
 	}
 	var tbl strings.Builder
-	fmt.Fprintf(&tbl, "\nBenchmarkWarmCalls: one worker, default configuration, real Podman; Go MCP client over streamable HTTP; %s\n\n| case | calls | p50 ms | p90 ms | goal (ms) |\n| --- | --- | --- | --- | --- |\n", what)
+	fmt.Fprintf(&tbl, "\nBenchmarkWarmCalls: one worker, default configuration, real Podman; Go MCP client over streamable HTTP; %s\n\n| case | calls | p50 ms | p90 ms | goal (ms) |\n| --- | --- | --- | --- | --- |\n", sh.what)
 	for _, r := range rows {
 		b.ReportMetric(ms(r.s.pct(50)), r.name+"-p50-ms")
 		b.ReportMetric(ms(r.s.pct(90)), r.name+"-p90-ms")
@@ -194,16 +213,16 @@ const echoCalls = 50
 //	go test -tags "$TAGS" -run '^$' -bench ProxiedEcho -benchtime 50x ./internal/e2e
 func BenchmarkProxiedEcho(b *testing.B) {
 	for _, sh := range fleetShapes {
-		b.Run(sh.name, func(b *testing.B) { proxiedEcho(b, sh.what, sh.connect) })
+		b.Run(sh.name, func(b *testing.B) { proxiedEcho(b, sh) })
 	}
 }
 
-func proxiedEcho(b *testing.B, what string, connect func(testing.TB, *broker.Broker, string) *nats.Conn) {
+func proxiedEcho(b *testing.B, sh fleetShape) {
 	bk := testutil.Broker(b, "", queue.DefaultConfig())
 	rt := podmantest.New(b, workerDefaults(worker.DefaultConfig("").Slots))
-	testutil.WorkerOn(b, connect(b, bk, "worker-bench"), rt, worker.DefaultConfig("bench-worker"))
+	sh.worker(b, bk, rt, worker.DefaultConfig("bench-worker"))
 	pool := testutil.Pool(b, mcpclients.Config{}, testutil.TestServerDef(b, "ts", nil))
-	fe := testutil.FrontendOnWith(b, connect(b, bk, "frontend-bench"), frontend.Config{ID: "bench-fe", Tools: pool})
+	fe := sh.frontend(b, bk, frontend.Config{ID: "bench-fe", Tools: pool})
 	c := testutil.MCPClientWith(b, fe, mcpserver.Options{Servers: pool.Names, Definitions: pool.Servers}, mcpserver.HTTPOptions{})
 	code := sandboxtest.EchoTimingCode(echoCalls)
 	ctx := context.Background()
@@ -242,7 +261,7 @@ func proxiedEcho(b *testing.B, what string, connect func(testing.TB, *broker.Bro
 		"| the server's own time, each call after a pause as long as the rest of a proxied call | %d | %.3f | %.3f |\n"+
 		"| mcpexec's overhead against the server back to back (p50 difference; goal ≤ 0.5) | | %.3f | |\n"+
 		"| mcpexec's overhead against the server paused as proxied calls find it (goal ≤ 0.5) | | %.3f | |\n",
-		what, len(sandboxed), ms(sandboxed.pct(50)), ms(sandboxed.pct(90)), len(direct), ms(direct.pct(50)), ms(direct.pct(90)),
+		sh.what, len(sandboxed), ms(sandboxed.pct(50)), ms(sandboxed.pct(90)), len(direct), ms(direct.pct(50)), ms(direct.pct(90)),
 		len(spaced), ms(spaced.pct(50)), ms(spaced.pct(90)), ms(over), ms(overSpaced))
 	b.Logf("proxied echo p50 %.3f ms from the sandbox, %.3f ms the server's own back to back (%.3f paused): overhead %.3f ms (%.3f) (table above)",
 		ms(sandboxed.pct(50)), ms(direct.pct(50)), ms(spaced.pct(50)), ms(over), ms(overSpaced))
