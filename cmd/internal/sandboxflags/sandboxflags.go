@@ -90,7 +90,7 @@ func Register(fs *flag.FlagSet) *Flags {
 	fs.BoolVar(&f.BuildImage, "build-image", true, "build the sandbox image when it is missing (needs root and debootstrap)")
 	fs.StringVar(&f.OutputCap, "output-cap", "1m", "bytes kept of each of a job's stdout and stderr (the rest is dropped and the result says so)")
 	fs.DurationVar(&f.SessionIdle, "session-idle", worker.DefaultSessionIdle, "end a session (and remove its sandbox) after this long without a job")
-	fs.StringVar(&f.Preload, "preload", strings.Join(sandbox.DefaultPreload, ","), "Python modules each sandbox imports before its first job, so jobs that import them pay nothing (comma-separated; none: nothing; modules the image lacks are skipped)")
+	fs.StringVar(&f.Preload, "preload", strings.Join(sandbox.DefaultPreload, ","), "Python modules each sandbox imports in a process that the jobs naming them are forked from, so they pay nothing for them: before its first job once the worker has run such a job in the last 30 minutes, else at its first such job (comma-separated; none: nothing; modules the image lacks are skipped)")
 	fs.IntVar(&f.MaxSessions, "max-sessions", worker.DefaultMaxSessions, "sessions one worker holds at most")
 	return f
 }
