@@ -41,23 +41,17 @@ const eventTryWait = 4 * time.Second
 // attempt not started (ErrHistoryMoved hands the message back, to be
 // delivered again with its history read).
 func (w *Worker) publishStart(ctx context.Context, d *delivery, ev jobs.Event, after queue.StartAfter) error {
-	deadline := time.Now().Add(queue.DefaultPatience)
-	for try := 0; ; try++ {
-		pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), eventTryWait)
-		err := w.client.PublishStart(d.traced(pubCtx), ev, after, d.token)
-		if try > 0 && errors.Is(err, queue.ErrHistoryMoved) {
-			var h queue.History
-			if h, err = w.state.JobHistory(pubCtx, d.job.ID, d.capability); err == nil && !h.StartedBy(ev, d.token) {
-				err = fmt.Errorf("%w: the job's last start is another delivery's", queue.ErrHistoryMoved)
-			}
-		}
-		cancel()
-		if err == nil || !(queue.Transient(err) || errors.Is(err, state.ErrUnavailable)) || time.Now().After(deadline) {
+	return retryEvent(ctx, d, ev.Kind, func(ctx context.Context, try int) error {
+		err := w.client.PublishStart(ctx, ev, after, d.token)
+		if try == 0 || !errors.Is(err, queue.ErrHistoryMoved) {
 			return err
 		}
-		d.log.Warn("record start: retrying", "err", err)
-		time.Sleep(250 * time.Millisecond)
-	}
+		h, err := w.state.JobHistory(ctx, d.job.ID, d.capability)
+		if err == nil && !h.StartedBy(ev, d.token) {
+			err = fmt.Errorf("%w: the job's last start is another delivery's", queue.ErrHistoryMoved)
+		}
+		return err
+	})
 }
 
 // publishEvent records ev, retrying while the cluster fails over (the
@@ -65,19 +59,30 @@ func (w *Worker) publishStart(ctx context.Context, d *delivery, ev jobs.Event, a
 // outcome not recorded would cost the job an attempt. shrink, when set, is
 // called once if ev is too large for a message, before publishing it again.
 func (w *Worker) publishEvent(ctx context.Context, d *delivery, ev jobs.Event, shrink func()) error {
-	deadline := time.Now().Add(queue.DefaultPatience)
-	for {
-		pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), eventTryWait)
-		err := w.client.PublishEvent(d.traced(pubCtx), ev)
+	return retryEvent(ctx, d, ev.Kind, func(ctx context.Context, _ int) error {
+		err := w.client.PublishEvent(ctx, ev)
 		if err != nil && shrink != nil && isTooLarge(err) {
 			shrink()
-			err = w.client.PublishEvent(d.traced(pubCtx), ev)
+			err = w.client.PublishEvent(ctx, ev)
 		}
+		return err
+	})
+}
+
+// retryEvent runs try (the try-th, from 0, on the delivery's trace, each
+// bounded by eventTryWait and not by ctx's cancellation) until it succeeds
+// or fails for good, 250 ms apart, within queue.DefaultPatience: a failure
+// that may pass (queue.Transient, state.ErrUnavailable) is tried again.
+func retryEvent(ctx context.Context, d *delivery, kind jobs.EventKind, try func(ctx context.Context, n int) error) error {
+	deadline := time.Now().Add(queue.DefaultPatience)
+	for n := 0; ; n++ {
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), eventTryWait)
+		err := try(d.traced(tctx), n)
 		cancel()
-		if !queue.Transient(err) || time.Now().After(deadline) {
+		if !(queue.Transient(err) || errors.Is(err, state.ErrUnavailable)) || time.Now().After(deadline) {
 			return err
 		}
-		d.log.Warn("record event: retrying", "event", ev.Kind, "err", err)
+		d.log.Warn("record event: retrying", "event", kind, "err", err)
 		time.Sleep(250 * time.Millisecond)
 	}
 }
