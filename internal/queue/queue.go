@@ -265,7 +265,7 @@ func (c *Client) PublishStart(ctx context.Context, ev jobs.Event, after StartAft
 // StartedBy reports whether h's last start is ev's (its attempt), recorded
 // by the delivery named delivery.
 func (h History) StartedBy(ev jobs.Event, delivery string) bool {
-	return h.LastAttempt == ev.Attempt && h.LastStartID != "" && h.LastStartID == (jobs.Subjects{}).StartMsgID(ev.Job, ev.Attempt, delivery)
+	return h.LastAttempt == ev.Attempt && h.LastStartID == (jobs.Subjects{}).StartMsgID(ev.Job, ev.Attempt, delivery)
 }
 
 // NewDeliveryToken returns a token naming one delivery of a job message
