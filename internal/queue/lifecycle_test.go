@@ -102,17 +102,8 @@ func TestFirstStartNeedsTheClaimLast(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	q := queue.DefaultConfig()
-	b := testutil.Broker(t, "", q)
-	fe := testutil.Frontend(t, b, "fe")
-	testutil.MustSubmit(t, fe, &jobs.Job{ID: "fs-1", Code: "print(1)", MaxAttempts: 1})
-	testutil.WaitRecord(t, b, "fs-1", jobs.StatusQueued)
-
-	c, err := queue.NewClient(testutil.Connect(t, b, "lost-worker"), jobs.Subjects{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, c, m := queuedJob(t, q, &jobs.Job{ID: "fs-1", Code: "print(1)", MaxAttempts: 1})
 	sub := jobs.Subjects{}
-	m := jobMessage(t, c, 1)
 	events, err := c.JetStream().Stream(ctx, sub.EventsStream())
 	if err != nil {
 		t.Fatal(err)
@@ -124,9 +115,7 @@ func TestFirstStartNeedsTheClaimLast(t *testing.T) {
 	if m.ClaimSeq == 0 || m.ClaimSeq != claim.Sequence {
 		t.Fatalf("job message's claim_seq %d, want the submitted event's sequence %d", m.ClaimSeq, claim.Sequence)
 	}
-	start := func(worker string) jobs.Event {
-		return jobs.Event{Job: m.ID, Kind: jobs.EventStarted, Attempt: 1, Worker: worker, Proof: jobs.EventProof(m.Capability, jobs.EventStarted, 1)}
-	}
+	start := func(worker string) jobs.Event { return startOf(m, 1, worker) }
 	if err := c.PublishEvent(ctx, start("lost")); err != nil {
 		t.Fatal(err)
 	}
@@ -162,20 +151,9 @@ func TestFirstStartNeedsTheClaimLast(t *testing.T) {
 func TestStartOnlyOnItsHistory(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	q := queue.DefaultConfig()
-	b := testutil.Broker(t, "", q)
-	fe := testutil.Frontend(t, b, "fe")
-	testutil.MustSubmit(t, fe, &jobs.Job{ID: "twice-1", Code: "print(1)", MaxAttempts: 3})
-	nc := testutil.Connect(t, b, "worker")
-	c, err := queue.NewClient(nc, jobs.Subjects{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := jobMessage(t, c, 1)
-	start := func(attempt int) jobs.Event {
-		return jobs.Event{Job: m.ID, Kind: jobs.EventStarted, Attempt: attempt, Worker: "w",
-			Proof: jobs.EventProof(m.Capability, jobs.EventStarted, attempt)}
-	}
+	b, c, m := queuedJob(t, queue.DefaultConfig(), &jobs.Job{ID: "twice-1", Code: "print(1)", MaxAttempts: 3})
+	nc := testutil.Connect(t, b, "state")
+	start := func(attempt int) jobs.Event { return startOf(m, attempt, "w") }
 	key, err := queue.ProxyKey(ctx, c.JetStream(), jobs.Subjects{})
 	if err != nil {
 		t.Fatal(err)
@@ -304,6 +282,28 @@ func startBroker(t *testing.T, dir string, q queue.Config) *broker.Broker {
 }
 
 // jobMessage reads and decodes the job message at seq of the jobs stream.
+// queuedJob submits job through a front-end of a fresh broker of q, waits
+// until it is queued, and returns the broker, a queue client of a
+// connection of its own (as a worker's), and the job's message (the jobs
+// stream's first).
+func queuedJob(t *testing.T, q queue.Config, job *jobs.Job) (*broker.Broker, *queue.Client, *queue.Message) {
+	t.Helper()
+	b := testutil.Broker(t, "", q)
+	testutil.MustSubmit(t, testutil.Frontend(t, b, "fe"), job)
+	testutil.WaitRecord(t, b, job.ID, jobs.StatusQueued)
+	c, err := queue.NewClient(testutil.Connect(t, b, "worker"), jobs.Subjects{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, c, jobMessage(t, c, 1)
+}
+
+// startOf is worker's start of m's job's attempt, with its proof.
+func startOf(m *queue.Message, attempt int, worker string) jobs.Event {
+	return jobs.Event{Job: m.ID, Kind: jobs.EventStarted, Attempt: attempt, Worker: worker,
+		Proof: jobs.EventProof(m.Capability, jobs.EventStarted, attempt)}
+}
+
 func jobMessage(t *testing.T, c *queue.Client, seq uint64) *queue.Message {
 	t.Helper()
 	s, err := c.JetStream().Stream(context.Background(), jobs.Subjects{}.JobsStream())
