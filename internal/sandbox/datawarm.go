@@ -3,7 +3,6 @@ package sandbox
 import (
 	"regexp"
 	"strings"
-	"sync/atomic"
 	"time"
 )
 
@@ -20,7 +19,7 @@ const DataWarmFor = 30 * time.Minute
 // zero value expects none and sees none.
 type DataExpectation struct {
 	words *regexp.Regexp // the preload modules' top-level names, as words
-	last  atomic.Int64   // when such a job last came (unix ns)
+	last  lately         // when such a job last came
 }
 
 // NewDataExpectation returns the expectation of the preload modules preload
@@ -44,13 +43,10 @@ func NewDataExpectation(preload []string) *DataExpectation {
 // use the data stack when it names one of its modules.
 func (e *DataExpectation) Saw(job Job) {
 	if e.words != nil && job.Language != JavaScript && e.words.MatchString(job.Code) {
-		e.last.Store(time.Now().UnixNano())
+		e.last.saw()
 	}
 }
 
 // Expected reports whether a sandbox started now should start its data
 // zygote before its first job.
-func (e *DataExpectation) Expected() bool {
-	last := e.last.Load()
-	return last != 0 && time.Since(time.Unix(0, last)) < DataWarmFor
-}
+func (e *DataExpectation) Expected() bool { return e.last.within(DataWarmFor) }
