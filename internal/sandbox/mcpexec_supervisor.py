@@ -695,7 +695,8 @@ class _Supervisor:
 
     # -- between jobs -------------------------------------------------------------
     def strangers(self):
-        """Processes of the container other than the supervisor and the zygote."""
+        """Processes of the container other than the supervisor and the
+        zygotes."""
         mine = {os.getpid(), self.zygote.pid, self.data_zygote}
         out = []
         for name in os.listdir("/proc"):

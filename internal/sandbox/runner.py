@@ -367,16 +367,16 @@ def _zygote_main(zsock, spare_js=False, preload=(), lazy=False):
         if kind not in ("fork", "take"):
             os._exit(70)
         lang = "javascript" if frame.get("lang") == "javascript" else "python"
-        if kind == "fork" and frame.get("data") is True and data_later and lang == "python":
+        data = kind == "fork" and frame.get("data") is True and lang == "python"
+        if data and data_later:
             # The first job that uses the data stack: its zygote starts now,
             # after the spares end (no code runs: the supervisor sent this
             # fork once the container was swept clean). If it cannot start,
             # the job is forked here and imports what it uses itself.
-            kill_spares()
             drop_spares()
             data_later = False
             data_pid, dsock = _spawn_data_zygote(zsock, preload)
-        if kind == "fork" and frame.get("data") is True and dsock is not None and lang == "python":
+        if data and dsock is not None:
             # A job that uses the data stack: forked by the data zygote. The
             # spares end with it, as below.
             kill_spares()
