@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
-	"os"
 	"path/filepath"
+	"slices"
 	"sync"
-	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Syncer is the Barrier of a store directory on this machine: a pass
@@ -76,16 +77,37 @@ func (s *Syncer) stream(name string) *scope {
 	if sc := s.streams[name]; sc != nil {
 		return sc
 	}
-	dirs := func() []string {
-		found, _ := filepath.Glob(filepath.Join(s.dir, "*", "streams", name, "msgs"))
-		return found
-	}
+	dirs := func() []string { return streamDirs(s.dir, name) }
 	if len(dirs()) == 0 || len(s.streams) >= maxStreams {
 		return nil
 	}
 	sc := &scope{dirs: dirs, synced: map[string]stamp{}}
 	s.streams[name] = sc
 	return sc
+}
+
+// streamDirs returns the message directories of stream name in each
+// account of the store dir: a listing of dir and a status of each
+// account's, in system calls (filepath.Glob would list every level).
+func streamDirs(dir, name string) []string {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	accounts, err := readNames(fd)
+	_ = unix.Close(fd) // read only: nothing to lose
+	if err != nil {
+		return nil
+	}
+	var found []string
+	for _, acc := range accounts {
+		msgs := filepath.Join(dir, acc, "streams", name, "msgs")
+		var st unix.Stat_t
+		if unix.Lstat(msgs, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			found = append(found, msgs)
+		}
+	}
+	return found
 }
 
 // validStream reports whether name can be a JetStream stream's directory
@@ -138,59 +160,121 @@ func (s *scope) pass() error {
 }
 
 // walk fsyncs what under dir changed since, and is not as synced says,
-// noting what it synced in seen and its first failure in firstErr.
+// noting what it synced in seen and its first failure in firstErr. It goes
+// by system calls, not through os.File: a pass is on a writer's path, and
+// a file opened through os (descriptor flags, the poller's try) costs
+// several calls more, each dear in a virtual machine
+// (BenchmarkSyncStream).
 func (s *scope) walk(dir string, since time.Time, seen map[string]stamp, firstErr *error) error {
-	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil // removed as we walked: nothing to sync
-			}
-			return err
-		}
-		if !d.IsDir() && !d.Type().IsRegular() {
-			return nil
-		}
-		info, err := d.Info()
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if info.ModTime().Before(since) {
-			return nil
-		}
-		st := stamp{size: info.Size(), mtime: info.ModTime().UnixNano()}
-		if sys, ok := info.Sys().(*syscall.Stat_t); ok {
-			st.ino = sys.Ino
-		}
-		if s.synced[path] == st {
-			return nil
-		}
-		switch err := syncPath(path, d.IsDir()); {
-		case err == nil:
-			seen[path] = st
-		case *firstErr == nil:
-			*firstErr = err
-		}
-		return nil
-	})
+	var st unix.Stat_t
+	switch err := unix.Lstat(dir, &st); {
+	case errors.Is(err, unix.ENOENT):
+		return nil // removed: nothing to sync
+	case err != nil:
+		return &fs.PathError{Op: "lstat", Path: dir, Err: err}
+	}
+	return s.visit(dir, &st, since.UnixNano(), seen, firstErr)
 }
 
-// syncPath fsyncs a file (opened for writing: some file systems sync a
-// file's data only through a handle that may write it) or a directory.
-func syncPath(path string, dir bool) error {
-	flag := os.O_WRONLY
-	if dir {
-		flag = os.O_RDONLY
+// visit syncs path, whose status is st, if it changed since (Unix ns),
+// and, for a directory, visits its entries.
+func (s *scope) visit(path string, st *unix.Stat_t, since int64, seen map[string]stamp, firstErr *error) error {
+	dir := st.Mode&unix.S_IFMT == unix.S_IFDIR
+	if !dir && st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil
 	}
-	f, err := os.OpenFile(path, flag, 0)
-	if errors.Is(err, fs.ErrNotExist) {
+	stp := stamp{ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano()}
+	changed := stp.mtime >= since && s.synced[path] != stp
+	if !dir {
+		if changed {
+			note(syncFile(path), path, stp, seen, firstErr)
+		}
+		return nil
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return nil // removed as we walked
+	}
+	if err != nil {
+		return &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer func() { _ = unix.Close(fd) }() // read only: nothing to lose
+	names, err := readNames(fd)
+	if err != nil {
+		return &fs.PathError{Op: "readdirent", Path: path, Err: err}
+	}
+	if changed {
+		err := unix.Fsync(fd)
+		if err != nil {
+			err = &fs.PathError{Op: "fsync", Path: path, Err: err}
+		}
+		note(err, path, stp, seen, firstErr)
+	}
+	for _, name := range names {
+		child := filepath.Join(path, name)
+		var cst unix.Stat_t
+		switch err := unix.Fstatat(fd, name, &cst, unix.AT_SYMLINK_NOFOLLOW); {
+		case errors.Is(err, unix.ENOENT):
+			continue // removed as we walked
+		case err != nil:
+			return &fs.PathError{Op: "lstat", Path: child, Err: err}
+		}
+		if err := s.visit(child, &cst, since, seen, firstErr); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// note records the outcome of a sync of path: in seen if it succeeded, in
+// firstErr if it is the pass's first failure.
+func note(err error, path string, st stamp, seen map[string]stamp, firstErr *error) {
+	switch {
+	case err == nil:
+		seen[path] = st
+	case *firstErr == nil:
+		*firstErr = err
+	}
+}
+
+// readNames returns the names in the directory open on fd, sorted (as
+// filepath.WalkDir visits them), without "." and "..".
+func readNames(fd int) ([]string, error) {
+	var names []string
+	buf := make([]byte, 8<<10)
+	for {
+		n, err := unix.ReadDirent(fd, buf)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n <= 0 {
+			slices.Sort(names)
+			return names, nil
+		}
+		_, _, names = unix.ParseDirent(buf[:n], -1, names)
+	}
+}
+
+// syncFile fsyncs a file, opened for writing: some file systems sync a
+// file's data only through a handle that may write it. A file removed
+// meanwhile needs nothing.
+func syncFile(path string) error {
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
 		return nil
 	}
 	if err != nil {
-		return err
+		return &fs.PathError{Op: "open", Path: path, Err: err}
 	}
-	err = f.Sync()
-	return errors.Join(err, f.Close())
+	err = unix.Fsync(fd)
+	if err != nil {
+		err = &fs.PathError{Op: "fsync", Path: path, Err: err}
+	}
+	if cerr := unix.Close(fd); cerr != nil && err == nil {
+		err = &fs.PathError{Op: "close", Path: path, Err: cerr}
+	}
+	return err
 }
