@@ -95,7 +95,7 @@ class _Channel:
         None): a channel of its own, reading into this one's buffer."""
         if frame.get("call_channel") is not True or not self.fds:
             return None
-        return _Channel(socket.socket(fileno=self.fds.pop(0)), self._rbuf)
+        return _Channel(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=self.fds.pop(0)), self._rbuf)  # the host's socketpair
 
     def send(self, frame):
         data = _encode(frame)

@@ -84,6 +84,7 @@ WRITABLE = ("/tmp", "/workspace", "/dev/shm", "/dev/mqueue")
 
 class _Supervisor:
     def __init__(self, host, zygote, reset, data_names=()):
+        self.pid = os.getpid()
         self.host = host
         self.hbuf = _FrameBuffer(MAX_FRAME)
         # Every socket read lands here: a fresh 1 MiB bytes object per read
@@ -306,7 +307,7 @@ class _Supervisor:
     def adopt(self, pid, fds, lang):
         """Makes the executor of pid, whose ends are fds (channel, stdout,
         stderr), the running one."""
-        chan = socket.socket(fileno=fds[0])
+        chan = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=fds[0])  # a socketpair's end
         chan.setblocking(False)
         for fd in fds[1:]:
             fl = fcntl.fcntl(fd, fcntl.F_GETFL)
@@ -697,7 +698,7 @@ class _Supervisor:
     def strangers(self):
         """Processes of the container other than the supervisor and the
         zygotes."""
-        mine = {os.getpid(), self.zygote.pid, self.data_zygote}
+        mine = {self.pid, self.zygote.pid, self.data_zygote}
         out = []
         for name in os.listdir("/proc"):
             if name.isdigit() and int(name) not in mine:
@@ -748,18 +749,17 @@ class _Supervisor:
                     clean = False
         for kind in ("shm", "msg", "sem"):
             try:
-                with open("/proc/sysvipc/" + kind) as f:
-                    if len(f.read().splitlines()) > 1:
-                        clean = False
+                # A heading, and a line for each object.
+                if len(_read_small("/proc/sysvipc/" + kind).splitlines()) > 1:
+                    clean = False
             except OSError:
                 pass
         for pid in (self.zygote.pid, self.data_zygote):
             if pid is None:
                 continue
             try:
-                with open("/proc/%d/stat" % pid) as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
-                if state not in ("S", "R"):
+                state = _read_small("/proc/%d/stat" % pid).rsplit(b")", 1)[1].split()[0]
+                if state not in (b"S", b"R"):
                     clean = False
             except (OSError, IndexError):
                 clean = False
@@ -945,19 +945,42 @@ def _remove(path):
         return False
 
 
+# The cgroup files of the container's memory use and limit (v2, v1): the
+# pair that answered last goes first.
+_MEMORY_FILES = [("/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.max"),
+                 ("/sys/fs/cgroup/memory/memory.usage_in_bytes", "/sys/fs/cgroup/memory/memory.limit_in_bytes")]
+
+
 def _memory_held():
     """Whether the container still holds over half its memory limit after a
     job's processes are gone and its files wiped (cgroup v2 or v1)."""
-    for cur, lim in (("/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.max"),
-                     ("/sys/fs/cgroup/memory/memory.usage_in_bytes", "/sys/fs/cgroup/memory/memory.limit_in_bytes")):
+    for i, (cur, lim) in enumerate(_MEMORY_FILES):
         try:
-            with open(cur) as f:
-                used = int(f.read())
-            with open(lim) as f:
-                limit = f.read().strip()
+            used = int(_read_small(cur))
+            limit = _read_small(lim).strip()
         except (OSError, ValueError):
             continue
-        if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:
+        if i:
+            _MEMORY_FILES.insert(0, _MEMORY_FILES.pop(i))
+        if limit == b"max" or not limit.isdigit() or int(limit) >= 1 << 60:
             return False
         return used > int(limit) // 2
     return False
+
+
+def _read_small(path, limit=1 << 16):
+    """The first limit bytes of a file of /proc or /sys, read by system
+    calls: open() would add a status, a terminal check and two seeks to each
+    of the sweep's reads, dear in a virtual machine."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks, n = [], 0
+        while n < limit:
+            chunk = os.read(fd, limit - n)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            n += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

@@ -283,7 +283,8 @@ func TestServiceReplacedWhenItHangs(t *testing.T) {
 // namespace, each job in a fresh process, with nothing of the last job
 // visible (files in every writable place, a POSIX message queue,
 // environment, Python globals, modules, builtins); a job that leaves a
-// process behind retires its container; another namespace never gets it.
+// process or a System V IPC object behind retires its container; another
+// namespace never gets it.
 // The writable places are the supervisor's list (WRITABLE), and the next
 // job checks that the list names every place in the container its user can
 // write: a new writable mount fails here until the sweep empties it.
@@ -376,6 +377,23 @@ print(seen, len(procs))`
 	after := strings.SplitN(run("a", check), "\n", 2)
 	if strings.Fields(after[0])[0] == first[0] || after[1] != "[] 3" {
 		t.Fatalf("after a job left a process: %q (container %s)", after, first[0])
+	}
+	// A job that leaves a System V shared memory segment (it outlives its
+	// process) retires its container.
+	sandboxtest.WaitArmed(t, rt, "a")
+	shm := strings.Fields(run("a", who+`import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.shmget(0, 4096, 0o1000 | 0o600) < 0:  # IPC_PRIVATE, IPC_CREAT
+    raise OSError(ctypes.get_errno(), "shmget")`))
+	// Had its sweep passed it, that container would re-arm within
+	// milliseconds, and the next job would go to it (the most recently
+	// used armed): wait for that, or for 2 s (a retired one never arms).
+	for deadline := time.Now().Add(2 * time.Second); rt.Armed("a") != rt.Idle() && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	afterShm := strings.SplitN(run("a", check), "\n", 2)
+	if strings.Fields(afterShm[0])[0] == shm[0] || afterShm[1] != "[] 3" {
+		t.Fatalf("after a job left a shared memory segment: %q (container %s)", afterShm, shm[0])
 	}
 	// A container answers a job before its sweep: a job sent right after one
 	// that leaves a process behind runs, in another container, whether it
