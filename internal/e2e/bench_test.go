@@ -25,13 +25,18 @@ import (
 // samples collects durations and reports percentiles.
 type samples []time.Duration
 
+// pct is the p-th percentile by nearest rank: the smallest sample with at
+// least p% of them at or below it (the 9th of 10 for p90, the 5th of 10 for
+// p50), not the sample one rank above, which was the maximum for a p90 of
+// ten.
 func (s samples) pct(p int) time.Duration {
 	if len(s) == 0 {
 		return 0
 	}
 	c := slices.Clone(s)
 	slices.Sort(c)
-	return c[min(len(c)-1, len(c)*p/100)]
+	rank := (len(c)*p + 99) / 100 // ceil(p/100 × n)
+	return c[min(max(rank, 1), len(c))-1]
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
