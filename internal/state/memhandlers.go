@@ -122,9 +122,10 @@ func (s *Service) handleMemoryPut(req micro.Request) {
 			}
 		default:
 			// Stale, this may still be a retry of this very write, which
-			// landed and was overwritten since: JetStream answers it by its id
-			// when it remembers it, else refuses it (the key's subject is
-			// not at the version asked), and it is looked up below.
+			// landed and was overwritten since: JetStream refuses it (the
+			// key's subject is not at the version asked; nats-server 2.15
+			// checks that before its duplicate window), and it is looked
+			// up below.
 			expect = r.IfVersion
 		}
 	}
@@ -197,7 +198,9 @@ func (s *Service) writeMemory(op MemoryOp, expect *uint64, res *reservation) (ui
 	msg.Data = data
 	if op.WriteID != "" {
 		// JetStream answers a retry within its duplicate window with the
-		// first write's sequence, before it checks the expected one.
+		// first write's sequence; where the write also expects a version,
+		// nats-server 2.15 checks that first and refuses a retry of a
+		// write that landed (writeMemory's caller looks it up: landed).
 		msg.Header.Set(jetstream.MsgIDHeader, s.sub.MemoryMsgID(op.WriteID))
 	}
 	if expect != nil {
