@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
+	"math"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -173,7 +174,11 @@ func (s *scope) walk(dir string, since time.Time, seen map[string]stamp, firstEr
 	case err != nil:
 		return &fs.PathError{Op: "lstat", Path: dir, Err: err}
 	}
-	return s.visit(dir, &st, since.UnixNano(), seen, firstErr)
+	sinceNS := int64(math.MinInt64) // the first pass (since is zero): everything
+	if !since.IsZero() {
+		sinceNS = since.UnixNano()
+	}
+	return s.visit(dir, &st, sinceNS, seen, firstErr)
 }
 
 // visit syncs path, whose status is st, if it changed since (Unix ns),
