@@ -138,15 +138,19 @@ func (s *Syncer) Sync(ctx context.Context) error { return s.all.g.wait(ctx, s.al
 // previous pass began (less mtimeSlack); the first pass fsyncs everything.
 func (s *scope) pass() error {
 	start := time.Now()
-	since := s.since
+	since := int64(math.MinInt64) // the first pass (s.since is zero): everything
+	if !s.since.IsZero() {
+		since = s.since.UnixNano()
+	}
 	seen := map[string]stamp{}
 	var firstErr error
 	var err error
-	for _, dir := range s.dirs() {
+	dirs := s.dirs()
+	for _, dir := range dirs {
 		err = errors.Join(err, s.walk(dir, since, seen, &firstErr))
 	}
 	if err = errors.Join(err, firstErr); err != nil {
-		return fmt.Errorf("sync %v: %w", s.dirs(), err)
+		return fmt.Errorf("sync %v: %w", dirs, err)
 	}
 	s.since = start.Add(-mtimeSlack)
 	// Forget what was stamped before since: such files are skipped by
@@ -160,13 +164,13 @@ func (s *scope) pass() error {
 	return nil
 }
 
-// walk fsyncs what under dir changed since, and is not as synced says,
+// walk fsyncs what under dir changed since (Unix ns), and is not as synced says,
 // noting what it synced in seen and its first failure in firstErr. It goes
 // by system calls, not through os.File: a pass is on a writer's path, and
 // a file opened through os (descriptor flags, the poller's try) costs
 // several calls more, each dear in a virtual machine
 // (BenchmarkSyncStream).
-func (s *scope) walk(dir string, since time.Time, seen map[string]stamp, firstErr *error) error {
+func (s *scope) walk(dir string, since int64, seen map[string]stamp, firstErr *error) error {
 	var st unix.Stat_t
 	switch err := unix.Lstat(dir, &st); {
 	case errors.Is(err, unix.ENOENT):
@@ -174,11 +178,7 @@ func (s *scope) walk(dir string, since time.Time, seen map[string]stamp, firstEr
 	case err != nil:
 		return &fs.PathError{Op: "lstat", Path: dir, Err: err}
 	}
-	sinceNS := int64(math.MinInt64) // the first pass (since is zero): everything
-	if !since.IsZero() {
-		sinceNS = since.UnixNano()
-	}
-	return s.visit(dir, &st, sinceNS, seen, firstErr)
+	return s.visit(dir, &st, since, seen, firstErr)
 }
 
 // visit syncs path, whose status is st, if it changed since (Unix ns),
