@@ -143,4 +143,6 @@ func InstrumentRuntime(m *metrics.Metrics, rt sandbox.Runtime) {
 	m.Counter("mcpexec_container_starts_total", "Sandbox containers started.", func() float64 { return float64(sr.Stats().Started) })
 	m.Counter("mcpexec_container_start_failures_total", "Sandbox containers that failed to start.", func() float64 { return float64(sr.Stats().StartFailures) })
 	m.Gauge("mcpexec_warm_pool_size", "Started sandboxes waiting for a job.", func() float64 { return float64(sr.Stats().Warm) })
+	m.Counter("mcpexec_direct_execs_total", "Jobs whose code went straight to the process waiting for it in a warm sandbox.",
+		func() float64 { return float64(sr.Stats().Direct) })
 }

@@ -67,6 +67,18 @@ type Frame struct {
 	// their replies, past the supervisor; in a hello, that the runner takes
 	// one with a fresh Python job.
 	CallChannel bool `json:"call_channel,omitempty"`
+	// DirectExec, in a hello, says the runner takes the next job's call
+	// channel ahead (a channel frame, while idle), hands it to its Python
+	// spare, and then takes a fresh Python job's exec on it: the host sends
+	// the exec there and to the runner (Direct), and the job starts without
+	// waiting for the supervisor. DataWords, in the same hello, are the
+	// names whose jobs run elsewhere (in the data zygote): their code, if it
+	// names one as a word, is not sent directly.
+	DirectExec bool     `json:"direct_exec,omitempty"`
+	DataWords  []string `json:"data_words,omitempty"`
+	// Direct, in an exec frame, says the job's exec went to the spare that
+	// holds its call channel as well: that spare runs it, or nothing does.
+	Direct bool `json:"direct,omitempty"`
 	// MaxFiles, MaxFileBytes and MaxJobBytes bound the files the runner
 	// collects from /workspace/out after the job (exec).
 	MaxFiles     int   `json:"max_files,omitempty"`
@@ -107,6 +119,9 @@ const (
 	// host prefers such a sandbox; it is the only frame a runner may send
 	// while idle.
 	TypeReady = "ready"
+	// TypeChannel (host → runner, while idle): the next job's call channel,
+	// attached (SCM_RIGHTS), for the runner's Python spare (DirectExec).
+	TypeChannel = "channel"
 )
 
 // Writer encodes frames onto a stream. It is not safe for concurrent use.

@@ -23,6 +23,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -115,40 +117,60 @@ func (c *RunnerConn) startCallChannel() (*callChannel, *os.File, error) {
 
 // prepareCallChannel makes the next job's channel ahead, when the runner
 // takes them and none waits: called as the runner says it is armed (its
-// hello, its ready frame), which is when it is idle.
-func (c *RunnerConn) prepareCallChannel() {
+// hello, its ready frame), which is when it is idle. With hand (the
+// runner's Python spare waits) and a runner that takes its exec directly,
+// the other end goes to the runner at once (a channel frame), for that
+// spare.
+func (c *RunnerConn) prepareCallChannel(hand bool) {
 	if !c.callChannels {
 		return
 	}
 	c.chMu.Lock()
-	defer c.chMu.Unlock()
 	if c.next != nil || c.chClosed {
+		c.chMu.Unlock()
 		return
 	}
 	ch, peer, err := c.startCallChannel()
 	if err != nil {
+		c.chMu.Unlock()
 		return // the job opens one, or its calls come through the supervisor
 	}
-	c.next = &preparedChannel{ch: ch, peer: peer}
+	p := &preparedChannel{ch: ch, peer: peer}
+	if !hand || !c.directExec {
+		c.next = p
+		c.chMu.Unlock()
+		return
+	}
+	c.chMu.Unlock()
+	// Written without chMu: a failed write closes the connection, whose
+	// Close takes it. The caller holds armMu, which the next exec waits for.
+	err = c.writeWithFile(&proxy.Frame{Type: proxy.TypeChannel, CallChannel: true}, peer)
+	_ = peer.Close() // sent (the runner holds a copy), or the connection is closed
+	p.peer = nil
+	c.chMu.Lock()
+	defer c.chMu.Unlock()
+	if err != nil || c.chClosed {
+		ch.close()
+		return
+	}
+	c.next = p
 }
 
 // preparedChannel is a channel made ahead: the host's end, serving, and
-// the end to send.
+// the end to send (nil once handed to the runner).
 type preparedChannel struct {
 	ch   *callChannel
 	peer *os.File
 }
 
-// takeCallChannel returns the channel made ahead, or a new one.
-func (c *RunnerConn) takeCallChannel() (*callChannel, *os.File, error) {
+// takePrepared returns the channel made ahead (nil if none), which is the
+// caller's from then on.
+func (c *RunnerConn) takePrepared() *preparedChannel {
 	c.chMu.Lock()
+	defer c.chMu.Unlock()
 	p := c.next
 	c.next = nil
-	c.chMu.Unlock()
-	if p != nil {
-		return p.ch, p.peer, nil
-	}
-	return c.startCallChannel()
+	return p
 }
 
 // closeCallChannels closes the channel made ahead (Close).
@@ -157,8 +179,16 @@ func (c *RunnerConn) closeCallChannels() {
 	p := c.next
 	c.next, c.chClosed = nil, true
 	c.chMu.Unlock()
-	if p != nil {
-		p.ch.close()
+	p.discard()
+}
+
+// discard closes a channel made ahead that no job takes.
+func (p *preparedChannel) discard() {
+	if p == nil {
+		return
+	}
+	p.ch.close()
+	if p.peer != nil {
 		_ = p.peer.Close() // never sent
 	}
 }
@@ -229,11 +259,31 @@ func (c *RunnerConn) writeWithFile(f *proxy.Frame, file *os.File) error {
 // session's and a JavaScript job's do). On an error no channel is left
 // open.
 func (c *RunnerConn) sendExec(exec *proxy.Frame, job Job, jc *jobCalls) (*callChannel, error) {
-	if !c.callChannels || !job.Fresh || (job.Language != "" && job.Language != Python) {
+	p := c.takePrepared()
+	takes := c.callChannels && job.Fresh && (job.Language == "" || job.Language == Python)
+	if p != nil && p.peer == nil {
+		// Handed to the runner's Python spare: this job's, sent there, or
+		// no job's.
+		if takes && c.direct(job) {
+			if ch, err := c.sendDirect(exec, job, p.ch, jc); ch != nil || err != nil {
+				return ch, err
+			}
+		}
+		p.discard()
+		p = nil
+	}
+	if !takes {
+		p.discard()
 		return nil, c.write(exec)
 	}
-	ch, peer, err := c.takeCallChannel()
-	if err != nil {
+	var (
+		ch   *callChannel
+		peer *os.File
+		err  error
+	)
+	if p != nil {
+		ch, peer = p.ch, p.peer
+	} else if ch, peer, err = c.startCallChannel(); err != nil {
 		return nil, c.write(exec) // no socket to spare: the supervisor relays
 	}
 	defer func() { _ = peer.Close() }() // the runner has a copy of its own once it is sent
@@ -244,4 +294,68 @@ func (c *RunnerConn) sendExec(exec *proxy.Frame, job Job, jc *jobCalls) (*callCh
 		return nil, err
 	}
 	return ch, nil
+}
+
+// directMax bounds the code (and server names) of a job whose exec goes
+// straight to the spare: far under a socket's buffer, so that the write
+// into a fresh channel never waits, and under any frame limit.
+const directMax = 32 << 10
+
+// direct says whether job's exec may go straight to the spare that holds
+// the channel handed over: a fresh Python job without input files (the
+// supervisor places them before its code starts), small, whose code names
+// none of the words of jobs run elsewhere.
+func (c *RunnerConn) direct(job Job) bool {
+	n := len(job.Code)
+	for _, s := range job.Servers {
+		n += len(s) + 3
+	}
+	return len(job.Files) == 0 && n <= directMax && n+4096 <= c.maxFrame &&
+		(c.dataWords == nil || !c.dataWords.MatchString(job.Code))
+}
+
+// sendDirect sends a job's exec to the spare on its call channel ch (code
+// and servers, all the spare needs), then to the runner, marked direct:
+// the code starts as the spare reads it, while the supervisor, woken
+// beside it, adopts the spare. It returns ch serving the job, or, when the
+// channel is dead (the runner had no spare to hand it to), nil and no
+// error: nothing was sent, and the caller sends the exec as any other.
+func (c *RunnerConn) sendDirect(exec *proxy.Frame, job Job, ch *callChannel, jc *jobCalls) (*callChannel, error) {
+	ch.jc.Store(jc)
+	if err := ch.write(&proxy.Frame{Type: proxy.TypeExec, Code: job.Code, Servers: job.Servers}); err != nil {
+		ch.jc.Store(nil)
+		return nil, nil
+	}
+	exec.Direct = true
+	if err := c.write(exec); err != nil {
+		ch.close()
+		return nil, err
+	}
+	c.directs.Add(1)
+	return ch, nil
+}
+
+// maxDataWords bounds the words of a runner's hello (its preload modules).
+const maxDataWords = 64
+
+// wordsPattern is the pattern of code that names one of words as a word,
+// as the runner's own check (a regular expression with \b around the
+// names); nil for none. Go's \b knows only ASCII letters, which makes it
+// match wherever Python's does (the names are ASCII identifiers): a job
+// the runner would send elsewhere is never sent to its spare.
+func wordsPattern(words []string) (*regexp.Regexp, error) {
+	if len(words) == 0 {
+		return nil, nil
+	}
+	if len(words) > maxDataWords {
+		return nil, fmt.Errorf("%d data words, at most %d: %w", len(words), maxDataWords, proxy.ErrBadFrame)
+	}
+	quoted := make([]string, len(words))
+	for i, w := range words {
+		if !moduleName(w) {
+			return nil, fmt.Errorf("data word %.40q is not a module name: %w", w, proxy.ErrBadFrame)
+		}
+		quoted[i] = regexp.QuoteMeta(w)
+	}
+	return regexp.Compile(`\b(?:` + strings.Join(quoted, "|") + `)\b`)
 }

@@ -45,20 +45,28 @@ type channelExec struct {
 // runner says it takes call channels.
 func setupChannel(t *testing.T) (*sandbox.RunnerConn, *channelRunner) {
 	t.Helper()
+	rc, cr, err := handshake(t, &proxy.Frame{Type: proxy.TypeHello, Version: 2, CallChannel: true})
+	if err != nil {
+		t.Fatalf("handshake: %v", err)
+	}
+	return rc, cr
+}
+
+// handshake returns a RunnerConn over a Unix socket, and the runner played
+// by the test, after hello.
+func handshake(t *testing.T, hello *proxy.Frame) (*sandbox.RunnerConn, *channelRunner, error) {
+	t.Helper()
 	host, sb := unixPair(t)
 	cr := &channelRunner{conn: sb, w: proxy.NewWriter(sb, 0), exec: make(chan channelExec, 1)}
 	rc := sandbox.NewRunnerConn(host, 0)
 	t.Cleanup(func() { _ = rc.Close() }) // the test is over with it
 	// A Unix socket takes a small frame without a reader.
-	if err := cr.w.Write(&proxy.Frame{Type: proxy.TypeHello, Version: 2, CallChannel: true}); err != nil {
+	if err := cr.w.Write(hello); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := rc.Handshake(ctx, ""); err != nil {
-		t.Fatalf("handshake: %v", err)
-	}
-	return rc, cr
+	return rc, cr, rc.Handshake(ctx, "")
 }
 
 // readExec reads one exec frame and the file descriptors sent with it.
@@ -72,8 +80,8 @@ func (cr *channelRunner) readExec() channelExec {
 	if n < 4 || int(binary.BigEndian.Uint32(buf))+4 != n {
 		return channelExec{err: errors.New("the exec frame did not come in one read")}
 	}
-	f, err := proxy.DecodeFrame(buf[4:n])
-	if err != nil {
+	f := new(proxy.Frame) // not DecodeFrame: a channel frame goes only this way
+	if err := json.Unmarshal(buf[4:n], f); err != nil {
 		return channelExec{err: err}
 	}
 	ex := channelExec{f: f}

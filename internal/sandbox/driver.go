@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"encoding/base64"
@@ -9,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -73,9 +75,17 @@ type RunnerConn struct {
 	// fresh Python job's exec frame, and the connection can carry one (a
 	// Unix socket).
 	callChannels bool
-	chMu         sync.Mutex       // guards next, chClosed
-	next         *preparedChannel // the next job's call channel, made ahead
-	chClosed     bool             // Close ran: no channel is made ahead
+	// directExec: the hello said the runner takes the next job's call
+	// channel ahead, for its Python spare, and then a fresh Python job's
+	// exec on it (proxy.Frame.DirectExec); dataWords matches the code of
+	// jobs it runs elsewhere (nil: none).
+	directExec bool
+	dataWords  *regexp.Regexp
+	directs    atomic.Uint64    // execs sent straight to the spare
+	maxFrame   int              // the largest frame written to the runner
+	chMu       sync.Mutex       // guards next, chClosed
+	next       *preparedChannel // the next job's call channel, made ahead
+	chClosed   bool             // Close ran: no channel is made ahead
 	// unread counts the frames the reader read that nobody has taken yet (0
 	// or 1): a runner that spoke while idle is not fit for another job. The
 	// reader counts a frame before it hands it over and the taker uncounts it
@@ -108,6 +118,11 @@ type RunnerConn struct {
 // the next: false after a timeout, a cancelled run, a protocol error or a lost
 // connection, when the sandbox must be destroyed.
 func (c *RunnerConn) Reusable() bool { return c.reusable.Load() }
+
+// DirectExecs counts the jobs whose exec went straight to the runner's
+// waiting Python process, on the call channel handed to it while idle, so
+// that the code started without waiting for the supervisor.
+func (c *RunnerConn) DirectExecs() uint64 { return c.directs.Load() }
 
 // Isolated reports whether the runner said its code cannot reach it (its hello).
 func (c *RunnerConn) Isolated() bool { return c.isolated }
@@ -144,6 +159,9 @@ func (c *RunnerConn) arm(spares []string) {
 	if c.execs != c.dones {
 		return
 	}
+	// Made (and handed over) before the runner counts as armed: the next
+	// exec, which waits for armMu, finds it.
+	c.prepareCallChannel(slices.Contains(spares, Python))
 	c.armedJS.Store(slices.Contains(spares, JavaScript))
 	c.armed.Store(true)
 }
@@ -183,6 +201,7 @@ func NewRunnerConn(conn net.Conn, maxFrame int) *RunnerConn {
 		conn:        conn,
 		r:           proxy.NewReader(bufio.NewReaderSize(conn, readBuffer), maxFrame),
 		w:           proxy.NewWriter(ow, maxFrame),
+		maxFrame:    cmp.Or(maxFrame, proxy.DefaultMaxFrame),
 		ow:          ow,
 		frames:      make(chan readResult),
 		done:        make(chan struct{}),
@@ -252,7 +271,6 @@ func (c *RunnerConn) readLoop() {
 		f, err := c.r.Read()
 		if err == nil && f.Type == proxy.TypeReady {
 			c.arm(f.Spares) // between jobs: not a frame for Drive
-			c.prepareCallChannel()
 			continue
 		}
 		if err == nil && f.Type == proxy.TypeCall {
@@ -329,7 +347,12 @@ func (c *RunnerConn) Handshake(ctx context.Context, secret string) error {
 	c.isolated, c.resets = f.Isolated, f.Reset
 	_, unix := c.conn.(*net.UnixConn)
 	c.callChannels = f.CallChannel && unix
-	c.prepareCallChannel()
+	c.directExec = c.callChannels && f.DirectExec
+	if c.directExec {
+		if c.dataWords, err = wordsPattern(f.DataWords); err != nil {
+			return fmt.Errorf("runner hello: %w", err)
+		}
+	}
 	c.arm(f.Spares) // a runner says hello once its first job's process waits
 	go c.readLoop()
 	go c.asyncWriter()

@@ -84,18 +84,21 @@ class _Channel:
         # Made with the channel: an executor started ahead makes it before
         # its job comes, off the job's path. A job's call channel reads into
         # its executor's (one reader at a time reads either).
-        self._rbuf = rbuf if rbuf is not None else _read_buffer()
+        self.rbuf = rbuf if rbuf is not None else _read_buffer()
         self.fds = [] if fds else None
 
     def fileno(self):
         return self._sock.fileno()
+
+    def close(self):
+        self._sock.close()
 
     def calls(self, frame):
         """The job's call channel, when exec frame came with one (else
         None): a channel of its own, reading into this one's buffer."""
         if frame.get("call_channel") is not True or not self.fds:
             return None
-        return _Channel(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=self.fds.pop(0)), self._rbuf)  # the host's socketpair
+        return _Channel(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=self.fds.pop(0)), self.rbuf)  # the host's socketpair
 
     def send(self, frame):
         data = _encode(frame)
@@ -109,16 +112,16 @@ class _Channel:
         when the other end closed; ValueError on a bad frame."""
         try:
             if self.fds is None:
-                n = self._sock.recv_into(self._rbuf, 0, socket.MSG_DONTWAIT)
+                n = self._sock.recv_into(self.rbuf, 0, socket.MSG_DONTWAIT)
             else:
-                n, anc, _, _ = self._sock.recvmsg_into([self._rbuf], _ANC_ONE, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
+                n, anc, _, _ = self._sock.recvmsg_into([self.rbuf], _ANC_ONE, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
                 if anc:
                     self.fds += _fds(anc)
         except (BlockingIOError, InterruptedError):
             return []
         if n == 0:
             raise EOFError("connection closed")
-        return self._frames.feed(self._rbuf[:n])
+        return self._frames.feed(self.rbuf[:n])
 
 
 class _FrameBuffer:

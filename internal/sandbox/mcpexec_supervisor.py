@@ -112,6 +112,10 @@ class _Supervisor:
         # channel, stdout, stderr]); a job's exec goes straight to its
         # language's, which it then tells the zygote it took.
         self.spares = {}
+        # The pid of the Python spare that holds the next job's call channel,
+        # handed over by the host while idle (a channel frame): the host then
+        # sends that job's exec to it directly, and says so here (direct).
+        self.handed = None
         self.js_last = False  # the last job here was JavaScript's: start a JavaScript executor for the next
         self.result = None  # a fresh job's done frame
         self.answered = False  # a fresh job's done was sent: its process's end and the sweep follow
@@ -128,6 +132,19 @@ class _Supervisor:
         self.limits = (0, 0, 0)  # the job's (max files, max file bytes, max total bytes) out
         self.collected = {}  # a session's files sent already: name -> (ino, size, mtime)
 
+    def start_job(self, frame, job):
+        """Takes up exec frame's job: its name, output cap and bounds."""
+        self.job = job if isinstance(job, str) else ""
+        cap = frame.get("output_cap")
+        self.cap = cap if isinstance(cap, int) and cap > 0 else 1 << 20
+        self.sent = {"stdout": 0, "stderr": 0}
+        self.decoders = {n: codecs.getincrementaldecoder("utf-8")("replace") for n in ("stdout", "stderr")}
+        self.fresh = frame.get("fresh") is True
+        self.result = None
+        self.limits = (_int(frame.get("max_files")), _int(frame.get("max_file_bytes")), _int(frame.get("max_job_bytes")))
+        if self.fresh:
+            self.collected = {}
+
     def recv(self, sock):
         """Reads what sock has (up to 1 MiB) into the read buffer; the view
         returned is valid until the next read (the frame buffers copy it)."""
@@ -141,8 +158,9 @@ class _Supervisor:
         return self.rbuf[:n]
 
     def channel_of(self, frame):
-        """The call channel that came with exec frame (its fd), or None."""
-        if frame.get("call_channel") is True and self.host_fds:
+        """The call channel that came with an exec or channel frame (its
+        fd), or None."""
+        if frame.get("type") in ("exec", "channel") and frame.get("call_channel") is True and self.host_fds:
             return self.host_fds.pop(0)
         return None
 
@@ -227,14 +245,41 @@ class _Supervisor:
             self.held.append(frame)
             return
         kind = frame.get("type")
-        fd = self.channel_of(frame) if kind == "exec" else None
+        fd = self.channel_of(frame)
         try:
-            self.on_host_frame(frame, kind, fd)
+            if kind == "channel":
+                self.hand(fd)
+            else:
+                self.on_host_frame(frame, kind, fd)
         finally:
             if fd is not None and fd != self.pending_fd:
                 os.close(fd)  # not the job's process's: its calls come through here
 
+    def hand(self, fd):
+        """Hands the next job's call channel (fd, closed by the caller) to the
+        Python spare, which then takes its exec from the host directly. Only
+        while the container is idle and swept, with a spare that holds none;
+        else the channel is closed, and the host's direct exec (if it sends
+        one) is run as any other."""
+        spare = self.spares.get("python")
+        if fd is None or spare is None or self.handed is not None or self.retired or self.job is not None or self.ex is not None:
+            return
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=spare[1][0])
+        try:
+            sock.sendmsg([_encode({"type": "channel"})], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+            self.handed = spare[0]
+        except OSError:
+            pass  # a spare that died: the zygote reports it
+        finally:
+            sock.detach()  # still the spare's end, held in spares
+
     def on_host_frame(self, frame, kind, fd):
+        if kind == "exec" and frame.get("direct") is True and self.handed is not None:
+            # The host sent the exec to the spare that holds the call channel
+            # too: that spare runs it, or nothing does.
+            if not self.direct(frame):
+                self.refuse_direct(frame)
+            return
         if self.retired:
             if kind == "exec":
                 self.not_run(frame.get("job"))
@@ -244,17 +289,7 @@ class _Supervisor:
             if err:
                 self.in_errors.append(err)
         elif kind == "exec" and self.job is None:
-            job = frame.get("job")
-            self.job = job if isinstance(job, str) else ""
-            cap = frame.get("output_cap")
-            self.cap = cap if isinstance(cap, int) and cap > 0 else 1 << 20
-            self.sent = {"stdout": 0, "stderr": 0}
-            self.decoders = {n: codecs.getincrementaldecoder("utf-8")("replace") for n in ("stdout", "stderr")}
-            self.fresh = frame.get("fresh") is True
-            self.result = None
-            self.limits = (_int(frame.get("max_files")), _int(frame.get("max_file_bytes")), _int(frame.get("max_job_bytes")))
-            if self.fresh:
-                self.collected = {}
+            self.start_job(frame, frame.get("job"))
             if self.in_errors:
                 errs, self.in_errors = self.in_errors, []
                 self.finish({"status": "error", "exit_code": -1, "error": "could not place the input files: " + "; ".join(errs[:5])})
@@ -304,6 +339,41 @@ class _Supervisor:
         elif kind == "reply":
             self.to_executor({"type": "reply", "id": frame.get("id"), "result": frame.get("result"), "error": frame.get("error")})
 
+    def direct(self, frame):
+        """A fresh Python job whose exec the host sent to the spare holding
+        its call channel: that spare runs it, and this only adopts it (and
+        tells the zygote). False (nothing done) when it cannot: the spare
+        is gone, or the container is not idle."""
+        spare = self.spares.get("python")
+        if (spare is None or self.handed != spare[0] or self.retired or self.job is not None or self.ex is not None
+                or self.in_errors or frame.get("fresh") is not True or (frame.get("lang") or "python") != "python"):
+            return False
+        job = frame.get("job")
+        self.start_job(frame, job)
+        self.js_last = False
+        del self.spares["python"]
+        self.drop_spares()  # the zygote ends them
+        self.handed = None
+        self.adopt(spare[0], spare[1], "python")
+        try:
+            self.zygote.sock.send(json.dumps({"type": "take", "lang": "python", "pid": spare[0]}).encode())
+        except OSError:
+            self.zygote_gone()
+        return True
+
+    def refuse_direct(self, frame):
+        """A direct exec this cannot adopt (a host that broke the protocol:
+        files or a job before it, not a fresh Python job): the spare that
+        may have started it is killed, the job fails, and the sandbox ends."""
+        try:
+            os.kill(self.handed, signal.SIGKILL)
+        except OSError:
+            pass
+        self.handed = None
+        if self.job is None:
+            self.start_job(frame, frame.get("job"))
+        self.fail_zygote("the host sent a direct exec it may not send here")
+
     def adopt(self, pid, fds, lang):
         """Makes the executor of pid, whose ends are fds (channel, stdout,
         stderr), the running one."""
@@ -318,6 +388,7 @@ class _Supervisor:
 
     def drop_spares(self):
         """Closes the ends of the spares held (the zygote ends them)."""
+        self.handed = None
         while self.spares:
             _close_all(self.spares.popitem()[1][1])
 

@@ -31,6 +31,7 @@ the first job whose code awaits at top level.
 
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -484,11 +485,15 @@ def _executor_main(runner, chan_sock, spare=False):
         chan_sock.sendall(b"\0")  # to the zygote: warm
     runner.main = threading.get_ident()
     persist = None
+    first = _spare_wait(runner, chan) if spare else None
     while True:
-        frame = runner.next_exec()
+        if first is not None:
+            (frame, calls), first = first, None
+        else:
+            frame = runner.next_exec()
+            calls = chan.calls(frame)
         if persist is None:
             persist = frame.get("persist") is True
-        calls = chan.calls(frame)
         if calls is not None:
             # A fresh job's calls go to the host past the supervisor; its
             # done still goes to the supervisor (chan), and the process ends.
@@ -496,6 +501,48 @@ def _executor_main(runner, chan_sock, spare=False):
         chan.send(runner.run_job(frame))
         if not persist:
             return 0
+
+
+def _spare_wait(runner, chan):
+    """A spare's wait for its job: returns its exec frame and the job's call
+    channel (or None). The exec comes from the supervisor (chan), or, once
+    the supervisor handed over the next job's call channel (a channel frame,
+    sent while the container is idle), from the host on that channel: the
+    job then starts without waiting for the supervisor, which only hears of
+    it. A channel the host closed before its exec is dropped (the exec then
+    comes from the supervisor)."""
+    handed = None
+    while True:
+        socks = [chan] if handed is None else [chan, handed]
+        ready, _, _ = select.select(socks, [], [])
+        if handed is not None and handed in ready:
+            try:
+                frames = handed.recv_ready()
+            except (EOFError, ValueError, OSError):
+                frames = None
+            if frames is None:
+                handed.close()
+                handed = None
+            elif frames:
+                if frames[0].get("type") != "exec":
+                    os._exit(70)  # the host sends its exec first, and nothing else
+                return frames[0], handed
+        if chan not in ready:
+            continue
+        try:
+            frames = chan.recv_ready()
+        except BaseException:
+            os._exit(0)  # the supervisor is gone (or broke the protocol): nothing left to do
+        for i, frame in enumerate(frames):
+            kind = frame.get("type")
+            if kind == "channel" and handed is None and chan.fds:
+                handed = _Channel(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=chan.fds.pop(0)), chan.rbuf)
+            elif kind == "exec":
+                if handed is not None:
+                    handed.close()
+                for rest in frames[i + 1:]:
+                    runner._dispatch(rest)
+                return frame, chan.calls(frame)
 
 
 def main():
@@ -523,9 +570,13 @@ def main():
     # its own: as its PID 1.
     reset = reset and os.getpid() == 1
     zygote = _spawn_zygote(sock, lambda z: _zygote_main(z, spare_js and reset, preload, lazy))
-    sup = _Supervisor(sock, zygote, reset, data_names=[n.split(".")[0] for n in preload])
+    data_names = sorted({n.split(".")[0] for n in preload})
+    sup = _Supervisor(sock, zygote, reset, data_names=data_names)
+    # direct_exec: the host may hand the Python spare the next job's call
+    # channel while idle, and send a fresh Python job's exec on it, unless
+    # its code names one of data_words (a job for the data zygote).
     hello = {"type": "hello", "version": PROTOCOL_VERSION, "secret": secret, "isolated": isolated, "reset": reset,
-             "languages": _languages(), "call_channel": True}
+             "languages": _languages(), "call_channel": True, "direct_exec": True, "data_words": data_names}
     try:
         sup.loop(hello)
     except BaseException:

@@ -247,6 +247,9 @@ type Stats struct {
 	Started       uint64 // sandboxes started
 	StartFailures uint64 // sandboxes that failed to start
 	Warm          int    // started sandboxes waiting for a job
+	// Direct counts the jobs whose exec went straight to the process
+	// waiting for it (past the runner's supervisor; RunnerConn.DirectExecs).
+	Direct uint64
 }
 
 // StatsReporter is implemented by runtimes that count their sandboxes.

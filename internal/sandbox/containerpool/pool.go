@@ -55,6 +55,7 @@ type Pool struct {
 	seq           atomic.Uint64
 	started       atomic.Uint64 // containers whose runner completed its handshake
 	startFailures atomic.Uint64 // containers that failed to start
+	direct        atomic.Uint64 // jobs sent straight to their container's spare
 
 	mu       sync.Mutex // guards warm, idle, idleN, starting, running, closed
 	warm     []*Box
@@ -400,7 +401,7 @@ func (p *Pool) Warm() int {
 
 // Stats implements sandbox.StatsReporter.
 func (p *Pool) Stats() sandbox.Stats {
-	return sandbox.Stats{Started: p.started.Load(), StartFailures: p.startFailures.Load(), Warm: p.Warm()}
+	return sandbox.Stats{Started: p.started.Load(), StartFailures: p.startFailures.Load(), Warm: p.Warm(), Direct: p.direct.Load()}
 }
 
 // poke wakes the pool filler.

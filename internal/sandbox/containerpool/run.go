@@ -57,7 +57,9 @@ func (p *Pool) drive(ctx context.Context, b *Box, job sandbox.Job, host sandbox.
 	if job.OnSandbox != nil {
 		job.OnSandbox(sandbox.ShortID(b.id))
 	}
+	direct := b.rc.DirectExecs()
 	res, err := b.rc.Exec(ctx, job, host)
+	p.direct.Add(b.rc.DirectExecs() - direct)
 	if errors.Is(err, sandbox.ErrRunnerLost) {
 		res = p.eng.Lost(b, res)
 		err = nil

@@ -278,6 +278,7 @@ func warmPoolReuse(t *testing.T, rt ContainerRuntime) {
 	WaitWarm(t, rt, 2)
 	ctx := context.Background()
 	seen := map[string]int{} // jobs by container (its host name)
+	direct := rt.Stats().Direct
 	for i := range 4 {
 		if i > 0 {
 			WaitArmed(t, rt, "t1") // else the job takes a warm container while this one re-arms
@@ -299,6 +300,11 @@ func warmPoolReuse(t *testing.T, rt ContainerRuntime) {
 	}
 	if st := rt.Stats(); st.Started < 2 || st.StartFailures != 0 {
 		t.Fatalf("stats %+v", st)
+	}
+	// Each job found its container armed (WaitArmed), its Python process
+	// waiting with the job's call channel: the exec went straight to it.
+	if n := rt.Stats().Direct - direct; n != 4 {
+		t.Fatalf("%d of 4 jobs sent straight to the waiting process, want all", n)
 	}
 }
 
