@@ -297,9 +297,10 @@ func (c *RunnerConn) sendExec(exec *proxy.Frame, job Job, jc *jobCalls) (*callCh
 }
 
 // directMax bounds the code (and server names) of a job whose exec goes
-// straight to the spare: far under a socket's buffer, so that the write
-// into a fresh channel never waits, and under any frame limit.
-const directMax = 32 << 10
+// straight to the spare: under a socket's buffer even escaped (JSON may
+// write a byte as six), so that the write into a fresh channel does not
+// wait, and under the frame limit (direct).
+const directMax = 16 << 10
 
 // direct says whether job's exec may go straight to the spare that holds
 // the channel handed over: a fresh Python job without input files (the
@@ -310,7 +311,7 @@ func (c *RunnerConn) direct(job Job) bool {
 	for _, s := range job.Servers {
 		n += len(s) + 3
 	}
-	return len(job.Files) == 0 && n <= directMax && n+4096 <= c.maxFrame &&
+	return len(job.Files) == 0 && n <= directMax && 6*n+4096 <= c.maxFrame &&
 		(c.dataWords == nil || !c.dataWords.MatchString(job.Code))
 }
 
@@ -328,8 +329,13 @@ func (c *RunnerConn) sendDirect(exec *proxy.Frame, job Job, ch *callChannel, jc 
 	}
 	exec.Direct = true
 	if err := c.write(exec); err != nil {
+		// The spare may run the code already: whatever failed (even a
+		// frame too large, which direct's bound rules out), the runner is
+		// lost, not untouched.
 		ch.close()
-		return nil, err
+		_ = c.Close() // err is what the caller hears
+		// Not wrapped: never ErrFrameTooLarge, which says untouched.
+		return nil, fmt.Errorf("send a direct exec: %s", err.Error())
 	}
 	c.directs.Add(1)
 	return ch, nil

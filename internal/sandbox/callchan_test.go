@@ -45,20 +45,20 @@ type channelExec struct {
 // runner says it takes call channels.
 func setupChannel(t *testing.T) (*sandbox.RunnerConn, *channelRunner) {
 	t.Helper()
-	rc, cr, err := handshake(t, &proxy.Frame{Type: proxy.TypeHello, Version: 2, CallChannel: true})
+	rc, cr, err := handshake(t, &proxy.Frame{Type: proxy.TypeHello, Version: 2, CallChannel: true}, 0)
 	if err != nil {
 		t.Fatalf("handshake: %v", err)
 	}
 	return rc, cr
 }
 
-// handshake returns a RunnerConn over a Unix socket, and the runner played
-// by the test, after hello.
-func handshake(t *testing.T, hello *proxy.Frame) (*sandbox.RunnerConn, *channelRunner, error) {
+// handshake returns a RunnerConn over a Unix socket (maxFrame as
+// NewRunnerConn's), and the runner played by the test, after hello.
+func handshake(t *testing.T, hello *proxy.Frame, maxFrame int) (*sandbox.RunnerConn, *channelRunner, error) {
 	t.Helper()
 	host, sb := unixPair(t)
 	cr := &channelRunner{conn: sb, w: proxy.NewWriter(sb, 0), exec: make(chan channelExec, 1)}
-	rc := sandbox.NewRunnerConn(host, 0)
+	rc := sandbox.NewRunnerConn(host, maxFrame)
 	t.Cleanup(func() { _ = rc.Close() }) // the test is over with it
 	// A Unix socket takes a small frame without a reader.
 	if err := cr.w.Write(hello); err != nil {

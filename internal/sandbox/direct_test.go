@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -25,7 +26,13 @@ func directHello(spares ...string) *proxy.Frame {
 // execs, and the call channel the host handed it after the hello.
 func setupDirect(t *testing.T) (*sandbox.RunnerConn, *channelRunner, net.Conn) {
 	t.Helper()
-	rc, cr, err := handshake(t, directHello(sandbox.Python))
+	return setupDirectMax(t, 0)
+}
+
+// setupDirectMax is setupDirect with the RunnerConn's frame limit.
+func setupDirectMax(t *testing.T, maxFrame int) (*sandbox.RunnerConn, *channelRunner, net.Conn) {
+	t.Helper()
+	rc, cr, err := handshake(t, directHello(sandbox.Python), maxFrame)
 	if err != nil {
 		t.Fatalf("handshake: %v", err)
 	}
@@ -61,6 +68,17 @@ func (cr *channelRunner) readPlain(t *testing.T) *proxy.Frame {
 		t.Fatal(err)
 	}
 	return f
+}
+
+// endsUnread checks that the host closed ch having written nothing on it:
+// the spare that holds it got no exec.
+func endsUnread(t *testing.T, ch net.Conn) {
+	t.Helper()
+	_ = ch.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := ch.Read(make([]byte, 4096))
+	if n != 0 || !(errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
+		t.Fatalf("the spare's channel gave %d bytes (err %v), want its end and nothing before it", n, err)
+	}
 }
 
 // TestDirectExec: a runner whose Python spare waits gets the next job's
@@ -143,7 +161,7 @@ func TestDirectExec(t *testing.T) {
 			if ex.err != nil || ex.f.Type != proxy.TypeExec || ex.f.Direct || ex.f.CallChannel != tc.channel || (ex.nfds == 1) != tc.channel {
 				t.Fatalf("exec %+v with %d fds (err %v), want the old way (a channel of its own: %v)", ex.f, ex.nfds, ex.err, tc.channel)
 			}
-			closedBy(t, ch, "the spare's channel, when its job goes another way")
+			endsUnread(t, ch)
 			done(cr, 4)
 			<-res
 			if n := rc.DirectExecs(); n != 0 {
@@ -151,6 +169,20 @@ func TestDirectExec(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("CodeThatGrowsWhenEncoded", func(t *testing.T) {
+		// 12 KiB of '<' is 72 KiB once escaped, over this runner's 64 KiB
+		// frame: the job is refused as too large, and the spare, which must
+		// never start what its supervisor does not hear of, got nothing.
+		rc, _, ch := setupDirectMax(t, 64<<10)
+		job := fresh
+		job.Code = strings.Repeat("<", 12<<10)
+		r := <-driveChannel(t, rc, job)
+		if r.Status != sandbox.StatusError || !strings.Contains(r.Error, "too large") || !rc.Reusable() {
+			t.Fatalf("result %+v (reusable %v), want the job refused as too large and the runner untouched", r, rc.Reusable())
+		}
+		endsUnread(t, ch)
+	})
 
 	t.Run("ADeadChannelFallsBack", func(t *testing.T) {
 		// The runner closed the channel (it had no spare to give it to).
@@ -185,7 +217,7 @@ func TestDirectExec(t *testing.T) {
 	})
 
 	t.Run("NoneWithoutAPythonSpare", func(t *testing.T) {
-		rc, cr, err := handshake(t, directHello(sandbox.JavaScript))
+		rc, cr, err := handshake(t, directHello(sandbox.JavaScript), 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -206,7 +238,7 @@ func TestDirectExec(t *testing.T) {
 			}
 			h := directHello(sandbox.Python)
 			h.DataWords = words
-			if _, _, err := handshake(t, h); !errors.Is(err, proxy.ErrBadFrame) {
+			if _, _, err := handshake(t, h, 0); !errors.Is(err, proxy.ErrBadFrame) {
 				t.Fatalf("words %.3q: handshake %v, want a bad frame", words, err)
 			}
 		}

@@ -354,6 +354,11 @@ func (c *RunnerConn) Handshake(ctx context.Context, secret string) error {
 		}
 	}
 	c.arm(f.Spares) // a runner says hello once its first job's process waits
+	select {
+	case <-c.done:
+		return fmt.Errorf("runner hello: %w", net.ErrClosed) // the channel frame's write failed
+	default:
+	}
 	go c.readLoop()
 	go c.asyncWriter()
 	c.reusable.Store(true)

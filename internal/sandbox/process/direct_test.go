@@ -148,8 +148,10 @@ func TestDirectExecFromABrokenHost(t *testing.T) {
 
 	t.Run("ADirectExecItMayNotTakeRunsNothing", func(t *testing.T) {
 		// A session's job marked direct, its code sent to the spare: the
-		// supervisor must not adopt it, so it kills the spare that may have
-		// started it, fails the job and ends.
+		// supervisor must not adopt it (adopted, its output would come
+		// back), so it fails the job and ends, and the spare that may have
+		// started it dies (killed, and by its parent-death signal as the
+		// zygote goes: the marker checks that it died, not which did it).
 		rr := startRaw(t)
 		ch := rr.hand(t)
 		code := "import time\ntime.sleep(0.3)\nopen('marker', 'w').write('x')\nprint('ran')"
