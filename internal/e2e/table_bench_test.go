@@ -77,9 +77,10 @@ func (sh fleetShape) frontend(b testing.TB, bk *broker.Broker, cfg frontend.Conf
 // back to back (n calls: b.Loop's iterations), run_javascript back to back
 // (n), run_javascript alternating with run_python (n each), each language
 // spaced one second apart (min(n, 20) each: a p90 of ten would be their
-// second slowest), and one `podman run --rm` per call (min(n, 10)). b.Loop runs each shape's function once, so its fleet
-// starts once and its table, written to standard output (b.Log's output of a
-// benchmark is cut at 10 lines), is printed once.
+// second slowest), and one `podman run --rm` per call (min(n, 10)). b.Loop
+// runs each shape's function once, so its fleet starts once and its table,
+// written to standard output (b.Log's output of a benchmark is cut at 10
+// lines), is printed once.
 //
 //	go test -tags "$TAGS" -run '^$' -bench WarmCalls -benchtime 50x ./internal/e2e
 func BenchmarkWarmCalls(b *testing.B) {

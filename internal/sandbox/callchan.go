@@ -125,32 +125,34 @@ func (c *RunnerConn) prepareCallChannel(hand bool) {
 	if !c.callChannels {
 		return
 	}
+	// Only arm makes one, under armMu: none is made meanwhile.
 	c.chMu.Lock()
-	if c.next != nil || c.chClosed {
-		c.chMu.Unlock()
+	made := c.next != nil || c.chClosed
+	c.chMu.Unlock()
+	if made {
 		return
 	}
 	ch, peer, err := c.startCallChannel()
 	if err != nil {
-		c.chMu.Unlock()
 		return // the job opens one, or its calls come through the supervisor
 	}
 	p := &preparedChannel{ch: ch, peer: peer}
-	if !hand || !c.directExec {
-		c.next = p
-		c.chMu.Unlock()
-		return
+	if hand && c.directExec {
+		// Written without chMu: a failed write closes the connection, whose
+		// Close takes it. The caller holds armMu, which the next exec waits
+		// for.
+		err = c.writeWithFile(&proxy.Frame{Type: proxy.TypeChannel, CallChannel: true}, peer)
+		_ = peer.Close() // sent (the runner holds a copy), or the connection is closed
+		p.peer = nil
+		if err != nil {
+			ch.close()
+			return
+		}
 	}
-	c.chMu.Unlock()
-	// Written without chMu: a failed write closes the connection, whose
-	// Close takes it. The caller holds armMu, which the next exec waits for.
-	err = c.writeWithFile(&proxy.Frame{Type: proxy.TypeChannel, CallChannel: true}, peer)
-	_ = peer.Close() // sent (the runner holds a copy), or the connection is closed
-	p.peer = nil
 	c.chMu.Lock()
 	defer c.chMu.Unlock()
-	if err != nil || c.chClosed {
-		ch.close()
+	if c.chClosed {
+		p.discard() // Close ran meanwhile
 		return
 	}
 	c.next = p

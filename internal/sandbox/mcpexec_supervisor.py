@@ -132,8 +132,9 @@ class _Supervisor:
         self.limits = (0, 0, 0)  # the job's (max files, max file bytes, max total bytes) out
         self.collected = {}  # a session's files sent already: name -> (ino, size, mtime)
 
-    def start_job(self, frame, job):
+    def start_job(self, frame):
         """Takes up exec frame's job: its name, output cap and bounds."""
+        job = frame.get("job")
         self.job = job if isinstance(job, str) else ""
         cap = frame.get("output_cap")
         self.cap = cap if isinstance(cap, int) and cap > 0 else 1 << 20
@@ -289,7 +290,7 @@ class _Supervisor:
             if err:
                 self.in_errors.append(err)
         elif kind == "exec" and self.job is None:
-            self.start_job(frame, frame.get("job"))
+            self.start_job(frame)
             if self.in_errors:
                 errs, self.in_errors = self.in_errors, []
                 self.finish({"status": "error", "exit_code": -1, "error": "could not place the input files: " + "; ".join(errs[:5])})
@@ -323,10 +324,7 @@ class _Supervisor:
                 self.exec_to_executor(exec_frame, fd if self.fresh and lang == "python" else None, own_fd=False)
                 # Told after the job is on its way: a process woken here
                 # may take this CPU first.
-                try:
-                    self.zygote.sock.send(json.dumps({"type": "take", "lang": lang, "pid": pid}).encode())
-                except OSError:
-                    self.zygote_gone()
+                self.take(lang, pid)
                 return
             self.pending = exec_frame
             self.pending_lang = lang
@@ -348,18 +346,21 @@ class _Supervisor:
         if (spare is None or self.handed != spare[0] or self.retired or self.job is not None or self.ex is not None
                 or self.in_errors or frame.get("fresh") is not True or (frame.get("lang") or "python") != "python"):
             return False
-        job = frame.get("job")
-        self.start_job(frame, job)
+        self.start_job(frame)
         self.js_last = False
         del self.spares["python"]
-        self.drop_spares()  # the zygote ends them
-        self.handed = None
+        self.drop_spares()  # the zygote ends them (and nothing is handed now)
         self.adopt(spare[0], spare[1], "python")
+        self.take("python", spare[0])
+        return True
+
+    def take(self, lang, pid):
+        """Tells the zygote the job took its spare of lang, pid: it ends the
+        others and waits for this one."""
         try:
-            self.zygote.sock.send(json.dumps({"type": "take", "lang": "python", "pid": spare[0]}).encode())
+            self.zygote.sock.send(json.dumps({"type": "take", "lang": lang, "pid": pid}).encode())
         except OSError:
             self.zygote_gone()
-        return True
 
     def refuse_direct(self, frame):
         """A direct exec this cannot adopt (a host that broke the protocol:
@@ -371,7 +372,7 @@ class _Supervisor:
             pass
         self.handed = None
         if self.job is None:
-            self.start_job(frame, frame.get("job"))
+            self.start_job(frame)
         self.fail_zygote("the host sent a direct exec it may not send here")
 
     def adopt(self, pid, fds, lang):
