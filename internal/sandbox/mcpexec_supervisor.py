@@ -29,6 +29,10 @@ class _Executor:
         self.pipes = pipes  # read fd -> stream name
         self.persist = persist
         self.exited = None  # its wait status, once the zygote has reaped it
+        # Whether its channel has ended: from then on it is not watched (a
+        # socket at its end is always readable), and its exit, which the
+        # zygote reports, is waited for.
+        self.ended = False
 
     def close(self):
         try:
@@ -865,10 +869,11 @@ class _Supervisor:
             wl = []
             ex = self.ex
             if ex is not None:
-                rl.append(ex.chan.fileno())
+                if not ex.ended:
+                    rl.append(ex.chan.fileno())
+                    if self.to_ex:
+                        wl.append(ex.chan.fileno())
                 rl += list(ex.pipes)
-                if self.to_ex:
-                    wl.append(ex.chan.fileno())
             readable, writable, _ = select.select(rl, wl, [])
             if ex is not None and ex is self.ex and ex.chan.fileno() in writable:
                 self.flush_executor()
@@ -891,7 +896,8 @@ class _Supervisor:
                     except OSError:
                         data = b""
                     if not data:
-                        continue  # its exit is reported by the zygote
+                        ex.ended = True  # its exit is reported by the zygote
+                        continue
                     self.from_executor(ex, data)
                 else:
                     self.drain([fd])

@@ -22,6 +22,7 @@ type rawRunner struct {
 	r    *proxy.Reader
 	w    *proxy.Writer
 	ws   string // its workspace
+	pid  int    // its supervisor's
 }
 
 func startRaw(t *testing.T) *rawRunner {
@@ -58,7 +59,7 @@ func startRaw(t *testing.T) *rawRunner {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-	rr := &rawRunner{conn: c.(*net.UnixConn), r: proxy.NewReader(bufio.NewReader(c), 0), w: proxy.NewWriter(c, 0), ws: ws}
+	rr := &rawRunner{conn: c.(*net.UnixConn), r: proxy.NewReader(bufio.NewReader(c), 0), w: proxy.NewWriter(c, 0), ws: ws, pid: cmd.Process.Pid}
 	hello, err := rr.r.Read()
 	if err != nil || hello.Type != proxy.TypeHello || !hello.DirectExec || !strings.Contains(strings.Join(hello.Spares, ","), sandbox.Python) {
 		t.Fatalf("hello %+v (err %v), want one that takes direct execs, its Python spare waiting", hello, err)
