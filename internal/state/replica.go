@@ -314,8 +314,9 @@ func (s *Service) drain(ctx context.Context, stream string, cons jetstream.Consu
 		}
 		// What the replica folds is durable in the stream first (a broker
 		// with barriers acknowledges writes before it syncs them): a power
-		// cut never leaves the replica holding what the stream lost.
-		err := s.sync(ctx)
+		// cut never leaves the replica holding what the stream lost. A pass
+		// over that stream's files is enough.
+		err := s.syncStream(ctx, stream)
 		if err == nil {
 			err = apply(batch, last)
 		}

@@ -458,6 +458,19 @@ func (s *Service) sync(ctx context.Context) error {
 	return s.Barrier.Sync(ctx)
 }
 
+// syncStream returns once what JetStream acknowledged to the service
+// before the call on stream is durable: a pass over that stream's files
+// where the Barrier can scope one (durable.StreamBarrier; the broker's
+// Syncer, in this process), else Barrier's. A pass over the whole store
+// walks every stream and bucket of the node, where the replica, which
+// waits for one before it folds each batch, needs only its stream's.
+func (s *Service) syncStream(ctx context.Context, stream string) error {
+	if sb, ok := s.Barrier.(durable.StreamBarrier); ok {
+		return sb.SyncStream(ctx, stream)
+	}
+	return s.sync(ctx)
+}
+
 // metadata is the micro service's: Metadata and the node's name.
 func (s *Service) metadata() map[string]string {
 	md := maps.Clone(s.Metadata)
