@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # backend: plt.show() saves the figures to /workspace/out.
 os.environ["MPLBACKEND"] = "module://mcpexec_mplbackend"
 
-from mcpexec_protocol import PROTOCOL_VERSION, SECRET_ENV, _Channel, _fork_child, _set_nondumpable, _set_pdeathsig  # noqa: E402
+from mcpexec_protocol import PROTOCOL_VERSION, SECRET_ENV, _Channel, _fork_child, _set_nondumpable, _set_pdeathsig, _settle  # noqa: E402
 from mcpexec_api import Runner  # noqa: E402
 from mcpexec_supervisor import _Supervisor, _spawn_zygote  # noqa: E402
 
@@ -169,9 +169,7 @@ def _data_zygote_main(dsock, preload):
     _preload(preload)
     runner = Runner(None)
     runner.globals = runner.new_globals()
-    import gc
-
-    gc.freeze()
+    _settle()
     dsock.send(b'{"type": "ready"}')
     while True:
         if _next_order(dsock).get("type") != "fork":
@@ -287,9 +285,7 @@ def _zygote_main(zsock, spare_js=False, preload=(), lazy=False):
     # Build the API before the first job arrives: a warm sandbox's job then
     # pays only for its own code (its servers are bound when it comes).
     runner.globals = runner.new_globals()
-    import gc
-
-    gc.freeze()  # forks share these pages: keep the collector off them
+    _settle()  # forks share these pages: keep the collector off them, give back the free ones
     node = _find("node")
     # Executors forked ahead, by language: their pids (their ends are the
     # supervisor's). A job takes its language's; the others end with it (its
