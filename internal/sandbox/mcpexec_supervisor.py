@@ -1046,19 +1046,31 @@ def _memory_held():
     return False
 
 
+# The descriptors of the files the sweep reads after every job, by path
+# (_read_small). Opened by the supervisor after it forked the zygote, so no
+# code process holds them.
+_KEPT = {}
+MAX_KEPT = 16
+
+
 def _read_small(path, limit=1 << 16):
-    """The first limit bytes of a file of /proc or /sys, read by system
-    calls: open() would add a status, a terminal check and two seeks to each
-    of the sweep's reads, dear in a virtual machine."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    """The first limit bytes (one read) of a file of /proc or /sys that the
+    sweep reads after every job. Its descriptor is kept and read from offset
+    0 (pread): such files are made anew by a read from their start, so a
+    read is one system call, not an open, two reads and a close, each dear
+    in a virtual machine. A kept /proc/PID file stays bound to the process
+    it was opened for: once that process is gone its read fails, even if a
+    new one has its pid."""
+    fd = _KEPT.get(path)
+    if fd is None:
+        if len(_KEPT) >= MAX_KEPT:
+            _close_all(_KEPT.values())
+            _KEPT.clear()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        _KEPT[path] = fd
     try:
-        chunks, n = [], 0
-        while n < limit:
-            chunk = os.read(fd, limit - n)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            n += len(chunk)
-        return b"".join(chunks)
-    finally:
+        return os.pread(fd, limit, 0)
+    except OSError:
+        del _KEPT[path]
         os.close(fd)
+        raise
