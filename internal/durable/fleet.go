@@ -179,10 +179,7 @@ func (f *Fleet) syncWith(ctx context.Context, c *Client) error {
 	if local != nil {
 		ctx, cancel := context.WithTimeout(ctx, requestWait) // as a request is bounded
 		defer cancel()
-		if sb, ok := local.(StreamBarrier); ok && c.stream != "" {
-			return notDurable(sb.SyncStream(ctx, c.stream))
-		}
-		return notDurable(local.Sync(ctx))
+		return notDurable(SyncStream(ctx, local, c.stream))
 	}
 	err := c.Sync(ctx)
 	if m == ModeUnknown && errors.Is(err, nats.ErrNoResponders) {

@@ -58,12 +58,7 @@ func (s *Server) handle(m *nats.Msg) {
 		ctx, cancel := context.WithTimeout(s.ctx, passTimeout)
 		defer cancel()
 		var answer []byte
-		sync := s.b.Sync
-		if sb, ok := s.b.(StreamBarrier); ok && len(m.Data) > 0 {
-			stream := string(m.Data)
-			sync = func(ctx context.Context) error { return sb.SyncStream(ctx, stream) }
-		}
-		if err := sync(ctx); err != nil {
+		if err := SyncStream(ctx, s.b, string(m.Data)); err != nil {
 			answer = []byte(err.Error())
 		}
 		_ = m.Respond(answer)
@@ -81,6 +76,16 @@ func (s *Server) Stop() {
 // durable alone (Syncer): what a request that names a stream gets.
 type StreamBarrier interface {
 	SyncStream(ctx context.Context, stream string) error
+}
+
+// SyncStream returns once b has made the writes to stream durable: by a
+// pass over that stream alone where b can scope one (StreamBarrier) and a
+// stream is named, else by b's Sync.
+func SyncStream(ctx context.Context, b Barrier, stream string) error {
+	if sb, ok := b.(StreamBarrier); ok && stream != "" {
+		return sb.SyncStream(ctx, stream)
+	}
+	return b.Sync(ctx)
 }
 
 // Client is the Barrier of a broker reached over NATS: concurrent callers

@@ -460,15 +460,15 @@ func (s *Service) sync(ctx context.Context) error {
 
 // syncStream returns once what JetStream acknowledged to the service
 // before the call on stream is durable: a pass over that stream's files
-// where the Barrier can scope one (durable.StreamBarrier; the broker's
-// Syncer, in this process), else Barrier's. A pass over the whole store
-// walks every stream and bucket of the node, where the replica, which
-// waits for one before it folds each batch, needs only its stream's.
+// where the Barrier can scope one (durable.SyncStream; the broker's
+// Syncer, in this process). A pass over the whole store walks every
+// stream and bucket of the node, where the replica, which waits for one
+// before it folds each batch, needs only its stream's.
 func (s *Service) syncStream(ctx context.Context, stream string) error {
-	if sb, ok := s.Barrier.(durable.StreamBarrier); ok {
-		return sb.SyncStream(ctx, stream)
+	if s.Barrier == nil {
+		return nil
 	}
-	return s.sync(ctx)
+	return durable.SyncStream(ctx, s.Barrier, stream)
 }
 
 // metadata is the micro service's: Metadata and the node's name.
