@@ -682,6 +682,15 @@ def _no_constant(name):
     raise ValueError("%s is not JSON" % name)
 
 
+# The decoder of a tool's text, made once: json.loads with an argument makes
+# a decoder per call.
+_TEXT_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+# The first characters of a JSON text (NaN and Infinity, which Python's json
+# reads, are refused by _no_constant): text that starts otherwise is taken as
+# it is without trying to parse it, which raised and caught an error per call.
+_JSON_START = frozenset('{["-0123456789tfnNI')
+
+
 def _tool_value(res):
     """The value of an MCP result, by the host's rule (frontend.ToolValue): its
     text, JSON-decoded when it parses; the structured content when there is no
@@ -702,9 +711,9 @@ def _tool_value(res):
     else:
         value = "\n".join(texts)
         t = value.strip(_GO_SPACE)
-        if t:
+        if t and t[0] in _JSON_START:
             try:
-                value = json.loads(t, parse_constant=_no_constant)
+                value = _TEXT_DECODER.decode(t)
             except ValueError:
                 pass
     for typ, wrap in _WRAP:

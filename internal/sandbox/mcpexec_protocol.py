@@ -40,8 +40,13 @@ class MCPError(RuntimeError):
     A RuntimeError, as the Python bridge's MCPError is."""
 
 
+# Made once: json.dumps with arguments makes an encoder per call, and every
+# frame is encoded with these.
+_FRAME_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def _encode(frame):
-    body = json.dumps(frame, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+    body = _FRAME_ENCODER.encode(frame).encode("utf-8", "surrogatepass")
     if len(body) > MAX_FRAME:
         raise MCPError("message of %d bytes exceeds the %d-byte frame limit" % (len(body), MAX_FRAME))
     return struct.pack(">I", len(body)) + body

@@ -180,6 +180,7 @@ func TestToolValueAgrees(t *testing.T) {
 		text("hello"),
 		text(` {"a": [1, 2]} `),
 		text("42"), text("4.5"), text("true"), text("null"), text("NaN"), text("Infinity"),
+		text("-7"), text(`"quoted"`), text("nul"), text("Null"), text("x1"), text(" -Infinity"),
 		text("[1,", "2]"),
 		text("\u00a0{\"b\": 1}\u00a0"),
 		text("\x1c1"),
