@@ -57,7 +57,39 @@ class Runner:
         fut = loop.create_future()
         self._route(loop)
         self._send_call(method, params, (loop, fut))
+        self._await_alone(loop)
         return await fut
+
+    def _await_alone(self, loop):
+        """Reads a lone call's reply here when nothing else on the loop can
+        run before it comes: no callback ready, no reader but the channel's,
+        no thread reading for us. It waits on the channel and the loop's
+        wake-up socket (call_soon_threadsafe), up to the loop's next timer;
+        whatever else comes first, the loop takes over as before. The reply
+        then settles the call on the spot, and the await does not go round
+        the loop (its select and two turns) for it.
+        Only with asyncio's own loop, whose attributes this reads; any other
+        (or a future version without them) goes round the loop."""
+        if self.threaded or len(self._pending) != 1 or threading.get_ident() != self.main:
+            return
+        ready, scheduled = getattr(loop, "_ready", None), getattr(loop, "_scheduled", None)
+        selector, wake = getattr(loop, "_selector", None), getattr(loop, "_ssock", None)
+        if ready is None or scheduled is None or selector is None or wake is None or ready:
+            return
+        try:
+            if len(selector.get_map()) != 2:  # the wake-up socket and the channel
+                return
+            timeout = -1
+            if scheduled:
+                timeout = max(0, int((scheduled[0].when() - loop.time()) * 1000))
+            p = select.poll()
+            p.register(self.chan.fileno(), select.POLLIN)
+            p.register(wake.fileno(), select.POLLIN)
+            got = p.poll(timeout)
+        except (AttributeError, TypeError, ValueError, OSError):
+            return
+        if any(fd == self.chan.fileno() for fd, _ in got):
+            self._read_ready()
 
     def rpc_sync(self, method, params=None):
         """Calls the host and blocks until it answers (for helpers that are plain
