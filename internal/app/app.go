@@ -14,6 +14,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/frontend"
 	"github.com/mcpexec/mcpexec/internal/metrics"
+	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
@@ -88,6 +89,10 @@ func StartFrontend(ctx context.Context, cfg FrontendConfig) (_ *Stack, err error
 		// The front-end and the worker reach this process's broker in
 		// process: their barriers go to its Barrier directly.
 		cfg.Worker.LocalBarrier, cfg.Frontend.LocalBarrier = s.Broker.Barrier(), s.Broker.Barrier()
+		// And the worker's proxy calls reach the front-end's responder in
+		// process (proxy.Local).
+		local := &proxy.Local{}
+		cfg.Worker.LocalProxy, cfg.Frontend.LocalProxy = local, local
 		if s.Worker, err = worker.New(wnc, s.Runtime, cfg.Worker); err != nil {
 			return nil, err
 		}

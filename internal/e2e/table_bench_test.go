@@ -23,6 +23,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/mcpclients"
 	"github.com/mcpexec/mcpexec/internal/mcpserver"
+	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/sandbox/containerpool"
@@ -52,13 +53,26 @@ var fleetShapes = []fleetShape{
 type fleetShape struct {
 	name, what string
 	connect    func(testing.TB, *broker.Broker, string) *nats.Conn
-	local      bool // barriers go to the broker's own Barrier, in process
+	// local: barriers go to the broker's own Barrier, and the worker's
+	// proxy calls to the front-end's responder, in process (as app wires
+	// the embedded default).
+	local bool
+}
+
+// localProxies holds the proxy.Local of each embedded fleet, by its broker:
+// its worker and its front-end start apart.
+var localProxies sync.Map // *broker.Broker → *proxy.Local
+
+func localProxy(bk *broker.Broker) *proxy.Local {
+	l, _ := localProxies.LoadOrStore(bk, &proxy.Local{})
+	return l.(*proxy.Local)
 }
 
 // worker starts a worker of cfg on bk, connected as sh says.
 func (sh fleetShape) worker(b testing.TB, bk *broker.Broker, rt sandbox.Runtime, cfg worker.Config) *worker.Worker {
 	if sh.local {
-		cfg.LocalBarrier = bk.Barrier()
+		cfg.LocalBarrier, cfg.LocalProxy = bk.Barrier(), localProxy(bk)
+		b.Cleanup(func() { localProxies.Delete(bk) })
 	}
 	return testutil.WorkerOn(b, sh.connect(b, bk, "worker-bench"), rt, cfg)
 }
@@ -66,7 +80,7 @@ func (sh fleetShape) worker(b testing.TB, bk *broker.Broker, rt sandbox.Runtime,
 // frontend starts a front-end of cfg on bk, connected as sh says.
 func (sh fleetShape) frontend(b testing.TB, bk *broker.Broker, cfg frontend.Config) *frontend.Frontend {
 	if sh.local {
-		cfg.LocalBarrier = bk.Barrier()
+		cfg.LocalBarrier, cfg.LocalProxy = bk.Barrier(), localProxy(bk)
 	}
 	return testutil.FrontendOnWith(b, sh.connect(b, bk, "frontend-bench"), cfg)
 }

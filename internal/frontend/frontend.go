@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/errs"
+	"github.com/mcpexec/mcpexec/internal/proxy"
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/trace"
@@ -41,6 +42,10 @@ type Config struct {
 	// default): its submissions' barriers go there directly
 	// (durable.Fleet.UseLocal).
 	LocalBarrier durable.Barrier
+	// LocalProxy, when set, is shared with a worker in this process (the
+	// embedded default): the front-end's proxy responder answers that
+	// worker's calls in process (proxy.Local).
+	LocalProxy *proxy.Local
 	// Tools is the MCP client pool behind call_tool and the docs helpers; nil
 	// means no MCP servers are configured.
 	Tools proxyresp.ToolSource
@@ -137,7 +142,7 @@ func New(nc *nats.Conn, cfg Config) (*Frontend, error) {
 	f.resp = proxyresp.New(nc, proxyresp.Config{ID: cfg.ID, Subjects: cfg.Subjects, Logger: f.log,
 		Tools: cfg.Tools, Memory: f.memory, Records: f.state, Policy: f.proxyPolicy,
 		CallTimeout: cfg.CallTimeout, MaxCallsPerJob: cfg.MaxCallsPerJob, Metrics: cfg.Metrics,
-		Tracing: cfg.Tracing, OnCatalogChange: cfg.OnCatalogChange, Audit: cfg.Audit})
+		Tracing: cfg.Tracing, OnCatalogChange: cfg.OnCatalogChange, Audit: cfg.Audit, Local: cfg.LocalProxy})
 	return f, nil
 }
 

@@ -274,11 +274,14 @@ func (r *Responder) SetSubjects(subjects ...string) error {
 	return nil
 }
 
+// busyError answers a request over the Responder's bound (MaxInFlight).
+const busyError = "the front-end is busy answering other proxy calls: retry shortly"
+
 func (r *Responder) receive(m *nats.Msg) {
 	select {
 	case r.slots <- struct{}{}:
 	default:
-		respond(m, Response{Error: "the front-end is busy answering other proxy calls: retry shortly"}, r.nc.MaxPayload())
+		respond(m, Response{Error: busyError}, r.nc.MaxPayload())
 		return
 	}
 	r.wg.Add(1)
@@ -290,21 +293,35 @@ func (r *Responder) receive(m *nats.Msg) {
 }
 
 func (r *Responder) serve(m *nats.Msg) {
-	var req Request
-	var resp Response
 	if len(m.Data) > MaxRequest {
 		respond(m, Response{Error: fmt.Sprintf("proxy request of %d bytes is over the %d-byte limit", len(m.Data), MaxRequest)}, r.nc.MaxPayload())
 		return
 	}
-	switch err := json.Unmarshal(m.Data, &req); {
-	case err != nil || req.Job == "" || req.Method == "":
-		resp.Error = "malformed proxy request: want {job, method, params}"
+	var req Request
+	if err := json.Unmarshal(m.Data, &req); err != nil {
+		respond(m, Response{Error: malformedRequest}, r.nc.MaxPayload())
+		return
+	}
+	respond(m, r.answer(req, m.Header, func(notice Response) { respond(m, notice, r.nc.MaxPayload()) }), r.nc.MaxPayload())
+}
+
+// malformedRequest is the error of a request without a job or a method.
+const malformedRequest = "malformed proxy request: want {job, method, params}"
+
+// answer answers req, whose headers are hdr, from a worker over NATS or in
+// this process (Local): notify sends a parking request's notices (never
+// after the answer).
+func (r *Responder) answer(req Request, hdr nats.Header, notify func(Response)) Response {
+	var resp Response
+	switch {
+	case req.Job == "" || req.Method == "":
+		resp.Error = malformedRequest
 	case !KnownMethod(req.Method):
 		resp.Error = fmt.Sprintf("unknown proxy method %q", errs.Clip(req.Method, 40))
 	default:
 		// The worker's call span, when it sent one, is the parent of the
 		// handler's spans (the header is validated: it comes from a worker).
-		ctx := tracing.FromHeader(r.ctx, m.Header)
+		ctx := tracing.FromHeader(r.ctx, hdr)
 		if req.Parks {
 			// Bounded by the job's running time only: the worker's clock
 			// stops while the call waits for a person, and so does this one.
@@ -320,7 +337,7 @@ func (r *Responder) serve(m *nats.Msg) {
 				mu.Lock()
 				defer mu.Unlock()
 				if !answered {
-					respond(m, notice, r.nc.MaxPayload())
+					notify(notice)
 				}
 			})
 		} else if req.TimeoutMS > 0 {
@@ -337,7 +354,7 @@ func (r *Responder) serve(m *nats.Msg) {
 			resp.Result = res
 		}
 	}
-	respond(m, resp, r.nc.MaxPayload())
+	return resp
 }
 
 func respond(m *nats.Msg, resp Response, maxPayload int64) {
@@ -381,12 +398,7 @@ var ErrNoResponder = errors.New("no front-end is answering proxy calls")
 // Call sends req to subject and returns the result.
 // hdr, when given, travels with the request (e.g. the job's trace context).
 func Call(ctx context.Context, nc *nats.Conn, subject string, req Request, hdr ...nats.Header) (json.RawMessage, error) {
-	if dl, ok := ctx.Deadline(); ok && req.TimeoutMS == 0 {
-		req.TimeoutMS = max(time.Until(dl).Milliseconds(), 1)
-	}
-	if c := jobclock.From(ctx); c != nil && req.Parks && req.TimeoutMS == 0 {
-		req.TimeoutMS = max(c.Remaining().Milliseconds(), 1)
-	}
+	req = bounded(ctx, req)
 	data, err := req.encode()
 	if err != nil {
 		return nil, fmt.Errorf("encode proxy request: %w", err)
@@ -413,6 +425,18 @@ func Call(ctx context.Context, nc *nats.Conn, subject string, req Request, hdr .
 		return nil, err
 	}
 	return resp.outcome()
+}
+
+// bounded is req with its TimeoutMS, unless set, from ctx: its deadline,
+// or for a request that Parks the running time left on the job's clock.
+func bounded(ctx context.Context, req Request) Request {
+	if dl, ok := ctx.Deadline(); ok && req.TimeoutMS == 0 {
+		req.TimeoutMS = max(time.Until(dl).Milliseconds(), 1)
+	}
+	if c := jobclock.From(ctx); c != nil && req.Parks && req.TimeoutMS == 0 {
+		req.TimeoutMS = max(c.Remaining().Milliseconds(), 1)
+	}
+	return req
 }
 
 func decodeResponse(data []byte) (Response, error) {
@@ -467,8 +491,8 @@ func callParking(ctx context.Context, nc *nats.Conn, out *nats.Msg, method strin
 	if err := nc.PublishMsg(out); err != nil {
 		return nil, fmt.Errorf("proxy call %s: %w", MethodLabel(method), err)
 	}
-	resume := func() {}
-	defer func() { resume() }()
+	notices := &clockNotices{ctx: ctx}
+	defer notices.end()
 	// A channel subscription is not told that its connection closed: look
 	// now and then while the answer is due.
 	closed := time.NewTicker(closedCheck)
@@ -495,11 +519,41 @@ func callParking(ctx context.Context, nc *nats.Conn, out *nats.Msg, method strin
 		if resp.Waiting == nil || resp.Result != nil || resp.Error != "" {
 			return resp.outcome()
 		}
-		resume()
-		resume = func() {}
-		if *resp.Waiting {
-			resume = pauseFor(ctx, time.Duration(resp.WaitMS)*time.Millisecond+waitSlack)
-		}
+		notices.notice(resp)
+	}
+}
+
+// clockNotices applies a parking call's notices to the job's clock in ctx:
+// stopped from a "waiting" notice (for at most its WaitMS and waitSlack)
+// until the next notice or the call's end. Its methods are called by one
+// goroutine at a time.
+type clockNotices struct {
+	ctx    context.Context
+	resume func() // nil: the clock runs
+	ended  bool
+}
+
+// notice applies notice, a Response with Waiting set.
+func (c *clockNotices) notice(notice Response) {
+	if c.ended {
+		return // the call is over: its clock is not the responder's to stop
+	}
+	c.release()
+	if *notice.Waiting {
+		c.resume = pauseFor(c.ctx, time.Duration(notice.WaitMS)*time.Millisecond+waitSlack)
+	}
+}
+
+// end runs the clock again, for good: the call is over.
+func (c *clockNotices) end() {
+	c.release()
+	c.ended = true
+}
+
+func (c *clockNotices) release() {
+	if c.resume != nil {
+		c.resume()
+		c.resume = nil
 	}
 }
 

@@ -87,7 +87,10 @@ const (
 // Config configures a Responder.
 type Config struct {
 	// ID is the front-end's id, as its spans name it.
-	ID       string
+	ID string
+	// Local, when set, is where a worker of this process finds this
+	// responder, to have its calls answered in process (proxy.Local).
+	Local    *proxy.Local
 	Subjects jobs.Subjects
 	Logger   *slog.Logger
 	// Tools is the MCP client pool; nil means no MCP servers are configured.
@@ -161,7 +164,13 @@ func New(nc *nats.Conn, cfg Config) *Responder {
 // front-end may answer, and those of the MCP servers Tools holds.
 func (r *Responder) Start(key []byte) error {
 	r.key = key
-	return r.responder.Start(r.subjects()...)
+	if err := r.responder.Start(r.subjects()...); err != nil {
+		return err
+	}
+	if r.cfg.Local != nil {
+		r.cfg.Local.Set(r.responder)
+	}
+	return nil
 }
 
 // SetSubjects answers the proxy calls of the MCP servers Tools holds now
@@ -171,7 +180,12 @@ func (r *Responder) SetSubjects() error {
 }
 
 // Stop stops answering proxy calls; those in flight get Grace to finish.
-func (r *Responder) Stop() { r.responder.Stop(Grace) }
+func (r *Responder) Stop() {
+	if r.cfg.Local != nil {
+		r.cfg.Local.Clear(r.responder)
+	}
+	r.responder.Stop(Grace)
+}
 
 // subjects are the proxy subjects answered: those any front-end may, and
 // those of each MCP server in Tools.

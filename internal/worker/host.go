@@ -30,6 +30,7 @@ import (
 // methods leave the worker, and the server only selects a subject.
 type natsHost struct {
 	nc         *nats.Conn
+	local      *proxy.Local // a front-end in this process, if any
 	subj       jobs.Subjects
 	job        *jobs.Job
 	attempt    int
@@ -86,14 +87,14 @@ func (h *natsHost) setParent(sc trace.SpanContext) { h.parent.Store(&sc) }
 // callRetrying makes a proxy call, sending it again (with the same call id)
 // when no front-end answered: any call when none was listening, a retryable
 // one when its answer did not come within proxyAttempt or said to try again.
-func callRetrying(ctx context.Context, nc *nats.Conn, subject string, req proxy.Request, hdr nats.Header) (json.RawMessage, error) {
+func callRetrying(ctx context.Context, nc *nats.Conn, local *proxy.Local, subject string, req proxy.Request, hdr nats.Header) (json.RawMessage, error) {
 	first := time.Now()
 	for {
 		actx, cancel := ctx, context.CancelFunc(func() {})
 		if proxy.Retryable(req.Method) {
 			actx, cancel = context.WithTimeout(ctx, proxyAttempt)
 		}
-		res, err := proxy.Call(actx, nc, subject, req, hdr)
+		res, err := callOnce(actx, nc, local, subject, req, hdr)
 		cancel()
 		// No answer in time, or an answer that says the call may be sent
 		// again (the front-end's state service failing over).
@@ -109,6 +110,17 @@ func callRetrying(ctx context.Context, nc *nats.Conn, subject string, req proxy.
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// callOnce sends req once: to the front-end in this process when it
+// serves subject (local), else over NATS.
+func callOnce(ctx context.Context, nc *nats.Conn, local *proxy.Local, subject string, req proxy.Request, hdr nats.Header) (json.RawMessage, error) {
+	if local != nil {
+		if res, served, err := local.Call(ctx, subject, req, hdr); served {
+			return res, err
+		}
+	}
+	return proxy.Call(ctx, nc, subject, req, hdr)
 }
 
 func newCallID() string {
@@ -144,7 +156,7 @@ func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessa
 	if !tracing.Inject(ctx, hdr) {
 		hdr.Set(jobs.TraceHeader, h.job.Trace())
 	}
-	res, err := callRetrying(ctx, h.nc, subject, req, hdr)
+	res, err := callRetrying(ctx, h.nc, h.local, subject, req, hdr)
 	tracing.EndCall(span, start, err)
 	if err == nil && (method == proxy.MethodCatalogEnable || method == proxy.MethodCatalogDisable) {
 		h.catalogAnswer(method, res)

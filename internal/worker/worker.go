@@ -20,6 +20,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/durable"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/metrics"
+	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/sandbox"
 	"github.com/mcpexec/mcpexec/internal/state"
@@ -41,6 +42,10 @@ type Config struct {
 	// that the worker's connection reaches in process (the embedded
 	// default): its barriers go there directly (durable.Fleet.UseLocal).
 	LocalBarrier durable.Barrier
+	// LocalProxy, when set, is shared with a front-end in this process (the
+	// embedded default): the jobs' proxy calls to subjects its responder
+	// serves are answered in process (proxy.Local), the others over NATS.
+	LocalProxy *proxy.Local
 	// SessionIdle ends a session after this long without a job (0: 300 s);
 	// MaxSessions caps the sessions this worker holds at once (0: 16).
 	SessionIdle time.Duration
@@ -323,7 +328,7 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 	defer close(hbDone)
 	go w.heartbeat(d.msg, hbDone)
 
-	host := &natsHost{nc: w.nc, subj: w.client.Subjects(), job: &d.job, attempt: o.attempt, capability: d.capability, tracer: w.tracer}
+	host := &natsHost{nc: w.nc, local: w.cfg.LocalProxy, subj: w.client.Subjects(), job: &d.job, attempt: o.attempt, capability: d.capability, tracer: w.tracer}
 	host.setParent(d.span)
 	spans := w.attemptSpans(ctx, d, host)
 	started := false
