@@ -248,10 +248,11 @@ func (p *Pool) takeWarmLocked() *Box {
 //   - the most recently used idle box of tenant armed for lang (swept, an
 //     executor of lang started); for Python, one without a JavaScript
 //     executor first (a Python job ends that executor unused);
-//   - a warm box, when the tenant has fewer than two idle boxes, the pool
-//     has one and MaxIdle leaves room for it: it stays with the tenant, so
-//     that a tenant calling back to back holds two boxes, one armed while
-//     the other re-arms (the refill costs one container start, once);
+//   - a warm box, when the tenant has fewer idle boxes than rearming(lang),
+//     the pool has one and MaxIdle leaves room for it: it stays with the
+//     tenant, so that a tenant calling back to back holds two boxes, one
+//     armed while the other re-arms, or for JavaScript three (the refill
+//     costs one container start, once);
 //   - the least recently used idle box of tenant: it has re-armed longest,
 //     and starts the job once it is armed.
 //
@@ -284,7 +285,7 @@ func (p *Pool) takeIdle(tenant, lang string) *Box {
 			}
 		}
 	}
-	if pick < 0 && len(fit) < 2 && p.idleN < p.cfg.MaxIdle {
+	if pick < 0 && len(fit) < rearming(lang) && p.idleN < p.cfg.MaxIdle {
 		if b := p.takeWarmLocked(); b != nil {
 			p.setIdle(tenant, fit)
 			return b
@@ -301,6 +302,21 @@ func (p *Pool) takeIdle(tenant, lang string) *Box {
 	p.setIdle(tenant, slices.Delete(fit, pick, pick+1))
 	p.idleN--
 	return b
+}
+
+// rearming is how many idle boxes a tenant holds before a job of lang
+// that finds none armed waits for one rather than take a warm box. A
+// Python box re-arms (sweep, a fork of the zygote, its warm-up) in 15-25
+// ms, within a back-to-back call: two boxes take turns. A JavaScript box
+// re-arms by starting Node (40-70 ms of CPU here), longer than a call,
+// and longer still while calls of either language keep the CPUs busy: with
+// two, nearly every call back to back, or alternating with Python, waited
+// for a Node start. A third gives each two calls' time.
+func rearming(lang string) int {
+	if lang == sandbox.JavaScript {
+		return 3
+	}
+	return 2
 }
 
 func (p *Pool) setIdle(tenant string, bs []*Box) {

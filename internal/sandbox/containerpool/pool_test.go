@@ -265,7 +265,8 @@ func TestReuseWithinNamespace(t *testing.T) {
 // TestIdleForLanguage: a job takes its namespace's idle container armed for
 // its language; a namespace whose only idle container is not armed takes a
 // warm one too (back-to-back calls then alternate between two); with none
-// armed, the one that has re-armed longest.
+// armed, the one that has re-armed longest, but for JavaScript a third,
+// warm, one first.
 func TestIdleForLanguage(t *testing.T) {
 	t.Parallel()
 	p, _ := setup(t, containerpool.Config{Pool: 1})
@@ -302,6 +303,15 @@ func TestIdleForLanguage(t *testing.T) {
 	}
 	if p.Idle() != 2 {
 		t.Fatalf("%d idle, want the namespace's two", p.Idle())
+	}
+	// Neither is armed: JavaScript (whose re-arm is Node's start) takes a
+	// third, warm, box rather than wait for one; Python would not.
+	eventually(t, "the warm pool refilled", func() bool { return p.Warm() == 1 })
+	if got := runLang(sandbox.JavaScript, "x"); got == py || got == js {
+		t.Fatalf("with none armed, javascript waited for %s rather than take a warm box", got)
+	}
+	if p.Idle() != 3 {
+		t.Fatalf("%d idle, want the namespace's three", p.Idle())
 	}
 }
 
