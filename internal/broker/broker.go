@@ -100,8 +100,14 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
+	opts.JetStreamMaxStore = startStoreLimit(opts, cfg)
 	if err := checkExposure(cfg, opts); err != nil {
 		return nil, err
+	}
+	if _, free, short := storeLimit(opts.StoreDir, cfg.Queue.StoreBound()); short {
+		cfg.Logger.Warn("the data directory's disk has less free space than the streams are bounded to: the broker runs, and writes fail once the disk is full",
+			"data_dir", cfg.DataDir, "free_mib", free>>20, "bounds_mib", cfg.Queue.StoreBound()>>20,
+			"fix", "free disk space, or put the data directory (--data) on a larger disk")
 	}
 	if !cfg.Sync.Always() {
 		cfg.Logger.Warn("JetStream acknowledges writes before they reach the disk: a power cut loses up to the sync interval of acknowledged jobs and memory writes",
@@ -132,6 +138,7 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 	if opts, err = serverOptions(cfg); err != nil {
 		return nil, err
 	}
+	opts.JetStreamMaxStore = startStoreLimit(opts, cfg)
 	if b, err = start(ctx, cfg, opts, true); err != nil {
 		return nil, err
 	}
@@ -231,6 +238,10 @@ func (b *Broker) Reload() error {
 		if a := b.ns.ClusterAddr(); a != nil {
 			opts.Cluster.Port = a.Port
 		}
+	}
+	if js := b.ns.JetStreamConfig(); opts.JetStreamMaxStore == 0 && js != nil {
+		// The limit chosen at start (nats-server reloads none lower).
+		opts.JetStreamMaxStore = js.MaxStore
 	}
 	if err := b.ns.ReloadOptions(opts); err != nil {
 		return fmt.Errorf("reload the NATS configuration: %w", err)

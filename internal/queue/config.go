@@ -83,6 +83,25 @@ func DefaultConfig() Config {
 	}
 }
 
+// The bounds of the buckets whose size no Config field sets.
+const (
+	secretsMaxBytes   = 1 << 20
+	approvalsMaxBytes = 256 << 20
+	sessionsMaxBytes  = 64 << 20
+)
+
+// StoreBound is the disk the streams and buckets Setup and the services
+// create are bounded to, on each node that holds a copy: what JetStream
+// reserves for them (33.3 GiB by default).
+func (c Config) StoreBound() int64 {
+	files := c.FilesMaxBytes
+	if files == 0 {
+		files = DefaultConfig().FilesMaxBytes
+	}
+	return c.JobsMaxBytes + c.EventsMaxBytes + c.MemoryMaxBytes + c.AuditMaxBytes + files +
+		secretsMaxBytes + approvalsMaxBytes + sessionsMaxBytes
+}
+
 // Validate reports the first field that is out of range, naming it.
 func (c Config) Validate() error {
 	switch {

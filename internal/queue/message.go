@@ -80,7 +80,7 @@ func SecretsBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jet
 		Bucket:      cfg.Subjects.SecretsBucket(),
 		Description: "mcpexec fleet secrets (front-ends only)",
 		History:     1,
-		MaxBytes:    1 << 20,
+		MaxBytes:    secretsMaxBytes,
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(cfg.Replicas, 1),
 	})
@@ -98,7 +98,7 @@ func ApprovalsBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (j
 		Description: "mcpexec proxied calls waiting for approval (front-ends only)",
 		History:     1,
 		TTL:         ApprovalsTTL,
-		MaxBytes:    256 << 20,
+		MaxBytes:    approvalsMaxBytes,
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(cfg.Replicas, 1),
 	})

@@ -80,7 +80,7 @@ func SessionsBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (je
 		Description: "mcpexec sessions: which worker holds each",
 		History:     1,
 		TTL:         SessionTTL,
-		MaxBytes:    64 << 20,
+		MaxBytes:    sessionsMaxBytes,
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(cfg.Replicas, 1),
 	})
