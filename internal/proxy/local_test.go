@@ -15,7 +15,7 @@ import (
 
 // localHandler answers by the call's id: "ok" with a result, "down" with
 // an error a retryable call may be sent again for, "park" after a wait
-// announced with Waiting, "slow" once ctx ends or after a second.
+// announced with Waiting, "slow" once ctx ends or after three seconds.
 var localHandler = HandlerFunc(func(ctx context.Context, req Request) (json.RawMessage, error) {
 	switch req.CallID {
 	case "down":
@@ -27,7 +27,7 @@ var localHandler = HandlerFunc(func(ctx context.Context, req Request) (json.RawM
 	case "slow":
 		select {
 		case <-ctx.Done():
-		case <-time.After(time.Second):
+		case <-time.After(3 * time.Second):
 		}
 	}
 	return json.Marshal(map[string]any{"job": req.Job, "params": req.Params, "timeout_ms_set": req.TimeoutMS > 0})
@@ -164,7 +164,7 @@ func TestLocalCallEndsWithItsContext(t *testing.T) {
 		t.Fatal("the handler ended with its caller")
 	default:
 	}
-	r.Stop(5 * time.Second)
+	r.Stop(10 * time.Second)
 	select {
 	case <-handled:
 	default:
