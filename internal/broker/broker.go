@@ -100,11 +100,14 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts.JetStreamMaxStore = startStoreLimit(opts, cfg)
+	// The disk is looked at once: the restart below and every reload keep
+	// the limit chosen here.
+	store, free, short := storeLimit(opts.StoreDir, cfg.Queue.StoreBound())
+	keepStoreLimit(opts, store)
 	if err := checkExposure(cfg, opts); err != nil {
 		return nil, err
 	}
-	if _, free, short := storeLimit(opts.StoreDir, cfg.Queue.StoreBound()); short {
+	if short {
 		cfg.Logger.Warn("the data directory's disk has less free space than the streams are bounded to: the broker runs, and writes fail once the disk is full",
 			"data_dir", cfg.DataDir, "free_mib", free>>20, "bounds_mib", cfg.Queue.StoreBound()>>20,
 			"fix", "free disk space, or put the data directory (--data) on a larger disk")
@@ -138,7 +141,7 @@ func Start(ctx context.Context, cfg Config) (*Broker, error) {
 	if opts, err = serverOptions(cfg); err != nil {
 		return nil, err
 	}
-	opts.JetStreamMaxStore = startStoreLimit(opts, cfg)
+	keepStoreLimit(opts, store)
 	if b, err = start(ctx, cfg, opts, true); err != nil {
 		return nil, err
 	}
@@ -239,9 +242,8 @@ func (b *Broker) Reload() error {
 			opts.Cluster.Port = a.Port
 		}
 	}
-	if js := b.ns.JetStreamConfig(); opts.JetStreamMaxStore == 0 && js != nil {
-		// The limit chosen at start (nats-server reloads none lower).
-		opts.JetStreamMaxStore = js.MaxStore
+	if js := b.ns.JetStreamConfig(); js != nil {
+		keepStoreLimit(opts, js.MaxStore) // nats-server reloads none lower
 	}
 	if err := b.ns.ReloadOptions(opts); err != nil {
 		return fmt.Errorf("reload the NATS configuration: %w", err)

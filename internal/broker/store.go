@@ -41,12 +41,10 @@ func storeLimit(dir string, bound int64) (limit int64, free int64, short bool) {
 	return max(free/4*3, bound+storeMargin), free, free < bound
 }
 
-// startStoreLimit is the JetStream store limit a broker of cfg starts with:
-// opts' own when --nats-config sets one (max_file_store), else storeLimit's.
-func startStoreLimit(opts *server.Options, cfg Config) int64 {
-	if opts.JetStreamMaxStore != 0 {
-		return opts.JetStreamMaxStore
+// keepStoreLimit sets opts' JetStream store limit to limit, unless
+// --nats-config sets one (max_file_store).
+func keepStoreLimit(opts *server.Options, limit int64) {
+	if opts.JetStreamMaxStore == 0 {
+		opts.JetStreamMaxStore = limit
 	}
-	limit, _, _ := storeLimit(opts.StoreDir, cfg.Queue.StoreBound())
-	return limit
 }
