@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/mcpexec/mcpexec/internal/errs"
-	"github.com/mcpexec/mcpexec/internal/proxy"
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/trace"
@@ -25,6 +24,7 @@ import (
 	"github.com/mcpexec/mcpexec/internal/durable"
 	"github.com/mcpexec/mcpexec/internal/jobs"
 	"github.com/mcpexec/mcpexec/internal/metrics"
+	"github.com/mcpexec/mcpexec/internal/proxy"
 	"github.com/mcpexec/mcpexec/internal/proxyresp"
 	"github.com/mcpexec/mcpexec/internal/queue"
 	"github.com/mcpexec/mcpexec/internal/state"
