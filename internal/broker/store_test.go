@@ -1,45 +1,26 @@
 package broker
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/testutil/testenv"
 )
-
-// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // startOn starts a broker with the default queue configuration in dir and
 // returns it with what it logged; it fails the test if the broker does not
 // start or lacks its streams.
 func startOn(t *testing.T, dir string) (*Broker, string) {
 	t.Helper()
-	var logs syncBuffer
+	var logs testenv.Buffer
 	b, err := Start(context.Background(), Config{DataDir: dir, Queue: queue.DefaultConfig(),
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {

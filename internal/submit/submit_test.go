@@ -7,7 +7,6 @@ import (
 	"net/http/httptest"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,24 +23,6 @@ import (
 	"github.com/mcpexec/mcpexec/internal/toolrules"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
-
-// lines is a status writer the test reads as the run writes it.
-type lines struct {
-	mu  sync.Mutex // guards buf
-	buf bytes.Buffer
-}
-
-func (l *lines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *lines) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
 
 // TestSubmitShowsApprovals: a batch whose jobs call a tool the namespace's
 // rules ask about prints, while it waits, which job waits for which call
@@ -61,7 +42,7 @@ func TestSubmitShowsApprovals(t *testing.T) {
 
 	// Namespace b runs a job at the same time: its run must print nothing
 	// of a's approvals.
-	var bStatus lines
+	var bStatus testenv.Buffer
 	bDone := make(chan error, 1)
 	bCtx := testenv.Context(t, 3*time.Minute)
 	go func() {
@@ -70,7 +51,7 @@ func TestSubmitShowsApprovals(t *testing.T) {
 		bDone <- err
 	}()
 
-	var status lines
+	var status testenv.Buffer
 	var out bytes.Buffer
 	c := submit.Config{URL: hs.URL, Token: "secret-token-of-a", Batch: 10, Concurrency: 4, Wait: 5 * time.Second}
 	reqs := []jobsapi.JobRequest{

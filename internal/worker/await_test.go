@@ -1,12 +1,10 @@
 package worker_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,27 +17,9 @@ import (
 	"github.com/mcpexec/mcpexec/internal/state"
 	"github.com/mcpexec/mcpexec/internal/state/boltstore"
 	"github.com/mcpexec/mcpexec/internal/testutil"
+	"github.com/mcpexec/mcpexec/internal/testutil/testenv"
 	"github.com/mcpexec/mcpexec/internal/worker"
 )
-
-// lockedBuffer is a log destination written by the worker's goroutines and
-// read by the test.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // jetStreamServer starts a plain nats-server with JetStream and none of
 // mcpexec's streams: what a worker finds while the broker is still creating
@@ -83,7 +63,7 @@ func TestWorkerWaitsForTheBroker(t *testing.T) {
 	t.Parallel()
 	ns := jetStreamServer(t, nil)
 	q := queue.DefaultConfig()
-	var logs lockedBuffer
+	var logs testenv.Buffer
 	cfg := testutil.QuickWorker("early", q)
 	cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
 	w, err := worker.New(connectTo(t, ns.ClientURL(), nats.Name("early worker")), testutil.NewFakeRuntime(4), cfg)
@@ -203,7 +183,7 @@ func TestWorkerStartRefusedFailsAtOnce(t *testing.T) {
 	if err := queue.Setup(ctx, js, q); err != nil {
 		t.Fatal(err)
 	}
-	var logs lockedBuffer
+	var logs testenv.Buffer
 	cfg := testutil.QuickWorker("refused", q)
 	cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
 	nc := connectTo(t, ns.ClientURL(), nats.UserInfo("worker", "w"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
