@@ -45,6 +45,7 @@ func serveCall(out replySink, g *callGate, host Host, f *proxy.Frame) {
 		return
 	}
 	go func() {
+		defer g.wg.Done()
 		defer release()
 		select {
 		case <-g.opened:
@@ -65,6 +66,10 @@ func serveCall(out replySink, g *callGate, host Host, f *proxy.Frame) {
 		} else {
 			reply.Result = res
 		}
+		// The slot is free before the runner can read the answer, so a
+		// runner that starts a call as each one returns never meets the
+		// bound it keeps to.
+		release()
 		if werr := out.write(reply); werr != nil && errors.Is(werr, proxy.ErrFrameTooLarge) {
 			refuse(werr.Error())
 		}
@@ -101,6 +106,8 @@ func newCallGate(ctx context.Context, held bool) *callGate {
 func (g *callGate) open() { close(g.opened) }
 
 // admit takes a slot for a call with n bytes of parameters, or says why not.
+// release frees the slot (more than once is harmless); the caller's goroutine
+// then calls g.wg.Done.
 func (g *callGate) admit(n int) (release func(), why string) {
 	if !g.rate.take() {
 		return nil, fmt.Sprintf("more than %d calls per second: slow down", CallsPerSecond)
@@ -119,12 +126,14 @@ func (g *callGate) admit(n int) (release func(), why string) {
 	g.inFlight++
 	g.bytes += n
 	g.wg.Add(1)
+	var once sync.Once
 	return func() {
-		g.mu.Lock()
-		g.inFlight--
-		g.bytes -= n
-		g.mu.Unlock()
-		g.wg.Done()
+		once.Do(func() {
+			g.mu.Lock()
+			g.inFlight--
+			g.bytes -= n
+			g.mu.Unlock()
+		})
 	}, ""
 }
 
