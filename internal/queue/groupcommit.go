@@ -158,6 +158,29 @@ func (g *groupCommit) publish(ctx context.Context, m *nats.Msg) (uint64, error) 
 	return results[0].seq, results[0].err
 }
 
+// publishStored stores m and returns once JetStream holds it, without the
+// barrier that publish waits for where the brokers acknowledge before they
+// sync (one broker under sync always): sync, called later, is that barrier
+// (a no-op where the publish already waited for its sync, or where nothing
+// is synced on demand).
+func (g *groupCommit) publishStored(ctx context.Context, m *nats.Msg) (seq uint64, sync func(context.Context) error, err error) {
+	if g.fleet == nil || len(m.Data) > groupMaxMsgBytes || g.grouped(ctx) {
+		seq, err = g.publish(ctx, m)
+		return seq, noSync, err
+	}
+	r := g.publishOne(ctx, m)
+	if r.err != nil {
+		return 0, noSync, r.err
+	}
+	return r.seq, func(ctx context.Context) error {
+		rs := []pubResult{r}
+		g.sync(ctx, rs)
+		return rs[0].err
+	}, nil
+}
+
+func noSync(context.Context) error { return nil }
+
 // publishBatch stores batch's messages, as one atomic batch when it has
 // at least minAtomic (and the stream allows them), and returns each one's
 // result.

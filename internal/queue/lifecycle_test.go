@@ -4,8 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/mcpexec/mcpexec/internal/broker"
 	"github.com/mcpexec/mcpexec/internal/frontend"
@@ -341,5 +345,71 @@ func waitQueueEmpty(t *testing.T, b *broker.Broker) {
 			t.Fatalf("%d job messages left in the queue", s.CachedInfo().State.Msgs)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestStartStoredAsksNoBarrier: StartStored returns once the start is
+// stored, before any barrier is asked (a run that calls nothing needs none
+// of its own: its outcome's covers the start); its sync asks one. A sync
+// after the connection was made again cannot vouch for the start, which a
+// restarted broker may have lost: it says so (ErrStartUnconfirmed).
+func TestStartStoredAsksNoBarrier(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := testutil.Broker(t, "", queue.DefaultConfig())
+	job := &jobs.Job{ID: "stored-1", Code: "print(1)", MaxAttempts: 3}
+	testutil.MustSubmit(t, testutil.Frontend(t, b, "fe"), job)
+	testutil.WaitRecord(t, b, job.ID, jobs.StatusQueued)
+	nc := testutil.Connect(t, b, "worker")
+	c, err := queue.NewClient(nc, jobs.Subjects{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := jobMessage(t, c, 1)
+
+	// The barriers this client asks: requests answered to its inboxes.
+	inbox := nc.NewRespInbox()
+	inbox = inbox[:strings.LastIndexByte(inbox, '.')+1]
+	var barriers atomic.Int32
+	spy := testutil.Connect(t, b, "spy")
+	if _, err := spy.Subscribe(jobs.Subjects{}.SyncBarrier(), func(m *nats.Msg) {
+		if strings.HasPrefix(m.Reply, inbox) {
+			barriers.Add(1)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	sync, err := c.StartStored(ctx, startOf(m, 1, "w"), queue.StartAfter{ClaimSeq: m.ClaimSeq}, queue.NewDeliveryToken())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n := barriers.Load(); n != 0 {
+		t.Fatalf("%d barriers asked before the start's sync", n)
+	}
+	if err := sync(ctx); err != nil {
+		t.Fatalf("sync of a stored start: %v", err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return barriers.Load() > 0 }, "the start's sync asked no barrier")
+
+	// The next attempt's start, then the connection made again before its
+	// sync.
+	sync, err = c.StartStored(ctx, startOf(m, 2, "w"), queue.StartAfter{LastStartSeq: c.EventsSeq()}, queue.NewDeliveryToken())
+	if err != nil {
+		t.Fatal(err)
+	}
+	was := nc.Stats().Reconnects
+	if err := nc.ForceReconnect(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return nc.IsConnected() && nc.Stats().Reconnects != was }, "the client did not reconnect")
+	if err := sync(ctx); !errors.Is(err, queue.ErrStartUnconfirmed) {
+		t.Fatalf("sync after a reconnect: %v, want ErrStartUnconfirmed", err)
 	}
 }

@@ -241,10 +241,30 @@ type StartAfter struct {
 // reads the history, and the start is its own when History.LastStartID is
 // StartMsgID of its token (StartedBy).
 func (c *Client) PublishStart(ctx context.Context, ev jobs.Event, after StartAfter, delivery string) error {
-	if !validToken(delivery) {
-		return fmt.Errorf("start of %s: delivery token %.40q is not 1 to 32 letters and digits", ev.Job, delivery)
+	sync, err := c.StartStored(ctx, ev, after, delivery)
+	if err != nil {
+		return err
 	}
-	err := c.publishEvent(ctx, ev, func(m *nats.Msg) {
+	return sync(ctx)
+}
+
+// Durable makes a write that JetStream stored durable: nil once it is.
+type Durable func(ctx context.Context) error
+
+// StartStored is PublishStart returning once JetStream has stored the start,
+// before it is synced where the brokers sync behind a barrier (one broker
+// under sync always); sync makes it durable there, and is a no-op where the
+// store already waited for its sync. A write to the events stream made
+// durable later makes the start durable with it: the stream syncs in order.
+//
+// sync fails when the connection was made again since the start was stored
+// (a broker that restarted may have lost it: look the history up, StartedBy).
+func (c *Client) StartStored(ctx context.Context, ev jobs.Event, after StartAfter, delivery string) (sync Durable, err error) {
+	if !validToken(delivery) {
+		return nil, fmt.Errorf("start of %s: delivery token %.40q is not 1 to 32 letters and digits", ev.Job, delivery)
+	}
+	conns := c.nc.Stats().Reconnects
+	barrier, err := c.publishEventStored(ctx, ev, func(m *nats.Msg) {
 		m.Header.Set(jetstream.MsgIDHeader, c.sub.StartMsgID(ev.Job, ev.Attempt, delivery))
 		if after.ClaimSeq > 0 {
 			m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(after.ClaimSeq, 10))
@@ -257,10 +277,37 @@ func (c *Client) PublishStart(ctx context.Context, ev jobs.Event, after StartAft
 		m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(after.LastStartSeq, 10))
 	})
 	if isWrongLastSeq(err) {
-		return fmt.Errorf("%w: %w", ErrHistoryMoved, err)
+		return nil, fmt.Errorf("%w: %w", ErrHistoryMoved, err)
 	}
-	return err
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error {
+		if err := barrier(ctx); err != nil {
+			return err
+		}
+		// The barrier synced what the broker holds now: a broker that
+		// restarted since the start was stored (the connection was made
+		// again) may hold it no longer.
+		if c.nc.Stats().Reconnects != conns {
+			return fmt.Errorf("start of %s: %w: the connection to the broker was made again since it was stored", ev.Job, ErrStartUnconfirmed)
+		}
+		return nil
+	}, nil
 }
+
+// SyncEvents returns once what the events stream acknowledged before the
+// call is durable (a barrier, where the brokers need one).
+func (c *Client) SyncEvents(ctx context.Context) error {
+	rs := []pubResult{{}}
+	c.events.sync(ctx, rs)
+	return rs[0].err
+}
+
+// ErrStartUnconfirmed is a StartStored sync's error when the start may have
+// been lost with a broker that restarted: the job's history says whether it
+// was (History.StartedBy).
+var ErrStartUnconfirmed = errors.New("the start is not known to be durable")
 
 // StartedBy reports whether h's last start is ev's (its attempt), recorded
 // by the delivery named delivery.
@@ -289,23 +336,36 @@ func validToken(t string) bool {
 }
 
 func (c *Client) publishEvent(ctx context.Context, ev jobs.Event, expect func(*nats.Msg)) error {
+	sync, err := c.publishEventStored(ctx, ev, expect)
+	if err != nil {
+		return err
+	}
+	if err := sync(ctx); err != nil {
+		return fmt.Errorf("publish %s event of %s: %w", ev.Kind, ev.Job, err)
+	}
+	return nil
+}
+
+// publishEventStored stores ev and returns once JetStream holds it; sync
+// makes it durable (groupCommit.publishStored).
+func (c *Client) publishEventStored(ctx context.Context, ev jobs.Event, expect func(*nats.Msg)) (sync Durable, err error) {
 	tp := tracing.TraceParent(ctx)
 	if tp == "" {
 		tp = jobs.TraceParent(ev.Job)
 	}
 	m, err := c.eventMsg(&ev, tp)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if expect != nil {
 		expect(m)
 	}
-	seq, err := c.events.publish(ctx, m)
+	seq, sync, err := c.events.publishStored(ctx, m)
 	if err != nil {
-		return fmt.Errorf("publish %s event of %s: %w", ev.Kind, ev.Job, err)
+		return nil, fmt.Errorf("publish %s event of %s: %w", ev.Kind, ev.Job, err)
 	}
 	c.sawEvent(seq)
-	return nil
+	return sync, nil
 }
 
 // History is what a worker needs to know of a job before running it.

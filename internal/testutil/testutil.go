@@ -169,6 +169,19 @@ func WaitRecord(t testing.TB, b *broker.Broker, id string, status jobs.Status) *
 	}
 }
 
+// Eventually waits up to within for ok, checking every 10 ms, and fails the
+// test with what when it never holds.
+func Eventually(t testing.TB, within time.Duration, ok func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // ProcessRuntime returns a process sandbox runtime, closed when the test ends.
 func ProcessRuntime(t testing.TB) *process.Runtime {
 	t.Helper()

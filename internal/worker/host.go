@@ -42,10 +42,49 @@ type natsHost struct {
 	tracer     trace.Tracer
 	parent     atomic.Pointer[trace.SpanContext] // the span proxy calls are children of
 
+	startMu sync.Mutex // guards durable, lost; held while durable runs
+	// durable, until it has returned nil, makes the attempt's start
+	// durable: the run's first call waits for it. A call is an effect, and a
+	// start lost with a broker (a power cut before its sync) would let
+	// another delivery run the same attempt and repeat it.
+	durable queue.Durable
+	// lost ends the run when its start turns out to be another delivery's.
+	lost func()
+
 	mu sync.Mutex
 	// enabled are the catalog servers this run enabled (enable_server):
 	// it may call them too.
 	enabled []string
+}
+
+// setStart is told, once the attempt's start is stored, what makes it
+// durable (durable) and what ends the run if it was lost (lost).
+func (h *natsHost) setStart(durable queue.Durable, lost func()) {
+	h.startMu.Lock()
+	defer h.startMu.Unlock()
+	h.durable, h.lost = durable, lost
+}
+
+// startIsDurable returns once the attempt's start is durable, or says why
+// the call may not be made: no effect of the run leaves the worker before.
+func (h *natsHost) startIsDurable(ctx context.Context) error {
+	h.startMu.Lock()
+	defer h.startMu.Unlock()
+	if h.durable == nil {
+		return nil
+	}
+	err := h.durable(ctx)
+	if err == nil {
+		h.durable = nil
+		return nil
+	}
+	if errors.Is(err, queue.ErrHistoryMoved) {
+		if h.lost != nil {
+			h.lost()
+		}
+		return fmt.Errorf("the call was not made: the job's start was lost with its broker, and the job will run again (%w)", err)
+	}
+	return fmt.Errorf("the call was not made: the job's start could not be made durable (%w): the broker may be failing; try the call again", err)
 }
 
 // mayUse reports whether the run may call server: it was given to the job,
@@ -132,6 +171,9 @@ func newCallID() string {
 func (h *natsHost) Call(ctx context.Context, method string, params json.RawMessage) (json.RawMessage, error) {
 	if !proxy.KnownMethod(method) {
 		return nil, fmt.Errorf("unknown proxy method %q", errs.Clip(method, 40))
+	}
+	if err := h.startIsDurable(ctx); err != nil {
+		return nil, err
 	}
 	subject := h.subj.ProxyAny()
 	server, tool := "", ""

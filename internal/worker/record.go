@@ -40,18 +40,64 @@ const eventTryWait = 4 * time.Second
 // history that cannot be read before the patience runs out, leaves the
 // attempt not started (ErrHistoryMoved hands the message back, to be
 // delivered again with its history read).
-func (w *Worker) publishStart(ctx context.Context, d *delivery, ev jobs.Event, after queue.StartAfter) error {
-	return retryEvent(ctx, d, ev.Kind, func(ctx context.Context, try int) error {
-		err := w.client.PublishStart(ctx, ev, after, d.token)
+//
+// It returns once the start is stored, not yet durable where the broker
+// syncs behind a barrier: durable makes it so, and the run's first call
+// waits for it (natsHost.startIsDurable). A run that calls nothing needs
+// no barrier of its own: its outcome's, later in the same stream, covers
+// the start.
+func (w *Worker) publishStart(ctx context.Context, d *delivery, ev jobs.Event, after queue.StartAfter) (durable queue.Durable, err error) {
+	err = retryEvent(ctx, d, ev.Kind, func(ctx context.Context, try int) error {
+		sync, err := w.client.StartStored(ctx, ev, after, d.token)
+		if err == nil {
+			durable = sync
+			return nil
+		}
 		if try == 0 || !errors.Is(err, queue.ErrHistoryMoved) {
 			return err
 		}
-		h, err := w.state.JobHistory(ctx, d.job.ID, d.capability)
-		if err == nil && !h.StartedBy(ev, d.token) {
-			err = fmt.Errorf("%w: the job's last start is another delivery's", queue.ErrHistoryMoved)
+		if err = w.startedBy(ctx, d, ev); err == nil {
+			// An earlier try landed: a barrier, then the history read
+			// again, say it is durable.
+			durable = func(ctx context.Context) error {
+				if err := w.client.SyncEvents(ctx); err != nil {
+					return err
+				}
+				return w.startedBy(ctx, d, ev)
+			}
 		}
 		return err
 	})
+	if err != nil {
+		return nil, err
+	}
+	return w.durableStart(d, ev, durable), nil
+}
+
+// durableStart returns sync, retried like the start. A start that the
+// broker may have lost (the connection was made again before its barrier)
+// is durable if the job's history, read after the barrier, still has it;
+// otherwise it is ErrHistoryMoved.
+func (w *Worker) durableStart(d *delivery, ev jobs.Event, sync queue.Durable) queue.Durable {
+	return func(ctx context.Context) error {
+		return retryEvent(ctx, d, ev.Kind, func(ctx context.Context, _ int) error {
+			err := sync(ctx)
+			if errors.Is(err, queue.ErrStartUnconfirmed) {
+				return w.startedBy(ctx, d, ev)
+			}
+			return err
+		})
+	}
+}
+
+// startedBy returns nil when the job's history says its last start is ev,
+// by this delivery; ErrHistoryMoved when it is not.
+func (w *Worker) startedBy(ctx context.Context, d *delivery, ev jobs.Event) error {
+	h, err := w.state.JobHistory(ctx, d.job.ID, d.capability)
+	if err == nil && !h.StartedBy(ev, d.token) {
+		err = fmt.Errorf("%w: the job's last start is another delivery's", queue.ErrHistoryMoved)
+	}
+	return err
 }
 
 // publishEvent records ev, retrying while the cluster fails over (the

@@ -347,9 +347,10 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 		if firstStart {
 			after = queue.StartAfter{ClaimSeq: d.claimSeq}
 		}
-		err := w.publishStart(ctx, d, ev, after)
+		durable, err := w.publishStart(ctx, d, ev, after)
 		started = err == nil
 		if started {
+			host.setStart(durable, func() { cancelRun(errStartLost) })
 			host.startedSeq.Store(w.client.EventsSeq())
 			spans.running()
 		}
@@ -386,6 +387,9 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 	switch {
 	case errors.Is(context.Cause(runCtx), errCancelled):
 		o.kind = cancelledRunning
+	case errors.Is(context.Cause(runCtx), errStartLost):
+		d.log.Warn("the job's start was lost with its broker before any call: handing it back to read its history")
+		o.kind = historyMoved
 	case ctx.Err() != nil:
 		d.log.Warn("worker stopping: handing job back")
 		o.kind = stopping
@@ -402,6 +406,10 @@ func (w *Worker) run(ctx context.Context, d *delivery, o outcome) outcome {
 }
 
 var errCancelled = errors.New("job cancelled")
+
+// errStartLost ends a run whose start turned out not to be durable, nor its
+// delivery's, when its first call asked (natsHost.startIsDurable).
+var errStartLost = errors.New("the job's start was lost")
 
 // lookUpHistory reads job d's history from the state service and sets the
 // delivery's attempt from it. It returns false, with o's kind set, when the

@@ -1,0 +1,163 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mcpexec/mcpexec/internal/durable"
+	"github.com/mcpexec/mcpexec/internal/jobs"
+	"github.com/mcpexec/mcpexec/internal/proxy"
+	"github.com/mcpexec/mcpexec/internal/queue"
+	"github.com/mcpexec/mcpexec/internal/sandbox"
+	"github.com/mcpexec/mcpexec/internal/testutil"
+)
+
+// countingBarrier is the broker's Barrier, counting the barriers asked for
+// the events stream.
+type countingBarrier struct {
+	inner  durable.Barrier
+	events atomic.Int32
+}
+
+func (c *countingBarrier) Sync(ctx context.Context) error {
+	c.events.Add(1)
+	return c.inner.Sync(ctx)
+}
+
+func (c *countingBarrier) SyncStream(ctx context.Context, stream string) error {
+	if stream == (jobs.Subjects{}).EventsStream() {
+		c.events.Add(1)
+	}
+	return durable.SyncStream(ctx, c.inner, stream)
+}
+
+// callRuntime runs each job as code that makes one proxy call once its
+// start is recorded; between, when set, runs just before the call.
+type callRuntime struct {
+	between func(run int, job string)
+	runs    atomic.Int32
+	calls   chan string // each run's call: its answer, or "error: ..."
+}
+
+func (*callRuntime) ReportsStart() {}
+func (*callRuntime) Close() error  { return nil }
+func (r *callRuntime) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (sandbox.Result, error) {
+	n := int(r.runs.Add(1))
+	if err := sandbox.BeforeExec(job); err != nil {
+		return sandbox.Result{}, err
+	}
+	if r.between != nil {
+		r.between(n, job.ID)
+	}
+	res, err := host.Call(ctx, proxy.MethodListServers, json.RawMessage(`{}`))
+	out := string(res)
+	if err != nil {
+		out = "error: " + err.Error()
+	}
+	r.calls <- out
+	if ctx.Err() != nil {
+		return sandbox.Result{Status: sandbox.StatusError, Error: "interrupted"}, ctx.Err()
+	}
+	return sandbox.Result{Status: sandbox.StatusSuccess, Stdout: out}, nil
+}
+
+// TestFirstCallWaitsForADurableStart: a worker records a job's start
+// without waiting for a barrier, and the job's first call, its first
+// effect, waits for one: no effect leaves before the start is durable.
+func TestFirstCallWaitsForADurableStart(t *testing.T) {
+	t.Parallel()
+	q := queue.DefaultConfig()
+	b := testutil.Broker(t, "", q)
+	fe := testutil.Frontend(t, b, "fe")
+	spy := &countingBarrier{inner: b.Barrier()}
+	var before, after atomic.Int32
+	rt := &callRuntime{calls: make(chan string, 4)}
+	rt.between = func(int, string) { before.Store(spy.events.Load()) }
+	cfg := testutil.QuickWorker("w1", q)
+	cfg.LocalBarrier = spy
+	testutil.Worker(t, b, rt, cfg)
+	testutil.MustSubmit(t, fe, &jobs.Job{ID: "ds-1", Code: "call", MaxAttempts: 1})
+	call := <-rt.calls
+	after.Store(spy.events.Load())
+	if strings.HasPrefix(call, "error") {
+		t.Fatalf("the call failed: %s", call)
+	}
+	rec := testutil.WaitRecord(t, b, "ds-1", jobs.StatusSuccess)
+	if rec.Result == nil || rec.Result.Attempt != 1 {
+		t.Fatalf("record %+v", rec.Result)
+	}
+	if before.Load() != 0 {
+		t.Fatalf("%d barriers of the events stream before the first call: the start waited for one", before.Load())
+	}
+	if after.Load() == 0 {
+		t.Fatal("the first call was made before any barrier of the events stream: its start may not be durable")
+	}
+}
+
+// TestLostStartMakesNoCall plays a broker that lost a job's start in a
+// power cut while the worker ran it: the start is removed, and the worker's
+// connection made again, before the job's first call. The call is not made,
+// the run ends, and the job runs again under its history.
+func TestLostStartMakesNoCall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := queue.DefaultConfig()
+	b := testutil.Broker(t, "", q)
+	fe := testutil.Frontend(t, b, "fe")
+	admin := testutil.Connect(t, b, "admin")
+	js, err := jetstream.New(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := testutil.Connect(t, b, "worker-w1")
+	rt := &callRuntime{calls: make(chan string, 4)}
+	rt.between = func(run int, job string) {
+		if run != 1 {
+			return
+		}
+		st, err := js.Stream(ctx, jobs.Subjects{}.EventsStream())
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		m, err := st.GetLastMsgForSubject(ctx, jobs.Subjects{}.Event(job, jobs.EventStarted))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if err := st.DeleteMsg(ctx, m.Sequence); err != nil {
+			t.Error(err)
+			return
+		}
+		was := nc.Stats().Reconnects
+		if err := nc.ForceReconnect(); err != nil {
+			t.Error(err)
+			return
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for !(nc.IsConnected() && nc.Stats().Reconnects != was) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	testutil.WorkerOn(t, nc, rt, testutil.QuickWorker("w1", q))
+	testutil.MustSubmit(t, fe, &jobs.Job{ID: "ls-1", Code: "call", MaxAttempts: 1})
+	if first := <-rt.calls; !strings.Contains(first, "the call was not made: the job's start was lost") {
+		t.Fatalf("the first run's call, whose start was lost: %q", first)
+	}
+	if second := <-rt.calls; strings.HasPrefix(second, "error") {
+		t.Fatalf("the job's second run: %s", second)
+	}
+	rec := testutil.WaitRecord(t, b, "ls-1", jobs.StatusSuccess)
+	if rec.Result == nil || rec.Result.Attempt != 1 {
+		t.Fatalf("record %+v: want attempt 1's success (the lost start counts none)", rec.Result)
+	}
+	if n := rt.runs.Load(); n != 2 {
+		t.Fatalf("%d runs, want 2", n)
+	}
+}
