@@ -57,10 +57,11 @@ type Pool struct {
 	startFailures atomic.Uint64 // containers that failed to start
 	direct        atomic.Uint64 // jobs sent straight to their container's spare
 
-	mu       sync.Mutex // guards warm, idle, idleN, starting, running, closed
+	mu       sync.Mutex // guards warm, idle, idleN, inUse, starting, running, closed
 	warm     []*Box
 	idle     map[string][]*Box // by tenant, least recently used first
 	idleN    int
+	inUse    map[string]int // by tenant, its jobs running in reused containers (takeIdle to release)
 	starting int
 	running  bool // Start started the filler and the reaper
 	closed   bool
@@ -249,16 +250,21 @@ func (p *Pool) takeWarmLocked() *Box {
 //     executor of lang started); for Python, one without a JavaScript
 //     executor first (a Python job ends that executor unused);
 //   - a warm box, when the tenant has fewer idle boxes than rearming(lang),
+//     holds fewer than MaxIdlePerTenant in all (idle and running its jobs),
 //     the pool has one and MaxIdle leaves room for it: it stays with the
 //     tenant, so that a tenant calling back to back holds two boxes, one
 //     armed while the other re-arms, or for JavaScript three (the refill
-//     costs one container start, once);
+//     costs one container start, once). Past MaxIdlePerTenant, putIdle
+//     would discard a box when the tenant's calls pause, and the next warm
+//     box taken would cost a container start again: four clients of one
+//     namespace calling back to back started three containers a second;
 //   - the least recently used idle box of tenant: it has re-armed longest,
 //     and starts the job once it is armed.
 //
 // Or nil. Boxes past IdleTTL, or whose runner spoke or went while idle, are
-// discarded.
-func (p *Pool) takeIdle(tenant, lang string) *Box {
+// discarded. The caller's job counts as running its tenant's until it
+// calls release.
+func (p *Pool) takeIdle(tenant, lang string) (_ *Box, release func()) {
 	var stale []*Box
 	defer func() {
 		for _, b := range stale {
@@ -267,6 +273,18 @@ func (p *Pool) takeIdle(tenant, lang string) *Box {
 	}()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.inUse == nil {
+		p.inUse = map[string]int{}
+	}
+	running := p.inUse[tenant]
+	p.inUse[tenant]++
+	release = func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.inUse[tenant]--; p.inUse[tenant] <= 0 {
+			delete(p.inUse, tenant)
+		}
+	}
 	var fit []*Box
 	for _, b := range p.idle[tenant] {
 		if time.Since(b.idleFrom) > p.cfg.IdleTTL || !b.rc.Idle() {
@@ -285,10 +303,10 @@ func (p *Pool) takeIdle(tenant, lang string) *Box {
 			}
 		}
 	}
-	if pick < 0 && len(fit) < rearming(lang) && p.idleN < p.cfg.MaxIdle {
+	if pick < 0 && len(fit) < rearming(lang) && len(fit)+running < p.cfg.MaxIdlePerTenant && p.idleN < p.cfg.MaxIdle {
 		if b := p.takeWarmLocked(); b != nil {
 			p.setIdle(tenant, fit)
-			return b
+			return b, release
 		}
 	}
 	if pick < 0 && len(fit) > 0 {
@@ -296,12 +314,12 @@ func (p *Pool) takeIdle(tenant, lang string) *Box {
 	}
 	if pick < 0 {
 		p.setIdle(tenant, fit)
-		return nil
+		return nil, release
 	}
 	b := fit[pick]
 	p.setIdle(tenant, slices.Delete(fit, pick, pick+1))
 	p.idleN--
-	return b
+	return b, release
 }
 
 // rearming is how many idle boxes a tenant holds before a job of lang

@@ -68,6 +68,9 @@ func (e *fakeEngine) Create(_ context.Context, s containerpool.Spec) (string, er
 	return id, nil
 }
 
+// holds are the channels that jobs of code "hold:NAME" wait on, by NAME.
+var holds sync.Map
+
 // runner is a container's runner: PID 1 that resets its container.
 func runner(conn net.Conn, id, secret string) {
 	defer func() { _ = conn.Close() }() // the runner is done
@@ -79,6 +82,12 @@ func runner(conn net.Conn, id, secret string) {
 		f, err := r.Read()
 		if err != nil || f.Type != proxy.TypeExec {
 			return
+		}
+		if name, ok := strings.CutPrefix(f.Code, "hold:"); ok {
+			// Runs until the test closes the channel held under name.
+			if ch, ok := holds.Load(name); ok {
+				<-ch.(chan struct{})
+			}
 		}
 		switch f.Code {
 		case "lose":
@@ -141,6 +150,12 @@ func (e *fakeEngine) add(id string, labels map[string]string) {
 		e.live = map[string]*fakeContainer{}
 	}
 	e.live[id] = &fakeContainer{labels: labels}
+}
+
+func (e *fakeEngine) createdN() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.created
 }
 
 func (e *fakeEngine) liveN() int {
@@ -312,6 +327,45 @@ func TestIdleForLanguage(t *testing.T) {
 	}
 	if p.Idle() != 3 {
 		t.Fatalf("%d idle, want the namespace's three", p.Idle())
+	}
+}
+
+// TestTenantTakesNoWarmBoxPastItsBound: a namespace whose boxes, idle and
+// running its jobs, reach MaxIdlePerTenant waits for its idle box rather
+// than take a warm one. Taken, the warm box would be one too many once the
+// namespace's calls paused: putIdle would discard a box, and the next warm
+// one taken would cost a container start, again and again.
+func TestTenantTakesNoWarmBoxPastItsBound(t *testing.T) {
+	t.Parallel()
+	p, e := setup(t, containerpool.Config{Pool: 1, MaxIdlePerTenant: 2})
+	eventually(t, "1 warm", func() bool { return p.Warm() == 1 })
+	first := run(t, p, "a", "x") // a warm box, left idle and not armed
+	eventually(t, "the warm pool refilled", func() bool { return p.Warm() == 1 })
+	release := make(chan struct{})
+	holds.Store(t.Name(), release)
+	held := make(chan string, 1)
+	go func() {
+		res, err := p.Run(context.Background(), sandbox.Job{ID: "j", Tenant: "a", Code: "hold:" + t.Name(), Timeout: 5 * time.Second}, nil)
+		if err != nil {
+			t.Error(err)
+		}
+		held <- res.Stdout
+	}()
+	// The held job took a warm box (one idle, none running): two in all.
+	eventually(t, "the held job took the warm box, and the pool refilled", func() bool { return p.Warm() == 1 && p.Idle() == 1 && e.createdN() == 3 })
+	if got := run(t, p, "a", "x"); got != first {
+		t.Fatalf("with one box running and one idle (bound 2), the job ran in %s, not in the idle %s", got, first)
+	}
+	close(release)
+	if got := <-held; got == first {
+		t.Fatalf("the held job ran in %s too", got)
+	}
+	p.WaitRemovals()
+	e.mu.Lock()
+	removed := slices.Clone(e.removed)
+	e.mu.Unlock()
+	if len(removed) != 0 || p.Idle() != 2 {
+		t.Fatalf("%d idle, containers removed %v: want the namespace's two kept", p.Idle(), removed)
 	}
 }
 

@@ -18,7 +18,9 @@ func (p *Pool) Run(ctx context.Context, job sandbox.Job, host sandbox.Host) (san
 	reuse := p.cfg.Reuse == ReuseNamespace && job.Tenant != "" && l == p.cfg.Limits
 	var b *Box
 	if reuse {
-		b = p.takeIdle(job.Tenant, job.Language)
+		var release func()
+		b, release = p.takeIdle(job.Tenant, job.Language)
+		defer release()
 	}
 	if b == nil {
 		var err error
