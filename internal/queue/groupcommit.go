@@ -290,6 +290,15 @@ func batchLen[T any](items []T, msg func(T) *nats.Msg) int {
 // batch after another, and returns each one's result: what a publish of
 // each alone would have returned, or the error of a batch left unanswered.
 func (g *groupCommit) publishAll(ctx context.Context, msgs []*nats.Msg) []pubResult {
+	results := g.publishAllStored(ctx, msgs)
+	g.sync(ctx, results)
+	return results
+}
+
+// publishAllStored is publishAll without the barrier: each result says the
+// message is stored; sync makes those durable where the brokers need a
+// barrier.
+func (g *groupCommit) publishAllStored(ctx context.Context, msgs []*nats.Msg) []pubResult {
 	results := make([]pubResult, 0, len(msgs))
 	// Ungrouped: publishBatch's path for a stream without atomic batches,
 	// every message in flight at once.
@@ -306,7 +315,6 @@ func (g *groupCommit) publishAll(ctx context.Context, msgs []*nats.Msg) []pubRes
 		results = append(results, g.publishBatch(ctx, batch, disabled || ungrouped)...)
 		msgs = msgs[n:]
 	}
-	g.sync(ctx, results)
 	return results
 }
 

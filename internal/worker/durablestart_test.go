@@ -41,8 +41,9 @@ func (c *countingBarrier) SyncStream(ctx context.Context, stream string) error {
 // start is recorded; between, when set, runs just before the call.
 type callRuntime struct {
 	between func(run int, job string)
-	runs    atomic.Int32
-	calls   chan string // each run's call: its answer, or "error: ..."
+	runs    atomic.Int32 // Run called
+	ran     atomic.Int32 // Run's code sent: its start recorded
+	calls   chan string  // each run's call: its answer, or "error: ..."
 }
 
 func (*callRuntime) ReportsStart() {}
@@ -52,6 +53,7 @@ func (r *callRuntime) Run(ctx context.Context, job sandbox.Job, host sandbox.Hos
 	if err := sandbox.BeforeExec(job); err != nil {
 		return sandbox.Result{}, err
 	}
+	r.ran.Add(1)
 	if r.between != nil {
 		r.between(n, job.ID)
 	}
@@ -159,5 +161,46 @@ func TestLostStartMakesNoCall(t *testing.T) {
 	}
 	if n := rt.runs.Load(); n != 2 {
 		t.Fatalf("%d runs, want 2", n)
+	}
+}
+
+// TestJobWhoseClaimWasLost plays a power cut between a submission's two
+// barriers that kept the job message and lost its claim (the claim's
+// barrier runs beside the enqueue): the claim is removed before any worker
+// takes the job. The first delivery's start, made on the claim, is refused;
+// the job runs once, on its history, as attempt 1.
+func TestJobWhoseClaimWasLost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := queue.DefaultConfig()
+	b := testutil.Broker(t, "", q)
+	fe := testutil.Frontend(t, b, "fe")
+	rec := testutil.MustSubmit(t, fe, &jobs.Job{ID: "cl-1", Code: "call", MaxAttempts: 1})
+	js, err := jetstream.New(testutil.Connect(t, b, "admin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, jobs.Subjects{}.EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim, err := st.GetLastMsgForSubject(ctx, jobs.Subjects{}.Event(jobs.ScopedID(jobs.DefaultNamespace, rec.Job.ID), jobs.EventSubmitted))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.DeleteMsg(ctx, claim.Sequence); err != nil {
+		t.Fatal(err)
+	}
+	rt := &callRuntime{calls: make(chan string, 4)}
+	testutil.Worker(t, b, rt, testutil.QuickWorker("w1", q))
+	if call := <-rt.calls; strings.HasPrefix(call, "error") {
+		t.Fatalf("the job's call: %s", call)
+	}
+	done := testutil.WaitRecord(t, b, "cl-1", jobs.StatusSuccess)
+	if done.Result == nil || done.Result.Attempt != 1 {
+		t.Fatalf("record %+v: want attempt 1's success", done.Result)
+	}
+	if n := rt.ran.Load(); n != 1 {
+		t.Fatalf("the code ran %d times, want once", n)
 	}
 }
