@@ -172,14 +172,18 @@ func (g *groupCommit) publishStored(ctx context.Context, m *nats.Msg) (seq uint6
 	if r.err != nil {
 		return 0, noSync, r.err
 	}
-	return r.seq, func(ctx context.Context) error {
-		rs := []pubResult{r}
-		g.sync(ctx, rs)
-		return rs[0].err
-	}, nil
+	return r.seq, g.syncStored, nil
 }
 
 func noSync(context.Context) error { return nil }
+
+// syncStored returns once what the stream stored before the call is
+// durable: sync's barrier, for one stored write.
+func (g *groupCommit) syncStored(ctx context.Context) error {
+	rs := []pubResult{{}}
+	g.sync(ctx, rs)
+	return rs[0].err
+}
 
 // publishBatch stores batch's messages, as one atomic batch when it has
 // at least minAtomic (and the stream allows them), and returns each one's

@@ -298,11 +298,7 @@ func (c *Client) StartStored(ctx context.Context, ev jobs.Event, after StartAfte
 
 // SyncEvents returns once what the events stream acknowledged before the
 // call is durable (a barrier, where the brokers need one).
-func (c *Client) SyncEvents(ctx context.Context) error {
-	rs := []pubResult{{}}
-	c.events.sync(ctx, rs)
-	return rs[0].err
-}
+func (c *Client) SyncEvents(ctx context.Context) error { return c.events.syncStored(ctx) }
 
 // ErrStartUnconfirmed is a StartStored sync's error when the start may have
 // been lost with a broker that restarted: the job's history says whether it
