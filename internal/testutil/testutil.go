@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -180,6 +181,22 @@ func Eventually(t testing.TB, within time.Duration, ok func() bool, what string)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// Reconnect makes nc connect again, as after its broker restarted, and
+// returns once it has (an error after within). It may be called from any
+// goroutine.
+func Reconnect(nc *nats.Conn, within time.Duration) error {
+	was := nc.Stats().Reconnects
+	if err := nc.ForceReconnect(); err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(within); !(nc.IsConnected() && nc.Stats().Reconnects != was); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not connect again within %s", nc.Opts.Name, within)
+		}
+	}
+	return nil
 }
 
 // ProcessRuntime returns a process sandbox runtime, closed when the test ends.

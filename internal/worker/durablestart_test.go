@@ -69,6 +69,20 @@ func (r *callRuntime) Run(ctx context.Context, job sandbox.Job, host sandbox.Hos
 	return sandbox.Result{Status: sandbox.StatusSuccess, Stdout: out}, nil
 }
 
+// deleteLastEvent removes job's last event of kind from the events stream,
+// as a power cut that lost it would.
+func deleteLastEvent(ctx context.Context, js jetstream.JetStream, job string, kind jobs.EventKind) error {
+	st, err := js.Stream(ctx, jobs.Subjects{}.EventsStream())
+	if err != nil {
+		return err
+	}
+	m, err := st.GetLastMsgForSubject(ctx, jobs.Subjects{}.Event(job, kind))
+	if err != nil {
+		return err
+	}
+	return st.DeleteMsg(ctx, m.Sequence)
+}
+
 // TestFirstCallWaitsForADurableStart: a worker records a job's start
 // without waiting for a barrier, and the job's first call, its first
 // effect, waits for one: no effect leaves before the start is durable.
@@ -123,28 +137,12 @@ func TestLostStartMakesNoCall(t *testing.T) {
 		if run != 1 {
 			return
 		}
-		st, err := js.Stream(ctx, jobs.Subjects{}.EventsStream())
-		if err != nil {
+		if err := deleteLastEvent(ctx, js, job, jobs.EventStarted); err != nil {
 			t.Error(err)
 			return
 		}
-		m, err := st.GetLastMsgForSubject(ctx, jobs.Subjects{}.Event(job, jobs.EventStarted))
-		if err != nil {
+		if err := testutil.Reconnect(nc, 10*time.Second); err != nil {
 			t.Error(err)
-			return
-		}
-		if err := st.DeleteMsg(ctx, m.Sequence); err != nil {
-			t.Error(err)
-			return
-		}
-		was := nc.Stats().Reconnects
-		if err := nc.ForceReconnect(); err != nil {
-			t.Error(err)
-			return
-		}
-		deadline := time.Now().Add(10 * time.Second)
-		for !(nc.IsConnected() && nc.Stats().Reconnects != was) && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
 		}
 	}
 	testutil.WorkerOn(t, nc, rt, testutil.QuickWorker("w1", q))
@@ -180,15 +178,7 @@ func TestJobWhoseClaimWasLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := js.Stream(ctx, jobs.Subjects{}.EventsStream())
-	if err != nil {
-		t.Fatal(err)
-	}
-	claim, err := st.GetLastMsgForSubject(ctx, jobs.Subjects{}.Event(jobs.ScopedID(jobs.DefaultNamespace, rec.Job.ID), jobs.EventSubmitted))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.DeleteMsg(ctx, claim.Sequence); err != nil {
+	if err := deleteLastEvent(ctx, js, jobs.ScopedID(jobs.DefaultNamespace, rec.Job.ID), jobs.EventSubmitted); err != nil {
 		t.Fatal(err)
 	}
 	rt := &callRuntime{calls: make(chan string, 4)}
